@@ -1,0 +1,101 @@
+"""What the crash-safe save costs: save_checkpoint vs a plain torch.save of the same state.
+
+save_checkpoint adds a validation walk, fsync of the file and the directory, the latest.pth hard link
+and rotation. verify_checkpoint (what --resume auto runs) is timed too: it reads the whole file once
+to check every zip member's CRC-32.
+
+    python benchmarks/bench_checkpoint.py [--mb 200] [--repeats 5] [--dir /some/disk]
+
+Writes benchmarks/results/checkpoint.json and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from indextts_train import checkpoint as ckpt
+
+RESULT = Path(__file__).resolve().parent / "results" / "checkpoint.json"
+TENSOR_NUMEL = 2**20  # 4 MiB float32 tensors
+
+
+def build_state(total_mb: int) -> dict:
+    """Model + AdamW moments (exp_avg, exp_avg_sq) of about `total_mb` MiB in float32."""
+    tensors = max(1, total_mb // 12)  # each tensor: 4 MiB of weights + 8 MiB of moments
+    params = [torch.nn.Parameter(torch.randn(TENSOR_NUMEL)) for _ in range(tensors)]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()  # creates the moments
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    names = [f"gpt.h.{i}.mlp.c_fc.weight" for i in range(tensors)]
+    return {
+        "format": ckpt.FORMAT, "format_version": ckpt.FORMAT_VERSION,
+        "model": {n: p.detach() for n, p in zip(names, params, strict=True)},
+        "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
+        "scheduler": scheduler.state_dict(), "scaler": None,
+        "progress": {"step": 0, "epoch": 0, "samples_in_epoch": 0, "samples_total": 0, "sampler_seed": 1,
+                     "micro_batch": 1, "grad_accumulation": 1, "world_size": 1},
+        "rng": [ckpt.capture_rng()], "history": {"train": [], "val": [], "best_val_loss": None},
+        "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True},
+    }
+
+
+def timed(run: Callable[..., object], *args: object) -> float:
+    start = time.perf_counter()
+    run(*args)
+    return time.perf_counter() - start
+
+
+def measure(total_mb: int, repeats: int, directory: Path) -> dict:
+    state = build_state(total_mb)
+
+    def atomic_save(i: int) -> None:
+        state["progress"]["step"] = i + 1
+        ckpt.save_checkpoint(state, directory, i + 1, keep=2)
+
+    # Interleaved, so both see the same background writeback of the disk.
+    plain_times, atomic_times = [], []
+    for i in range(repeats):
+        plain_times.append(timed(torch.save, state, directory / "plain.pth"))
+        atomic_times.append(timed(atomic_save, i))
+    plain, atomic = statistics.median(plain_times), statistics.median(atomic_times)
+    verify = statistics.median(timed(ckpt.verify_checkpoint, directory / "latest.pth") for _ in range(repeats))
+    return {
+        "file_mb": round((directory / "latest.pth").stat().st_size / 2**20, 1),
+        "repeats": repeats,
+        "plain_torch_save_s": round(plain, 4),
+        "save_checkpoint_s": round(atomic, 4),
+        "save_ratio": round(atomic / plain, 3),
+        "verify_checkpoint_s": round(verify, 4),
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()} {platform.system()}",
+        "disk": str(directory.parent),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=200, help="state size in MiB (weights + 2 moments)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        result = measure(args.mb, args.repeats, Path(tmp))
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Command line: thin Typer wrappers over plain functions.
+
+Every command turns a `UserError` into one line on stderr and exit code 2; tracebacks are left for
+bugs. `train-gpt` is `indextts-train train`, with the flag names of the community train_gpt_v2.py so
+existing scripts keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from indextts_train.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Fine-tune the IndexTTS2 GPT with an extended tokenizer; kill it anytime, resume exactly.")
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def run_guarded(fn, *args, **kwargs):
+    """Call fn; a UserError becomes one line and exit 2."""
+    try:
+        return fn(*args, **kwargs)
+    except UserError as exc:
+        fail(one_line(str(exc)))
+
+
+def one_line(message: str) -> str:
+    """A UserError raised in a DataLoader worker comes back wrapped with the worker's traceback."""
+    if "Original Traceback" in message:
+        last = [line for line in message.splitlines() if line.strip()][-1]
+        return last.split("UserError: ", 1)[-1]
+    return message
+
+
+def manifest_paths(values: list[str]) -> list[Path]:
+    """Community manifests may carry a '::lang' suffix (a language hint); the path is what we need."""
+    paths = []
+    for value in values:
+        path = value.rsplit("::", 1)[0] if "::" in value else value
+        paths.append(Path(path).expanduser())
+    return paths
+
+
+class VocabChange(str, Enum):
+    keep = "keep"
+    reset = "reset"
+
+
+def train(
+    train_manifest: Annotated[list[str], typer.Option(help="Training manifest JSONL; repeat to mix datasets ('PATH::lang' accepted).")],
+    output_dir: Annotated[Path, typer.Option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")],
+    config: Annotated[Path, typer.Option(help="IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")] = Path("configs/indextts2.yaml"),
+    val_manifest: Annotated[list[str] | None, typer.Option(help="Validation manifest JSONL; repeatable.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece model; its size sets the text vocabulary (rows = size + 1). Omit when the config's number_text_tokens is right.")] = None,
+    base_checkpoint: Annotated[Path | None, typer.Option(help="IndexTTS2 gpt.pth to fine-tune from (rows grown to the tokenizer).")] = None,
+    resume: Annotated[str | None, typer.Option(help="'auto': newest checkpoint in --output-dir that verifies (fresh start if none); or a checkpoint path.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Micro-batch per GPU; 0 = auto from GPU memory.")] = None,
+    grad_accumulation: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step; 0 = auto to reach the effective batch.")] = None,
+    effective_batch_size: Annotated[int | None, typer.Option(help="Samples per optimizer step (micro x accumulation x GPUs), kept on every GPU.")] = None,
+    num_workers: Annotated[int | None, typer.Option(help="Data-loading workers; 0 = auto from the CPU count.")] = None,
+    amp: Annotated[bool | None, typer.Option("--amp/--no-amp", help="Force mixed precision on/off (default: bf16 where supported, fp16+scaler otherwise, fp32 on CPU).")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs to train.")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop at this optimizer step (0 = run all --epochs).")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Peak AdamW learning rate.")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="AdamW decoupled weight decay (not on biases/norms; never on frozen rows).")] = None,
+    warmup_steps: Annotated[int | None, typer.Option(help="Linear warmup steps before cosine decay.")] = None,
+    text_loss_weight: Annotated[float | None, typer.Option(help="Weight of the text cross-entropy.")] = None,
+    mel_loss_weight: Annotated[float | None, typer.Option(help="Weight of the semantic-code cross-entropy.")] = None,
+    grad_clip: Annotated[float | None, typer.Option(help="Gradient-norm clipping.")] = None,
+    grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Recompute activations to save GPU memory.")] = None,
+    log_interval: Annotated[int | None, typer.Option(help="Steps between log lines / TensorBoard points.")] = None,
+    val_interval: Annotated[int | None, typer.Option(help="Steps between validations (also run at the end).")] = None,
+    save_interval: Annotated[int | None, typer.Option(help="Steps between checkpoints (also saved at the end and on Ctrl+C).")] = None,
+    keep_checkpoints: Annotated[int | None, typer.Option(help="How many model_step{N}.pth to keep.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for init, data order and dropout.")] = None,
+    on_vocab_change: Annotated[VocabChange, typer.Option(help="When the tokenizer grew since the checkpoint: 'keep' optimizer state (remapped rows) or 'reset' optimizer+scheduler+scaler to step 0.")] = VocabChange.keep,
+    unfreeze_base_vocab: Annotated[bool, typer.Option(help="Also train the base-vocabulary rows of the text embedding/head (frozen by default).")] = False,
+    skip_bad_lines: Annotated[bool, typer.Option(help="Skip bad manifest lines (counted) instead of stopping at the first.")] = False,
+) -> None:
+    """Train the IndexTTS2 GPT. Exit 0 done, 2 bad input, 130/143 stopped by Ctrl+C/SIGTERM after a safe save."""
+    from indextts_train.train import TrainOptions
+    from indextts_train.train import train as run_train
+
+    options = TrainOptions(
+        train_manifests=manifest_paths(train_manifest), val_manifests=manifest_paths(val_manifest or []),
+        output_dir=output_dir, config=config, tokenizer=tokenizer, base_checkpoint=base_checkpoint,
+        resume=resume or None, batch_size=batch_size, grad_accumulation=grad_accumulation,
+        effective_batch_size=effective_batch_size, num_workers=num_workers, amp=amp, epochs=epochs,
+        max_steps=max_steps, learning_rate=learning_rate, weight_decay=weight_decay,
+        warmup_steps=warmup_steps, text_loss_weight=text_loss_weight, mel_loss_weight=mel_loss_weight,
+        grad_clip=grad_clip, log_interval=log_interval, val_interval=val_interval,
+        save_interval=save_interval, keep_checkpoints=keep_checkpoints, seed=seed,
+        on_vocab_change=on_vocab_change.value, unfreeze_base_vocab=unfreeze_base_vocab,
+        skip_bad_lines=skip_bad_lines, activation_checkpointing=grad_checkpointing,
+    )
+    code = run_guarded(run_train, options)
+    raise typer.Exit(code or 0)
+
+
+app.command("train")(train)
+
+
+@app.command()
+def demo(
+    out_dir: Annotated[Path, typer.Argument(help="Folder for the demo dataset, tokenizers, base checkpoint and run.")],
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 150,
+    resume: Annotated[str | None, typer.Option(help="'auto' to continue an interrupted demo run.")] = "auto",
+) -> None:
+    """Make a small well-formed dataset (real SentencePiece base + Ethiopic-extended tokenizer), then train on it."""
+    from indextts_train.demo import run_demo
+
+    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume) or 0)
+
+
+@app.command()
+def evaluate(
+    checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
+    manifest: Annotated[list[str], typer.Option(help="Manifest JSONL; repeatable.")],
+    config: Annotated[Path, typer.Option(help="Config whose gpt: section built the checkpoint.")] = Path("configs/indextts2.yaml"),
+    batch_size: Annotated[int, typer.Option(help="Examples per batch, in manifest order.")] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
+    from indextts_train.evaluate import evaluate_checkpoint
+
+    result = run_guarded(evaluate_checkpoint, checkpoint, manifest_paths(manifest), config, batch_size=batch_size)
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        typer.echo(f"{checkpoint}: text_loss {result['text_loss']:.6f} mel_loss {result['mel_loss']:.6f} "
+                   f"mel_top1 {result['mel_top1']:.6f} loss {result['loss']:.6f} ({result['samples']} samples)")
+
+
+@app.command()
+def verify(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint file to inspect.")],
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Step, epoch, samples, vocab plan, precision, hyperparameters, sizes.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """COMPLETE (exit 0: exact resume possible), PARTIAL (exit 1: weights only, says what is missing), INCOMPLETE (exit 2)."""
+    from indextts_train.checkpoint import verify_checkpoint
+
+    verdict = verify_checkpoint(checkpoint)
+    if as_json:
+        typer.echo(json.dumps(verdict.to_dict(), indent=1, default=str))
+    else:
+        typer.echo(f"{checkpoint}: {verdict.status} ({verdict.kind})")
+        for reason in verdict.reasons:
+            typer.echo(f"  - {reason}")
+        if verbose:
+            for key, value in verdict.summary.items():
+                typer.echo(f"  {key}: {value}")
+    raise typer.Exit(verdict.exit_code)
+
+
+@app.command()
+def repair(
+    checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
+    config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
+) -> None:
+    """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
+    from indextts_train.checkpoint import repair_checkpoint
+    from indextts_train.config import config_to_dict, load_config
+
+    config_dict = config_to_dict(run_guarded(load_config, config)) if config else None
+    path, notes = run_guarded(repair_checkpoint, checkpoint, output, config=config_dict)
+    typer.echo(f"repaired checkpoint written to {path}")
+    for note in notes:
+        typer.echo(f"  - {note}")
+
+
+@app.command("check-data")
+def check_data(
+    manifest: Annotated[list[Path], typer.Argument(help="Manifest JSONL file(s).")],
+    config: Annotated[Path | None, typer.Option(help="Config for shapes, vocab and length limits.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece model: text ids must be below its size.")] = None,
+    base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, to report the share of extended tokens.")] = None,
+    write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
+    from indextts_train.data import check_manifests, render_check_report, write_clean_manifest
+
+    def run() -> dict:
+        from indextts_train.config import load_config
+        from indextts_train.vocab import tokenizer_size
+
+        gpt_cfg = load_config(config).gpt if config else None
+        vocab = tokenizer_size(tokenizer) if tokenizer else None
+        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=vocab, base_vocab=base_vocab)
+        if write_clean is not None:
+            write_clean_manifest(report, write_clean)
+        return report
+
+    report = run_guarded(run)
+    typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_check_report(report))
+    if write_clean is not None and not as_json:
+        typer.echo(f"clean manifest: {write_clean}")
+    raise typer.Exit(2 if report["lines_bad"] else 0)
+
+
+@app.command("check-tokenizer")
+def check_tokenizer(
+    model: Annotated[Path, typer.Argument(help="SentencePiece .model to check.")],
+    base: Annotated[Path | None, typer.Option(help="The base .model it was extended from.")] = None,
+    base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, when the base model is not at hand.")] = None,
+    sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
+    from indextts_train.tokenizer import check_tokenizer as run_check
+    from indextts_train.tokenizer import render_tokenizer_report
+
+    report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text)
+    typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_tokenizer_report(report))
+    raise typer.Exit(2 if report.get("problems") else 0)
+
+
+@app.command("extend-tokenizer")
+def extend_tokenizer(
+    base: Annotated[Path, typer.Option(help="Base SentencePiece .model (its ids and scores are kept).")],
+    corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
+    target_size: Annotated[int, typer.Option(help="Pieces in the extended model (>= base size).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="New .model path (.vocab written beside it).")],
+) -> None:
+    """Learn new pieces from a corpus and append them to the base model."""
+    from indextts_train.tokenizer import extend_tokenizer as run_extend
+
+    summary = run_guarded(run_extend, base, corpus, target_size, output)
+    typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="Training checkpoint (ours, community or gpt.pth).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="gpt.pth to write for IndexTTS2 inference.")],
+    config_out: Annotated[Path | None, typer.Option(help="Also write an IndexTTS2 config.yaml with the new number_text_tokens.")] = None,
+    config: Annotated[Path | None, typer.Option(help="Base IndexTTS2 config.yaml to update (default: the config stored in the checkpoint).")] = None,
+    tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
+    dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
+) -> None:
+    """Write the gpt.pth IndexTTS2 inference loads (full official key set, extended text rows)."""
+    from indextts_train.export import export_checkpoint
+
+    summary = run_guarded(export_checkpoint, checkpoint, output, config_out=config_out, base_config=config,
+                          tokenizer_name=tokenizer_name, dtype=dtype)
+    typer.echo(f"wrote {output}: {summary['tensors']} tensors, text rows {summary['text_rows']} "
+               f"(number_text_tokens {summary['text_rows'] - 1}), {summary['dtype']}")
+    if config_out:
+        typer.echo(f"wrote {config_out}")
+
+
+@app.command()
+def hardware(
+    config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = Path("configs/indextts2.yaml"),
+    assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4.")] = None,
+    effective_batch_size: Annotated[int | None, typer.Option(help="Effective batch (default: the config's).")] = None,
+    grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """What auto mode picks on this machine (or an assumed GPU), and why."""
+    from indextts_train.config import load_config
+    from indextts_train.hardware import assume_device, choose_plan, detect_device
+
+    def run():
+        cfg = load_config(config)
+        device = assume_device(assume) if assume else detect_device()
+        checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
+        return choose_plan(device, cfg.gpt, effective_batch=effective_batch_size or cfg.train.effective_batch_size,
+                           activation_checkpointing=checkpointing)
+
+    plan = run_guarded(run)
+    typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())
+
+
+def main() -> None:
+    """`indextts-train` entry point."""
+    app()
+
+
+def train_gpt_main() -> None:
+    """`train-gpt` entry point: the train command alone, with the community flag names."""
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command()(train)
+    single()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

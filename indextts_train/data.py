@@ -1,0 +1,655 @@
+"""Manifests → index → dataset → resumable sampler → collate.
+
+A manifest is JSONL, one example a line, in one of two forms (DESIGN.md §4):
+
+- paired (what the community preprocessing writes): `prompt_condition_path`,
+  `prompt_emo_vec_path`, `target_text_ids_path`, `target_codes_path`, `target_text_len`,
+  `target_code_len` — the prompt gives the conditioning, the target gives text and codes;
+- single: `text_ids_path`, `codes_path`, `condition_path`, `emo_vec_path`, `text_len`, `code_len`.
+
+Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
+training. Relative paths resolve against the manifest's folder. Lengths come from the manifest
+fields, never from the arrays, which may be longer (reference README, exact definitions 1–2).
+
+The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
+million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
+
+Data order is a pure function of (seed, epoch): `epoch_order` never looks at batch size, world
+size or worker count, so a resume with another batch size continues the same sample sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from indextts_train.config import GPTConfig
+from indextts_train.errors import UserError
+from indextts_train.model import Batch
+
+CONDITION_LATENTS = 32  # the perceiver always yields 32 conditioning latents
+
+# Canonical name -> manifest field, per form.
+PAIRED_FIELDS = {
+    "text_ids": "target_text_ids_path",
+    "codes": "target_codes_path",
+    "condition": "prompt_condition_path",
+    "emo_vec": "prompt_emo_vec_path",
+    "text_len": "target_text_len",
+    "code_len": "target_code_len",
+}
+SINGLE_FIELDS = {
+    "text_ids": "text_ids_path",
+    "codes": "codes_path",
+    "condition": "condition_path",
+    "emo_vec": "emo_vec_path",
+    "text_len": "text_len",
+    "code_len": "code_len",
+}
+PAIRED_REQUIRED = frozenset(PAIRED_FIELDS.values())
+SINGLE_REQUIRED = frozenset(SINGLE_FIELDS.values())
+ARRAY_KEYS = ("text_ids", "codes", "condition", "emo_vec")
+SPEAKER_FIELDS = ("speaker", "prompt_speaker", "target_speaker")
+DURATION_FIELDS = ("duration", "target_duration", "prompt_duration")
+LANGUAGE_FIELDS = ("language", "target_language")
+SKIPPED_EXAMPLES = 5
+REPORT_ERRORS = 20
+
+_JSON_DECODE = json.JSONDecoder().decode
+FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad line)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and validating lines
+
+
+def _iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, raw bytes) of every non-blank line.
+
+    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
+    """
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: manifest not found; check the manifest path you passed")
+    offset = 0
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, 1):
+            if raw.strip():
+                yield line_no, offset, raw
+            offset += len(raw)
+
+
+def _form(obj: dict, where: str) -> dict[str, str]:
+    """Which field names this line uses (paired or single form)."""
+    if "target_codes_path" in obj or "target_text_ids_path" in obj:
+        fields, required = PAIRED_FIELDS, PAIRED_REQUIRED
+    elif "codes_path" in obj or "text_ids_path" in obj:
+        fields, required = SINGLE_FIELDS, SINGLE_REQUIRED
+    else:
+        raise UserError(
+            f"{where}: neither the paired form (target_text_ids_path, target_codes_path, ...) nor the "
+            f"single form (text_ids_path, codes_path, ...); {FIX_LINE}"
+        )
+    if not obj.keys() >= required:  # one set comparison per line: indexing is the hot loop
+        missing = [name for name in fields.values() if name not in obj]
+        raise UserError(
+            f"{where}: missing field(s) {', '.join(missing)}; a line of this form needs "
+            f"{', '.join(fields.values())}"
+        )
+    return fields
+
+
+def _length(obj: dict, name: str, maximum: int | None, config_key: str, where: str) -> int:
+    value = obj[name]
+    if type(value) is not int:  # bool is an int subclass and 7.0 is not a token count
+        raise UserError(f"{where}: {name} must be a whole number, got {value!r}; {FIX_LINE}")
+    if value <= 0:
+        raise UserError(f"{where}: {name} is {value}, it must be > 0; {FIX_LINE}")
+    if maximum is not None and value > maximum:
+        raise UserError(
+            f"{where}: {name} {value} > gpt.{config_key} {maximum}, which the model cannot take; "
+            f"drop the line (check-data can write a clean manifest) or raise gpt.{config_key}"
+        )
+    return value
+
+
+def _parse_line(
+    raw: bytes, where: str, max_text: int | None, max_mel: int | None
+) -> tuple[dict, dict[str, str], int, int]:
+    """(object, field names, text_len, code_len) of one manifest line, or UserError."""
+    try:
+        # decode + JSONDecoder is ~30% faster than json.loads(bytes), which sniffs the encoding.
+        obj = _JSON_DECODE(raw.decode("utf-8").strip().lstrip("\ufeff"))
+    except json.JSONDecodeError as exc:  # its own "line 1" would mislead: the line is `where`
+        raise UserError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos + 1}); {FIX_LINE}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}); {FIX_LINE}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
+    fields = _form(obj, where)
+    for key in ARRAY_KEYS:
+        value = obj[fields[key]]
+        if not isinstance(value, str) or not value:
+            raise UserError(f"{where}: {fields[key]} must be a non-empty path string, got {value!r}")
+    text_len = _length(obj, fields["text_len"], max_text, "max_text_tokens", where)
+    code_len = _length(obj, fields["code_len"], max_mel, "max_mel_tokens", where)
+    return obj, fields, text_len, code_len
+
+
+def _resolve_paths(obj: dict, manifest_dir: str) -> dict:
+    """Copy of `obj` with every relative `*_path` string made absolute against the manifest folder."""
+    out = dict(obj)
+    for key, value in obj.items():
+        if key.endswith("_path") and isinstance(value, str) and value:
+            out[key] = os.path.normpath(os.path.join(manifest_dir, value))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+@dataclass
+class ManifestIndex:
+    """Index of one or more manifests without keeping JSON objects in memory.
+
+    Parallel numpy arrays, one entry per usable line: byte offset, file number, line number,
+    text_len and code_len. `record(i)` seeks back to the line when the dataset needs it.
+    """
+
+    files: list[str]  # as the user gave them, for messages
+    offsets: np.ndarray  # int64 byte offset of each line
+    file_ids: np.ndarray  # int32 index into `files`
+    line_numbers: np.ndarray  # int32, from 1
+    text_lengths: np.ndarray  # int32, manifest text_len
+    code_lengths: np.ndarray  # int32, manifest code_len
+    max_text_tokens: int | None = None
+    max_mel_tokens: int | None = None
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        paths: Sequence[str | Path],
+        *,
+        skip_bad: bool = False,
+        max_text_tokens: int | None = None,
+        max_mel_tokens: int | None = None,
+    ) -> ManifestIndex:
+        """Validate every line and index the usable ones.
+
+        A bad line raises UserError "FILE:LINE: ...", or with `skip_bad` is counted in `.skipped`.
+        """
+        files = [str(p) for p in paths]
+        if not files:
+            raise UserError("no manifest given; pass at least one .jsonl manifest")
+        offsets, file_ids, line_numbers = array("q"), array("i"), array("i")
+        text_lengths, code_lengths = array("i"), array("i")
+        skipped: list[str] = []
+        skipped_count = 0
+        for file_id, path in enumerate(files):
+            seen_lines = 0
+            for line_no, offset, raw in _iter_lines(path):
+                seen_lines += 1
+                try:
+                    _, _, text_len, code_len = _parse_line(
+                        raw, f"{path}:{line_no}", max_text_tokens, max_mel_tokens
+                    )
+                except UserError as exc:
+                    if not skip_bad:
+                        raise
+                    skipped_count += 1
+                    if len(skipped) < SKIPPED_EXAMPLES:
+                        skipped.append(str(exc))
+                    continue
+                offsets.append(offset)
+                file_ids.append(file_id)
+                line_numbers.append(line_no)
+                text_lengths.append(text_len)
+                code_lengths.append(code_len)
+            if not seen_lines:
+                raise UserError(f"{path}: manifest is empty; pass a manifest with at least one line")
+        if not offsets:
+            first = f"; first: {skipped[0]}" if skipped else ""
+            raise UserError(f"{', '.join(files)}: no usable line ({skipped_count} bad{first})")
+        return cls(files=files, offsets=np.array(offsets, dtype=np.int64),
+                   file_ids=np.array(file_ids, dtype=np.int32),
+                   line_numbers=np.array(line_numbers, dtype=np.int32),
+                   text_lengths=np.array(text_lengths, dtype=np.int32),
+                   code_lengths=np.array(code_lengths, dtype=np.int32),
+                   max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
+                   skipped=skipped_count, skipped_examples=skipped)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def total_lengths(self) -> np.ndarray:
+        """text_len + code_len per line (int64): the key `epoch_order` sorts windows by."""
+        return self.text_lengths.astype(np.int64) + self.code_lengths
+
+    def source(self, i: int) -> str:
+        """'file:line' of entry i, for messages."""
+        return f"{self.files[self.file_ids[i]]}:{self.line_numbers[i]}"
+
+    def record(self, i: int) -> dict:
+        """Line i parsed again, with `*_path` values made absolute and `_source` = 'file:line'."""
+        path = self.files[self.file_ids[i]]
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(int(self.offsets[i]))
+                raw = handle.readline()
+        except OSError as exc:
+            raise UserError(f"{path}: manifest cannot be read any more ({exc}); was it moved?") from None
+        where = self.source(i)
+        obj, _, _, _ = _parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens)
+        out = _resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
+        out["_source"] = where
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays
+
+
+def _load_npy(path: str, what: str, where: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise UserError(
+            f"{where}: {what} {path} not found; re-run preprocessing or fix the path "
+            "(relative paths resolve against the manifest's folder)"
+        )
+    try:
+        arr = np.load(path, allow_pickle=False)  # never unpickle a stranger's file
+    except (OSError, ValueError, EOFError) as exc:
+        raise UserError(f"{where}: {what} {path} is not a loadable .npy file ({exc}); re-create it") from None
+    if not isinstance(arr, np.ndarray):
+        raise UserError(f"{where}: {what} {path} is an .npz archive, expected a single .npy array")
+    return arr
+
+
+def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | None, limit_key: str,
+               where: str) -> None:
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise UserError(f"{where}: {what} {path} must be a 1-D integer array, "
+                        f"got {arr.dtype} {list(arr.shape)}")
+    if len(arr) < need:
+        raise UserError(f"{where}: {what} {path} has {len(arr)} ids but the manifest says {need}; "
+                        "fix the length field or re-create the array")
+    if limit is not None and len(arr) > limit:
+        raise UserError(f"{where}: {what} {path} has {len(arr)} ids > gpt.{limit_key} {limit} (the batch is "
+                        "padded to the longest array); trim the array or drop the line")
+
+
+def _check_features(condition: np.ndarray, emo_vec: np.ndarray, model_dim: int | None, where: str,
+                    paths: dict[str, str]) -> None:
+    if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
+        raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
+                        f"got {condition.dtype} {list(condition.shape)}")
+    dim = condition.shape[1] if model_dim is None else model_dim
+    if condition.shape[1] != dim:
+        raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
+                        f"gpt.model_dim is {dim}; it was made for another model")
+    if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
+        raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
+                        f"got {emo_vec.dtype} {list(emo_vec.shape)}")
+
+
+def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
+                 max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
+    """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
+    where = record["_source"]
+    paths = {key: record[fields[key]] for key in ARRAY_KEYS}
+    arrays = {key: _load_npy(paths[key], fields[key], where) for key in ARRAY_KEYS}
+    _check_ids(arrays["text_ids"], fields["text_ids"], paths["text_ids"], text_len, max_text,
+               "max_text_tokens", where)
+    _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
+    _check_features(arrays["condition"], arrays["emo_vec"], model_dim, where, paths)
+    return arrays
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset, collate
+
+
+class ManifestDataset(Dataset):
+    """One example per indexed line, as int64/float32 tensors.
+
+    `model_dim`, when given, also checks that condition/emo_vec were made for this model.
+    """
+
+    def __init__(self, index: ManifestIndex, *, model_dim: int | None = None) -> None:
+        self.index = index
+        self.model_dim = model_dim
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        record = self.index.record(i)
+        fields = _form(record, record["_source"])
+        text_len = int(self.index.text_lengths[i])
+        code_len = int(self.index.code_lengths[i])
+        arrays = _load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
+                              max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
+        return {
+            "text_ids": torch.from_numpy(arrays["text_ids"].astype(np.int64)),  # (T_b,)
+            "codes": torch.from_numpy(arrays["codes"].astype(np.int64)),  # (M_b,)
+            "condition": torch.from_numpy(arrays["condition"].astype(np.float32)),  # (32, D)
+            "emo_vec": torch.from_numpy(arrays["emo_vec"].astype(np.float32)),  # (D,)
+            "text_len": text_len,
+            "code_len": code_len,
+            "index": i,
+        }
+
+
+def collate(samples: list[dict]) -> Batch:
+    """Reference rule 1: pad ids with 0 to the longest *array*, stack features, keep the order.
+
+    Lengths are the manifest fields; the model's padding rule (stop tokens) uses them.
+    """
+    def pad(key: str) -> torch.Tensor:
+        return torch.nn.utils.rnn.pad_sequence([s[key] for s in samples], batch_first=True, padding_value=0)
+
+    return Batch(
+        text_ids=pad("text_ids"),  # (B, T)
+        codes=pad("codes"),  # (B, M)
+        text_lengths=torch.tensor([s["text_len"] for s in samples], dtype=torch.int64),  # (B,)
+        code_lengths=torch.tensor([s["code_len"] for s in samples], dtype=torch.int64),  # (B,)
+        condition=torch.stack([s["condition"] for s in samples]),  # (B, 32, D)
+        emo_vec=torch.stack([s["emo_vec"] for s in samples]),  # (B, D)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Order and sampling
+
+
+def epoch_order(lengths: np.ndarray, seed: int, epoch: int, sort_window: int) -> np.ndarray:
+    """Order of all samples for one epoch: a pure function of (seed, epoch, lengths).
+
+    A seeded permutation, then each run of `sort_window` consecutive positions is sorted
+    (stably) by `lengths` — pass `index.total_lengths` (text_len + code_len) — so neighbouring
+    micro-batches have similar lengths and pad little. Batch size, world size and worker count
+    play no part, so the sequence survives a resume with another batch size.
+    """
+    if sort_window < 1:
+        raise ValueError(f"sort_window must be >= 1, got {sort_window}")
+    lengths = np.asarray(lengths)
+    order = np.random.default_rng([seed, epoch]).permutation(len(lengths))
+    window = np.arange(len(order)) // sort_window
+    # lexsort is stable; the last key is the primary one: window first, then length.
+    return order[np.lexsort((lengths[order], window))]
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    """Micro-batches of dataset indices for one epoch, starting anywhere in it.
+
+    Each micro-step consumes `micro_batch * world_size` consecutive samples of `epoch_order`;
+    rank r takes the r-th slice of `micro_batch`. `start_sample` is a position in that order, so
+    resuming is a slice (nothing is replayed) and works with any new micro_batch/world_size.
+    drop_last=True drops an incomplete final group, so every rank runs the same number of steps.
+    drop_last=False keeps it: its samples go to ranks in order, so some ranks may get a short
+    batch or none (meant for single-process evaluation).
+    """
+
+    def __init__(self, lengths: np.ndarray, *, seed: int, epoch: int, micro_batch: int, start_sample: int = 0,
+                 world_size: int = 1, rank: int = 0, sort_window: int = 512, drop_last: bool = True) -> None:
+        if micro_batch < 1 or world_size < 1 or not 0 <= rank < world_size or start_sample < 0:
+            raise ValueError(f"bad sampler arguments: micro_batch={micro_batch} world_size={world_size} "
+                             f"rank={rank} start_sample={start_sample}")
+        self.micro_batch = micro_batch
+        self.world_size = world_size
+        self.rank = rank
+        self.remaining = epoch_order(lengths, seed, epoch, sort_window)[start_sample:]
+        group = micro_batch * world_size
+        steps, leftover = divmod(len(self.remaining), group)
+        self.steps = steps + int(not drop_last and leftover > rank * micro_batch)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        group = self.micro_batch * self.world_size
+        for step in range(self.steps):
+            start = step * group + self.rank * self.micro_batch
+            yield self.remaining[start:start + self.micro_batch].tolist()
+
+
+def make_loader(dataset: Dataset, sampler: Sampler[list[int]], num_workers: int,
+                pin_memory: bool = False) -> DataLoader:
+    """A DataLoader whose batches depend only on the sampler (never on `num_workers`).
+
+    The dataset draws no random numbers, and DataLoader returns batches in sampler order.
+    """
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
+                      pin_memory=pin_memory, persistent_workers=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# check-data
+
+
+@dataclass
+class _CheckStats:
+    """What check_manifests accumulates over the good lines."""
+
+    text_lengths: array = field(default_factory=lambda: array("i"))
+    code_lengths: array = field(default_factory=lambda: array("i"))
+    speakers: Counter = field(default_factory=Counter)
+    languages: Counter = field(default_factory=Counter)
+    durations: dict[str, float] = field(default_factory=dict)
+    text_tokens: int = 0
+    extended_tokens: int = 0
+
+
+@dataclass
+class _Limits:
+    """What a line is checked against (None = not known, not checked)."""
+
+    max_text: int | None
+    max_mel: int | None
+    model_dim: int | None
+    text_vocab: int | None
+    mel_codes: int | None
+    base_vocab: int | None
+
+
+def _check_speakers(obj: dict, where: str) -> None:
+    """Prompt and target must be the same speaker wherever the line says who both are.
+
+    Any two of `speaker`, `prompt_speaker`, `target_speaker` that are present must agree (the
+    IndexTTS2 prompt carries the voice; a cross-speaker pair teaches the wrong voice).
+    """
+    named = {name: obj[name] for name in SPEAKER_FIELDS if obj.get(name) is not None}
+    if len({json.dumps(value) for value in named.values()}) > 1:
+        listed = ", ".join(f"{name}={value!r}" for name, value in named.items())
+        raise UserError(f"{where}: prompt and target speakers differ ({listed}); pair each target "
+                        "with a prompt of the same speaker")
+
+
+def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str) -> None:
+    if limit is None or not len(ids):
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= limit:
+        bad = low if low < 0 else high
+        raise UserError(f"{where}: {what} holds id {bad}, outside [0, {limit}) ({limit_key}); "
+                        "the tokenizer/codec does not match the config")
+
+
+def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
+    """Every check on one line; adds it to `stats` when it passes."""
+    obj, fields, text_len, code_len = _parse_line(raw, where, limits.max_text, limits.max_mel)
+    _check_speakers(obj, where)
+    record = _resolve_paths(obj, manifest_dir)
+    record["_source"] = where
+    arrays = _load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
+                          max_mel=limits.max_mel, model_dim=limits.model_dim)
+    text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
+    _check_id_range(text_ids, limits.text_vocab, fields["text_ids"], "text vocabulary size", where)
+    _check_id_range(arrays["codes"][:code_len], limits.mel_codes, fields["codes"], "gpt.number_mel_codes",
+                    where)
+    stats.text_lengths.append(text_len)
+    stats.code_lengths.append(code_len)
+    speaker = obj.get("target_speaker", obj.get("speaker"))
+    if speaker is not None:
+        stats.speakers[str(speaker)] += 1
+    language = next((obj[name] for name in LANGUAGE_FIELDS if obj.get(name) is not None), None)
+    if language is not None:
+        stats.languages[str(language)] += 1
+    for name in DURATION_FIELDS:
+        if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
+            stats.durations[name] = stats.durations.get(name, 0.0) + float(obj[name])
+    stats.text_tokens += text_len
+    if limits.base_vocab is not None:
+        stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
+
+
+def _distribution(values: array) -> dict[str, float] | None:
+    if not values:
+        return None
+    arr = np.frombuffer(values, dtype=np.int32)
+    return {"min": int(arr.min()), "mean": round(float(arr.mean()), 3), "p50": float(np.percentile(arr, 50)),
+            "p95": float(np.percentile(arr, 95)), "max": int(arr.max())}
+
+
+def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
+                    vocab_size: int | None = None, base_vocab: int | None = None) -> dict:
+    """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
+
+    Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
+    the good lines. Text ids are checked against `vocab_size`, else gpt_cfg.number_text_tokens.
+    """
+    text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
+    limits = _Limits(
+        max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
+        max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
+        model_dim=gpt_cfg.model_dim if gpt_cfg else None,
+        text_vocab=text_vocab,
+        mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
+        base_vocab=base_vocab,
+    )
+    files = [str(p) for p in paths]
+    stats = _CheckStats()
+    errors: list[str] = []
+    bad_lines: list[list] = []
+    for path in files:
+        manifest_dir = os.path.dirname(os.path.abspath(path))
+        for line_no, _, raw in _iter_lines(path):
+            try:
+                _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
+            except UserError as exc:
+                bad_lines.append([path, line_no])
+                if len(errors) < REPORT_ERRORS:
+                    errors.append(str(exc))
+    lines_ok = len(stats.text_lengths)
+    return {
+        "files": files,
+        "lines_ok": lines_ok,
+        "lines_bad": len(bad_lines),
+        "errors": errors,
+        "bad_lines": bad_lines,
+        "checked_against": {"max_text_tokens": limits.max_text, "max_mel_tokens": limits.max_mel,
+                            "model_dim": limits.model_dim, "text_vocab": limits.text_vocab,
+                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab},
+        "speakers": {"count": len(stats.speakers), "top": stats.speakers.most_common(10)},
+        "languages": dict(stats.languages.most_common()),
+        "text_len": _distribution(stats.text_lengths),
+        "code_len": _distribution(stats.code_lengths),
+        "durations_s": {name: round(total, 3) for name, total in stats.durations.items()},
+        "extended_token_share": (stats.extended_tokens / stats.text_tokens
+                                 if base_vocab is not None and stats.text_tokens else None),
+    }
+
+
+def _render_distribution(name: str, dist: dict | None) -> str:
+    if dist is None:
+        return f"{name}: -"
+    return (f"{name}: min {dist['min']}, mean {dist['mean']:.1f}, p50 {dist['p50']:g}, "
+            f"p95 {dist['p95']:g}, max {dist['max']}")
+
+
+def render_check_report(report: dict) -> str:
+    """The human summary of a check_manifests report."""
+    total = report["lines_ok"] + report["lines_bad"]
+    verdict = "OK" if report["lines_bad"] == 0 else f"{report['lines_bad']} BAD"
+    lines = [f"{total} lines in {len(report['files'])} manifest(s): {report['lines_ok']} ok, {verdict}",
+             _render_distribution("text_len", report["text_len"]),
+             _render_distribution("code_len", report["code_len"])]
+    speakers = report["speakers"]
+    if speakers["count"]:
+        top = ", ".join(f"{name} {count}" for name, count in speakers["top"])
+        lines.append(f"speakers: {speakers['count']} (top: {top})")
+    if report["languages"]:
+        lines.append("languages: " + ", ".join(f"{k} {v}" for k, v in report["languages"].items()))
+    for name, seconds in report["durations_s"].items():
+        lines.append(f"{name}: {seconds / 3600:.2f} h total ({seconds:.0f} s)")
+    share = report["extended_token_share"]
+    if share is not None:
+        lines.append(f"extended-vocabulary tokens (id >= {report['checked_against']['base_vocab']}): "
+                     f"{100 * share:.1f}% of text tokens")
+    if report["errors"]:
+        shown = len(report["errors"])
+        lines.append(f"errors (first {shown} of {report['lines_bad']}):")
+        lines.extend(f"  {error}" for error in report["errors"])
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clean manifest
+
+
+def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
+    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
+    obj = json.loads(raw)
+    for key, value in obj.items():
+        if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value):
+            target = os.path.normpath(os.path.join(from_dir, value))
+            try:
+                obj[key] = os.path.relpath(target, to_dir)
+            except ValueError:  # another drive on Windows: no relative path exists
+                obj[key] = target
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Path, *,
+                         gpt_cfg: GPTConfig | None = None, vocab_size: int | None = None) -> int:
+    """Write only the good lines of a check report (or of `check_manifests(source, ...)`) to `out_path`.
+
+    Lines stay byte-for-byte when `out_path` sits in the manifest's folder; elsewhere relative
+    paths are rewritten to stay valid from the new folder. Returns the number of lines written.
+    """
+    report = source if isinstance(source, dict) else check_manifests(source, gpt_cfg=gpt_cfg,
+                                                                      vocab_size=vocab_size)
+    out = os.path.realpath(out_path)
+    if any(os.path.realpath(path) == out for path in report["files"]):
+        raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
+    bad = {(path, line) for path, line in report["bad_lines"]}
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    tmp = out + ".tmp"
+    written = 0
+    with open(tmp, "wb") as handle:
+        for path in report["files"]:
+            from_dir = os.path.dirname(os.path.abspath(path))
+            for line_no, _, raw in _iter_lines(path):
+                if (path, line_no) in bad:
+                    continue
+                if from_dir != out_dir:
+                    raw = _relocated_line(raw, from_dir, out_dir)
+                handle.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                written += 1
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, out)  # a crash never leaves a half-written manifest under the final name
+    return written
+

@@ -1,0 +1,80 @@
+"""torchrun data parallel, reduced to the few calls the loop needs.
+
+Launched by `torchrun`, every process gets RANK / WORLD_SIZE / LOCAL_RANK in its environment; a plain
+`train-gpt` run has none and is world size 1, where every helper here is a cheap no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> DistInfo:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend=backend)
+    return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def teardown_distributed(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True when the flag is set on any rank, so every rank stops at the same optimizer step."""
+    if not info.enabled:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def sum_across_ranks(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    if not info.enabled:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def gather_to_main(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's object, in rank order, on every rank (rank 0 writes the checkpoint)."""
+    if not info.enabled:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

@@ -1,0 +1,9 @@
+"""The one exception type that means "the user gave us something wrong".
+
+The CLI turns it into a single line on stderr and exit code 2; everything else is a bug and keeps
+its traceback. Messages name the file, line or key and say what to do.
+"""
+
+
+class UserError(Exception):
+    """Bad input: a file, a flag, a manifest line or a checkpoint the user must fix."""

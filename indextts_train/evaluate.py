@@ -1,0 +1,63 @@
+"""Losses of a model on a manifest: used for validation in the loop and by `indextts-train evaluate`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from indextts_train.config import Config, load_config
+from indextts_train.data import ManifestDataset, ManifestIndex, collate
+from indextts_train.distributed import DistInfo, sum_across_ranks
+from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint
+
+
+@torch.no_grad()
+def evaluate(model: UnifiedVoiceGPT, loader: Iterable[Batch], config: Config, device: torch.device,
+             dist_info: DistInfo | None = None, autocast: Callable | None = None) -> dict:
+    """Token-weighted losses over a whole manifest: CE summed over counted tokens, then divided.
+
+    The community trainer averages per-batch losses weighted by batch size, so its number moves
+    with the batch size; summing token CE first does not.
+    """
+    was_training = model.training
+    model.eval()
+    sums = [0.0] * 5  # text_ce, text_count, mel_ce, mel_count, mel_correct
+    samples = 0
+    for batch in loader:
+        with autocast() if autocast else contextlib.nullcontext():
+            out = model.compute_losses(batch.to(device))
+        for i, value in enumerate((out.text_ce_sum, out.text_count, out.mel_ce_sum, out.mel_count,
+                                   out.mel_correct)):
+            sums[i] += float(value)
+        samples += len(batch)
+    if dist_info is not None and dist_info.enabled:
+        *sums, samples = sum_across_ranks(sums + [float(samples)], dist_info, device)
+    model.train(was_training)
+    text_loss = sums[0] / max(sums[1], 1.0)
+    mel_loss = sums[2] / max(sums[3], 1.0)
+    train = config.train
+    return {"text_loss": text_loss, "mel_loss": mel_loss, "mel_top1": sums[4] / max(sums[3], 1.0),
+            "loss": train.text_loss_weight * text_loss + train.mel_loss_weight * mel_loss,
+            "samples": int(samples)}
+
+
+def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path: Path, *,
+                        batch_size: int = 8) -> dict:
+    """Evaluate any checkpoint (ours, community, gpt.pth) on manifests, batches in manifest order."""
+    config = load_config(config_path)
+    trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
+    config.gpt.number_text_tokens = tokens  # the checkpoint's rows decide, minus the extra row
+    model = UnifiedVoiceGPT(config.gpt, dropout=0.0)
+    model.load_state_dict(trained, strict=True)
+    index = ManifestIndex.build(manifests, max_text_tokens=config.gpt.max_text_tokens,
+                                max_mel_tokens=config.gpt.max_mel_tokens)
+    dataset = ManifestDataset(index)
+    order = list(range(len(index)))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate)
+    result = evaluate(model, loader, config, torch.device("cpu"))
+    result.update(checkpoint=str(checkpoint), text_tokens=tokens, batch_size=batch_size)
+    return result

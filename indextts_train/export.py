@@ -1,0 +1,82 @@
+"""`indextts-train export`: the gpt.pth IndexTTS2 inference loads, plus a matching config.yaml.
+
+IndexTTS2's release loader calls `load_state_dict(strict=True)` on `UnifiedVoice(**cfg.gpt)`, so the
+file must hold exactly the official keys in their shapes, and the shipped config must say
+`number_text_tokens = text rows - 1` or the extended rows do not fit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import yaml
+
+from indextts_train.checkpoint import load_checkpoint
+from indextts_train.config import Config, config_from_dict, gpt_to_dict, load_config
+from indextts_train.errors import UserError
+from indextts_train.model import load_base_checkpoint, official_shapes
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _config_for(checkpoint: Path, base_config: Path | None) -> Config:
+    if base_config is not None:
+        return load_config(base_config)
+    state = load_checkpoint(checkpoint)
+    if isinstance(state, dict) and isinstance(state.get("config"), dict) and "gpt" in state["config"]:
+        return config_from_dict(state["config"], f"{checkpoint} (stored config)")
+    raise UserError(f"{checkpoint} stores no config; pass --config with the IndexTTS2 config.yaml it was trained with")
+
+
+def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
+                      base_config: Path | None = None, tokenizer_name: str = "bpe.model",
+                      dtype: str = "float32") -> dict:
+    """Write `output` (official key order, dtype asked for) and optionally `config_out`."""
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    for target in (output, config_out):
+        if target is not None and target.exists() and target.resolve() in (
+                checkpoint.resolve(), base_config.resolve() if base_config else None):
+            raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
+    config = _config_for(checkpoint, base_config)
+    trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
+    config.gpt.number_text_tokens = tokens
+    merged = {**carried, **trained}
+    state = {key: merged[key].to(DTYPES[dtype]) if merged[key].is_floating_point() else merged[key]
+             for key in official_shapes(config.gpt)}
+    _atomic_save(state, output)
+    if config_out is not None:
+        _write_config(config, config_out, base_config, output.name, tokenizer_name)
+    return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype,
+            "numel": sum(t.numel() for t in state.values())}
+
+
+def _write_config(config: Config, config_out: Path, base_config: Path | None, gpt_name: str,
+                  tokenizer_name: str) -> None:
+    """Keep every section of the user's IndexTTS2 config; replace only what the fine-tune changed."""
+    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else {"version": 2.0}
+    data.pop("train", None)
+    data["gpt"] = gpt_to_dict(config.gpt)
+    data["gpt_checkpoint"] = gpt_name
+    data.setdefault("dataset", {})
+    data["dataset"]["bpe_model"] = tokenizer_name
+    config_out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = config_out.with_name(config_out.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    os.replace(tmp, config_out)
+
+
+def _atomic_save(state: dict, output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, output)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write {output}: {exc.strerror or exc}") from None

@@ -1,0 +1,553 @@
+"""The IndexTTS2 UnifiedVoice GPT, as it is fine-tuned on precomputed conditioning.
+
+Only the tensors that fine-tuning trains are modules here, under their official `gpt.pth` names.
+The speaker/emotion encoders (conformers, perceivers, emo layers) never get a gradient when the
+conditioning latents and emotion vectors are precomputed, so they are *carried*: a plain dict of
+CPU tensors that is loaded from the base checkpoint and written back unchanged on export. That keeps
+~340M parameters out of GPU memory and out of the optimizer.
+
+Sequence and loss rules follow `shared/reference/README.md` ("Exact definitions") to the letter:
+a 34-row prefix (32 conditioning rows + emo vector, then speed rows 1 and 0), text and mel segments
+with their own learned positions starting at 0, a causal GPT-2 trunk with no padding mask, and
+token-level masked cross-entropy over all classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from indextts_train.config import ConditionModuleConfig, GPTConfig
+from indextts_train.errors import UserError
+
+CONDITION_LATENTS = 32  # perceiver latents = rows of a precomputed `condition`
+PREFIX_LEN = CONDITION_LATENTS + 2  # plus the two speed rows
+# Sizes UnifiedVoice hard-codes rather than reading from the config.
+CONFORMER_INPUT_SIZE = 1024
+CONFORMER_KERNEL = 15
+EMO_PERCEIVER_DIM = 1024
+PERCEIVER_DIM_HEAD = 64
+PERCEIVER_DEPTH = 2
+PE_MAX_LEN = 5000
+TEXT_ROW_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
+TRAINED_PREFIXES = (
+    "text_embedding.", "mel_embedding.", "text_pos_embedding.", "mel_pos_embedding.", "gpt.",
+    "final_norm.", "text_head.", "mel_head.", "speed_emb.",
+)
+_LIST_LIMIT = 8  # names shown per category in a key-mismatch error
+
+
+@dataclass
+class Batch:
+    """One collated batch (reference rule 1). Lengths are the manifest's, not the array sizes."""
+
+    text_ids: Tensor  # (B, T) int64, padded with 0
+    codes: Tensor  # (B, M) int64, padded with 0
+    text_lengths: Tensor  # (B,) int64
+    code_lengths: Tensor  # (B,) int64
+    condition: Tensor  # (B, 32, D) float32
+    emo_vec: Tensor  # (B, D) float32
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
+
+    def __len__(self) -> int:
+        return self.text_ids.shape[0]
+
+
+@dataclass
+class LossOutput:
+    """Token-level means plus the sums they come from, for exact aggregation over many batches.
+
+    The `*_ce_sum` tensors keep their graph (the means are built from them); counts are int64.
+    """
+
+    text_loss: Tensor
+    mel_loss: Tensor
+    mel_top1: Tensor
+    text_ce_sum: Tensor
+    text_count: Tensor
+    mel_ce_sum: Tensor
+    mel_count: Tensor
+    mel_correct: Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2 trunk (HF GPT2Model semantics, HF Conv1D weight layout [in, out])
+
+
+class Conv1D(nn.Module):
+    """HF's transposed linear layer: weight is stored [in, out] so official weights load as is."""
+
+    def __init__(self, n_in: int, n_out: int, std: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out).normal_(std=std))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float, proj_std: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.c_attn = Conv1D(dim, 3 * dim, 0.02)
+        self.c_proj = Conv1D(dim, dim, proj_std)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, S, D)
+        B, S, D = x.shape
+        q, k, v = (t.view(B, S, self.heads, -1).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        # Causal and nothing else: the reference passes no padding mask (README rule 6).
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, H, S, D/H)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, D)))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, dropout: float, proj_std: float) -> None:
+        super().__init__()
+        self.c_fc = Conv1D(dim, 4 * dim, 0.02)
+        self.c_proj = Conv1D(4 * dim, dim, proj_std)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))  # gelu_new
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float, layers: int) -> None:
+        super().__init__()
+        proj_std = 0.02 / math.sqrt(2 * layers)  # GPT-2's scaled init of residual projections
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-5)
+        self.attn = Attention(dim, heads, dropout, proj_std)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-5)
+        self.mlp = MLP(dim, dropout, proj_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Trunk(nn.Module):
+    """GPT2Model without wte/wpe: UnifiedVoice deletes wte and makes wpe return zeros."""
+
+    def __init__(self, cfg: GPTConfig, dropout: float, activation_checkpointing: bool) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(cfg.model_dim, cfg.heads, dropout, cfg.layers) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.model_dim, eps=1e-5)
+        self.activation_checkpointing = activation_checkpointing
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, S, D)
+        x = self.drop(x)
+        for block in self.h:
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.ln_f(x)
+
+
+class PositionEmbedding(nn.Module):
+    """Official LearnedPositionEmbeddings: the table lives under `.emb` in the state dict."""
+
+    def __init__(self, rows: int, dim: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(rows, dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequences and losses
+
+
+def aligned_sequences(ids: Tensor, lengths: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
+    """Reference rules 2-3: pad with `stop` past each length, then inputs=[start]+seq, targets=seq+[stop].
+
+    ids (B, W) -> inputs (B, W+2), targets (B, W+2).
+    """
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    seq = ids.masked_fill(positions[None, :] >= lengths[:, None], stop)  # (B, W)
+    seq = F.pad(seq, (0, 1), value=stop)  # (B, W+1)
+    return F.pad(seq, (1, 0), value=start), F.pad(seq, (0, 1), value=stop)
+
+
+def masked_token_ce(logits: Tensor, targets: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-position CE over all classes and the rule-7 mask (j < length + 1).
+
+    logits (B, C, L), targets (B, L) -> ce (B, L) float32 (zero where masked), mask (B, L) bool.
+    """
+    positions = torch.arange(targets.shape[1], device=targets.device)
+    mask = positions[None, :] < (lengths[:, None] + 1)
+    ce = F.cross_entropy(logits.float(), targets, reduction="none")  # float32 even under autocast
+    return ce * mask, mask
+
+
+def losses_from_logits(
+    text_logits: Tensor, mel_logits: Tensor, batch: Batch, cfg: GPTConfig
+) -> LossOutput:
+    """Reference rules 7-8. Separate from the module so a DDP loop can call it on `ddp(batch)`."""
+    _, text_targets = aligned_sequences(batch.text_ids, batch.text_lengths, cfg.start_text_token,
+                                        cfg.stop_text_token)
+    _, mel_targets = aligned_sequences(batch.codes, batch.code_lengths, cfg.start_mel_token,
+                                       cfg.stop_mel_token)
+    text_ce, text_mask = masked_token_ce(text_logits, text_targets, batch.text_lengths)
+    mel_ce, mel_mask = masked_token_ce(mel_logits, mel_targets, batch.code_lengths)
+    text_ce_sum, mel_ce_sum = text_ce.sum(), mel_ce.sum()
+    text_count, mel_count = text_mask.sum(), mel_mask.sum()
+    with torch.no_grad():
+        mel_correct = ((mel_logits.argmax(dim=1) == mel_targets) & mel_mask).sum()
+    return LossOutput(
+        text_loss=text_ce_sum / text_count.clamp(min=1),
+        mel_loss=mel_ce_sum / mel_count.clamp(min=1),
+        mel_top1=mel_correct / mel_count.clamp(min=1),
+        text_ce_sum=text_ce_sum,
+        text_count=text_count,
+        mel_ce_sum=mel_ce_sum,
+        mel_count=mel_count,
+        mel_correct=mel_correct,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+class UnifiedVoiceGPT(nn.Module):
+    """The trained part of UnifiedVoice; `state_dict()` keys are exactly `trained_keys(cfg)`."""
+
+    def __init__(self, cfg: GPTConfig, dropout: float = 0.1, activation_checkpointing: bool = False) -> None:
+        super().__init__()
+        _check_supported(cfg)
+        self.cfg = cfg
+        dim = cfg.model_dim
+        # Registration order = the official order of these keys in gpt.pth.
+        self.text_embedding = nn.Embedding(cfg.text_rows, dim)
+        self.mel_embedding = nn.Embedding(cfg.number_mel_codes, dim)
+        self.gpt = GPT2Trunk(cfg, dropout, activation_checkpointing)
+        self.mel_pos_embedding = PositionEmbedding(_mel_positions(cfg), dim)
+        self.text_pos_embedding = PositionEmbedding(_text_positions(cfg), dim)
+        self.final_norm = nn.LayerNorm(dim, eps=1e-5)
+        self.text_head = nn.Linear(dim, cfg.text_rows)
+        self.mel_head = nn.Linear(dim, cfg.number_mel_codes)
+        self.speed_emb = nn.Embedding(2, dim)
+        for table in (self.text_embedding, self.mel_embedding, self.text_pos_embedding.emb,
+                      self.mel_pos_embedding.emb):
+            nn.init.normal_(table.weight, std=0.02)
+        nn.init.zeros_(self.speed_emb.weight)  # official: normal_(std=0)
+
+    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """text_logits (B, N+1, T+2), mel_logits (B, number_mel_codes, M+2)."""
+        cfg = self.cfg
+        text_inputs, _ = aligned_sequences(batch.text_ids, batch.text_lengths, cfg.start_text_token,
+                                           cfg.stop_text_token)
+        mel_inputs, _ = aligned_sequences(batch.codes, batch.code_lengths, cfg.start_mel_token,
+                                          cfg.stop_mel_token)
+        self._check_widths(text_inputs.shape[1], mel_inputs.shape[1])
+        text = self.text_embedding(text_inputs) + self.text_pos_embedding.emb.weight[: text_inputs.shape[1]]
+        mel = self.mel_embedding(mel_inputs) + self.mel_pos_embedding.emb.weight[: mel_inputs.shape[1]]
+        hidden = self.gpt(torch.cat([self._prefix(batch), text, mel], dim=1))  # (B, 34+T+2+M+2, D)
+        hidden = self.final_norm(hidden[:, PREFIX_LEN:])
+        text_width = text_inputs.shape[1]
+        text_logits = self.text_head(hidden[:, :text_width]).permute(0, 2, 1)  # (B, N+1, T+2)
+        mel_logits = self.mel_head(hidden[:, text_width:]).permute(0, 2, 1)  # (B, mel codes, M+2)
+        return text_logits, mel_logits
+
+    def compute_losses(self, batch: Batch) -> LossOutput:
+        text_logits, mel_logits = self(batch)
+        return losses_from_logits(text_logits, mel_logits, batch, self.cfg)
+
+    def _prefix(self, batch: Batch) -> Tensor:
+        """Rule 4: 32 rows of condition + emo_vec, then speed_emb rows 1 and 0; no positions."""
+        conds = batch.condition + batch.emo_vec[:, None, :]  # (B, 32, D)
+        speed = self.speed_emb.weight[[1, 0]].expand(len(batch), -1, -1)  # (B, 2, D)
+        return torch.cat([conds.to(speed.dtype), speed], dim=1)  # (B, 34, D)
+
+    def _check_widths(self, text_width: int, mel_width: int) -> None:
+        """Position tables bound the padded widths; a too-long manifest line must not crash deep inside."""
+        if text_width > self.text_pos_embedding.emb.num_embeddings:
+            raise UserError(
+                f"batch text width {text_width - 2} exceeds gpt.max_text_tokens {self.cfg.max_text_tokens}; "
+                "filter long lines from the manifest (indextts-train check-data)"
+            )
+        if mel_width > self.mel_pos_embedding.emb.num_embeddings:
+            raise UserError(
+                f"batch code width {mel_width - 2} exceeds gpt.max_mel_tokens + 1 "
+                f"({self.cfg.max_mel_tokens + 1}); filter long lines from the manifest (indextts-train check-data)"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# The official gpt.pth layout
+
+
+def _check_supported(cfg: GPTConfig) -> None:
+    """Options that would add or rename official keys, which this trainer does not implement."""
+    if cfg.train_solo_embeddings or not cfg.use_mel_codes_as_input:
+        raise UserError("gpt.train_solo_embeddings must be false and gpt.use_mel_codes_as_input true "
+                        "(as in IndexTTS2's config.yaml)")
+    for name in ("condition_module", "emo_condition_module"):
+        module: ConditionModuleConfig = getattr(cfg, name)
+        if module.input_layer != "conv2d2":
+            raise UserError(f"gpt.{name}.input_layer {module.input_layer!r} is not supported; "
+                            "IndexTTS2 uses 'conv2d2'")
+        if module.output_size % module.attention_heads:
+            raise UserError(f"gpt.{name}.output_size {module.output_size} is not divisible by "
+                            f"attention_heads {module.attention_heads}")
+
+
+def _text_positions(cfg: GPTConfig) -> int:
+    return cfg.max_text_tokens + 2  # start + stop
+
+
+def _mel_positions(cfg: GPTConfig) -> int:
+    return cfg.max_mel_tokens + 3  # start + stop + max_conditioning_inputs (1)
+
+
+def _linear(prefix: str, n_in: int, n_out: int, bias: bool = True) -> dict[str, tuple[int, ...]]:
+    shapes = {f"{prefix}.weight": (n_out, n_in)}
+    if bias:
+        shapes[f"{prefix}.bias"] = (n_out,)
+    return shapes
+
+
+def _norm(prefix: str, dim: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.weight": (dim,), f"{prefix}.bias": (dim,)}
+
+
+def _conformer_shapes(prefix: str, module: ConditionModuleConfig) -> dict[str, tuple[int, ...]]:
+    """ConformerEncoder(input_size=1024, input_layer='conv2d2', kernel 15, no macaron)."""
+    d, heads, units = module.output_size, module.attention_heads, module.linear_units
+    shapes = {
+        f"{prefix}.embed.conv.0.weight": (d, 1, 3, 3),
+        f"{prefix}.embed.conv.0.bias": (d,),
+        # Conv2d(stride 2, kernel 3) leaves (1024 - 1) // 2 frequency bins of d channels.
+        **_linear(f"{prefix}.embed.out.0", d * ((CONFORMER_INPUT_SIZE - 1) // 2), d),
+        f"{prefix}.embed.pos_enc.pe": (1, PE_MAX_LEN, d),
+        **_norm(f"{prefix}.after_norm", d),
+    }
+    for i in range(module.num_blocks):
+        b = f"{prefix}.encoders.{i}"
+        shapes[f"{b}.self_attn.pos_bias_u"] = (heads, d // heads)
+        shapes[f"{b}.self_attn.pos_bias_v"] = (heads, d // heads)
+        for name in ("linear_q", "linear_k", "linear_v", "linear_out"):
+            shapes.update(_linear(f"{b}.self_attn.{name}", d, d))
+        shapes.update(_linear(f"{b}.self_attn.linear_pos", d, d, bias=False))
+        shapes.update(_linear(f"{b}.feed_forward.w_1", d, units))
+        shapes.update(_linear(f"{b}.feed_forward.w_2", units, d))
+        conv = f"{b}.conv_module"
+        shapes.update({f"{conv}.pointwise_conv1.weight": (2 * d, d, 1), f"{conv}.pointwise_conv1.bias": (2 * d,),
+                       f"{conv}.depthwise_conv.weight": (d, 1, CONFORMER_KERNEL), f"{conv}.depthwise_conv.bias": (d,),
+                       **_norm(f"{conv}.norm", d),
+                       f"{conv}.pointwise_conv2.weight": (d, d, 1), f"{conv}.pointwise_conv2.bias": (d,)})
+        for name in ("norm_ff", "norm_mha", "norm_conv", "norm_final"):
+            shapes.update(_norm(f"{b}.{name}", d))
+    return shapes
+
+
+def _perceiver_shapes(
+    prefix: str, dim: int, context: int, heads: int, mult: float, latents: int
+) -> dict[str, tuple[int, ...]]:
+    """PerceiverResampler(dim, dim_context, ff_mult, heads, num_latents), depth 2, dim_head 64."""
+    inner = heads * PERCEIVER_DIM_HEAD
+    ff = int(dim * mult * 2 / 3)  # perceiver.FeedForward's rule; mult may be a float
+    shapes = {f"{prefix}.latents": (latents, dim)}
+    if context != dim:  # otherwise proj_context is an Identity with no weights
+        shapes.update(_linear(f"{prefix}.proj_context", context, dim))
+    for i in range(PERCEIVER_DEPTH):
+        layer = f"{prefix}.layers.{i}"
+        shapes.update(_linear(f"{layer}.0.to_q", dim, inner, bias=False))
+        shapes.update(_linear(f"{layer}.0.to_kv", dim, 2 * inner, bias=False))
+        shapes.update(_linear(f"{layer}.0.to_out", inner, dim, bias=False))
+        shapes.update(_linear(f"{layer}.1.0", dim, 2 * ff))  # GEGLU doubles the first projection
+        shapes.update(_linear(f"{layer}.1.2", ff, dim))
+    shapes[f"{prefix}.norm.gamma"] = (dim,)
+    return shapes
+
+
+def _trunk_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    d = cfg.model_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.layers):
+        b = f"gpt.h.{i}"
+        shapes.update({**_norm(f"{b}.ln_1", d),
+                       f"{b}.attn.c_attn.weight": (d, 3 * d), f"{b}.attn.c_attn.bias": (3 * d,),
+                       f"{b}.attn.c_proj.weight": (d, d), f"{b}.attn.c_proj.bias": (d,),
+                       **_norm(f"{b}.ln_2", d),
+                       f"{b}.mlp.c_fc.weight": (d, 4 * d), f"{b}.mlp.c_fc.bias": (4 * d,),
+                       f"{b}.mlp.c_proj.weight": (4 * d, d), f"{b}.mlp.c_proj.bias": (d,)})
+    shapes.update(_norm("gpt.ln_f", d))
+    return shapes
+
+
+def official_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every key of the official IndexTTS2 gpt.pth, in release order, with shapes from `cfg`."""
+    _check_supported(cfg)
+    d, cond, emo = cfg.model_dim, cfg.condition_module, cfg.emo_condition_module
+    return {
+        **_conformer_shapes("conditioning_encoder", cond),
+        **_perceiver_shapes("perceiver_encoder", d, cond.output_size, cond.attention_heads,
+                            cond.perceiver_mult, CONDITION_LATENTS),
+        **_conformer_shapes("emo_conditioning_encoder", emo),
+        **_perceiver_shapes("emo_perceiver_encoder", EMO_PERCEIVER_DIM, emo.output_size,
+                            emo.attention_heads, emo.perceiver_mult, 1),
+        "text_embedding.weight": (cfg.text_rows, d),
+        **_linear("emo_layer", d, d),
+        **_linear("emovec_layer", EMO_PERCEIVER_DIM, d),
+        "mel_embedding.weight": (cfg.number_mel_codes, d),
+        **_trunk_shapes(cfg),
+        "mel_pos_embedding.emb.weight": (_mel_positions(cfg), d),
+        "text_pos_embedding.emb.weight": (_text_positions(cfg), d),
+        **_norm("final_norm", d),
+        **_linear("text_head", d, cfg.text_rows),
+        **_linear("mel_head", d, cfg.number_mel_codes),
+        "speed_emb.weight": (2, d),
+    }
+
+
+def _is_trained(key: str) -> bool:
+    return key.startswith(TRAINED_PREFIXES)
+
+
+def trained_keys(cfg: GPTConfig) -> list[str]:
+    return [key for key in official_shapes(cfg) if _is_trained(key)]
+
+
+def split_state_dict(state: Mapping[str, Tensor], cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(trained, carried): the module's tensors and everything else, each in the input's order."""
+    trained = set(trained_keys(cfg))
+    return ({k: v for k, v in state.items() if k in trained},
+            {k: v for k, v in state.items() if k not in trained})
+
+
+def full_state_dict(model: UnifiedVoiceGPT, carried: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The official gpt.pth layout: float32 CPU clones in release order."""
+    own = model.state_dict()
+    order = list(official_shapes(model.cfg))
+    have = set(own) | set(carried)
+    if have != set(order):
+        missing, extra = sorted(set(order) - have), sorted(have - set(order))
+        raise ValueError(f"cannot assemble gpt.pth: missing {_preview(missing)}; unexpected {_preview(extra)}")
+    return {k: (own[k] if k in own else carried[k]).detach().to("cpu", torch.float32, copy=True) for k in order}
+
+
+def _sinusoids(rows: int, dim: int) -> Tensor:
+    """The conformer's fixed positional table (espnet PositionalEncoding), (1, rows, dim)."""
+    position = torch.arange(rows, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * -(math.log(10000.0) / dim))
+    pe = torch.zeros(rows, dim)
+    pe[:, 0::2] = torch.sin(position * freq)
+    pe[:, 1::2] = torch.cos(position * freq)
+    return pe[None]
+
+
+def _plausible(key: str, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    """A value like the official init would give: norms 1/0, latents N(0,1), weights U(±1/sqrt(fan_in))."""
+    if key.endswith(".pe"):
+        return _sinusoids(shape[1], shape[2])
+    if key.endswith("norm.gamma") or (key.endswith(".weight") and len(shape) == 1):
+        return torch.ones(shape)
+    if key.endswith(".bias"):
+        return torch.zeros(shape)
+    if key.endswith(".latents"):
+        return torch.randn(shape, generator=generator)
+    bound = 1.0 / math.sqrt(math.prod(shape[1:]))
+    return (torch.rand(shape, generator=generator) * 2 - 1) * bound
+
+
+def init_carried(cfg: GPTConfig, generator: torch.Generator) -> dict[str, Tensor]:
+    """Random stand-ins for the untrained encoder tensors (for demo base checkpoints)."""
+    return {k: _plausible(k, shape, generator) for k, shape in official_shapes(cfg).items() if not _is_trained(k)}
+
+
+def _preview(names: list[str]) -> str:
+    shown = ", ".join(names[:_LIST_LIMIT])
+    more = len(names) - _LIST_LIMIT
+    return f"{shown} (+{more} more)" if more > 0 else shown
+
+
+def _read_state(path: Path) -> dict[str, Tensor]:
+    """torch.load without pickled code; accepts a plain state dict or {'model': state_dict}."""
+    if not path.is_file():
+        raise UserError(f"{path}: base checkpoint not found; pass --base-checkpoint path/to/gpt.pth")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch.load raises many types for a bad file; all mean "unreadable"
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a readable PyTorch checkpoint ({reason})") from None
+    if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
+        obj = obj["model"]
+    if not isinstance(obj, Mapping) or not obj:
+        raise UserError(f"{path}: not a gpt.pth state dict (expected a mapping of key -> tensor)")
+    not_tensors = [str(k) for k, v in obj.items() if not isinstance(v, Tensor)]
+    if not_tensors:
+        raise UserError(f"{path}: not a gpt.pth state dict; non-tensor entries: {_preview(not_tensors)}")
+    return dict(obj)
+
+
+def _fork_key_cleanup(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Drop inference aliases and LoRA adapters, unwrap LoRA base layers (as the fork's build_model)."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith("inference_model.") or key == "gpt.wte.weight" or ".lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = value
+    return out
+
+
+def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
+    """Missing, unexpected and mis-shaped keys; text rows may differ from cfg but must agree."""
+    expected = official_shapes(cfg)
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    misshaped = []
+    for key in (k for k in expected if k in state):
+        shape, want = tuple(state[key].shape), expected[key]
+        if key in TEXT_ROW_KEYS:
+            shape, want = shape[1:], want[1:]  # only columns are fixed by the config
+        if shape != want:
+            misshaped.append(f"{key} {list(state[key].shape)} (expected {list(expected[key])})")
+    rows = {k: state[k].shape[0] for k in TEXT_ROW_KEYS if k in state and state[k].dim() > 0}
+    if len(set(rows.values())) > 1:
+        misshaped.append("text rows disagree: " + ", ".join(f"{k} {n}" for k, n in rows.items()))
+    problems = []
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+        if names:
+            problems.append(f"{len(names)} {label}: {_preview(names)}")
+    return problems
+
+
+def load_base_checkpoint(
+    path: str | Path, cfg: GPTConfig
+) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
+    """Read an official (or community / our own) gpt.pth and check it against `cfg`.
+
+    Returns (trained, carried, base_text_tokens), all float32 in release order; base_text_tokens is
+    the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
+    """
+    path = Path(path)
+    state = _fork_key_cleanup(_read_state(path))
+    problems = _layout_problems(state, cfg)
+    if problems:
+        raise UserError(
+            f"{path}: does not match the IndexTTS2 GPT layout of the config (model_dim {cfg.model_dim}, "
+            f"layers {cfg.layers}): {'; '.join(problems)}; check that --config matches the checkpoint"
+        )
+    ordered = {k: state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
+    base_text_tokens = ordered["text_embedding.weight"].shape[0] - 1
+    if base_text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):
+        raise UserError(f"{path}: text_embedding.weight has only {base_text_tokens + 1} rows; "
+                        "it cannot hold the start/stop text tokens")
+    trained, carried = split_state_dict(ordered, cfg)
+    return trained, carried, base_text_tokens

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Start, or resume when a checkpoint exists: the same command line every time.
+#   scripts/smart_start.sh OUTPUT_DIR [train-gpt flags...]
+# Retries after a crash (not after Ctrl+C/SIGTERM, exit 130/143, nor after bad input, exit 2).
+set -uo pipefail
+OUTPUT_DIR="${1:?usage: smart_start.sh OUTPUT_DIR [train-gpt flags...]}"; shift
+RETRIES="${RETRIES:-3}"
+for attempt in $(seq 0 "$RETRIES"); do
+    if ls "$OUTPUT_DIR"/latest.pth "$OUTPUT_DIR"/model_step*.pth >/dev/null 2>&1; then
+        echo "[smart_start] checkpoints found in $OUTPUT_DIR: resuming (attempt $attempt)"
+    else
+        echo "[smart_start] no checkpoint in $OUTPUT_DIR: starting fresh"
+    fi
+    train-gpt --output-dir "$OUTPUT_DIR" --resume auto "$@"
+    code=$?
+    case "$code" in
+        0) echo "[smart_start] training finished"; exit 0 ;;
+        2|129|130|143) echo "[smart_start] stopped with exit $code; not retrying"; exit "$code" ;;
+        *) echo "[smart_start] exit $code (crash or OOM kill); resuming in 10 s"; sleep 10 ;;
+    esac
+done
+echo "[smart_start] giving up after $RETRIES retries"; exit 1

@@ -1,0 +1,55 @@
+"""Shared fixtures: the tiny config, a small synthetic dataset and a base checkpoint, all on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT.parent / "shared" / "reference"
+TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
+
+
+def write_dataset(folder: Path, n: int, *, seed: int, text_vocab: int = 100, dim: int = 64,
+                  name: str = "train.jsonl", max_text: int = 12, max_codes: int = 20) -> Path:
+    """A paired manifest of n samples whose codes depend on the text, so a model can learn it."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        uid = f"{name.split('.')[0]}{i}"
+        text = rng.integers(2, text_vocab, size=int(rng.integers(3, max_text + 1))).astype(np.int32)
+        codes = ((np.repeat(text, 2)[:max_codes] * 7) % 64).astype(np.int32)
+        np.save(folder / f"{uid}_text.npy", text)
+        np.save(folder / f"{uid}_codes.npy", codes)
+        np.save(folder / f"{uid}_cond.npy", rng.standard_normal((32, dim)).astype(np.float32))
+        np.save(folder / f"{uid}_emo.npy", (0.5 * rng.standard_normal(dim)).astype(np.float32))
+        lines.append(json.dumps({
+            "id": uid, "speaker": "spk0", "prompt_condition_path": f"{uid}_cond.npy",
+            "prompt_emo_vec_path": f"{uid}_emo.npy", "target_text_ids_path": f"{uid}_text.npy",
+            "target_codes_path": f"{uid}_codes.npy", "target_text_len": len(text),
+            "target_code_len": len(codes),
+        }))
+    manifest = folder / name
+    manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return manifest
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> dict:
+    """24 training and 8 validation samples plus a base gpt.pth at the tiny size (vocab 100)."""
+    from indextts_train.demo import make_base_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny_data")
+    base = folder / "base_gpt.pth"
+    make_base_checkpoint(TINY_CONFIG, base, seed=3)
+    return {
+        "train": write_dataset(folder, 24, seed=1, name="train.jsonl"),
+        "val": write_dataset(folder, 8, seed=2, name="val.jsonl"),
+        "base": base,
+        "config": TINY_CONFIG,
+        "folder": folder,
+    }

@@ -1,0 +1,223 @@
+"""Exact resume through the real CLI: runs are SIGKILLed at random moments and at chosen crash points
+(inside a checkpoint write, inside gradient accumulation, across epochs), resumed with --resume auto,
+and must end bit-identical (torch.equal) to an uninterrupted run: parameters, optimizer state,
+scheduler, progress and loss history.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
+from indextts_train.train import TrainOptions, train
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_STEPS = 48  # 24 samples / effective batch 4 = 6 steps an epoch: 8 epochs
+
+
+@pytest.fixture(scope="module")
+def grown(tiny_data, tmp_path_factory) -> Path:
+    """Tiny config with 150 text tokens over a 100-token base: vocab growth and frozen rows in play."""
+    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data["gpt"]["number_text_tokens"] = 150
+    path = tmp_path_factory.mktemp("cfg") / "grown.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cli_args(data: dict, config: Path, out: Path, workers: int) -> list[str]:
+    return [sys.executable, "-m", "indextts_train", "train",
+            "--train-manifest", str(data["train"]), "--val-manifest", str(data["val"]),
+            "--config", str(config), "--base-checkpoint", str(data["base"]), "--output-dir", str(out),
+            "--resume", "auto", "--batch-size", "2", "--grad-accumulation", "2", "--effective-batch-size", "4",
+            "--num-workers", str(workers), "--max-steps", str(MAX_STEPS), "--epochs", "100",
+            "--learning-rate", "3e-3", "--warmup-steps", "4", "--weight-decay", "0.1", "--seed", "11",
+            "--save-interval", "2", "--val-interval", "5", "--log-interval", "1", "--keep-checkpoints", "2"]
+
+
+def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def wait_for_training(proc: subprocess.Popen) -> bool:
+    """Read output until the loop starts; False when the process ended first (run complete)."""
+    for line in proc.stdout:
+        if line.startswith("training "):
+            return True
+    proc.wait()
+    return False
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    output = proc.stdout.read()
+    return proc.wait(timeout=300), output
+
+
+def run_to_end(args: list[str]) -> str:
+    code, output = finish(start(args))
+    assert code == 0, output
+    return output
+
+
+def assert_same_final_state(a: Path, b: Path) -> None:
+    got, want = load_checkpoint(a / "latest.pth"), load_checkpoint(b / "latest.pth")
+    assert got["progress"] == want["progress"]
+    assert set(got["model"]) == set(want["model"])
+    for key, tensor in want["model"].items():
+        assert torch.equal(got["model"][key], tensor), f"parameter {key} differs"
+    assert got["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert got["optimizer"]["state"].keys() == want["optimizer"]["state"].keys()
+    for index, slots in want["optimizer"]["state"].items():
+        for slot, tensor in slots.items():
+            assert torch.equal(got["optimizer"]["state"][index][slot], tensor), f"optimizer {index}.{slot} differs"
+    assert got["scheduler"] == want["scheduler"]
+    assert got["history"] == want["history"]  # every logged loss, bit for bit
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_data, grown, tmp_path_factory) -> dict[int, Path]:
+    runs = {}
+    for workers in (0, 2):
+        out = tmp_path_factory.mktemp(f"uninterrupted{workers}")
+        run_to_end(cli_args(tiny_data, grown, out, workers))
+        runs[workers] = out
+    return runs
+
+
+# Crash points: (where, step). `accumulation` is after the first micro-batch's backward of a step;
+# the save_* points are inside save_checkpoint; `epoch_end` is the last step of an epoch.
+CRASH_POINTS = ["accumulation@9", "save_partial@10", "save_tmp_written@14", "save_before_latest@18",
+                "save_before_rotate@24", "accumulation@30"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sigkill_anywhere_then_resume_is_bit_identical(tiny_data, grown, uninterrupted, tmp_path, workers) -> None:
+    out = tmp_path / "killed"
+    args = cli_args(tiny_data, grown, out, workers)
+    for point in CRASH_POINTS:  # deterministic kills at the points that matter
+        code, output = finish(start(args, env={"INDEXTTS_TRAIN_CRASH_AT": point}))
+        assert code == -signal.SIGKILL, f"{point} did not fire:\n{output}"
+    assert list(out.glob(".model_step*.tmp*")), "a kill inside a checkpoint write leaves a temp file"
+    rng = random.Random(1000 + workers)
+    kills = 0
+    while kills < 10:  # and at random moments
+        proc = start(args)
+        if not wait_for_training(proc):
+            break
+        time.sleep(rng.uniform(0.0, 0.5))
+        proc.kill()
+        finish(proc)
+        kills += 1
+    assert kills == 10, "the run finished before 10 random kills; raise MAX_STEPS"
+    output = run_to_end(args)
+    assert "resuming from" in output
+    assert not list(out.glob(".model_step*.tmp*")), "stale temp files are cleaned up by the next save"
+    assert_same_final_state(out, uninterrupted[workers])
+
+
+def test_sigterm_saves_exits_143_and_resumes_exactly(tiny_data, grown, uninterrupted, tmp_path) -> None:
+    out = tmp_path / "term"
+    args = cli_args(tiny_data, grown, out, 2)
+    proc = start(args)
+    assert wait_for_training(proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    code, output = finish(proc)
+    assert code == 143, output
+    assert "saved" in output and "--resume auto" in output
+    assert verify_checkpoint(out / "latest.pth").status == "COMPLETE"
+    run_to_end(args)
+    assert_same_final_state(out, uninterrupted[2])
+
+
+def test_ctrl_c_saves_130_and_second_ctrl_c_exits_at_once(tiny_data, grown, uninterrupted, tmp_path) -> None:
+    out = tmp_path / "int"
+    args = cli_args(tiny_data, grown, out, 2)
+    proc = start(args)
+    assert wait_for_training(proc)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # like a terminal's Ctrl+C: the whole group, data workers included
+    code, output = finish(proc)
+    assert code == 130, output
+    proc = start(args)
+    assert wait_for_training(proc)
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)
+    code, _ = finish(proc)
+    assert code == 130
+    for path in [out / "latest.pth", *out.glob("model_step*.pth")]:
+        assert verify_checkpoint(path).status == "COMPLETE", path
+    run_to_end(args)
+    assert_same_final_state(out, uninterrupted[2])
+
+
+def test_corrupt_latest_is_skipped_and_left_on_disk(tiny_data, grown, tmp_path) -> None:
+    out = tmp_path / "corrupt"
+    args = cli_args(tiny_data, grown, out, 0)
+    args[args.index("--max-steps") + 1] = "8"
+    run_to_end(args)
+    latest = out / "latest.pth"
+    size = latest.stat().st_size
+    with open(latest, "r+b") as handle:  # in place: latest.pth and the file it links to are both cut
+        handle.truncate(size // 2)
+    args[args.index("--max-steps") + 1] = "10"
+    output = run_to_end(args)
+    assert "skipping" in output and "latest.pth" in output
+    assert "resuming from" in output and "model_step6.pth" in output
+    assert latest.exists() or (out / "model_step8.pth").exists()  # nothing deleted behind the user's back
+    assert load_checkpoint(out / "latest.pth")["progress"]["step"] == 10
+
+
+def options(data: dict, config: Path, out: Path, **overrides) -> TrainOptions:
+    values = dict(train_manifests=[data["train"]], val_manifests=[data["val"]], output_dir=out, config=config,
+                  base_checkpoint=data["base"], batch_size=2, grad_accumulation=2, effective_batch_size=4,
+                  num_workers=0, max_steps=12, epochs=100, learning_rate=3e-3, warmup_steps=2, log_interval=1,
+                  val_interval=6, save_interval=6, tensorboard=False, resume="auto", seed=5)
+    values.update(overrides)
+    return TrainOptions(**values)
+
+
+def bigger_vocab(config: Path, tmp_path: Path, tokens: int) -> Path:
+    data = yaml.safe_load(config.read_text())
+    data["gpt"]["number_text_tokens"] = tokens
+    path = tmp_path / f"vocab{tokens}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["keep", "reset"])
+def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> None:
+    out = tmp_path / "run"
+    assert train(options(tiny_data, grown, out, max_steps=12)) == 0
+    before = load_checkpoint(out / "latest.pth")
+    capsys.readouterr()
+    assert train(options(tiny_data, bigger_vocab(grown, tmp_path, 170), out, max_steps=36,
+                         on_vocab_change=mode)) == 0
+    printed = capsys.readouterr().out
+    assert "vocabulary changed: 150 -> 170" in printed
+    after = load_checkpoint(out / "latest.pth")
+    emb = after["model"]["text_embedding.weight"]
+    assert emb.shape[0] == 171
+    base = torch.load(tiny_data["base"], weights_only=True)["text_embedding.weight"]
+    assert torch.equal(emb[:100], base[:100]) and torch.equal(emb[170], base[100])  # frozen through both runs
+    losses = [row[1] for row in after["history"]["train"]]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4  # still learning after the change
+    if mode == "keep":
+        assert "optimizer state kept" in printed
+        assert after["history"]["train"][:12] == before["history"]["train"]
+        assert after["progress"]["step"] == 36
+    else:
+        assert "reset together" in printed
+        assert after["history"]["train"][0][0] == 1 and len(after["history"]["train"]) == 36
