@@ -51,6 +51,19 @@ def manifest_paths(values: list[str]) -> list[Path]:
     return paths
 
 
+def require_weights(checkpoint: Path) -> None:
+    """Stop with the checkpoint module's one-line reason when a file is missing, damaged or unsafe.
+
+    Loaders further down only know "a base checkpoint", so their wording would mislead here.
+    """
+    from indextts_train.checkpoint import verify_checkpoint
+
+    verdict = verify_checkpoint(checkpoint)
+    if verdict.status == "INCOMPLETE":
+        reason = verdict.reasons[0]
+        fail(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
+
+
 class VocabChange(str, Enum):
     keep = "keep"
     reset = "reset"
@@ -133,6 +146,7 @@ def evaluate(
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
     from indextts_train.evaluate import evaluate_checkpoint
 
+    require_weights(checkpoint)
     result = run_guarded(evaluate_checkpoint, checkpoint, manifest_paths(manifest), config, batch_size=batch_size)
     if as_json:
         typer.echo(json.dumps(result, indent=1))
@@ -170,9 +184,12 @@ def repair(
     config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
-    from indextts_train.checkpoint import repair_checkpoint
+    from indextts_train.checkpoint import repair_checkpoint, verify_checkpoint
     from indextts_train.config import config_to_dict, load_config
 
+    if verify_checkpoint(checkpoint).status == "COMPLETE":
+        typer.echo(f"{checkpoint}: already COMPLETE; nothing to repair, nothing written")
+        raise typer.Exit(0)
     config_dict = config_to_dict(run_guarded(load_config, config)) if config else None
     path, notes = run_guarded(repair_checkpoint, checkpoint, output, config=config_dict)
     typer.echo(f"repaired checkpoint written to {path}")

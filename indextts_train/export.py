@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from indextts_train.checkpoint import load_checkpoint
+from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
 from indextts_train.config import Config, config_from_dict, gpt_to_dict, load_config
 from indextts_train.errors import UserError
 from indextts_train.model import load_base_checkpoint, official_shapes
@@ -36,10 +36,11 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     """Write `output` (official key order, dtype asked for) and optionally `config_out`."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
-    for target in (output, config_out):
-        if target is not None and target.exists() and target.resolve() in (
-                checkpoint.resolve(), base_config.resolve() if base_config else None):
-            raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
+    _check_targets(checkpoint, base_config, output, config_out)
+    verdict = verify_checkpoint(checkpoint)
+    if verdict.status == "INCOMPLETE":
+        reason = verdict.reasons[0]
+        raise UserError(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
     config = _config_for(checkpoint, base_config)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
     config.gpt.number_text_tokens = tokens
@@ -51,6 +52,17 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         _write_config(config, config_out, base_config, output.name, tokenizer_name)
     return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype,
             "numel": sum(t.numel() for t in state.values())}
+
+
+def _check_targets(checkpoint: Path, base_config: Path | None, output: Path, config_out: Path | None) -> None:
+    """Refuse outputs that are an input. samefile, not path equality: a run's model_step{N}.pth is a
+    hard link of latest.pth, and replacing it would silently drop a training checkpoint."""
+    inputs = [path for path in (checkpoint, base_config) if path is not None and path.exists()]
+    for target in (output, config_out):
+        if target is not None and target.exists() and any(os.path.samefile(target, p) for p in inputs):
+            raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
+    if config_out is not None and config_out.resolve() == output.resolve():
+        raise UserError(f"{config_out}: --config-out and -o are the same file; give the config its own path")
 
 
 def _write_config(config: Config, config_out: Path, base_config: Path | None, gpt_name: str,

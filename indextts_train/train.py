@@ -37,6 +37,7 @@ from indextts_train.distributed import (
     barrier,
     gather_to_main,
     setup_distributed,
+    sum_across_ranks,
     teardown_distributed,
 )
 from indextts_train.errors import UserError
@@ -386,15 +387,18 @@ def restore_run(ckpt: dict, path: Path, options: TrainOptions, config: Config, t
     if reset:
         progress, history = Progress(), History()
     else:
-        if names != ckpt["optimizer_param_names"]:
-            raise UserError(f"{path}: its optimizer was built for other parameters; resume with the config "
-                            "it was trained with, or start a new --output-dir from it as --base-checkpoint")
-        opt_state = ckpt["optimizer"]
-        if vocab_changed:
-            opt_state = remap_optimizer_state(opt_state, names, saved_tokens, tokens)
-        optimizer.load_state_dict(opt_state)
-        scheduler.load_state_dict(ckpt["scheduler"])
-        apply_changed_optimizer_settings(optimizer, scheduler, ckpt["hparams"], train, total_steps)
+        opt_state = optimizer_state_for(ckpt, names, optimizer, path)
+        if opt_state is None:  # a repaired checkpoint whose optimizer could not be recovered
+            log.warn(f"{path} has no usable optimizer state (repaired): optimizer, scheduler and scaler "
+                     f"start fresh together at step {progress.step}")
+            scheduler.last_epoch = progress.step
+            apply_changed_optimizer_settings(optimizer, scheduler, {}, train, total_steps)
+        else:
+            if vocab_changed:
+                opt_state = remap_optimizer_state(opt_state, names, saved_tokens, tokens)
+            optimizer.load_state_dict(opt_state)
+            scheduler.load_state_dict(ckpt["scheduler"])
+            apply_changed_optimizer_settings(optimizer, scheduler, ckpt["hparams"], train, total_steps)
         restore_scaler(scaler, ckpt.get("scaler"), log)
     if vocab_changed:
         log.info(vocab_change_block(saved_tokens, tokens, reset, names))
@@ -402,6 +406,28 @@ def restore_run(ckpt: dict, path: Path, options: TrainOptions, config: Config, t
     return RunState(model, carried, vocab_plan, optimizer, names, scheduler, scaler, progress, history,
                     sampler_seed=ckpt["progress"]["sampler_seed"] if not reset else train.seed,
                     resumed_from=None if reset else path)
+
+
+def optimizer_state_for(ckpt: dict, names: list[str], optimizer: torch.optim.AdamW, path: Path) -> dict | None:
+    """The saved optimizer state in this optimizer's parameter order (None: none is usable).
+
+    Our own checkpoints match name for name. A repaired community checkpoint holds one group over
+    every parameter in weight order, so its moments are moved to our groups by parameter name.
+    """
+    saved_names = ckpt["optimizer_param_names"]
+    if names == saved_names:
+        return ckpt["optimizer"]
+    if not ckpt.get("repaired"):
+        raise UserError(f"{path}: its optimizer was built for other parameters; resume with the config it was "
+                        "trained with, or start a new --output-dir with it as --base-checkpoint")
+    if ckpt["optimizer"] is None:
+        return None
+    position = {name: i for i, name in enumerate(saved_names)}
+    saved_state = ckpt["optimizer"]["state"]
+    state = optimizer.state_dict()
+    state["state"] = {j: saved_state[position[name]] for j, name in enumerate(names)
+                      if position.get(name) in saved_state}
+    return state
 
 
 def apply_changed_optimizer_settings(optimizer: torch.optim.AdamW, scheduler, saved: dict, train,
@@ -576,8 +602,10 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
         run = fresh_run(options, config, tokens, plan, total_steps_of, startup_log, device)
     total_steps = total_steps_of(plan.effective_batch)
     hparams = hparams_of(config, plan, total_steps)
-    if run.resumed_from is not None:
+    if run.resumed_from is not None and ckpt["hparams"]:
         report_changed_hparams(ckpt["hparams"], hparams, startup_log)
+    elif run.resumed_from is not None:
+        startup_log.info("the checkpoint was repaired and records no settings: the current ones apply")
     freezer = RowFreezer(run.model, run.vocab_plan)
     wrapped: nn.Module = LossModule(run.model)
     if dist_info.enabled:
@@ -619,7 +647,8 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
     # ---- the loop: one iteration = one optimizer step ------------------------------------------
     batches = None
     while progress.step < total_steps:
-        if progress.samples_in_epoch + plan.effective_batch > steps_per_epoch(plan.effective_batch) * plan.effective_batch:
+        usable = steps_per_epoch(plan.effective_batch) * plan.effective_batch  # the tail short of a step is dropped
+        if progress.samples_in_epoch + plan.effective_batch > usable:
             progress.epoch += 1
             progress.samples_in_epoch = 0
             batches = None
@@ -643,7 +672,7 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
         if progress.step % train.log_interval == 0 or progress.step == total_steps:
             now = time.perf_counter()
             values = dict(zip(("loss", "text_loss", "mel_loss", "mel_top1", "grad_norm"),
-                              np.mean(window, axis=0).tolist()))
+                              np.mean(window, axis=0).tolist(), strict=True))
             values["lr"] = run.scheduler.get_last_lr()[0]
             values["samples_per_s"] = (progress.samples_total - last_samples) / max(now - last_time, 1e-9)
             last_time, last_samples, window = now, progress.samples_total, []
@@ -757,5 +786,8 @@ def optimizer_step(wrapped: nn.Module, run: RunState, freezer: RowFreezer, batch
     freezer.restore()  # undo AdamW's decoupled decay and stale momentum on the frozen rows
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    if dist_info.enabled:  # log the whole effective batch, not rank 0's share
+        total, text_ce, text_n, mel_ce, mel_n, mel_ok = sum_across_ranks(
+            [total / dist_info.world_size, text_ce, text_n, mel_ce, mel_n, mel_ok], dist_info, device)
     return [total, text_ce / max(text_n, 1.0), mel_ce / max(mel_n, 1.0), mel_ok / max(mel_n, 1.0),
             float(grad_norm)]
