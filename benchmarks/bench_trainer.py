@@ -73,24 +73,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_timed(command: list[str], marks: dict[str, str]) -> tuple[dict[str, tuple[float, float]], list[str], float]:
-    """Run a command; for each mark, (wall, cpu) seconds when the first line starting with it arrived."""
+def run_timed(command: list[str], marks: dict[str, str]) -> tuple[dict[str, tuple[float, float]], list, float]:
+    """Run a command; for each mark, (wall, cpu) seconds when the first line starting with it arrived.
+
+    Also returns every output line with its arrival time, and the whole process's wall time.
+    """
     arrivals: dict[str, tuple[float, float]] = {}
-    lines = []
+    stamped: list[tuple[float, str]] = []
     start = time.perf_counter()
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
         for line in proc.stdout:
-            now = time.perf_counter()
-            lines.append(line.rstrip())
+            now = time.perf_counter() - start
+            stamped.append((now, line))
             for name, prefix in marks.items():
                 if line.startswith(prefix) and name not in arrivals:
-                    arrivals[name] = (now - start, cpu_seconds(proc.pid))
+                    arrivals[name] = (now, cpu_seconds(proc.pid))
     process_seconds = time.perf_counter() - start
     if proc.returncode != 0 or len(arrivals) != len(marks):
-        raise RuntimeError(f"{' '.join(command[:4])} exited {proc.returncode}, saw {sorted(arrivals)}:\n"
-                           + "\n".join(lines[-20:]))
-    return arrivals, lines, process_seconds
+        tail = "".join(line for _, line in stamped[-20:])
+        raise RuntimeError(f"{' '.join(command[:4])} exited {proc.returncode}, saw {sorted(arrivals)}:\n{tail}")
+    return arrivals, stamped, process_seconds
+
+
+def save_seconds(stamped: list[tuple[float, str]], steps: int) -> list[float]:
+    """Each checkpoint's cost: from the step's log line to the trainer's "saved ..." line after it."""
+    costs, step_line_at = [], None
+    for at, line in stamped:
+        if line.startswith("step ") and f"/{steps} " in line:
+            step_line_at = at
+        elif line.startswith("saved ") and step_line_at is not None:
+            costs.append(round(at - step_line_at, 3))
+    return costs
 
 
 def rates(wall: float, cpu: float, samples: int) -> dict:
@@ -106,10 +120,12 @@ def run_trainer(work: Path, name: str, steps: int, warmup: int, save_interval: i
                "--num-workers", "0", "--save-interval", str(save_interval), "--val-interval", str(10 * steps),
                "--log-interval", str(LOG_INTERVAL)]
     marks = {"training": "training ", "first": f"step {warmup}/{steps} ", "last": f"step {steps}/{steps} "}
-    at, _, process_seconds = run_timed(command, marks)
+    at, stamped, process_seconds = run_timed(command, marks)
     return {
         "save_interval": save_interval,
-        "checkpoints_in_window": sum(1 for s in range(warmup + 1, steps + 1) if s % save_interval == 0),
+        # A save follows its step's log line: the one at `warmup` falls inside the window, the final one after it.
+        "checkpoints_in_window": sum(1 for s in range(warmup, steps) if s % save_interval == 0),
+        "save_seconds_each": save_seconds(stamped, steps),
         **rates(at["last"][0] - at["first"][0], at["last"][1] - at["first"][1],
                 (steps - warmup) * MICRO_BATCH * ACCUMULATION),
         "startup_seconds": round(at["training"][0], 3),
@@ -231,8 +247,10 @@ def main() -> None:
     if args.bare_worker is not None:
         bare_loop(args.bare_worker, args.steps, args.warmup)
         return
-    if args.warmup % LOG_INTERVAL or args.steps % LOG_INTERVAL or not 0 < args.warmup < args.steps:
-        parser.error(f"--warmup and --steps must be multiples of {LOG_INTERVAL} with 0 < warmup < steps")
+    if any(n % LOG_INTERVAL for n in (args.warmup, args.steps, args.save_interval)) or not 0 < args.warmup < args.steps:
+        # Timing marks and save costs are read off log lines, which come every LOG_INTERVAL steps.
+        parser.error(f"--warmup, --steps and --save-interval must be multiples of {LOG_INTERVAL}, "
+                     "with 0 < warmup < steps")
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(Path(tmp), args.steps, args.warmup, args.samples, args.save_interval, args.rounds)
     RESULT.parent.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,12 @@ def require_weights(checkpoint: Path) -> None:
         fail(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
 
 
+def require_positive(value: int | None, flag: str) -> None:
+    """Flags that count things: 0 or less is a typo, never a request."""
+    if value is not None and value < 1:
+        fail(f"{flag} must be >= 1, got {value}")
+
+
 class VocabChange(str, Enum):
     keep = "keep"
     reset = "reset"
@@ -146,6 +152,7 @@ def evaluate(
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
     from indextts_train.evaluate import evaluate_checkpoint
 
+    require_positive(batch_size, "--batch-size")
     require_weights(checkpoint)
     result = run_guarded(evaluate_checkpoint, checkpoint, manifest_paths(manifest), config, batch_size=batch_size)
     if as_json:
@@ -209,6 +216,8 @@ def check_data(
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
     from indextts_train.data import check_manifests, render_check_report, write_clean_manifest
 
+    require_positive(base_vocab, "--base-vocab")
+
     def run() -> dict:
         from indextts_train.config import load_config
         from indextts_train.vocab import tokenizer_size
@@ -217,6 +226,7 @@ def check_data(
         vocab = tokenizer_size(tokenizer) if tokenizer else None
         report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=vocab, base_vocab=base_vocab)
         if write_clean is not None:
+            write_clean.parent.mkdir(parents=True, exist_ok=True)  # as export does for its outputs
             write_clean_manifest(report, write_clean)
         return report
 
@@ -290,12 +300,14 @@ def hardware(
     from indextts_train.config import load_config
     from indextts_train.hardware import assume_device, choose_plan, detect_device
 
+    require_positive(effective_batch_size, "--effective-batch-size")
+
     def run():
         cfg = load_config(config)
         device = assume_device(assume) if assume else detect_device()
         checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
-        return choose_plan(device, cfg.gpt, effective_batch=effective_batch_size or cfg.train.effective_batch_size,
-                           activation_checkpointing=checkpointing)
+        effective = cfg.train.effective_batch_size if effective_batch_size is None else effective_batch_size
+        return choose_plan(device, cfg.gpt, effective_batch=effective, activation_checkpointing=checkpointing)
 
     plan = run_guarded(run)
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())

@@ -37,7 +37,7 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     _check_targets(checkpoint, base_config, output, config_out)
-    verdict = verify_checkpoint(checkpoint)
+    verdict = verify_checkpoint(checkpoint)  # missing/damaged/unsafe: the checkpoint module's own words
     if verdict.status == "INCOMPLETE":
         reason = verdict.reasons[0]
         raise UserError(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
@@ -55,8 +55,11 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
 
 
 def _check_targets(checkpoint: Path, base_config: Path | None, output: Path, config_out: Path | None) -> None:
-    """Refuse outputs that are an input. samefile, not path equality: a run's model_step{N}.pth is a
-    hard link of latest.pth, and replacing it would silently drop a training checkpoint."""
+    """Refuse outputs that are an input, or each other.
+
+    samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth, and
+    replacing it would silently drop a training checkpoint.
+    """
     inputs = [path for path in (checkpoint, base_config) if path is not None and path.exists()]
     for target in (output, config_out):
         if target is not None and target.exists() and any(os.path.samefile(target, p) for p in inputs):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Column
 
 
 class NullWriter:
@@ -32,8 +33,9 @@ class RunLogger:
     def __init__(self, output_dir: Path | None, total_steps: int, *, enabled: bool = True,
                  tensorboard: bool = True) -> None:
         self.enabled = enabled
-        self.console = Console(stderr=False, highlight=False, soft_wrap=True)
         self.interactive = enabled and sys.stdout.isatty()
+        # One decision, ours: rich's own terminal detection can disagree (TERM unset, CI variables).
+        self.console = Console(highlight=False, soft_wrap=True, force_terminal=self.interactive or None)
         self.total_steps = total_steps
         self.writer = NullWriter()
         self.log_dir: Path | None = None
@@ -58,9 +60,12 @@ class RunLogger:
     def start(self, step: int) -> None:
         if not self.interactive:
             return
+        # Step, bar and ETA first: on a narrow terminal only the tail of the status gets cut.
         self._progress = Progress(
-            TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-            TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=self.console,
+            TextColumn("step {task.completed}/{task.total}", table_column=Column(no_wrap=True)),
+            BarColumn(bar_width=24), TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+            console=self.console, expand=True,
         )
         self._task = self._progress.add_task("train", total=self.total_steps, completed=step, status="")
         self._progress.start()

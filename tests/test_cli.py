@@ -20,6 +20,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import yaml
+from conftest import write_dataset
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint import load_checkpoint
@@ -79,8 +80,11 @@ def absolute_paths(line: str, folder: Path) -> str:
 
 
 def community_checkpoint(base: Path, config: Path, steps: int = 3) -> dict:
-    """What the community train_gpt_v2.py saves: AdamW over every UnifiedVoice parameter in one group
-    (state-dict order, buffers excluded), where only the GPT's tensors ever got a gradient."""
+    """What the community train_gpt_v2.py saves after `steps` steps.
+
+    Its AdamW holds every UnifiedVoice parameter in one group (state-dict order, buffers excluded),
+    and only the GPT's tensors ever got a gradient: our optimizer's groups and order differ.
+    """
     weights = torch.load(base, weights_only=True)
     trained = set(trained_keys(load_config(config).gpt))
     params = {k: torch.nn.Parameter(v.clone()) for k, v in weights.items() if not k.endswith(".pe")}
@@ -125,12 +129,11 @@ def files(community_bytes, tmp_path) -> dict[str, Path]:
     folder.mkdir()
     community = folder / "community.pth"
     community.write_bytes(community_bytes)
-    good = folder / "model_step2.pth"
     garbage = folder / "garbage.pth"
     garbage.write_bytes(np.random.default_rng(0).bytes(5000))
     truncated = folder / "truncated.pth"
     truncated.write_bytes(community.read_bytes()[: community.stat().st_size // 2])
-    return {"folder": folder, "community": community, "good": good, "garbage": garbage,
+    return {"folder": folder, "community": community, "garbage": garbage,
             "truncated": truncated, "missing": folder / "missing.pth", "bare": TINY / "gpt.pth"}
 
 
@@ -249,8 +252,6 @@ def test_repair_refuses_an_existing_output(files) -> None:
 
 def bad_manifest(tmp_path: Path) -> tuple[Path, list[int]]:
     """A manifest with good lines and one line of each kind of problem; returns it and the bad line numbers."""
-    from conftest import write_dataset
-
     folder = tmp_path / "data"
     good = [json.loads(line) for line in write_dataset(folder, 4, seed=5, name="good.jsonl").read_text().splitlines()]
     np.save(folder / "big_ids.npy", np.array([5, 7, 120], dtype=np.int32))  # 120 >= 100 text tokens
@@ -297,8 +298,7 @@ def test_check_data_names_every_bad_line_and_writes_a_clean_manifest(tmp_path) -
     report = json.loads(cli("check-data", manifest, "--config", TINY_CONFIG, "--json").stdout)
     assert report["bad_lines"] == [[str(manifest), n] for n in bad] and report["lines_ok"] == 3
 
-    clean = tmp_path / "elsewhere" / "clean.jsonl"  # another folder: relative paths must be rewritten
-    clean.parent.mkdir()
+    clean = tmp_path / "elsewhere" / "clean.jsonl"  # a new folder: relative paths must be rewritten
     result = cli("check-data", manifest, "--config", TINY_CONFIG, "--write-clean", clean)
     assert result.exit_code == 2 and f"clean manifest: {clean}" in result.stdout
     kept = [json.loads(line)["id"] for line in clean.read_text().splitlines()]
@@ -308,7 +308,8 @@ def test_check_data_names_every_bad_line_and_writes_a_clean_manifest(tmp_path) -
     assert snapshot(manifest.parent) == before
 
 
-@pytest.mark.parametrize("case", ["missing manifest", "bad config", "missing tokenizer", "clean over input"])
+@pytest.mark.parametrize("case", ["missing manifest", "bad config", "missing tokenizer", "clean over input",
+                                  "zero base vocab"])
 def test_check_data_refusals(tiny_data, tmp_path, case) -> None:
     manifest = tiny_data["train"]
     bad_config = tmp_path / "bad.yaml"
@@ -318,6 +319,7 @@ def test_check_data_refusals(tiny_data, tmp_path, case) -> None:
         "bad config": ([manifest, "--config", bad_config], ["bad.yaml", "bogus_key"]),
         "missing tokenizer": ([manifest, "--tokenizer", tmp_path / "nope.model"], ["nope.model"]),
         "clean over input": ([manifest, "--write-clean", manifest], ["input manifest"]),
+        "zero base vocab": ([manifest, "--base-vocab", 0], ["--base-vocab", ">= 1"]),
     }[case]
     before = snapshot(tiny_data["folder"])
     result = cli("check-data", *args)
@@ -440,7 +442,8 @@ def test_evaluate_extended_vocabulary_params(tmp_path) -> None:
     assert math.isclose(float(human.stdout.split()[2]), expected["text_loss"], abs_tol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["missing checkpoint", "garbage checkpoint", "missing manifest", "wrong config"])
+@pytest.mark.parametrize("case", ["missing checkpoint", "garbage checkpoint", "missing manifest", "wrong config",
+                                  "zero batch"])
 def test_evaluate_refusals(files, tiny_data, tmp_path, case) -> None:
     small = tmp_path / "dim32.yaml"
     small.write_text(TINY_CONFIG.read_text().replace("model_dim: 64", "model_dim: 32"))
@@ -449,9 +452,10 @@ def test_evaluate_refusals(files, tiny_data, tmp_path, case) -> None:
         "garbage checkpoint": ([files["garbage"], tiny_data["val"], TINY_CONFIG], ["garbage.pth", "not a readable"]),
         "missing manifest": ([tiny_data["base"], tmp_path / "nope.jsonl", TINY_CONFIG], ["nope.jsonl"]),
         "wrong config": ([tiny_data["base"], tiny_data["val"], small], ["base_gpt.pth", "model_dim 32"]),
+        "zero batch": ([tiny_data["base"], tiny_data["val"], TINY_CONFIG, "--batch-size", 0], ["--batch-size"]),
     }[case]
     before = snapshot(files["folder"])
-    result = cli("evaluate", "--checkpoint", args[0], "--manifest", args[1], "--config", args[2])
+    result = cli("evaluate", "--checkpoint", args[0], "--manifest", args[1], "--config", args[2], *args[3:])
     assert result.exit_code == 2 and result.stdout == ""
     error_line(result.stderr, *needles)
     assert snapshot(files["folder"]) == before
@@ -480,10 +484,13 @@ def test_hardware_for_an_assumed_gpu(gpu, precision, scaler) -> None:
     assert human.exit_code == 0 and f"{precision}, micro-batch" in human.stdout.splitlines()[0]
 
 
-@pytest.mark.parametrize("case", ["unknown gpu", "missing config"])
+@pytest.mark.parametrize("case", ["unknown gpu", "missing config", "zero batch"])
 def test_hardware_refusals(tmp_path, case) -> None:
-    args, needles = {"unknown gpu": (["--config", TINY_CONFIG, "--assume", "Z80"], ["'Z80'", "A100-80GB"]),
-                     "missing config": (["--config", tmp_path / "nope.yaml"], ["nope.yaml", "not found"])}[case]
+    args, needles = {
+        "unknown gpu": (["--config", TINY_CONFIG, "--assume", "Z80"], ["'Z80'", "A100-80GB"]),
+        "missing config": (["--config", tmp_path / "nope.yaml"], ["nope.yaml", "not found"]),
+        "zero batch": (["--config", TINY_CONFIG, "--effective-batch-size", 0], ["--effective-batch-size"]),
+    }[case]
     result = cli("hardware", *args)
     assert result.exit_code == 2 and result.stdout == ""
     error_line(result.stderr, *needles)

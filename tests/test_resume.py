@@ -224,3 +224,31 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
     else:
         assert "reset together" in printed
         assert after["history"]["train"][0][0] == 1 and len(after["history"]["train"]) == 36
+
+
+def test_smaller_micro_batch_on_resume_continues_from_the_same_sample(tiny_data, grown, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert train(options(tiny_data, grown, out, max_steps=7)) == 0  # stops mid-epoch (6 steps an epoch)
+    before = load_checkpoint(out / "latest.pth")["progress"]
+    capsys.readouterr()
+    # The usual OOM fix: half the micro-batch, twice the accumulation; and a new learning rate.
+    assert train(options(tiny_data, grown, out, max_steps=12, batch_size=1, grad_accumulation=4,
+                         learning_rate=1e-3)) == 0
+    printed = capsys.readouterr().out
+    assert "micro_batch: 2 -> 1" in printed and "grad_accumulation: 2 -> 4" in printed
+    assert "same effective batch: training continues from the same sample" in printed
+    assert "learning rate changed" in printed
+    assert f"starting at step 7 (epoch {before['epoch']}, sample {before['samples_in_epoch']})" in printed
+    after = load_checkpoint(out / "latest.pth")
+    assert after["progress"]["samples_total"] == before["samples_total"] + 5 * 4
+    assert after["scheduler"]["base_lrs"] == [1e-3, 1e-3]  # the new peak LR took effect
+
+
+def test_changed_effective_batch_is_allowed_with_a_warning(tiny_data, grown, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert train(options(tiny_data, grown, out, max_steps=6)) == 0
+    capsys.readouterr()
+    assert train(options(tiny_data, grown, out, max_steps=8, effective_batch_size=8, grad_accumulation=4)) == 0
+    printed = capsys.readouterr().out
+    assert "effective batch changed" in printed
+    assert load_checkpoint(out / "latest.pth")["progress"]["samples_total"] == 6 * 4 + 2 * 8

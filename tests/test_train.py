@@ -140,3 +140,13 @@ def test_out_of_vocabulary_ids_name_the_manifest_line(tiny_data, tmp_path) -> No
     small.write_text(text)
     with pytest.raises(UserError, match=r"train\.jsonl:\d+: text id \d+ is outside the vocabulary"):
         train(options(tiny_data, tmp_path / "run", config=small, base_checkpoint=None, max_steps=2))
+
+
+def test_progress_bar_on_a_terminal_instead_of_log_lines(tiny_data, tmp_path, capsys, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert train(options(tiny_data, tmp_path / "run", max_steps=6, log_interval=2)) == 0
+    printed = capsys.readouterr().out
+    assert "━" in printed and "step 6/6" in printed and "samples/s" in printed  # the rich bar and its fields
+    assert not [line for line in printed.splitlines() if line.startswith("step 2/6 epoch")]
