@@ -17,6 +17,9 @@ import typer
 
 from indextts_train.errors import UserError
 
+# The real IndexTTS2 sizes, from this checkout (not the working directory).
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "indextts2.yaml"
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Fine-tune the IndexTTS2 GPT with an extended tokenizer; kill it anytime, resume exactly.")
 
@@ -78,7 +81,7 @@ class VocabChange(str, Enum):
 def train(
     train_manifest: Annotated[list[str], typer.Option(help="Training manifest JSONL; repeat to mix datasets ('PATH::lang' accepted).")],
     output_dir: Annotated[Path, typer.Option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")],
-    config: Annotated[Path, typer.Option(help="IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")] = Path("configs/indextts2.yaml"),
+    config: Annotated[Path, typer.Option(help="IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")] = DEFAULT_CONFIG,
     val_manifest: Annotated[list[str] | None, typer.Option(help="Validation manifest JSONL; repeatable.")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece model; its size sets the text vocabulary (rows = size + 1). Omit when the config's number_text_tokens is right.")] = None,
     base_checkpoint: Annotated[Path | None, typer.Option(help="IndexTTS2 gpt.pth to fine-tune from (rows grown to the tokenizer).")] = None,
@@ -145,7 +148,7 @@ def demo(
 def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
     manifest: Annotated[list[str], typer.Option(help="Manifest JSONL; repeatable.")],
-    config: Annotated[Path, typer.Option(help="Config whose gpt: section built the checkpoint.")] = Path("configs/indextts2.yaml"),
+    config: Annotated[Path, typer.Option(help="Config whose gpt: section built the checkpoint.")] = DEFAULT_CONFIG,
     batch_size: Annotated[int, typer.Option(help="Examples per batch, in manifest order.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -290,7 +293,7 @@ def export(
 
 @app.command()
 def hardware(
-    config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = Path("configs/indextts2.yaml"),
+    config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = DEFAULT_CONFIG,
     assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4.")] = None,
     effective_batch_size: Annotated[int | None, typer.Option(help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,

@@ -622,6 +622,23 @@ def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _write_good_lines(tmp: str, report: dict, bad: set, out_dir: str) -> int:
+    written = 0
+    with open(tmp, "wb") as handle:
+        for path in report["files"]:
+            from_dir = os.path.dirname(os.path.abspath(path))
+            for line_no, _, raw in _iter_lines(path):
+                if (path, line_no) in bad:
+                    continue
+                if from_dir != out_dir:
+                    raw = _relocated_line(raw, from_dir, out_dir)
+                handle.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                written += 1
+        handle.flush()
+        os.fsync(handle.fileno())
+    return written
+
+
 def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Path, *,
                          gpt_cfg: GPTConfig | None = None, vocab_size: int | None = None) -> int:
     """Write only the good lines of a check report (or of `check_manifests(source, ...)`) to `out_path`.
@@ -637,19 +654,12 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
     bad = {(path, line) for path, line in report["bad_lines"]}
     out_dir = os.path.dirname(os.path.abspath(out_path))
     tmp = out + ".tmp"
-    written = 0
-    with open(tmp, "wb") as handle:
-        for path in report["files"]:
-            from_dir = os.path.dirname(os.path.abspath(path))
-            for line_no, _, raw in _iter_lines(path):
-                if (path, line_no) in bad:
-                    continue
-                if from_dir != out_dir:
-                    raw = _relocated_line(raw, from_dir, out_dir)
-                handle.write(raw if raw.endswith(b"\n") else raw + b"\n")
-                written += 1
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        written = _write_good_lines(tmp, report, bad, out_dir)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
     os.replace(tmp, out)  # a crash never leaves a half-written manifest under the final name
     return written
 

@@ -479,13 +479,9 @@ def _preview(names: list[str]) -> str:
 
 def _read_state(path: Path) -> dict[str, Tensor]:
     """torch.load without pickled code; accepts a plain state dict or {'model': state_dict}."""
-    if not path.is_file():
-        raise UserError(f"{path}: base checkpoint not found; pass --base-checkpoint path/to/gpt.pth")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch.load raises many types for a bad file; all mean "unreadable"
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: not a readable PyTorch checkpoint ({reason})") from None
+    from indextts_train.checkpoint import load_checkpoint  # safe load: CRC check, no pickled code
+
+    obj = load_checkpoint(path)
     if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
         obj = obj["model"]
     if not isinstance(obj, Mapping) or not obj:

@@ -306,8 +306,8 @@ def select_checkpoint(options: TrainOptions, log: RunLogger) -> tuple[dict | Non
             raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
         verdict = ckpt_io.verify_checkpoint(path)
         if verdict.status != "COMPLETE":
-            raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}; "
-                            "`indextts-train repair` can convert community checkpoints")
+            hint = "; `indextts-train repair` can convert it" if verdict.status == "PARTIAL" else ""
+            raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
     log.info(f"resuming from {path}")
     return ckpt_io.load_checkpoint(path), path
 
@@ -553,7 +553,6 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
     config = load_config(options.config)
     apply_overrides(config, options)
     train = config.train
-    options.output_dir.mkdir(parents=True, exist_ok=True)
     startup_log = RunLogger(None, 0, enabled=dist_info.is_main, tensorboard=False)
 
     # ---- hardware: precision, micro-batch, accumulation, workers --------------------------------
@@ -624,6 +623,7 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
         val_dataset = CheckedDataset(val_index, config.gpt.text_rows, config.gpt.number_mel_codes,
                                      config.gpt.model_dim)
 
+    options.output_dir.mkdir(parents=True, exist_ok=True)
     log = RunLogger(options.output_dir, total_steps, enabled=dist_info.is_main, tensorboard=options.tensorboard)
     if run.progress.step >= total_steps:
         log.info(f"nothing to do: the run in {options.output_dir} already reached step {run.progress.step} "
@@ -705,8 +705,9 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
     log.stop()
     if exit_code == 0:
         best = f"{history.best_val_loss:.4f}" if history.best_val_loss is not None else "n/a (no --val-manifest)"
+        logs = f", TensorBoard logs in {log.log_dir}" if log.log_dir else ""
         log.info(f"done: {progress.step} steps, {progress.epoch + 1} epoch(s), best val loss {best}; "
-                 f"checkpoints in {options.output_dir} (latest.pth), TensorBoard logs in {log.log_dir}")
+                 f"checkpoints in {options.output_dir} (latest.pth){logs}")
     log.close()
     return exit_code
 
