@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import start, wait_for_training
 
 from indextts_train.checkpoint import load_checkpoint
 
@@ -63,19 +64,6 @@ def test_two_processes_equal_one_process_with_the_same_effective_batch(tiny_data
     for key, tensor in one["model"].items():
         torch.testing.assert_close(two["model"][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
     assert len(two["rng"]) == 2  # every rank's RNG is in the checkpoint
-
-
-def start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-
-
-def wait_for_training(proc: subprocess.Popen) -> bool:
-    for line in proc.stdout:
-        if line.startswith("training "):
-            return True
-    proc.wait()
-    return False
 
 
 def children(pid: int) -> list[int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import start, wait_for_training
 
 from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
 from indextts_train.train import TrainOptions, train
@@ -43,20 +44,6 @@ def cli_args(data: dict, config: Path, out: Path, workers: int) -> list[str]:
             "--num-workers", str(workers), "--max-steps", str(MAX_STEPS), "--epochs", "100",
             "--learning-rate", "3e-3", "--warmup-steps", "4", "--weight-decay", "0.1", "--seed", "11",
             "--save-interval", "2", "--val-interval", "5", "--log-interval", "1", "--keep-checkpoints", "2"]
-
-
-def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
-
-
-def wait_for_training(proc: subprocess.Popen) -> bool:
-    """Read output until the loop starts; False when the process ended first (run complete)."""
-    for line in proc.stdout:
-        if line.startswith("training "):
-            return True
-    proc.wait()
-    return False
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from torch.nn.utils.rnn import pad_sequence
+from helpers import reference_batch
 
 from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
-from indextts_train.model import TEXT_ROW_KEYS, Batch, UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.model import TEXT_ROW_KEYS, UnifiedVoiceGPT, load_base_checkpoint
 from indextts_train.vocab import (
     RowFreezer,
     VocabPlan,
@@ -25,23 +23,6 @@ from indextts_train.vocab import (
 
 TINY = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tiny"
 GROWN = VocabPlan(base_tokens=100, tokens=150)
-
-
-def reference_batch() -> Batch:
-    """Collate tiny/pairs.jsonl the reference way: pad with 0, lengths from the manifest."""
-    lines = [json.loads(line) for line in (TINY / "pairs.jsonl").read_text().splitlines()]
-
-    def load(line: dict, key: str) -> torch.Tensor:
-        return torch.from_numpy(np.load(TINY / line[key]))
-
-    return Batch(
-        text_ids=pad_sequence([load(x, "target_text_ids_path").long() for x in lines], batch_first=True),
-        codes=pad_sequence([load(x, "target_codes_path").long() for x in lines], batch_first=True),
-        text_lengths=torch.tensor([x["target_text_len"] for x in lines]),
-        code_lengths=torch.tensor([x["target_code_len"] for x in lines]),
-        condition=torch.stack([load(x, "prompt_condition_path") for x in lines]),
-        emo_vec=torch.stack([load(x, "prompt_emo_vec_path") for x in lines]),
-    )
 
 
 @pytest.fixture(scope="module")
