@@ -55,7 +55,7 @@ def final(out: Path) -> dict:
     return load_checkpoint(out / "latest.pth")
 
 
-def test_two_processes_equal_one_process_with_the_same_effective_batch(tiny_data, configs, tmp_path) -> None:
+def test_two_processes_equal_one_process_and_resume_with_one(tiny_data, configs, tmp_path) -> None:
     run(command(tiny_data, configs["no_dropout"], tmp_path / "one", nproc=1, max_steps=8))
     printed = run(command(tiny_data, configs["no_dropout"], tmp_path / "two", nproc=2, max_steps=8))
     assert "effective batch 4 = 2 x 1 x 2" in printed
@@ -64,6 +64,14 @@ def test_two_processes_equal_one_process_with_the_same_effective_batch(tiny_data
     for key, tensor in one["model"].items():
         torch.testing.assert_close(two["model"][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
     assert len(two["rng"]) == 2  # every rank's RNG is in the checkpoint
+
+    # The same 2-process checkpoint, resumed by 1 process: same global sample, same effective batch.
+    printed = run(command(tiny_data, configs["no_dropout"], tmp_path / "two", nproc=1, max_steps=12))
+    assert "written by 2 process(es), this run has 1" in printed
+    before = two["progress"]
+    assert f"starting at step 8 (epoch {before['epoch']}, sample {before['samples_in_epoch']})" in printed
+    after = final(tmp_path / "two")["progress"]
+    assert (after["step"], after["world_size"], after["samples_total"]) == (12, 1, 48)
 
 
 def children(pid: int) -> list[int]:
@@ -103,17 +111,6 @@ def test_two_process_run_killed_and_resumed_is_bit_identical(tiny_data, configs,
     for index, slots in want["optimizer"]["state"].items():
         for slot, tensor in slots.items():
             assert torch.equal(got["optimizer"]["state"][index][slot], tensor), (index, slot)
-
-
-def test_two_process_checkpoint_resumes_with_one_process(tiny_data, configs, tmp_path) -> None:
-    out = tmp_path / "run"
-    run(command(tiny_data, configs["dropout"], out, nproc=2, max_steps=8))
-    before = final(out)["progress"]
-    printed = run(command(tiny_data, configs["dropout"], out, nproc=1, max_steps=12))
-    assert "written by 2 process(es), this run has 1" in printed
-    assert f"starting at step 8 (epoch {before['epoch']}, sample {before['samples_in_epoch']})" in printed
-    after = final(out)["progress"]
-    assert (after["step"], after["world_size"], after["samples_total"]) == (12, 1, 48)
 
 
 def test_sigterm_to_the_launcher_saves_once_and_every_rank_exits_143(tiny_data, configs, tmp_path) -> None:
