@@ -6,6 +6,7 @@ scheduler, progress and loss history.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -47,8 +48,13 @@ def cli_args(data: dict, config: Path, out: Path, workers: int) -> list[str]:
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    output = proc.stdout.read()
-    return proc.wait(timeout=300), output
+    """Exit code and output. Data workers orphaned by a SIGKILL of the main process are killed too,
+    else they hold the output pipe open until their watchdog notices (seconds). The output of these
+    runs is far below a pipe's buffer, so waiting before reading cannot block the child."""
+    code = proc.wait(timeout=300)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return code, proc.stdout.read()
 
 
 def run_to_end(args: list[str]) -> str:
