@@ -19,7 +19,7 @@ compute_losses, backward, clip, step. No validation (no --val-manifest is given 
 either), no checkpoints, no scheduler, no logging. CPU, fp32, --num-workers 0, torch's default
 thread count.
 
-    python benchmarks/bench_trainer.py [--steps 120] [--warmup 20] [--samples 400] [--save-interval 50] [--rounds 1]
+    python benchmarks/bench_trainer.py [--steps 120] [--warmup 20] [--samples 400] [--save-interval 50] [--rounds 2]
 
 Writes benchmarks/results/trainer.json and prints it.
 """
@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="steps before the timed window (a log step)")
     parser.add_argument("--samples", type=int, default=400, help="synthetic training samples")
     parser.add_argument("--save-interval", type=int, default=50, help="checkpoint interval of the saving trainer run")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the three runs; medians reported")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the three runs; medians reported")
     parser.add_argument("--bare-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_worker is not None:

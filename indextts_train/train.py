@@ -16,6 +16,7 @@ here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -445,6 +446,20 @@ def apply_changed_optimizer_settings(optimizer: torch.optim.AdamW, scheduler, sa
         optimizer.param_groups[0]["weight_decay"] = train.weight_decay
 
 
+def remembered_oom_plan(plan: HardwarePlan, saved: dict, log: RunLogger) -> HardwarePlan:
+    """Start at the micro-batch an earlier run on this GPU fell back to after an OOM, not above it."""
+    same_setup = (saved.get("device_name") == plan.device_name and saved.get("world_size") == plan.world_size
+                  and saved.get("effective_batch") == plan.effective_batch)
+    hit_oom = any(reason.startswith("Out of memory") for reason in saved.get("reasons", []))
+    if not (same_setup and hit_oom and saved["micro_batch"] < plan.micro_batch):
+        return plan
+    log.info(f"an earlier run on this {plan.device_name} ran out of memory above micro-batch "
+             f"{saved['micro_batch']}: starting at micro-batch {saved['micro_batch']} x accumulation "
+             f"{saved['grad_accumulation']}")
+    return dataclasses.replace(plan, micro_batch=saved["micro_batch"], grad_accumulation=saved["grad_accumulation"],
+                               reasons=[*plan.reasons, *(r for r in saved["reasons"] if r.startswith("Out of memory"))])
+
+
 def restore_scaler(scaler: torch.amp.GradScaler, saved: dict | None, log: RunLogger) -> None:
     if scaler.is_enabled() and saved:
         scaler.load_state_dict(saved)
@@ -595,6 +610,8 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
     tokens = text_tokens_for(options, config)
     seed_everything(train.seed + dist_info.rank)
     ckpt, ckpt_path = select_checkpoint(options, startup_log)
+    if ckpt is not None and train.batch_size == 0:
+        plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup_log)
     if ckpt is not None:
         run = restore_run(ckpt, ckpt_path, options, config, tokens, plan, total_steps_of, startup_log, device)
     else:

@@ -90,14 +90,22 @@ def test_oom_halves_micro_batch_and_retries_the_same_samples(tiny_data, tmp_path
 
     monkeypatch.setattr(UnifiedVoiceGPT, "compute_losses", flaky)
     out = tmp_path / "oom"
-    assert train(options(tiny_data, out, batch_size=4, grad_accumulation=2, effective_batch_size=8,
+    # Auto micro-batch on CPU picks 8: it "runs out of memory" at 8, then at 4, and trains at 2 x 4.
+    assert train(options(tiny_data, out, batch_size=0, grad_accumulation=0, effective_batch_size=8,
                          max_steps=4, dropout=0.0)) == 0
-    assert "out of memory" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "micro-batch 4 x accumulation 2" in printed and "micro-batch 2 x accumulation 4" in printed
     got, want = load_checkpoint(out / "latest.pth"), load_checkpoint(reference_out / "latest.pth")
     assert (got["hardware"]["micro_batch"], got["hardware"]["grad_accumulation"]) == (2, 4)
     assert got["progress"]["samples_total"] == want["progress"]["samples_total"] == 32
-    for key, tensor in want["model"].items():
+    for key, tensor in want["model"].items():  # the same samples, none lost or repeated
         assert torch.equal(got["model"][key], tensor), key
+
+    # Remembered: the resumed run starts at the micro-batch that fit, without another OOM.
+    assert train(options(tiny_data, out, batch_size=0, grad_accumulation=0, effective_batch_size=8,
+                         max_steps=6, dropout=0.0, resume="auto")) == 0
+    printed = capsys.readouterr().out
+    assert "ran out of memory above micro-batch 2" in printed and "CUDA out of memory" not in printed
 
 
 def test_plain_log_lines_and_tensorboard_scalars(tiny_data, tmp_path, capsys) -> None:
