@@ -235,13 +235,13 @@ def test_cpu_path_on_this_machine(monkeypatch):
     plan = choose_plan(device, _small_cfg(), effective_batch=64)
     assert (plan.device, plan.precision, plan.amp_dtype, plan.use_grad_scaler, plan.tf32) == (
         "cpu", "fp32", None, False, False)
-    assert plan.num_workers == min(8, cores - 1)
+    assert plan.num_workers == 0  # the CPU's cores go to the model's threads
     assert plan.micro_batch == 8 and plan.grad_accumulation == 8 and plan.effective_batch == 64
 
 
 @pytest.mark.parametrize(("cores", "world", "workers"), [(1, 1, 0), (2, 1, 1), (32, 1, 8), (16, 4, 3)])
 def test_auto_workers_leave_a_core_per_process(cores, world, workers):
-    device = hardware.DeviceInfo("cpu", "cpu", 64 * GIB, (0, 0), False, cores)
+    device = hardware.DeviceInfo("cuda", "NVIDIA L4", 24 * GIB, (8, 9), True, cores)
     assert choose_plan(device, _small_cfg(), effective_batch=64, world_size=world).num_workers == workers
 
 
