@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, safe load, verify, find the newest complete one, repair, rotate.
+"""Checkpoints: atomic save, safe load, verify, find the newest complete one, rotate.
 
 The promise is that a trainer killed at any instant (kill -9 mid-save included) resumes bit-exactly
 with `--resume auto`. This module is the storage half of it:
@@ -22,6 +22,8 @@ Checkpoint layout (a plain dict; the trainer builds it):
 A repaired checkpoint whose optimizer could not be matched to the weights holds None for
 optimizer, scheduler and scaler together (one matched set, reset together) and lists them in
 `repaired["unknown"]`; the trainer then starts a fresh optimizer at the stored step.
+
+repair.py builds repaired checkpoints from the public checks and writers here; verify reads them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import pickle
 import random
 import re
 import shutil
-import time
 import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -44,7 +45,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from indextts_train.config import TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.faults import crash_armed, crash_point
 
@@ -66,12 +66,6 @@ _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
 _TEMP_FILE = re.compile(r"^\.(model_step\d+|latest)\.pth\.tmp-\d+$")  # only names this module writes
 _PYTHON_RNG_WORDS = 625  # random.getstate(): 624 Mersenne Twister words + position
 _NUMPY_RNG_WORDS = 624
-# Persistent buffers of UnifiedVoice (shared/reference keys json): in the state dict, never in an optimizer.
-_BUFFER_SUFFIXES = (".pos_enc.pe",)
-# Aliases that IndexTTS2's post_init_gpt2_config() adds; they duplicate tensors already stored.
-_ALIAS_PREFIXES = ("inference_model.",)
-_ALIAS_KEYS = ("gpt.wte.weight",)
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
 
 
 class CheckpointError(UserError):
@@ -105,18 +99,19 @@ def capture_rng() -> dict:
             "torch_cpu": torch.get_rng_state(), "cuda": list(cuda)}
 
 
-def _seeded_rng(seed: int) -> dict:
+def seeded_rng(seed: int) -> dict:
     """RNG states as `capture_rng()` would return right after seeding with `seed`; globals untouched."""
     return {"python": _plain_python_rng(random.Random(seed).getstate()),
             "numpy": _plain_numpy_rng(np.random.RandomState(seed % 2**32).get_state(legacy=True)),
             "torch_cpu": torch.Generator().manual_seed(seed).get_state(), "cuda": []}
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (True would pass as a step count otherwise)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _rng_problem(state: Any) -> str | None:
+def rng_problem(state: Any) -> str | None:
     """Why `state` is not a capture_rng() dict, or None."""
     if not isinstance(state, dict):
         return f"expected a dict, got {type(state).__name__}"
@@ -125,12 +120,12 @@ def _rng_problem(state: Any) -> str | None:
         return f"missing {', '.join(missing)}"
     py = state["python"]
     if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[1], (list, tuple))
-            and len(py[1]) == _PYTHON_RNG_WORDS and all(_is_int(w) for w in py[1])):
+            and len(py[1]) == _PYTHON_RNG_WORDS and all(is_int(w) for w in py[1])):
         return "python: not a random.getstate() triple"
     np_state = state["numpy"]
     if not (isinstance(np_state, dict) and np_state.get("bit_generator") == "MT19937"
             and isinstance(np_state.get("key"), list) and len(np_state["key"]) == _NUMPY_RNG_WORDS
-            and _is_int(np_state.get("pos")) and _is_int(np_state.get("has_gauss"))
+            and is_int(np_state.get("pos")) and is_int(np_state.get("has_gauss"))
             and isinstance(np_state.get("cached_gaussian"), float)):
         return "numpy: not an MT19937 state"
     tensors = [state["torch_cpu"], *state["cuda"]] if isinstance(state["cuda"], list) else None
@@ -141,7 +136,7 @@ def _rng_problem(state: Any) -> str | None:
 
 def restore_rng(state: dict) -> None:
     """Put back a `capture_rng()` state. CUDA devices beyond those saved (or present) are left alone."""
-    problem = _rng_problem(state)
+    problem = rng_problem(state)
     if problem:
         raise CheckpointError(f"checkpoint RNG state is malformed ({problem}); repair the checkpoint")
     version, words, gauss_next = state["python"]
@@ -191,7 +186,8 @@ def _model_problem(model: Any) -> str | None:
     return f"model: {bad[0]!r} is not a named tensor" if bad else None
 
 
-def _optimizer_params(optimizer: dict) -> list:
+def optimizer_params(optimizer: dict) -> list:
+    """The parameter ids of an optimizer state_dict, in optimizer order (groups flattened)."""
     return [p for group in optimizer["param_groups"] for p in group["params"]]
 
 
@@ -202,7 +198,8 @@ def _repaired_unknown(state: dict) -> list:
     return unknown if isinstance(unknown, list) else []
 
 
-def _optimizer_problems(state: dict) -> list[str]:
+def optimizer_problems(state: dict) -> list[str]:
+    """What is wrong with the optimizer set (optimizer, names, scheduler, scaler); empty when usable."""
     optimizer, names = state["optimizer"], state["optimizer_param_names"]
     if "optimizer" in _repaired_unknown(state):
         if any(state[k] is not None for k in OPTIMIZER_SET) or names != []:
@@ -215,9 +212,9 @@ def _optimizer_problems(state: dict) -> list[str]:
         problems.append("optimizer: expected an optimizer state_dict with 'state' and 'param_groups'")
     elif not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         problems.append("optimizer_param_names: expected a list of parameter names")
-    elif len(names) != len(_optimizer_params(optimizer)):
+    elif len(names) != len(optimizer_params(optimizer)):
         problems.append(f"optimizer_param_names has {len(names)} names but the optimizer holds "
-                        f"{len(_optimizer_params(optimizer))} parameters")
+                        f"{len(optimizer_params(optimizer))} parameters")
     elif isinstance(state["model"], dict) and set(names) - set(state["model"]):
         problems.append(f"optimizer_param_names: {sorted(set(names) - set(state['model']))[0]!r} is not in model")
     if not isinstance(state["scheduler"], dict):
@@ -231,19 +228,20 @@ def _progress_problems(state: dict) -> list[str]:
     progress = state["progress"]
     if not isinstance(progress, dict):
         return ["progress: expected a dict"]
-    bad = [k for k in PROGRESS_KEYS if not (_is_int(progress.get(k)) and progress[k] >= 0)]
+    bad = [k for k in PROGRESS_KEYS if not (is_int(progress.get(k)) and progress[k] >= 0)]
     if bad:
         return [f"progress: {', '.join(bad)} missing or not a non-negative int"]
     rng = state["rng"]
     if not isinstance(rng, list) or not rng:
         return ["rng: expected a non-empty list with one RNG state per rank"]
-    problems = [f"rng[{i}]: {p}" for i, p in enumerate(map(_rng_problem, rng)) if p]
+    problems = [f"rng[{i}]: {p}" for i, p in enumerate(map(rng_problem, rng)) if p]
     if len(rng) != progress["world_size"]:
         problems.append(f"rng has {len(rng)} rank states but progress.world_size is {progress['world_size']}")
     return problems
 
 
-def _history_problem(history: Any) -> str | None:
+def history_problem(history: Any) -> str | None:
+    """Why `history` is not {train: list, val: list, best_val_loss}, or None."""
     if not (isinstance(history, dict) and isinstance(history.get("train"), list)
             and isinstance(history.get("val"), list) and "best_val_loss" in history
             and (history["best_val_loss"] is None or isinstance(history["best_val_loss"], (int, float)))):
@@ -251,7 +249,7 @@ def _history_problem(history: Any) -> str | None:
     return None
 
 
-def _resume_problems(state: dict) -> list[str]:
+def resume_problems(state: dict) -> list[str]:
     """What keeps a checkpoint of our format from an exact resume (empty when COMPLETE)."""
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
@@ -261,13 +259,13 @@ def _resume_problems(state: dict) -> list[str]:
         return [f"format_version {version!r} is not {FORMAT_VERSION}; this indextts-train reads version "
                 f"{FORMAT_VERSION} (a newer file needs a newer indextts-train)"]
     model = state["model"]
-    problems = [p for p in (_model_problem(model), _history_problem(state["history"])) if p]
+    problems = [p for p in (_model_problem(model), history_problem(state["history"])) if p]
     if not _model_problem(model):
         not_fp32 = [k for k, v in model.items() if v.is_floating_point() and v.dtype != torch.float32]
         if not_fp32:
             problems.append(f"model: {not_fp32[0]!r} is {model[not_fp32[0]].dtype}; "
                             "an exact resume needs float32 weights")
-    problems += _optimizer_problems(state) + _progress_problems(state)
+    problems += optimizer_problems(state) + _progress_problems(state)
     problems += [f"{k}: expected a dict" for k in ("hparams", "config", "vocab_plan") if not isinstance(state[k], dict)]
     return problems
 
@@ -425,7 +423,7 @@ def verify_checkpoint(path: Path) -> Verdict:
     if kind == "gpt.pth":
         return Verdict("PARTIAL", kind, ["bare gpt.pth weights: no optimizer, scheduler, RNG or progress; "
                                          "use it as --base-checkpoint to start a run"], summary)
-    problems = _resume_problems(obj)
+    problems = resume_problems(obj)
     if problems:
         return Verdict("PARTIAL", kind, problems, summary)
     notes = []
@@ -468,7 +466,7 @@ def _temp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
 
 
-def _atomic_write(state: dict, final: Path, step: int) -> None:
+def atomic_write(state: dict, final: Path, step: int) -> None:
     """Write to a temp name, fsync, rename over `final`, fsync the directory. No half file ever has `final`'s name."""
     tmp = _temp_name(final)
     try:
@@ -481,7 +479,7 @@ def _atomic_write(state: dict, final: Path, step: int) -> None:
     _fsync_dir(final.parent)
 
 
-def _link_or_copy(source: Path, dest: Path) -> None:
+def link_or_copy(source: Path, dest: Path) -> None:
     """`dest` becomes a complete copy of `source`: a hard link, or a synced copy where links fail."""
     try:
         os.link(source, dest)
@@ -496,7 +494,7 @@ def _publish_latest(output_dir: Path, target: Path) -> None:
     latest = output_dir / LATEST
     tmp = _temp_name(latest)
     try:
-        _link_or_copy(target, tmp)
+        link_or_copy(target, tmp)
         os.replace(tmp, latest)
     finally:
         # Also covers rename(2) between two links of one inode, which succeeds without removing tmp.
@@ -519,7 +517,8 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return steps + [latest] if latest.is_file() else steps
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one file (hard links included); False when either is missing."""
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -530,7 +529,7 @@ def _latest_target(output_dir: Path) -> Path | None:
     """The model_step file latest.pth is a hard link of, if any."""
     latest = output_dir / LATEST
     steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST]
-    return next((p for p in steps if _same_file(p, latest)), None) if latest.is_file() else None
+    return next((p for p in steps if same_file(p, latest)), None) if latest.is_file() else None
 
 
 def _rotate(output_dir: Path, keep: int, protected: Path) -> None:
@@ -548,7 +547,7 @@ def _remove_stale_temps(output_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _failure_reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """A short cause; torch wraps the OSError of a failed write in a RuntimeError, so follow the chain."""
     seen: BaseException | None = exc
     while seen is not None:
@@ -572,7 +571,7 @@ def _previous_description(output_dir: Path) -> str:
 
 def _check_state(state: dict, step: int) -> None:
     """A state the trainer built wrong is a bug: say which key, before anything touches the disk."""
-    problems = _resume_problems(state) if state.get("format") == FORMAT else [f"format is not {FORMAT!r}"]
+    problems = resume_problems(state) if state.get("format") == FORMAT else [f"format is not {FORMAT!r}"]
     unsafe = _unsafe_value(state, "state")
     if unsafe:
         problems.append(f"{unsafe}, which torch.load(weights_only=True) refuses; store plain values")
@@ -596,10 +595,10 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int) -> P
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(output_dir)
-        _atomic_write(state, final, step)
+        atomic_write(state, final, step)
     except (OSError, RuntimeError) as exc:
         raise CheckpointSaveError(
-            f"could not save checkpoint step {step} to {output_dir}: {_failure_reason(exc)}; "
+            f"could not save checkpoint step {step} to {output_dir}: {failure_reason(exc)}; "
             f"{_previous_description(output_dir)}; free space or fix the directory, then rerun "
             "with --resume auto") from exc
     crash_point("save_before_latest", step)
@@ -610,7 +609,7 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int) -> P
     except OSError as exc:
         raise CheckpointSaveError(
             f"saved {final}, but could not update latest.pth or remove old checkpoints: "
-            f"{_failure_reason(exc)}; --resume auto still finds the newest complete checkpoint") from exc
+            f"{failure_reason(exc)}; --resume auto still finds the newest complete checkpoint") from exc
     return final
 
 
@@ -627,14 +626,14 @@ def find_resume_checkpoint(output_dir: Path) -> tuple[Path | None, list[tuple[Pa
     # moving latest.pth leaves a complete step file newer than latest.pth: prefer it.
     latest = [p for p in files if p.name == LATEST]
     steps = sorted((p for p in files if p.name != LATEST), key=_step_of, reverse=True)
-    newer = [p for p in steps if latest and _same_file(p, latest[0])]
+    newer = [p for p in steps if latest and same_file(p, latest[0])]
     if newer:
         steps = steps[: steps.index(newer[0])] + latest + steps[steps.index(newer[0]):]
     candidates = steps if newer else latest + steps
     skipped: list[tuple[Path, str]] = []
     failures: dict[Path, str] = {}
     for path in candidates:
-        twin = next((bad for bad in failures if _same_file(path, bad)), None)
+        twin = next((bad for bad in failures if same_file(path, bad)), None)
         if twin is not None:  # a hard link of a file that already failed
             skipped.append((path, f"same file as {twin.name}, {failures[twin]}"))
             continue
@@ -644,200 +643,3 @@ def find_resume_checkpoint(output_dir: Path) -> tuple[Path | None, list[tuple[Pa
         failures[path] = reason = f"{verdict.status}: {'; '.join(verdict.reasons)}"
         skipped.append((path, reason))
     return None, skipped
-
-
-# ----------------------------------------------------------------------------- repair
-
-
-def _strip_wrappers(model: dict) -> dict:
-    for prefix in _WRAPPER_PREFIXES:
-        if all(k.startswith(prefix) for k in model):
-            model = {k[len(prefix):]: v for k, v in model.items()}
-    return model
-
-
-def _official_weights(model: dict, notes: list[str]) -> dict:
-    """Community key spellings -> the official gpt.pth layout, float32."""
-    model = _strip_wrappers(model)
-    lora = [k for k in model if ".lora_" in k]
-    if lora:
-        raise CheckpointError(f"it holds LoRA adapter tensors ({lora[0]}, ...); merge the adapters into the "
-                              "base weights first, dropping them would lose their training")
-    aliases = {k for k in model if k.startswith(_ALIAS_PREFIXES) or k in _ALIAS_KEYS}
-    if aliases:
-        notes.append(f"dropped {len(aliases)} alias keys (inference_model.*, gpt.wte.weight) that "
-                     "duplicate stored tensors")
-    mapped: dict = {}
-    for key, value in model.items():
-        if key not in aliases:
-            mapped[key.replace(".base_layer.", ".")] = value
-    if len(mapped) != len(model) - len(aliases):
-        raise CheckpointError("two weight keys map to the same official name after removing '.base_layer.'")
-    if "text_embedding.weight" not in mapped:
-        raise CheckpointError("it has no text_embedding.weight, so it is not an IndexTTS2 GPT state dict")
-    low = [k for k, v in mapped.items() if v.is_floating_point() and v.dtype != torch.float32]
-    if low:
-        notes.append(f"{len(low)} tensors stored as {mapped[low[0]].dtype} converted to float32 "
-                     "(their lost precision cannot come back)")
-    return {k: v.float() if v.is_floating_point() else v for k, v in mapped.items()}
-
-
-def _derive_param_names(model: dict, optimizer: Any) -> tuple[list[str] | None, str]:
-    """Names for the community optimizer: model.parameters() order is the state-dict order minus buffers.
-
-    Trusted only if the counts match and every saved moment has its tensor's shape.
-    """
-    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
-            and isinstance(optimizer.get("param_groups"), list)):
-        return None, "no usable optimizer state"
-    ids = _optimizer_params(optimizer)
-    names = [k for k in model if not k.endswith(_BUFFER_SUFFIXES)]
-    if len(ids) != len(names):
-        return None, f"the optimizer holds {len(ids)} parameters but the weights have {len(names)}"
-    for pid, name in zip(ids, names, strict=True):
-        for value in optimizer["state"].get(pid, {}).values():
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape != model[name].shape:
-                return None, (f"optimizer state of parameter {pid} has shape {list(value.shape)} "
-                              f"but {name} has {list(model[name].shape)}")
-    return names, ""
-
-
-def _community_source(raw: dict) -> dict:
-    """The parts of a community checkpoint that map onto our keys."""
-    source = {k: raw.get(k) for k in ("model", *OPTIMIZER_SET)}
-    # The community trainer stores epoch + 1 ("next epoch to start") and resumes at that epoch's start.
-    source["progress"] = {"step": raw.get("step"), "epoch": raw.get("epoch")}
-    return source
-
-
-def _repair_optimizer(state: dict, unknown: list[str], notes: list[str]) -> None:
-    """Keep optimizer + scheduler + scaler when they match the weights by name, else drop all three."""
-    keys = (*OPTIMIZER_SET, "optimizer_param_names")
-    candidate = {k: state.get(k) for k in keys} | {"model": state["model"]}
-    problems = _optimizer_problems(candidate)
-    if problems:
-        names, why = _derive_param_names(state["model"], candidate["optimizer"])
-        if names is not None:
-            candidate["optimizer_param_names"] = names
-            problems = _optimizer_problems(candidate)
-            if not problems:
-                notes.append("optimizer parameter names derived from the weights' order "
-                             "(parameter count and every moment's shape match)")
-        problems = problems or ([why] if why else [])
-    if problems:
-        state.update(optimizer=None, scheduler=None, scaler=None, optimizer_param_names=[])
-        unknown.extend(OPTIMIZER_SET)
-        notes.append(f"optimizer, scheduler and scaler dropped together ({problems[0]}); "
-                     "the optimizer restarts fresh at the stored step")
-        return
-    state.update({k: candidate[k] for k in keys})
-
-
-def _repair_progress(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
-    """Stored values where valid; else derived (step from the scheduler) or a marked default."""
-    stored = state.get("progress") if isinstance(state.get("progress"), dict) else {}
-    scheduler_step = state["scheduler"].get("last_epoch") if isinstance(state.get("scheduler"), dict) else None
-    defaults = {"sampler_seed": (config or {}).get("train", {}).get("seed", TrainConfig().seed), "world_size": 1}
-    progress = {}
-    for key in PROGRESS_KEYS:
-        value = stored.get(key)
-        if key == "step" and not _is_int(value) and _is_int(scheduler_step):
-            value = scheduler_step  # LambdaLR steps once per optimizer step
-            notes.append(f"step {value} taken from the scheduler")
-        if not (_is_int(value) and value >= 0):
-            value = defaults.get(key, 0)
-            unknown.append(f"progress.{key}")
-        progress[key] = value
-    if "progress.samples_in_epoch" in unknown:
-        notes.append(f"position in the epoch unknown: training restarts epoch {progress['epoch']} "
-                     "from its first sample")
-    state["progress"] = progress
-
-
-def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
-    progress = state["progress"]
-    rng = state.get("rng")
-    if not (isinstance(rng, list) and rng and not any(map(_rng_problem, rng)) and len(rng) == progress["world_size"]):
-        seed = progress["sampler_seed"] + progress["step"]
-        state["rng"] = [_seeded_rng(seed) for _ in range(progress["world_size"])]
-        unknown.append("rng")
-        notes.append(f"RNG states were not saved: fresh states seeded with {seed} (dropout draws differ "
-                     "from the original run)")
-    if _history_problem(state.get("history")):
-        state["history"] = {"train": [], "val": [], "best_val_loss": None}
-        unknown.append("history")
-    # hparams stay empty when unknown: the trainer then applies its current settings (LR, decay).
-    for key, derived in (("config", config), ("hparams", None)):
-        if not isinstance(state.get(key), dict):
-            state[key] = dict(derived or {})
-            unknown.append(key)
-    if not isinstance(state.get("vocab_plan"), dict):
-        tokens = state["model"]["text_embedding.weight"].shape[0] - 1  # text rows = tokenizer size + 1
-        state["vocab_plan"] = {"base_tokens": tokens, "tokens": tokens, "freeze_base": False}
-        unknown.append("vocab_plan")
-        notes.append(f"vocab plan taken from the weights: {tokens} tokens, all rows trainable "
-                     "(as the community trainer trained them)")
-    state.setdefault("hardware", {})
-    state.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-
-
-def _repaired_state(raw: dict, kind: str, config: dict | None) -> tuple[dict, list[str]]:
-    source = _community_source(raw) if kind == "community" else dict(raw)
-    notes: list[str] = []
-    unknown: list[str] = []
-    if kind == "community":
-        notes.append("the community trainer stores the next epoch to start as 'epoch' and resumes at its "
-                     "first sample; so does this repair")
-    state = {**source, "format": FORMAT, "format_version": FORMAT_VERSION}
-    state["model"] = _official_weights(source["model"], notes)
-    _repair_optimizer(state, unknown, notes)
-    _repair_progress(state, config, unknown, notes)
-    _repair_rest(state, config, unknown, notes)
-    state["repaired"] = {"from": kind, "unknown": unknown, "notes": notes}
-    return state, notes
-
-
-def _backup_path(path: Path) -> Path:
-    candidate = path.with_name(path.name + ".bak")
-    n = 1
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}.bak.{n}")
-        n += 1
-    return candidate
-
-
-def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | None = None) -> tuple[Path, list[str]]:
-    """Convert a community or partial checkpoint into one that verifies COMPLETE (marked "repaired").
-
-    `config` (config_to_dict form) fills config/hparams/sampler seed when the file lacks them. Without
-    `out`, or with out == path, the original is first kept as PATH.bak (or PATH.bak.N) and then replaced
-    atomically. Returns the written path and human notes on what was filled in.
-    """
-    path = Path(path)
-    verdict = verify_checkpoint(path)
-    if verdict.status == "COMPLETE":
-        return path, [f"{path} already verifies COMPLETE; nothing to repair"]
-    if verdict.status == "INCOMPLETE" or verdict.kind not in ("community", "indextts-train"):
-        raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
-    raw = load_checkpoint(path)
-    if verdict.kind == "indextts-train" and raw.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
-    try:
-        state, notes = _repaired_state(raw, verdict.kind, config)
-    except CheckpointError as exc:
-        raise CheckpointError(f"cannot repair {path}: {exc}") from None
-    problems = _resume_problems(state)
-    if problems:
-        raise CheckpointError(f"cannot repair {path}: {'; '.join(problems)}")
-    target = Path(out) if out is not None else path
-    if target.exists() and not _same_file(target, path):
-        raise CheckpointError(f"{target} already exists; pass another output path or remove it")
-    try:
-        if target.exists():
-            backup = _backup_path(path)
-            _link_or_copy(path, backup)  # the original inode keeps its bytes: the rename below makes a new one
-            notes.append(f"original kept as {backup}")
-        _atomic_write(state, target, step=-1)
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"could not write {target}: {_failure_reason(exc)}; {path} is unchanged") from exc
-    return target, notes

@@ -194,8 +194,9 @@ def repair(
     config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
-    from indextts_train.checkpoint import repair_checkpoint, verify_checkpoint
+    from indextts_train.checkpoint import verify_checkpoint
     from indextts_train.config import config_to_dict, load_config
+    from indextts_train.repair import repair_checkpoint
 
     if verify_checkpoint(checkpoint).status == "COMPLETE":
         typer.echo(f"{checkpoint}: already COMPLETE; nothing to repair, nothing written")

@@ -16,10 +16,8 @@ here:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
-import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -47,9 +45,20 @@ from indextts_train.faults import crash_point
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device, halve_for_oom, is_oom_error
 from indextts_train.logging import RunLogger
 from indextts_train.model import Batch, UnifiedVoiceGPT, full_state_dict, load_base_checkpoint, split_state_dict
-from indextts_train.vocab import RowFreezer, VocabPlan, remap_optimizer_rows, resize_text_rows, tokenizer_size
+from indextts_train.resume import (
+    apply_changed_optimizer_settings,
+    optimizer_state_for,
+    remap_optimizer_state,
+    remembered_oom_plan,
+    report_changed_hparams,
+    restore_rng_for_rank,
+    restore_scaler,
+    seed_everything,
+    select_checkpoint,
+    vocab_change_block,
+)
+from indextts_train.vocab import RowFreezer, VocabPlan, resize_text_rows, tokenizer_size
 
-TEXT_PARAMS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
@@ -210,12 +219,6 @@ def apply_overrides(config: Config, options: TrainOptions) -> None:
     train.__post_init__()
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def build_optimizer(model: UnifiedVoiceGPT, config: Config) -> tuple[torch.optim.AdamW, list[str]]:
     """AdamW; no weight decay on biases, norms and the speed embedding (1-D or tiny tensors).
 
@@ -248,26 +251,6 @@ def hparams_of(config: Config, plan: HardwarePlan, total_steps: int) -> dict:
     }
 
 
-def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
-    """Say what differs from the checkpoint's run; warn where it changes the optimisation."""
-    changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
-    if not changed:
-        return
-    log.info("settings changed since the checkpoint:")
-    for key, (old, new) in changed.items():
-        log.info(f"  {key}: {old} -> {new}")
-    if "effective_batch" in changed:
-        log.warn("the effective batch changed: steps now consume a different number of samples; "
-                 "training continues from the same sample")
-    elif {"micro_batch", "grad_accumulation", "world_size"} & changed.keys():
-        log.info("  same effective batch: training continues from the same sample")
-    if "learning_rate" in changed:
-        log.warn("the learning rate changed: the schedule continues with the new peak value")
-    if "seed" in changed:
-        log.warn("the seed changed: the data order keeps the checkpoint's seed so no sample is skipped "
-                 "or repeated; dropout continues from the saved RNG")
-
-
 @dataclass
 class RunState:
     """Everything built during setup that the loop needs."""
@@ -283,34 +266,6 @@ class RunState:
     history: History
     sampler_seed: int
     resumed_from: Path | None = None
-
-
-def select_checkpoint(options: TrainOptions, log: RunLogger) -> tuple[dict | None, Path | None]:
-    """Resolve --resume into a loaded checkpoint (or None to start fresh)."""
-    output_dir = options.output_dir
-    if options.resume is None:
-        existing = ckpt_io.list_checkpoints(output_dir) if output_dir.is_dir() else []
-        if existing:
-            raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume auto "
-                            "to continue that run, or choose another --output-dir")
-        return None, None
-    if options.resume == "auto":
-        path, skipped = ckpt_io.find_resume_checkpoint(output_dir) if output_dir.is_dir() else (None, [])
-        for bad, reason in skipped:
-            log.warn(f"skipping {bad}: {reason} (left on disk)")
-        if path is None:
-            log.info(f"--resume auto: no complete checkpoint in {output_dir}; starting fresh")
-            return None, None
-    else:
-        path = Path(options.resume)
-        if not path.is_file():
-            raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
-        verdict = ckpt_io.verify_checkpoint(path)
-        if verdict.status != "COMPLETE":
-            hint = "; `indextts-train repair` can convert it" if verdict.status == "PARTIAL" else ""
-            raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
-    log.info(f"resuming from {path}")
-    return ckpt_io.load_checkpoint(path), path
 
 
 def text_tokens_for(options: TrainOptions, config: Config) -> int:
@@ -342,15 +297,6 @@ def build_fresh(options: TrainOptions, config: Config, tokens: int, log: RunLogg
     model.load_state_dict(trained, strict=True)
     log.info(plan.describe())
     return model, carried, plan
-
-
-def remap_optimizer_state(state: dict, names: list[str], old_tokens: int, new_tokens: int) -> dict:
-    """Optimizer state after vocab growth: resized tensors get remapped rows, the rest unchanged."""
-    old, new = VocabPlan(old_tokens, old_tokens), VocabPlan(old_tokens, new_tokens)
-    for position, name in enumerate(names):
-        if name in TEXT_PARAMS and position in state["state"]:
-            state["state"][position] = remap_optimizer_rows(state["state"][position], old, new)
-    return state
 
 
 def restore_run(ckpt: dict, path: Path, options: TrainOptions, config: Config, tokens: int,
@@ -409,82 +355,6 @@ def restore_run(ckpt: dict, path: Path, options: TrainOptions, config: Config, t
                     resumed_from=None if reset else path)
 
 
-def optimizer_state_for(ckpt: dict, names: list[str], optimizer: torch.optim.AdamW, path: Path) -> dict | None:
-    """The saved optimizer state in this optimizer's parameter order (None: none is usable).
-
-    Our own checkpoints match name for name. A repaired community checkpoint holds one group over
-    every parameter in weight order, so its moments are moved to our groups by parameter name.
-    """
-    saved_names = ckpt["optimizer_param_names"]
-    if names == saved_names:
-        return ckpt["optimizer"]
-    if not ckpt.get("repaired"):
-        raise UserError(f"{path}: its optimizer was built for other parameters; resume with the config it was "
-                        "trained with, or start a new --output-dir with it as --base-checkpoint")
-    if ckpt["optimizer"] is None:
-        return None
-    position = {name: i for i, name in enumerate(saved_names)}
-    saved_state = ckpt["optimizer"]["state"]
-    state = optimizer.state_dict()
-    state["state"] = {j: saved_state[position[name]] for j, name in enumerate(names)
-                      if position.get(name) in saved_state}
-    return state
-
-
-def apply_changed_optimizer_settings(optimizer: torch.optim.AdamW, scheduler, saved: dict, train,
-                                     total_steps: int) -> None:
-    """Loading optimizer/scheduler state brings back the old LR and weight decay; new flags win.
-
-    Untouched when nothing changed, so an ordinary resume stays bit-exact.
-    """
-    if saved.get("learning_rate") != train.learning_rate or saved.get("total_steps") != total_steps:
-        scheduler.base_lrs = [train.learning_rate for _ in optimizer.param_groups]
-        factor = lr_factor(scheduler.last_epoch, train.warmup_steps, total_steps, train.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = train.learning_rate * factor
-    if saved.get("weight_decay") != train.weight_decay:
-        optimizer.param_groups[0]["weight_decay"] = train.weight_decay
-
-
-def remembered_oom_plan(plan: HardwarePlan, saved: dict, log: RunLogger) -> HardwarePlan:
-    """Start at the micro-batch an earlier run on this GPU fell back to after an OOM, not above it."""
-    same_setup = (saved.get("device_name") == plan.device_name and saved.get("world_size") == plan.world_size
-                  and saved.get("effective_batch") == plan.effective_batch)
-    hit_oom = any(reason.startswith("Out of memory") for reason in saved.get("reasons", []))
-    if not (same_setup and hit_oom and saved["micro_batch"] < plan.micro_batch):
-        return plan
-    log.info(f"an earlier run on this {plan.device_name} ran out of memory above micro-batch "
-             f"{saved['micro_batch']}: starting at micro-batch {saved['micro_batch']} x accumulation "
-             f"{saved['grad_accumulation']}")
-    return dataclasses.replace(plan, micro_batch=saved["micro_batch"], grad_accumulation=saved["grad_accumulation"],
-                               reasons=[*plan.reasons, *(r for r in saved["reasons"] if r.startswith("Out of memory"))])
-
-
-def restore_scaler(scaler: torch.amp.GradScaler, saved: dict | None, log: RunLogger) -> None:
-    if scaler.is_enabled() and saved:
-        scaler.load_state_dict(saved)
-    elif scaler.is_enabled():
-        log.warn("the checkpoint has no fp16 gradient-scaler state (it was trained without fp16); "
-                 "starting a fresh scaler")
-    elif saved:
-        log.info("the checkpoint's fp16 gradient-scaler state is not needed in this precision; dropped")
-
-
-def vocab_change_block(old_tokens: int, new_tokens: int, reset: bool, names: list[str]) -> str:
-    lines = [f"vocabulary changed: {old_tokens} -> {new_tokens} text tokens "
-             f"(text rows {old_tokens + 1} -> {new_tokens + 1})",
-             f"  rows 0..{old_tokens - 1} kept; extra row moved {old_tokens} -> {new_tokens}; "
-             f"{new_tokens - old_tokens} new rows initialised"]
-    if reset:
-        lines.append("  --on-vocab-change reset: optimizer, scheduler and scaler reset together; "
-                     "step 0, warmup again, data from the start")
-    else:
-        lines.append(f"  optimizer state kept for {len(names) - len(TEXT_PARAMS)} tensors and remapped for "
-                     f"{', '.join(TEXT_PARAMS)} (old rows keep their moments, new rows start at zero); "
-                     "scheduler and scaler kept: training continues on its schedule")
-    return "\n".join(lines)
-
-
 def fresh_run(options: TrainOptions, config: Config, tokens: int, plan: HardwarePlan, total_steps_of,
               log: RunLogger, device: torch.device) -> RunState:
     model, carried, vocab_plan = build_fresh(options, config, tokens, log)
@@ -535,22 +405,6 @@ def save(run: RunState, config: Config, plan: HardwarePlan, hparams: dict, dist_
                  f"sample {run.progress.samples_in_epoch})")
     barrier(dist_info)
     return path
-
-
-def restore_rng_for_rank(ckpt: dict | None, dist_info: DistInfo, seed: int, log: RunLogger) -> None:
-    """Each rank continues its own saved RNG stream; a rank the checkpoint did not have starts a new one."""
-    if ckpt is None:
-        seed_everything(seed + dist_info.rank)
-        return
-    states = ckpt["rng"]
-    if dist_info.rank < len(states):
-        ckpt_io.restore_rng(states[dist_info.rank])
-    else:
-        seed_everything(seed + dist_info.rank + 7919 * ckpt["progress"]["step"])
-    if len(states) != dist_info.world_size:
-        log.warn(f"the checkpoint was written by {len(states)} process(es), this run has {dist_info.world_size}: "
-                 "training continues from the same global sample with the same effective batch; "
-                 "dropout streams of new ranks are freshly seeded")
 
 
 def train(options: TrainOptions) -> int:
@@ -609,7 +463,7 @@ def _train(options: TrainOptions, signals: SignalFlag, dist_info: DistInfo) -> i
     # ---- model, optimizer, resume --------------------------------------------------------------
     tokens = text_tokens_for(options, config)
     seed_everything(train.seed + dist_info.rank)
-    ckpt, ckpt_path = select_checkpoint(options, startup_log)
+    ckpt, ckpt_path = select_checkpoint(options.output_dir, options.resume, startup_log)
     if ckpt is not None and train.batch_size == 0:
         plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup_log)
     if ckpt is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from indextts_train.model import Batch
@@ -48,3 +49,49 @@ def wait_for_training(proc: subprocess.Popen) -> bool:
             return True
     proc.wait()
     return False
+
+
+# ---- small checkpoints for the checkpoint and repair tests -------------------------------------
+
+
+class TinyGPT(nn.Module):
+    """A few official key names, including a persistent buffer that no optimizer holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conditioning_encoder = nn.Module()
+        self.conditioning_encoder.embed = nn.Module()
+        self.conditioning_encoder.embed.pos_enc = nn.Module()
+        self.conditioning_encoder.embed.pos_enc.register_buffer("pe", torch.randn(1, 5, 8))
+        self.text_embedding = nn.Embedding(13, 8)  # 12 tokens + the extra row
+        self.final_norm = nn.LayerNorm(8)
+        self.text_head = nn.Linear(8, 13)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.text_head(self.final_norm(self.text_embedding(ids)))  # (B, T, 13)
+
+
+def trained(steps: int) -> tuple[TinyGPT, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    torch.manual_seed(0)
+    model = TinyGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
+    for _ in range(steps):
+        model(torch.randint(0, 12, (2, 5))).square().mean().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return model, optimizer, scheduler
+
+
+def community_state(step: int = 3) -> dict:
+    """What the community train_gpt_v2.py saves: DDP-prefixed keys, one param group over model.parameters()."""
+    model, optimizer, scheduler = trained(step)
+    return {"model": {f"module.{k}": v for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": None,
+            "epoch": 2, "step": step, "recent_checkpoints": ["runs/model_step3.pth"],
+            "extra": {"type": "step"}}
+
+
+def names(output_dir: Path) -> set[str]:
+    return {p.name for p in output_dir.iterdir()}

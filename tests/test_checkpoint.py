@@ -1,4 +1,4 @@
-"""Checkpoint storage: atomic save, rotation, safe load, verify, resume selection, repair, RNG."""
+"""Checkpoint storage: atomic save, rotation, safe load, verify, resume selection, RNG."""
 
 from __future__ import annotations
 
@@ -11,40 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import nn
+from helpers import community_state, names, trained
 
 from indextts_train import checkpoint as ckpt
 from indextts_train.checkpoint import CheckpointError, CheckpointSaveError
-
-
-class TinyGPT(nn.Module):
-    """A few official key names, including a persistent buffer that no optimizer holds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conditioning_encoder = nn.Module()
-        self.conditioning_encoder.embed = nn.Module()
-        self.conditioning_encoder.embed.pos_enc = nn.Module()
-        self.conditioning_encoder.embed.pos_enc.register_buffer("pe", torch.randn(1, 5, 8))
-        self.text_embedding = nn.Embedding(13, 8)  # 12 tokens + the extra row
-        self.final_norm = nn.LayerNorm(8)
-        self.text_head = nn.Linear(8, 13)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.text_head(self.final_norm(self.text_embedding(ids)))  # (B, T, 13)
-
-
-def trained(steps: int) -> tuple[TinyGPT, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    torch.manual_seed(0)
-    model = TinyGPT()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
-    for _ in range(steps):
-        model(torch.randint(0, 12, (2, 5))).square().mean().backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-    return model, optimizer, scheduler
 
 
 def make_state(step: int = 1) -> dict:
@@ -64,22 +34,9 @@ def make_state(step: int = 1) -> dict:
     }
 
 
-def community_state(step: int = 3) -> dict:
-    """What the community train_gpt_v2.py saves: DDP-prefixed keys, one param group over model.parameters()."""
-    model, optimizer, scheduler = trained(step)
-    return {"model": {f"module.{k}": v for k, v in model.state_dict().items()},
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": None,
-            "epoch": 2, "step": step, "recent_checkpoints": ["runs/model_step3.pth"],
-            "extra": {"type": "step"}}
-
-
 def save_steps(output_dir: Path, steps: list[int], keep: int = 10) -> None:
     for step in steps:
         ckpt.save_checkpoint(make_state(step), output_dir, step, keep=keep)
-
-
-def names(output_dir: Path) -> set[str]:
-    return {p.name for p in output_dir.iterdir()}
 
 
 def largest_member_offset(path: Path) -> int:
@@ -306,62 +263,6 @@ def test_verify_names_what_a_resume_lacks(tmp_path: Path) -> None:
     state["rng"] = [ckpt.capture_rng()]
     torch.save(state, path)
     assert ckpt.verify_checkpoint(path).reasons == ["progress: samples_in_epoch missing or not a non-negative int"]
-
-
-# ----------------------------------------------------------------------------- repair
-
-
-def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "model_step3.pth"
-    source = community_state()
-    torch.save(source, path)
-    original = path.read_bytes()
-    written, notes = ckpt.repair_checkpoint(path, config={"gpt": {}, "train": {"seed": 99}})
-    assert written == path
-    assert (tmp_path / "model_step3.pth.bak").read_bytes() == original
-    verdict = ckpt.verify_checkpoint(path)
-    assert verdict.status == "COMPLETE" and "repaired from a community checkpoint" in verdict.reasons[0]
-    state = ckpt.load_checkpoint(path)
-    model = trained(0)[0]
-    assert list(state["model"]) == list(model.state_dict())  # "module." stripped
-    assert state["optimizer_param_names"] == [n for n, _ in model.named_parameters()]  # buffer excluded
-    assert torch.equal(state["optimizer"]["state"][1]["exp_avg_sq"], source["optimizer"]["state"][1]["exp_avg_sq"])
-    assert state["progress"]["step"] == 3 and state["progress"]["epoch"] == 2
-    assert state["progress"]["samples_in_epoch"] == 0 and state["progress"]["sampler_seed"] == 99
-    assert {"rng", "progress.samples_in_epoch", "history"} <= set(state["repaired"]["unknown"])
-    assert "optimizer" not in state["repaired"]["unknown"]
-    assert state["vocab_plan"] == {"base_tokens": 12, "tokens": 12, "freeze_base": False}
-    assert any("restarts epoch 2" in n for n in notes)
-    ckpt.repair_checkpoint(path)  # already COMPLETE: nothing written, no second backup
-    assert not (tmp_path / "model_step3.pth.bak.1").exists()
-
-
-def test_repair_drops_an_unmatched_optimizer_set_together(tmp_path: Path) -> None:
-    source = community_state()
-    source["optimizer"]["param_groups"][0]["params"].append(99)  # one parameter more than the weights
-    path, out = tmp_path / "community.pth", tmp_path / "repaired.pth"
-    torch.save(source, path)
-    original = path.read_bytes()
-    ckpt.repair_checkpoint(path, out)
-    assert path.read_bytes() == original and not (tmp_path / "community.pth.bak").exists()
-    state = ckpt.load_checkpoint(out)
-    assert ckpt.verify_checkpoint(out).status == "COMPLETE"
-    assert (state["optimizer"], state["scheduler"], state["scaler"], state["optimizer_param_names"]) == (
-        None, None, None, [])
-    assert {"optimizer", "scheduler", "scaler"} <= set(state["repaired"]["unknown"])
-
-
-def test_repair_refuses_garbage_and_bare_weights(tmp_path: Path) -> None:
-    garbage = tmp_path / "garbage.pth"
-    garbage.write_bytes(b"\x00" * 300)
-    with pytest.raises(CheckpointError, match="cannot repair"):
-        ckpt.repair_checkpoint(garbage)
-    bare = tmp_path / "gpt.pth"
-    torch.save(trained(0)[0].state_dict(), bare)
-    with pytest.raises(CheckpointError, match="--base-checkpoint"):
-        ckpt.repair_checkpoint(bare)
-    assert sorted(names(tmp_path)) == ["garbage.pth", "gpt.pth"]
-    assert garbage.read_bytes() == b"\x00" * 300
 
 
 # ----------------------------------------------------------------------------- RNG

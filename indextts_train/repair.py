@@ -1,0 +1,240 @@
+"""Repair: turn a community or partial checkpoint into one that verifies COMPLETE.
+
+The community `train_gpt_v2.py` saves weights (often DDP-prefixed), optimizer, scheduler, scaler,
+step and epoch, but no RNG states, position in the epoch, history, config or vocab plan. A repair
+maps the weights onto the official gpt.pth names, keeps the optimizer set only when it provably
+matches them, fills every missing part with a stated default and records under `repaired` what was
+filled in, not known (`repaired["unknown"]`), and human notes. Storage, loading and the rules of a
+COMPLETE checkpoint stay in checkpoint.py; the original file is kept as a backup before it is replaced.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from indextts_train.checkpoint import (
+    FORMAT,
+    FORMAT_VERSION,
+    OPTIMIZER_SET,
+    PROGRESS_KEYS,
+    CheckpointError,
+    atomic_write,
+    failure_reason,
+    history_problem,
+    is_int,
+    link_or_copy,
+    load_checkpoint,
+    optimizer_params,
+    optimizer_problems,
+    resume_problems,
+    rng_problem,
+    same_file,
+    seeded_rng,
+    verify_checkpoint,
+)
+from indextts_train.config import TrainConfig
+
+# Persistent buffers of UnifiedVoice (shared/reference keys json): in the state dict, never in an optimizer.
+_BUFFER_SUFFIXES = (".pos_enc.pe",)
+# Aliases that IndexTTS2's post_init_gpt2_config() adds; they duplicate tensors already stored.
+_ALIAS_PREFIXES = ("inference_model.",)
+_ALIAS_KEYS = ("gpt.wte.weight",)
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
+
+
+def _strip_wrappers(model: dict) -> dict:
+    for prefix in _WRAPPER_PREFIXES:
+        if all(k.startswith(prefix) for k in model):
+            model = {k[len(prefix):]: v for k, v in model.items()}
+    return model
+
+
+def _official_weights(model: dict, notes: list[str]) -> dict:
+    """Community key spellings -> the official gpt.pth layout, float32."""
+    model = _strip_wrappers(model)
+    lora = [k for k in model if ".lora_" in k]
+    if lora:
+        raise CheckpointError(f"it holds LoRA adapter tensors ({lora[0]}, ...); merge the adapters into the "
+                              "base weights first, dropping them would lose their training")
+    aliases = {k for k in model if k.startswith(_ALIAS_PREFIXES) or k in _ALIAS_KEYS}
+    if aliases:
+        notes.append(f"dropped {len(aliases)} alias keys (inference_model.*, gpt.wte.weight) that "
+                     "duplicate stored tensors")
+    mapped: dict = {}
+    for key, value in model.items():
+        if key not in aliases:
+            mapped[key.replace(".base_layer.", ".")] = value
+    if len(mapped) != len(model) - len(aliases):
+        raise CheckpointError("two weight keys map to the same official name after removing '.base_layer.'")
+    if "text_embedding.weight" not in mapped:
+        raise CheckpointError("it has no text_embedding.weight, so it is not an IndexTTS2 GPT state dict")
+    low = [k for k, v in mapped.items() if v.is_floating_point() and v.dtype != torch.float32]
+    if low:
+        notes.append(f"{len(low)} tensors stored as {mapped[low[0]].dtype} converted to float32 "
+                     "(their lost precision cannot come back)")
+    return {k: v.float() if v.is_floating_point() else v for k, v in mapped.items()}
+
+
+def _derive_param_names(model: dict, optimizer: Any) -> tuple[list[str] | None, str]:
+    """Names for the community optimizer: model.parameters() order is the state-dict order minus buffers.
+
+    Trusted only if the counts match and every saved moment has its tensor's shape.
+    """
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list)):
+        return None, "no usable optimizer state"
+    ids = optimizer_params(optimizer)
+    names = [k for k in model if not k.endswith(_BUFFER_SUFFIXES)]
+    if len(ids) != len(names):
+        return None, f"the optimizer holds {len(ids)} parameters but the weights have {len(names)}"
+    for pid, name in zip(ids, names, strict=True):
+        for value in optimizer["state"].get(pid, {}).values():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != model[name].shape:
+                return None, (f"optimizer state of parameter {pid} has shape {list(value.shape)} "
+                              f"but {name} has {list(model[name].shape)}")
+    return names, ""
+
+
+def _community_source(raw: dict) -> dict:
+    """The parts of a community checkpoint that map onto our keys."""
+    source = {k: raw.get(k) for k in ("model", *OPTIMIZER_SET)}
+    # The community trainer stores epoch + 1 ("next epoch to start") and resumes at that epoch's start.
+    source["progress"] = {"step": raw.get("step"), "epoch": raw.get("epoch")}
+    return source
+
+
+def _repair_optimizer(state: dict, unknown: list[str], notes: list[str]) -> None:
+    """Keep optimizer + scheduler + scaler when they match the weights by name, else drop all three."""
+    keys = (*OPTIMIZER_SET, "optimizer_param_names")
+    candidate = {k: state.get(k) for k in keys} | {"model": state["model"]}
+    problems = optimizer_problems(candidate)
+    if problems:
+        names, why = _derive_param_names(state["model"], candidate["optimizer"])
+        if names is not None:
+            candidate["optimizer_param_names"] = names
+            problems = optimizer_problems(candidate)
+            if not problems:
+                notes.append("optimizer parameter names derived from the weights' order "
+                             "(parameter count and every moment's shape match)")
+        problems = problems or ([why] if why else [])
+    if problems:
+        state.update(optimizer=None, scheduler=None, scaler=None, optimizer_param_names=[])
+        unknown.extend(OPTIMIZER_SET)
+        notes.append(f"optimizer, scheduler and scaler dropped together ({problems[0]}); "
+                     "the optimizer restarts fresh at the stored step")
+        return
+    state.update({k: candidate[k] for k in keys})
+
+
+def _repair_progress(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
+    """Stored values where valid; else derived (step from the scheduler) or a marked default."""
+    stored = state.get("progress") if isinstance(state.get("progress"), dict) else {}
+    scheduler_step = state["scheduler"].get("last_epoch") if isinstance(state.get("scheduler"), dict) else None
+    defaults = {"sampler_seed": (config or {}).get("train", {}).get("seed", TrainConfig().seed), "world_size": 1}
+    progress = {}
+    for key in PROGRESS_KEYS:
+        value = stored.get(key)
+        if key == "step" and not is_int(value) and is_int(scheduler_step):
+            value = scheduler_step  # LambdaLR steps once per optimizer step
+            notes.append(f"step {value} taken from the scheduler")
+        if not (is_int(value) and value >= 0):
+            value = defaults.get(key, 0)
+            unknown.append(f"progress.{key}")
+        progress[key] = value
+    if "progress.samples_in_epoch" in unknown:
+        notes.append(f"position in the epoch unknown: training restarts epoch {progress['epoch']} "
+                     "from its first sample")
+    state["progress"] = progress
+
+
+def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
+    progress = state["progress"]
+    rng = state.get("rng")
+    if not (isinstance(rng, list) and rng and not any(map(rng_problem, rng)) and len(rng) == progress["world_size"]):
+        seed = progress["sampler_seed"] + progress["step"]
+        state["rng"] = [seeded_rng(seed) for _ in range(progress["world_size"])]
+        unknown.append("rng")
+        notes.append(f"RNG states were not saved: fresh states seeded with {seed} (dropout draws differ "
+                     "from the original run)")
+    if history_problem(state.get("history")):
+        state["history"] = {"train": [], "val": [], "best_val_loss": None}
+        unknown.append("history")
+    # hparams stay empty when unknown: the trainer then applies its current settings (LR, decay).
+    for key, derived in (("config", config), ("hparams", None)):
+        if not isinstance(state.get(key), dict):
+            state[key] = dict(derived or {})
+            unknown.append(key)
+    if not isinstance(state.get("vocab_plan"), dict):
+        tokens = state["model"]["text_embedding.weight"].shape[0] - 1  # text rows = tokenizer size + 1
+        state["vocab_plan"] = {"base_tokens": tokens, "tokens": tokens, "freeze_base": False}
+        unknown.append("vocab_plan")
+        notes.append(f"vocab plan taken from the weights: {tokens} tokens, all rows trainable "
+                     "(as the community trainer trained them)")
+    state.setdefault("hardware", {})
+    state.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def _repaired_state(raw: dict, kind: str, config: dict | None) -> tuple[dict, list[str]]:
+    source = _community_source(raw) if kind == "community" else dict(raw)
+    notes: list[str] = []
+    unknown: list[str] = []
+    if kind == "community":
+        notes.append("the community trainer stores the next epoch to start as 'epoch' and resumes at its "
+                     "first sample; so does this repair")
+    state = {**source, "format": FORMAT, "format_version": FORMAT_VERSION}
+    state["model"] = _official_weights(source["model"], notes)
+    _repair_optimizer(state, unknown, notes)
+    _repair_progress(state, config, unknown, notes)
+    _repair_rest(state, config, unknown, notes)
+    state["repaired"] = {"from": kind, "unknown": unknown, "notes": notes}
+    return state, notes
+
+
+def _backup_path(path: Path) -> Path:
+    candidate = path.with_name(path.name + ".bak")
+    n = 1
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}.bak.{n}")
+        n += 1
+    return candidate
+
+
+def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | None = None) -> tuple[Path, list[str]]:
+    """Convert a community or partial checkpoint into one that verifies COMPLETE (marked "repaired").
+
+    `config` (config_to_dict form) fills config/hparams/sampler seed when the file lacks them. Without
+    `out`, or with out == path, the original is first kept as PATH.bak (or PATH.bak.N) and then replaced
+    atomically. Returns the written path and human notes on what was filled in.
+    """
+    path = Path(path)
+    verdict = verify_checkpoint(path)
+    if verdict.status == "COMPLETE":
+        return path, [f"{path} already verifies COMPLETE; nothing to repair"]
+    if verdict.status == "INCOMPLETE" or verdict.kind not in ("community", "indextts-train"):
+        raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
+    raw = load_checkpoint(path)
+    if verdict.kind == "indextts-train" and raw.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
+    try:
+        state, notes = _repaired_state(raw, verdict.kind, config)
+    except CheckpointError as exc:
+        raise CheckpointError(f"cannot repair {path}: {exc}") from None
+    problems = resume_problems(state)
+    if problems:
+        raise CheckpointError(f"cannot repair {path}: {'; '.join(problems)}")
+    target = Path(out) if out is not None else path
+    if target.exists() and not same_file(target, path):
+        raise CheckpointError(f"{target} already exists; pass another output path or remove it")
+    try:
+        if target.exists():
+            backup = _backup_path(path)
+            link_or_copy(path, backup)  # the original inode keeps its bytes: the rename below makes a new one
+            notes.append(f"original kept as {backup}")
+        atomic_write(state, target, step=-1)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"could not write {target}: {failure_reason(exc)}; {path} is unchanged") from exc
+    return target, notes
