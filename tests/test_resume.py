@@ -126,14 +126,21 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tiny_data, grown, uninter
     assert_same_final_state(out, uninterrupted)
 
 
-def test_sigterm_saves_exits_143_and_resumes_exactly(tiny_data, grown, uninterrupted, tmp_path) -> None:
-    out = tmp_path / "term"
-    args = cli_args(tiny_data, grown, out, 2)
+def interrupt(args: list[str], *signals: int, group: bool = False) -> tuple[int, str]:
+    """Start a run, let it train a moment, then send `signals` to its main process or, like a
+    terminal's Ctrl+C, to its whole process group (data workers included)."""
     proc = start(args)
     assert wait_for_training(proc)
     time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    code, output = finish(proc)
+    for signum in signals:
+        (os.killpg if group else os.kill)(proc.pid, signum)
+    return finish(proc)
+
+
+def test_sigterm_saves_exits_143_and_resumes_exactly(tiny_data, grown, uninterrupted, tmp_path) -> None:
+    out = tmp_path / "term"
+    args = cli_args(tiny_data, grown, out, 2)
+    code, output = interrupt(args, signal.SIGTERM)
     assert code == 143, output
     assert "saved" in output and "--resume auto" in output
     assert verify_checkpoint(out / "latest.pth").status == "COMPLETE"
@@ -144,18 +151,10 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(tiny_data, grown, uninterru
 def test_ctrl_c_saves_130_and_second_ctrl_c_exits_at_once(tiny_data, grown, uninterrupted, tmp_path) -> None:
     out = tmp_path / "int"
     args = cli_args(tiny_data, grown, out, 2)
-    proc = start(args)
-    assert wait_for_training(proc)
-    time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # like a terminal's Ctrl+C: the whole group, data workers included
-    code, output = finish(proc)
+    code, output = interrupt(args, signal.SIGINT, group=True)
     assert code == 130, output
-    proc = start(args)
-    assert wait_for_training(proc)
-    time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
-    os.killpg(proc.pid, signal.SIGINT)
-    code, _ = finish(proc)
+    assert "saved" in output
+    code, _ = interrupt(args, signal.SIGINT, signal.SIGINT, group=True)  # the second exits at once
     assert code == 130
     for path in [out / "latest.pth", *out.glob("model_step*.pth")]:
         assert verify_checkpoint(path).status == "COMPLETE", path
