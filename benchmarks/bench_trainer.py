@@ -16,8 +16,9 @@ medians reported.
 The bare loop: the same config and base gpt.pth, AdamW, the same micro-batch and accumulation,
 the same ResumableBatchSampler order (epoch by epoch) through a DataLoader with collate;
 compute_losses, backward, clip, step. No validation (no --val-manifest is given to the trainer
-either), no checkpoints, no scheduler, no logging. CPU, fp32, --num-workers 0, torch's default
-thread count.
+either), no checkpoints, no scheduler, no logging. CPU, fp32, data loaded in the main process on
+both sides (the trainer's --num-workers 0 means auto; the run stops unless its plan line says 0
+workers), torch's default thread count.
 
     python benchmarks/bench_trainer.py [--steps 120] [--warmup 20] [--samples 400] [--save-interval 50] [--rounds 2]
 
@@ -121,6 +122,10 @@ def run_trainer(work: Path, name: str, steps: int, warmup: int, save_interval: i
                "--log-interval", str(LOG_INTERVAL)]
     marks = {"training": "training ", "first": f"step {warmup}/{steps} ", "last": f"step {steps}/{steps} "}
     at, stamped, process_seconds = run_timed(command, marks)
+    plan = next((line for _, line in stamped if " data worker(s)" in line), "")
+    if not plan.rstrip().endswith(", 0 data worker(s)"):
+        # --num-workers 0 means "auto" to the trainer; the comparison needs main-process loading on both sides.
+        raise RuntimeError(f"the trainer did not load data in the main process: {plan.strip()!r}")
     return {
         "save_interval": save_interval,
         # A save follows its step's log line: the one at `warmup` falls inside the window, the final one after it.
