@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +34,7 @@ from indextts_train.demo import make_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.bench_trainer import run_timed  # noqa: E402  (same line-arrival timing)
+from benchmarks.bench_trainer import machine_info, run_timed  # noqa: E402  (same line-arrival timing)
 from tests.conftest import write_dataset  # noqa: E402  (the test suite's synthetic paired manifest)
 
 RESULT = ROOT / "benchmarks" / "results" / "resume.json"
@@ -119,12 +117,8 @@ def measure(work: Path, lines: int, positions: dict[str, int], repeats: int) -> 
         "ratio_late_over_early": round(medians[late]["to_first_step_s"] / medians[early]["to_first_step_s"], 3),
         "medians": medians,
         "runs": runs,
-        "cpu_count": os.cpu_count(),
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()} {platform.system()}",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **machine_info(),
     }
 
 

@@ -231,13 +231,15 @@ def measure(work: Path, steps: int, warmup: int, samples: int, save_interval: in
         "runs": {"bare": bare, "trainer": trainer, "trainer_saving": saving},
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
-        "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()} {platform.system()}",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **machine_info(),
     }
+
+
+def machine_info() -> dict:
+    """What a result needs to be compared only with results from the same machine."""
+    return {"cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "machine": f"{platform.machine()} {platform.system()}", "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def main() -> None:
