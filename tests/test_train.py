@@ -158,3 +158,18 @@ def test_progress_bar_on_a_terminal_instead_of_log_lines(tiny_data, tmp_path, ca
     printed = capsys.readouterr().out
     assert "━" in printed and "step 6/6" in printed and "epoch 0 loss" in printed  # the rich bar and its fields
     assert not [line for line in printed.splitlines() if line.startswith("step 2/6 epoch")]
+
+
+def test_signals_only_set_a_flag_and_map_to_exit_codes() -> None:
+    import os
+    import signal
+
+    from indextts_train.train import SignalFlag
+
+    for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+        before = signal.getsignal(signum)
+        flag = SignalFlag()
+        os.kill(os.getpid(), signum)  # handled: the process keeps running until the step boundary
+        assert flag.exit_code == code
+        flag.uninstall()
+        assert signal.getsignal(signum) == before
