@@ -293,12 +293,12 @@ def _check_zip_crc(path: Path) -> None:
                               "(damaged on disk or in a copy); it is left on disk")
 
 
-def _read(path: Path, *, mmap: bool) -> Any:
+def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     is_zip = zipfile.is_zipfile(path)
-    if is_zip:
+    if is_zip and check_crc:
         _check_zip_crc(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
@@ -330,10 +330,14 @@ def _unpickle_reason(exc: BaseException) -> str:
     return f"not written by torch.save, or damaged ({detail.group(0) if detail else 'unpickling failed'})"
 
 
-def load_checkpoint(path: Path) -> dict:
-    """Load a checkpoint on the CPU, refusing anything that would need code to unpickle. Deletes nothing."""
+def load_checkpoint(path: Path, *, mmap: bool = False, crc_checked: bool = False) -> dict:
+    """Load a checkpoint on the CPU, refusing anything that would need code to unpickle. Deletes nothing.
+
+    `mmap` leaves tensor data on disk until touched (enough to read a stored config); `crc_checked`
+    skips the checksum pass when verify_checkpoint just read the whole file, as resume does.
+    """
     path = Path(path)
-    obj = _read(path, mmap=False)
+    obj = _read(path, mmap=mmap, check_crc=not crc_checked)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
     return obj

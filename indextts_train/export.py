@@ -24,7 +24,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def _config_for(checkpoint: Path, base_config: Path | None) -> Config:
     if base_config is not None:
         return load_config(base_config)
-    state = load_checkpoint(checkpoint)
+    state = load_checkpoint(checkpoint, mmap=True)  # only the stored config is read here
     if isinstance(state, dict) and isinstance(state.get("config"), dict) and "gpt" in state["config"]:
         return config_from_dict(state["config"], f"{checkpoint} (stored config)")
     raise UserError(f"{checkpoint} stores no config; pass --config with the IndexTTS2 config.yaml it was trained with")

@@ -68,7 +68,7 @@ def select_checkpoint(output_dir: Path, resume: str | None, log: RunLogger) -> t
             hint = "; `indextts-train repair` can convert it" if verdict.status == "PARTIAL" else ""
             raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
     log.info(f"resuming from {path}")
-    return ckpt_io.load_checkpoint(path), path
+    return ckpt_io.load_checkpoint(path, crc_checked=True), path  # verified just above
 
 
 def remap_optimizer_state(state: dict, names: list[str], old_tokens: int, new_tokens: int) -> dict:
