@@ -24,9 +24,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Fine-tune the IndexTTS2 GPT with an extended tokenizer; kill it anytime, resume exactly.")
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str) -> None:
+    """Bad input: one line on stderr, exit 2."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(2)
 
 
 def run_guarded(fn, *args, **kwargs):

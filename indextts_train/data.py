@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -425,14 +426,28 @@ class ResumableBatchSampler(Sampler[list[int]]):
             yield self.remaining[start:start + self.micro_batch].tolist()
 
 
-def make_loader(dataset: Dataset, sampler: Sampler[list[int]], num_workers: int,
+def _ignore_sigint_in_worker(worker_id: int) -> None:
+    # Ctrl+C reaches the whole process group; workers must survive it so the main process can
+    # finish its optimizer step and save.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def make_loader(dataset: Dataset, sampler: Sampler[list[int]] | Sequence[list[int]], num_workers: int,
                 pin_memory: bool = False) -> DataLoader:
     """A DataLoader whose batches depend only on the sampler (never on `num_workers`).
 
-    The dataset draws no random numbers, and DataLoader returns batches in sampler order.
+    The dataset draws no random numbers, and DataLoader returns batches in sampler order. It gets a
+    private generator: DataLoader draws a base seed each time an iterator starts, and drawing it from
+    the global RNG would shift the training dropout stream depending on where a run was resumed.
     """
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                      pin_memory=pin_memory, persistent_workers=False)
+                      pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
+                      worker_init_fn=_ignore_sigint_in_worker if num_workers else None)
+
+
+def sequential_batches(indices: Sequence[int], size: int) -> list[list[int]]:
+    """`indices` in order, `size` at a time (evaluation keeps manifest order; the last batch may be short)."""
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
 
 
 # ---------------------------------------------------------------------------------------------

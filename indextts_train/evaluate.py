@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from indextts_train.config import Config, load_config
-from indextts_train.data import ManifestDataset, ManifestIndex, collate
+from indextts_train.data import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint
 
@@ -55,9 +55,7 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
     index = ManifestIndex.build(manifests, max_text_tokens=config.gpt.max_text_tokens,
                                 max_mel_tokens=config.gpt.max_mel_tokens)
     dataset = ManifestDataset(index)
-    order = list(range(len(index)))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate)
+    loader = make_loader(dataset, sequential_batches(range(len(index)), batch_size), num_workers=0)
     result = evaluate(model, loader, config, torch.device("cpu"))
     result.update(checkpoint=str(checkpoint), text_tokens=tokens, batch_size=batch_size)
     return result

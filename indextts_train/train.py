@@ -29,7 +29,13 @@ from torch import nn
 
 from indextts_train import checkpoint as ckpt_io
 from indextts_train.config import Config, config_to_dict, load_config
-from indextts_train.data import ManifestDataset, ManifestIndex, ResumableBatchSampler, collate
+from indextts_train.data import (
+    ManifestDataset,
+    ManifestIndex,
+    ResumableBatchSampler,
+    make_loader,
+    sequential_batches,
+)
 from indextts_train.distributed import (
     DistInfo,
     any_rank,
@@ -44,7 +50,14 @@ from indextts_train.evaluate import evaluate
 from indextts_train.faults import crash_point
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device, halve_for_oom, is_oom_error
 from indextts_train.logging import RunLogger
-from indextts_train.model import Batch, UnifiedVoiceGPT, full_state_dict, load_base_checkpoint, split_state_dict
+from indextts_train.model import (
+    Batch,
+    UnifiedVoiceGPT,
+    full_state_dict,
+    init_carried,
+    load_base_checkpoint,
+    split_state_dict,
+)
 from indextts_train.resume import (
     apply_changed_optimizer_settings,
     optimizer_state_for,
@@ -159,7 +172,6 @@ class CheckedDataset(ManifestDataset):
 
     def __init__(self, index: ManifestIndex, text_rows: int, mel_codes: int, model_dim: int) -> None:
         super().__init__(index, model_dim=model_dim)
-        self.index = index
         self.text_rows = text_rows
         self.mel_codes = mel_codes
 
@@ -173,22 +185,6 @@ class CheckedDataset(ManifestDataset):
             raise UserError(f"{self.index.source(i)}: code {int(codes.max())} >= "
                             f"number_mel_codes {self.mel_codes}; check the config")
         return item
-
-
-def _ignore_sigint_in_worker(worker_id: int) -> None:
-    # Ctrl+C reaches the whole process group; workers must survive it so the main process can
-    # finish its step and save.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def make_loader(dataset: ManifestDataset, sampler, num_workers: int, pin_memory: bool):
-    # A private generator: DataLoader draws a base seed each time an iterator starts, and from the
-    # global RNG that would shift the dropout stream depending on where the run was resumed.
-    return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
-        pin_memory=pin_memory, generator=torch.Generator(),
-        worker_init_fn=_ignore_sigint_in_worker if num_workers else None,
-    )
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -279,8 +275,6 @@ def build_fresh(options: TrainOptions, config: Config, tokens: int, log: RunLogg
     train = config.train
     generator = torch.Generator().manual_seed(train.seed)
     if options.base_checkpoint is None:
-        from indextts_train.model import init_carried
-
         log.warn("no --base-checkpoint: the GPT starts from random weights (fine for the demo, "
                  "not for fine-tuning)")
         config.gpt.number_text_tokens = tokens
@@ -588,8 +582,8 @@ def validate(model: UnifiedVoiceGPT, dataset: ManifestDataset, plan: HardwarePla
     """Validation over this rank's shard, in manifest order; an OOM halves the micro-batch and retries."""
     shard = list(range(dist_info.rank, len(dataset), dist_info.world_size))
     while True:
-        batches = [shard[i:i + plan.micro_batch] for i in range(0, len(shard), plan.micro_batch)]
-        loader = make_loader(dataset, batches, plan.num_workers, device.type == "cuda")
+        loader = make_loader(dataset, sequential_batches(shard, plan.micro_batch), plan.num_workers,
+                             device.type == "cuda")
         try:
             return evaluate(model, loader, config, device, dist_info, autocast), plan
         except Exception as exc:  # only OOM is handled here; everything else propagates unchanged

@@ -175,7 +175,7 @@ def test_corrupt_latest_is_skipped_and_left_on_disk(tiny_data, grown, tmp_path) 
     output = run_to_end(args)
     assert "skipping" in output and "latest.pth" in output
     assert "resuming from" in output and "model_step6.pth" in output
-    assert latest.exists() or (out / "model_step8.pth").exists()  # nothing deleted behind the user's back
+    assert (out / "model_step8.pth").exists()  # the damaged twin of the old latest.pth is left on disk
     assert load_checkpoint(out / "latest.pth")["progress"]["step"] == 10
 
 
