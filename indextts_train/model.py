@@ -6,7 +6,7 @@ conditioning latents and emotion vectors are precomputed, so they are *carried*:
 CPU tensors that is loaded from the base checkpoint and written back unchanged on export. That keeps
 ~340M parameters out of GPU memory and out of the optimizer.
 
-Sequence and loss rules follow `shared/reference/README.md` ("Exact definitions") to the letter:
+Sequence and loss rules follow `tests/data/reference/README.md` ("Exact definitions") to the letter:
 a 34-row prefix (32 conditioning rows + emo vector, then speed rows 1 and 0), text and mel segments
 with their own learned positions starting at 0, a causal GPT-2 trunk with no padding mask, and
 token-level masked cross-entropy over all classes.

@@ -38,7 +38,7 @@ from indextts_train.checkpoint import (
 )
 from indextts_train.config import TrainConfig
 
-# Persistent buffers of UnifiedVoice (shared/reference keys json): in the state dict, never in an optimizer.
+# Persistent buffers of UnifiedVoice (tests/data/reference keys json): in the state dict, never in an optimizer.
 _BUFFER_SUFFIXES = (".pos_enc.pe",)
 # Aliases that IndexTTS2's post_init_gpt2_config() adds; they duplicate tensors already stored.
 _ALIAS_PREFIXES = ("inference_model.",)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT.parent / "shared" / "reference"
+REFERENCE = ROOT / "tests" / "data" / "reference"
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 
 

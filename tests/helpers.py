@@ -15,7 +15,7 @@ from torch.nn.utils.rnn import pad_sequence
 from indextts_train.model import Batch
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_REFERENCE = ROOT.parent / "shared" / "reference" / "tiny"
+TINY_REFERENCE = ROOT / "tests" / "data" / "reference" / "tiny"
 
 
 def reference_batch(lines: list[dict] | None = None) -> Batch:

@@ -31,7 +31,7 @@ from indextts_train.model import trained_keys
 from indextts_train.train import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tiny"
+TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 EXPECTED = json.loads((TINY / "expected.json").read_text())
 

@@ -11,7 +11,7 @@ from indextts_train.config import config_to_dict, load_config
 from indextts_train.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_CONFIG = ROOT.parent / "shared" / "reference" / "tiny" / "config.yaml"
+REFERENCE_CONFIG = ROOT / "tests" / "data" / "reference" / "tiny" / "config.yaml"
 
 
 def write(tmp_path: Path, data: dict) -> Path:

@@ -24,7 +24,7 @@ from indextts_train.data import (
 )
 from indextts_train.errors import UserError
 
-TINY = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tiny"
+TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 DIM = 8
 # A small config the fixture data fits: ids < 50, codes < 40, at most 20 text / 30 code tokens.
 GPT = GPTConfig(model_dim=DIM, heads=2, layers=1, max_text_tokens=20, max_mel_tokens=30,

@@ -15,7 +15,7 @@ from indextts_train.errors import UserError
 from indextts_train.tokenizer import check_tokenizer
 
 PROJECT = Path(__file__).resolve().parents[1]
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 GPT = load_config(PROJECT / "configs" / "tiny.yaml").gpt
 
 

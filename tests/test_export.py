@@ -27,7 +27,7 @@ from indextts_train.model import UnifiedVoiceGPT, official_shapes, split_state_d
 from indextts_train.train import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tiny"
+TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 
 

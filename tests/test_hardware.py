@@ -28,7 +28,7 @@ from indextts_train.hardware import (
 )
 
 PROJECT = Path(__file__).resolve().parents[1]
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 REAL = GPTConfig()  # defaults are the real IndexTTS2 sizes
 BF16_GPUS = ["A100-80GB", "A100-40GB", "H100-80GB", "L4"]
 FP16_GPUS = ["V100-16GB", "V100-32GB", "T4"]

@@ -24,7 +24,7 @@ from indextts_train.model import (
     trained_keys,
 )
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REF = Path(__file__).resolve().parent / "data" / "reference"
 TINY = REF / "tiny"
 
 

@@ -21,7 +21,7 @@ from indextts_train.vocab import (
     tokenizer_size,
 )
 
-TINY = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tiny"
+TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 GROWN = VocabPlan(base_tokens=100, tokens=150)
 
 
