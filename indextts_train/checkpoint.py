@@ -11,19 +11,7 @@ with `--resume auto`. This module is the storage half of it:
   flipped byte inside tensor data;
 - nothing that fails to verify is ever deleted or renamed: `--resume auto` says what it skipped.
 
-Checkpoint layout (a plain dict; the trainer builds it):
-    format, format_version, model {key: float32 Tensor} (full official gpt.pth layout),
-    optimizer (AdamW state_dict), optimizer_param_names (param names in optimizer order),
-    scheduler (LambdaLR state_dict), scaler (GradScaler state_dict or None),
-    progress {step, epoch, samples_in_epoch, samples_total, sampler_seed, micro_batch,
-              grad_accumulation, world_size}  (epoch is the 0-based epoch in progress),
-    rng [one capture_rng() dict per rank], history {train, val, best_val_loss},
-    hparams, config, vocab_plan, hardware, created, and after a repair: repaired.
-A repaired checkpoint whose optimizer could not be matched to the weights holds None for
-optimizer, scheduler and scaler together (one matched set, reset together) and lists them in
-`repaired["unknown"]`; the trainer then starts a fresh optimizer at the stored step.
-
-repair.py builds repaired checkpoints from the public checks and writers here; verify reads them.
+The layout, its checks and its migrations belong to state.py; this module stores and finds files.
 """
 
 from __future__ import annotations
@@ -33,241 +21,39 @@ import io
 import json
 import os
 import pickle
-import random
 import re
-import shutil
 import zipfile
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-import numpy as np
 import torch
 
-from indextts_train.errors import UserError
+from indextts_train.atomic import atomic_write as atomic_write_file
+from indextts_train.atomic import fsync_dir, link_or_copy, temp_name
+from indextts_train.config import Config, config_from_dict, load_config
+from indextts_train.errors import CheckpointError, UserError
 from indextts_train.faults import crash_armed, crash_point
+from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: re-exported for callers)
+    FORMAT,
+    FORMAT_VERSION,
+    capture_rng,
+    migrate,
+    model_problem,
+    repaired_unknown,
+    unsafe_value,
+    validate,
+)
 
-FORMAT = "indextts-train-checkpoint"
-FORMAT_VERSION = 1
-REQUIRED_KEYS = (
-    "format", "format_version", "model", "optimizer", "optimizer_param_names", "scheduler", "scaler",
-    "progress", "rng", "history", "hparams", "config", "vocab_plan",
-)
-PROGRESS_KEYS = (
-    "step", "epoch", "samples_in_epoch", "samples_total", "sampler_seed", "micro_batch",
-    "grad_accumulation", "world_size",
-)
 LATEST = "latest.pth"
 EXIT_CODES = {"COMPLETE": 0, "PARTIAL": 1, "INCOMPLETE": 2}
-OPTIMIZER_SET = ("optimizer", "scheduler", "scaler")
 
 _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
 _TEMP_FILE = re.compile(r"^\.(model_step\d+|latest)\.pth\.tmp-\d+$")  # only names this module writes
-_PYTHON_RNG_WORDS = 625  # random.getstate(): 624 Mersenne Twister words + position
-_NUMPY_RNG_WORDS = 624
-
-
-class CheckpointError(UserError):
-    """A checkpoint file that cannot be used: unreadable, truncated, corrupt, unsafe or unrepairable."""
 
 
 class CheckpointSaveError(UserError):
     """A save that did not happen (disk full, ...); the previous checkpoints are untouched."""
-
-
-# ----------------------------------------------------------------------------- RNG
-
-
-def _plain_python_rng(state: tuple) -> list:
-    version, words, gauss_next = state
-    return [version, list(words), gauss_next]
-
-
-def _plain_numpy_rng(state: tuple) -> dict:
-    # numpy arrays and scalars are not weights_only-safe: store plain ints and floats.
-    name, words, pos, has_gauss, cached = state
-    return {"bit_generator": str(name), "key": [int(w) for w in words], "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-
-
-def capture_rng() -> dict:
-    """This process's RNG states (python, numpy global, torch CPU, every CUDA device), weights_only-safe."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    return {"python": _plain_python_rng(random.getstate()),
-            "numpy": _plain_numpy_rng(np.random.get_state(legacy=True)),
-            "torch_cpu": torch.get_rng_state(), "cuda": list(cuda)}
-
-
-def seeded_rng(seed: int) -> dict:
-    """RNG states as `capture_rng()` would return right after seeding with `seed`; globals untouched."""
-    return {"python": _plain_python_rng(random.Random(seed).getstate()),
-            "numpy": _plain_numpy_rng(np.random.RandomState(seed % 2**32).get_state(legacy=True)),
-            "torch_cpu": torch.Generator().manual_seed(seed).get_state(), "cuda": []}
-
-
-def is_int(value: Any) -> bool:
-    """An int that is not a bool (True would pass as a step count otherwise)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def rng_problem(state: Any) -> str | None:
-    """Why `state` is not a capture_rng() dict, or None."""
-    if not isinstance(state, dict):
-        return f"expected a dict, got {type(state).__name__}"
-    missing = [k for k in ("python", "numpy", "torch_cpu", "cuda") if k not in state]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    py = state["python"]
-    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[1], (list, tuple))
-            and len(py[1]) == _PYTHON_RNG_WORDS and all(is_int(w) for w in py[1])):
-        return "python: not a random.getstate() triple"
-    np_state = state["numpy"]
-    if not (isinstance(np_state, dict) and np_state.get("bit_generator") == "MT19937"
-            and isinstance(np_state.get("key"), list) and len(np_state["key"]) == _NUMPY_RNG_WORDS
-            and is_int(np_state.get("pos")) and is_int(np_state.get("has_gauss"))
-            and isinstance(np_state.get("cached_gaussian"), float)):
-        return "numpy: not an MT19937 state"
-    tensors = [state["torch_cpu"], *state["cuda"]] if isinstance(state["cuda"], list) else None
-    if tensors is None or not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in tensors):
-        return "torch_cpu/cuda: expected uint8 tensors (cuda: a list of them)"
-    return None
-
-
-def restore_rng(state: dict) -> None:
-    """Put back a `capture_rng()` state. CUDA devices beyond those saved (or present) are left alone."""
-    problem = rng_problem(state)
-    if problem:
-        raise CheckpointError(f"checkpoint RNG state is malformed ({problem}); repair the checkpoint")
-    version, words, gauss_next = state["python"]
-    random.setstate((version, tuple(words), gauss_next))
-    np_state = state["numpy"]
-    np.random.set_state((np_state["bit_generator"], np.asarray(np_state["key"], dtype=np.uint32),
-                         np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
-    torch.set_rng_state(state["torch_cpu"])
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for device, cuda_state in enumerate(state["cuda"][:devices]):
-        torch.cuda.set_rng_state(cuda_state, device)
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _unsafe_value(obj: Any, where: str) -> str | None:
-    """Where `obj` holds something torch.load(weights_only=True) would refuse, or None."""
-    if isinstance(obj, torch.Tensor):
-        return None if type(obj) in (torch.Tensor, torch.nn.Parameter) else f"{where} is a {type(obj).__name__}"
-    if isinstance(obj, (torch.Size, torch.dtype, torch.device)):
-        return None
-    if type(obj) in (dict, OrderedDict):
-        for key, value in obj.items():
-            if type(key) not in (str, int):
-                return f"{where} has a key of type {type(key).__name__}"
-            found = _unsafe_value(value, f"{where}[{key!r}]")
-            if found:
-                return found
-        return None
-    if type(obj) in (list, tuple):
-        for i, value in enumerate(obj):
-            found = _unsafe_value(value, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    # Exact types: numpy scalars subclass float/int but are pickled as numpy objects.
-    if type(obj) in (str, int, float, bool, type(None)):
-        return None
-    return f"{where} is a {type(obj).__module__}.{type(obj).__name__}"
-
-
-def _model_problem(model: Any) -> str | None:
-    if not isinstance(model, dict) or not model:
-        return "model: expected a non-empty dict of tensors"
-    bad = [k for k, v in model.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    return f"model: {bad[0]!r} is not a named tensor" if bad else None
-
-
-def optimizer_params(optimizer: dict) -> list:
-    """The parameter ids of an optimizer state_dict, in optimizer order (groups flattened)."""
-    return [p for group in optimizer["param_groups"] for p in group["params"]]
-
-
-def _repaired_unknown(state: dict) -> list:
-    """What a repair marked as not known (empty for a checkpoint the trainer wrote)."""
-    repaired = state.get("repaired")
-    unknown = repaired.get("unknown") if isinstance(repaired, dict) else None
-    return unknown if isinstance(unknown, list) else []
-
-
-def optimizer_problems(state: dict) -> list[str]:
-    """What is wrong with the optimizer set (optimizer, names, scheduler, scaler); empty when usable."""
-    optimizer, names = state["optimizer"], state["optimizer_param_names"]
-    if "optimizer" in _repaired_unknown(state):
-        if any(state[k] is not None for k in OPTIMIZER_SET) or names != []:
-            return ["optimizer, scheduler and scaler are marked reset by repair but are not all None"]
-        return []
-    problems = []
-    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
-            and isinstance(optimizer.get("param_groups"), list)
-            and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in optimizer["param_groups"])):
-        problems.append("optimizer: expected an optimizer state_dict with 'state' and 'param_groups'")
-    elif not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        problems.append("optimizer_param_names: expected a list of parameter names")
-    elif len(names) != len(optimizer_params(optimizer)):
-        problems.append(f"optimizer_param_names has {len(names)} names but the optimizer holds "
-                        f"{len(optimizer_params(optimizer))} parameters")
-    elif isinstance(state["model"], dict) and set(names) - set(state["model"]):
-        problems.append(f"optimizer_param_names: {sorted(set(names) - set(state['model']))[0]!r} is not in model")
-    if not isinstance(state["scheduler"], dict):
-        problems.append("scheduler: expected a scheduler state_dict")
-    if state["scaler"] is not None and not isinstance(state["scaler"], dict):
-        problems.append("scaler: expected a GradScaler state_dict or None")
-    return problems
-
-
-def _progress_problems(state: dict) -> list[str]:
-    progress = state["progress"]
-    if not isinstance(progress, dict):
-        return ["progress: expected a dict"]
-    bad = [k for k in PROGRESS_KEYS if not (is_int(progress.get(k)) and progress[k] >= 0)]
-    if bad:
-        return [f"progress: {', '.join(bad)} missing or not a non-negative int"]
-    rng = state["rng"]
-    if not isinstance(rng, list) or not rng:
-        return ["rng: expected a non-empty list with one RNG state per rank"]
-    problems = [f"rng[{i}]: {p}" for i, p in enumerate(map(rng_problem, rng)) if p]
-    if len(rng) != progress["world_size"]:
-        problems.append(f"rng has {len(rng)} rank states but progress.world_size is {progress['world_size']}")
-    return problems
-
-
-def history_problem(history: Any) -> str | None:
-    """Why `history` is not {train: list, val: list, best_val_loss}, or None."""
-    if not (isinstance(history, dict) and isinstance(history.get("train"), list)
-            and isinstance(history.get("val"), list) and "best_val_loss" in history
-            and (history["best_val_loss"] is None or isinstance(history["best_val_loss"], (int, float)))):
-        return "history: expected {train: list, val: list, best_val_loss: float or None}"
-    return None
-
-
-def resume_problems(state: dict) -> list[str]:
-    """What keeps a checkpoint of our format from an exact resume (empty when COMPLETE)."""
-    missing = [k for k in REQUIRED_KEYS if k not in state]
-    if missing:
-        return [f"missing {', '.join(missing)} (needed for an exact resume)"]
-    version = state["format_version"]
-    if version != FORMAT_VERSION:
-        return [f"format_version {version!r} is not {FORMAT_VERSION}; this indextts-train reads version "
-                f"{FORMAT_VERSION} (a newer file needs a newer indextts-train)"]
-    model = state["model"]
-    problems = [p for p in (_model_problem(model), history_problem(state["history"])) if p]
-    if not _model_problem(model):
-        not_fp32 = [k for k, v in model.items() if v.is_floating_point() and v.dtype != torch.float32]
-        if not_fp32:
-            problems.append(f"model: {not_fp32[0]!r} is {model[not_fp32[0]].dtype}; "
-                            "an exact resume needs float32 weights")
-    problems += optimizer_problems(state) + _progress_problems(state)
-    problems += [f"{k}: expected a dict" for k in ("hparams", "config", "vocab_plan") if not isinstance(state[k], dict)]
-    return problems
 
 
 # ----------------------------------------------------------------------------- reading
@@ -333,6 +119,8 @@ def _unpickle_reason(exc: BaseException) -> str:
 def load_checkpoint(path: Path, *, mmap: bool = False, crc_checked: bool = False) -> dict:
     """Load a checkpoint on the CPU, refusing anything that would need code to unpickle. Deletes nothing.
 
+    A checkpoint of our format comes back migrated to the current format_version (state.migrate).
+
     `mmap` leaves tensor data on disk until touched (enough to read a stored config); `crc_checked`
     skips the checksum pass when verify_checkpoint just read the whole file, as resume does.
     """
@@ -340,7 +128,24 @@ def load_checkpoint(path: Path, *, mmap: bool = False, crc_checked: bool = False
     obj = _read(path, mmap=mmap, check_crc=not crc_checked)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
-    return obj
+    return migrate(obj) if obj.get("format") == FORMAT else obj
+
+
+def config_for(path: Path, explicit: Path | None, *, fallback: Path | None = None) -> Config:
+    """The config a checkpoint was trained with: `explicit` if given, else the one stored in it.
+
+    Read by mmap: only the small config is touched, not the tensors. `fallback` serves files that
+    store none (a bare gpt.pth); without one, such a file is a one-line error.
+    """
+    if explicit is not None:
+        return load_config(explicit)
+    state = load_checkpoint(path, mmap=True)
+    stored = state.get("config")
+    if isinstance(stored, dict) and "gpt" in stored:
+        return config_from_dict(stored, f"{path} (stored config)")
+    if fallback is not None:
+        return load_config(fallback)
+    raise UserError(f"{path} stores no config; pass --config with the IndexTTS2 config.yaml it was trained with")
 
 
 # ----------------------------------------------------------------------------- verify
@@ -419,7 +224,7 @@ def verify_checkpoint(path: Path) -> Verdict:
         what = f"a dict with keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
         return Verdict("INCOMPLETE", kind, [f"{path} is not a checkpoint: it holds {what}"])
     summary = _summary(obj, kind, path)
-    problem = _model_problem(_weights(obj, kind))
+    problem = model_problem(_weights(obj, kind))
     if problem:
         return Verdict("INCOMPLETE", kind, [f"no usable weights: {problem}"], summary)
     if kind == "community":
@@ -427,12 +232,14 @@ def verify_checkpoint(path: Path) -> Verdict:
     if kind == "gpt.pth":
         return Verdict("PARTIAL", kind, ["bare gpt.pth weights: no optimizer, scheduler, RNG or progress; "
                                          "use it as --base-checkpoint to start a run"], summary)
-    problems = resume_problems(obj)
+    stored_version = obj.get("format_version")
+    problems = validate(migrate(obj))
     if problems:
         return Verdict("PARTIAL", kind, problems, summary)
-    notes = []
+    notes = [] if stored_version == FORMAT_VERSION else [
+        f"format {stored_version}, read through the migration to format {FORMAT_VERSION}"]
     if isinstance(obj.get("repaired"), dict):
-        unknown = ", ".join(map(str, _repaired_unknown(obj))) or "nothing"
+        unknown = ", ".join(map(str, repaired_unknown(obj))) or "nothing"
         notes.append(f"repaired from a {obj['repaired'].get('from')} checkpoint; filled in, not known: {unknown}")
     return Verdict("COMPLETE", kind, notes, summary)
 
@@ -440,70 +247,32 @@ def verify_checkpoint(path: Path) -> Verdict:
 # ----------------------------------------------------------------------------- save
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable. Some filesystems cannot fsync a directory; the rename is still atomic there."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
+def write_state(state: dict, final: Path, step: int) -> None:
+    """torch.save `state` to `final` atomically (crash tests hook in: half a file, or a complete temp file)."""
 
-
-def _write_and_sync(state: dict, path: Path, step: int) -> None:
-    with open(path, "wb") as f:
+    def write(handle: BinaryIO) -> None:
         if crash_armed("save_partial", step):  # crash tests: die with half the bytes on disk
             buffer = io.BytesIO()
             torch.save(state, buffer)
-            f.write(buffer.getvalue()[: buffer.tell() // 2])
-            f.flush()
-            os.fsync(f.fileno())
+            handle.write(buffer.getvalue()[: buffer.tell() // 2])
+            handle.flush()
+            os.fsync(handle.fileno())
             crash_point("save_partial", step)
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+        torch.save(state, handle)
 
-
-def _temp_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
-
-
-def atomic_write(state: dict, final: Path, step: int) -> None:
-    """Write to a temp name, fsync, rename over `final`, fsync the directory. No half file ever has `final`'s name."""
-    tmp = _temp_name(final)
-    try:
-        _write_and_sync(state, tmp, step)
-        crash_point("save_tmp_written", step)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(final.parent)
-
-
-def link_or_copy(source: Path, dest: Path) -> None:
-    """`dest` becomes a complete copy of `source`: a hard link, or a synced copy where links fail."""
-    try:
-        os.link(source, dest)
-    except OSError:
-        with open(source, "rb") as src, open(dest, "wb") as dst:
-            shutil.copyfileobj(src, dst, 16 * 2**20)
-            dst.flush()
-            os.fsync(dst.fileno())
+    atomic_write_file(final, write, before_rename=lambda: crash_point("save_tmp_written", step))
 
 
 def _publish_latest(output_dir: Path, target: Path) -> None:
     latest = output_dir / LATEST
-    tmp = _temp_name(latest)
+    tmp = temp_name(latest)
     try:
         link_or_copy(target, tmp)
         os.replace(tmp, latest)
     finally:
         # Also covers rename(2) between two links of one inode, which succeeds without removing tmp.
         tmp.unlink(missing_ok=True)
-    _fsync_dir(output_dir)
+    fsync_dir(output_dir)
 
 
 def _step_of(path: Path) -> int | None:
@@ -575,8 +344,8 @@ def _previous_description(output_dir: Path) -> str:
 
 def _check_state(state: dict, step: int) -> None:
     """A state the trainer built wrong is a bug: say which key, before anything touches the disk."""
-    problems = resume_problems(state) if state.get("format") == FORMAT else [f"format is not {FORMAT!r}"]
-    unsafe = _unsafe_value(state, "state")
+    problems = validate(state) if state.get("format") == FORMAT else [f"format is not {FORMAT!r}"]
+    unsafe = unsafe_value(state, "state")
     if unsafe:
         problems.append(f"{unsafe}, which torch.load(weights_only=True) refuses; store plain values")
     if not problems and state["progress"]["step"] != step:
@@ -599,7 +368,7 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int) -> P
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(output_dir)
-        atomic_write(state, final, step)
+        write_state(state, final, step)
     except (OSError, RuntimeError) as exc:
         raise CheckpointSaveError(
             f"could not save checkpoint step {step} to {output_dir}: {failure_reason(exc)}; "

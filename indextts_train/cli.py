@@ -7,20 +7,23 @@ existing scripts keep working.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from indextts_train.config import DEFAULT_CONFIG, TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import UserError
+from indextts_train.schema import field_types
 
-# The real IndexTTS2 sizes, from this checkout (not the working directory).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "indextts2.yaml"
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Fine-tune the IndexTTS2 GPT with an extended tokenizer; kill it anytime, resume exactly.")
 
 
@@ -46,15 +49,6 @@ def one_line(message: str) -> str:
     return message
 
 
-def manifest_paths(values: list[str]) -> list[Path]:
-    """Community manifests may carry a '::lang' suffix (a language hint); the path is what we need."""
-    paths = []
-    for value in values:
-        path = value.rsplit("::", 1)[0] if "::" in value else value
-        paths.append(Path(path).expanduser())
-    return paths
-
-
 def require_weights(checkpoint: Path) -> None:
     """Stop with the checkpoint module's one-line reason when a file is missing, damaged or unsafe.
 
@@ -74,62 +68,52 @@ def require_positive(value: int | None, flag: str) -> None:
         fail(f"{flag} must be >= 1, got {value}")
 
 
-class VocabChange(str, Enum):
-    keep = "keep"
-    reset = "reset"
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def train(
-    train_manifest: Annotated[list[str], typer.Option(help="Training manifest JSONL; repeat to mix datasets ('PATH::lang' accepted).")],
-    output_dir: Annotated[Path, typer.Option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")],
-    config: Annotated[Path, typer.Option(help="IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")] = DEFAULT_CONFIG,
-    val_manifest: Annotated[list[str] | None, typer.Option(help="Validation manifest JSONL; repeatable.")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece model; its size sets the text vocabulary (rows = size + 1). Omit when the config's number_text_tokens is right.")] = None,
-    base_checkpoint: Annotated[Path | None, typer.Option(help="IndexTTS2 gpt.pth to fine-tune from (rows grown to the tokenizer).")] = None,
-    resume: Annotated[str | None, typer.Option(help="'auto': newest checkpoint in --output-dir that verifies (fresh start if none); or a checkpoint path.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Micro-batch per GPU; 0 = auto from GPU memory.")] = None,
-    grad_accumulation: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step; 0 = auto to reach the effective batch.")] = None,
-    effective_batch_size: Annotated[int | None, typer.Option(help="Samples per optimizer step (micro x accumulation x GPUs), kept on every GPU.")] = None,
-    num_workers: Annotated[int | None, typer.Option(help="Data-loading workers; 0 = auto from the CPU count.")] = None,
-    amp: Annotated[bool | None, typer.Option("--amp/--no-amp", help="Force mixed precision on/off (default: bf16 where supported, fp16+scaler otherwise, fp32 on CPU).")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs to train.")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop at this optimizer step (0 = run all --epochs).")] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Peak AdamW learning rate.")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="AdamW decoupled weight decay (not on biases/norms; never on frozen rows).")] = None,
-    warmup_steps: Annotated[int | None, typer.Option(help="Linear warmup steps before cosine decay.")] = None,
-    text_loss_weight: Annotated[float | None, typer.Option(help="Weight of the text cross-entropy.")] = None,
-    mel_loss_weight: Annotated[float | None, typer.Option(help="Weight of the semantic-code cross-entropy.")] = None,
-    grad_clip: Annotated[float | None, typer.Option(help="Gradient-norm clipping.")] = None,
-    grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Recompute activations to save GPU memory.")] = None,
-    log_interval: Annotated[int | None, typer.Option(help="Steps between log lines / TensorBoard points.")] = None,
-    val_interval: Annotated[int | None, typer.Option(help="Steps between validations (also run at the end).")] = None,
-    save_interval: Annotated[int | None, typer.Option(help="Steps between checkpoints (also saved at the end and on Ctrl+C).")] = None,
-    keep_checkpoints: Annotated[int | None, typer.Option(help="How many model_step{N}.pth to keep.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for init, data order and dropout.")] = None,
-    on_vocab_change: Annotated[VocabChange, typer.Option(help="When the tokenizer grew since the checkpoint: 'keep' optimizer state (remapped rows) or 'reset' optimizer+scheduler+scaler to step 0.")] = VocabChange.keep,
-    unfreeze_base_vocab: Annotated[bool, typer.Option(help="Also train the base-vocabulary rows of the text embedding/head (frozen by default).")] = False,
-    skip_bad_lines: Annotated[bool, typer.Option(help="Skip bad manifest lines (counted) instead of stopping at the first.")] = False,
-) -> None:
+def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Parameter:
+    """One `train-gpt` flag from a dataclass field: name, type, help and default all come from it."""
+    meta = f.metadata
+    decls = (meta["flag"],) if meta.get("flag") else ()
+    extra: dict[str, Any] = {}
+    if meta.get("choices"):  # Typer shows and checks choices through an Enum type
+        tp = Enum(f.name, {choice: choice for choice in meta["choices"]}, type=str)
+    if from_config:  # None = not given: the config's train: section decides, else the field default
+        info = typer.Option(*decls, help=f"{meta['help']} [default: train.{f.name} from --config, else "
+                                         f"{_shown(f.default)}]", show_default=False, **extra)
+        return inspect.Parameter(f.name, KEYWORD, default=None, annotation=Annotated[tp | None, info])
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    default = inspect.Parameter.empty if required else (None if f.default is dataclasses.MISSING else f.default)
+    if tp == list[str]:
+        extra["metavar"] = "PATH"
+    if f.default == DEFAULT_CONFIG:
+        extra["show_default"] = "configs/indextts2.yaml of this checkout"
+    info = typer.Option(*decls, help=meta["help"], **extra)
+    return inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[tp, info])
+
+
+def train_parameters() -> list[inspect.Parameter]:
+    """The flags of `train-gpt`: TrainOptions' inputs, then every `train:` setting of TrainConfig."""
+    option_types, config_types = field_types(TrainOptions), field_types(TrainConfig)
+    inputs = [_option(f, option_types[f.name], from_config=False)
+              for f in dataclasses.fields(TrainOptions) if f.metadata.get("cli", True)]
+    return inputs + [_option(f, config_types[f.name], from_config=True) for f in train_flags()]
+
+
+def train(**values: Any) -> None:
     """Train the IndexTTS2 GPT. Exit 0 done, 2 bad input, 130/143 stopped by Ctrl+C/SIGTERM after a safe save."""
-    from indextts_train.train import TrainOptions
     from indextts_train.train import train as run_train
 
-    options = TrainOptions(
-        train_manifests=manifest_paths(train_manifest), val_manifests=manifest_paths(val_manifest or []),
-        output_dir=output_dir, config=config, tokenizer=tokenizer, base_checkpoint=base_checkpoint,
-        resume=resume or None, batch_size=batch_size, grad_accumulation=grad_accumulation,
-        effective_batch_size=effective_batch_size, num_workers=num_workers, amp=amp, epochs=epochs,
-        max_steps=max_steps, learning_rate=learning_rate, weight_decay=weight_decay,
-        warmup_steps=warmup_steps, text_loss_weight=text_loss_weight, mel_loss_weight=mel_loss_weight,
-        grad_clip=grad_clip, log_interval=log_interval, val_interval=val_interval,
-        save_interval=save_interval, keep_checkpoints=keep_checkpoints, seed=seed,
-        on_vocab_change=on_vocab_change.value, unfreeze_base_vocab=unfreeze_base_vocab,
-        skip_bad_lines=skip_bad_lines, activation_checkpointing=grad_checkpointing,
-    )
-    code = run_guarded(run_train, options)
-    raise typer.Exit(code or 0)
+    plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
+    options = run_guarded(TrainOptions, **plain)
+    raise typer.Exit(run_guarded(run_train, options) or 0)
 
 
+train.__signature__ = inspect.Signature(train_parameters())  # what Typer reads to build the command
+train.__annotations__ = {p.name: p.annotation for p in train.__signature__.parameters.values()}
 app.command("train")(train)
 
 
@@ -149,11 +133,12 @@ def demo(
 def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
     manifest: Annotated[list[str], typer.Option(help="Manifest JSONL; repeatable.")],
-    config: Annotated[Path, typer.Option(help="Config whose gpt: section built the checkpoint.")] = DEFAULT_CONFIG,
+    config: Annotated[Path | None, typer.Option(help="Config whose gpt: section built the checkpoint (default: the one stored in it; configs/indextts2.yaml for a bare gpt.pth).")] = None,
     batch_size: Annotated[int, typer.Option(help="Examples per batch, in manifest order.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
+    from indextts_train.data import manifest_paths
     from indextts_train.evaluate import evaluate_checkpoint
 
     require_positive(batch_size, "--batch-size")
@@ -325,7 +310,7 @@ def main() -> None:
 
 def train_gpt_main() -> None:
     """`train-gpt` entry point: the train command alone, with the community flag names."""
-    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     single.command()(train)
     single()
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from indextts_train.errors import UserError
+from indextts_train.schema import build
 
 
 @dataclass
@@ -73,46 +74,67 @@ class GPTConfig:
         return self.number_text_tokens + 1
 
 
+def option(default: Any, help: str, *, flag: str | None = None) -> Any:
+    """A `train:` field that is also a `train-gpt` flag: the CLI, overrides and hparams derive from it.
+
+    `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
+    """
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
 @dataclass
 class TrainConfig:
-    """Our own `train:` section: defaults for the loop. 0 means "auto" where the CLI says so."""
+    """Our own `train:` section: defaults for the loop. Each field is also a `train-gpt` flag."""
 
-    batch_size: int = 0  # micro-batch per device; 0 = auto (hardware.py)
-    grad_accumulation: int = 0  # 0 = auto: reach effective_batch_size
-    effective_batch_size: int = 64  # samples per optimizer step, the same on every GPU
-    num_workers: int = 0  # 0 = auto from the CPU count
-    learning_rate: float = 2e-5
-    weight_decay: float = 0.01
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    warmup_steps: int = 1000
-    min_lr_ratio: float = 0.0  # cosine decays to learning_rate * min_lr_ratio
-    epochs: int = 10
-    max_steps: int = 0  # 0 = run the full --epochs; otherwise stop at this optimizer step
-    grad_clip: float = 1.0
-    text_loss_weight: float = 0.2
-    mel_loss_weight: float = 0.8
-    dropout: float = 0.1  # GPT-2 resid/embd/attn dropout, as the official trunk
-    activation_checkpointing: bool = False
-    freeze_base_vocab: bool = True
-    log_interval: int = 10
-    val_interval: int = 500
-    save_interval: int = 1000
-    keep_checkpoints: int = 3
-    seed: int = 1234
-    sort_window: int = 512  # samples sorted by length together, so batches pad little
+    batch_size: int = option(0, "Micro-batch per GPU; 0 = auto from GPU memory.")
+    grad_accumulation: int = option(0, "Micro-batches per optimizer step; 0 = auto to reach the effective batch.")
+    effective_batch_size: int = option(64, "Samples per optimizer step (micro x accumulation x GPUs), "
+                                           "the same on every GPU.")
+    num_workers: int = option(0, "Data-loading workers; 0 = auto from the CPU count.")
+    learning_rate: float = option(2e-5, "Peak AdamW learning rate.")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay (not on biases/norms; never on frozen rows).")
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW betas.", "cli": False})
+    adam_eps: float = option(1e-8, "AdamW epsilon.")
+    warmup_steps: int = option(1000, "Linear warmup steps before cosine decay.")
+    min_lr_ratio: float = option(0.0, "Cosine decays to learning_rate x this.")
+    epochs: int = option(10, "Epochs to train.")
+    max_steps: int = option(0, "Stop at this optimizer step (0 = run all --epochs).")
+    grad_clip: float = option(1.0, "Gradient-norm clipping.")
+    text_loss_weight: float = option(0.2, "Weight of the text cross-entropy.")
+    mel_loss_weight: float = option(0.8, "Weight of the semantic-code cross-entropy.")
+    dropout: float = option(0.1, "GPT-2 residual/embedding/attention dropout, as the official trunk.")
+    activation_checkpointing: bool = option(False, "Recompute activations to save GPU memory.",
+                                            flag="--grad-checkpointing/--no-grad-checkpointing")
+    freeze_base_vocab: bool = option(True, "Keep the base-vocabulary rows of the text embedding/head frozen.",
+                                     flag="--freeze-base-vocab/--unfreeze-base-vocab")
+    log_interval: int = option(10, "Steps between log lines / TensorBoard points.")
+    val_interval: int = option(500, "Steps between validations (also run at the end).")
+    save_interval: int = option(1000, "Steps between checkpoints (also at the end and on Ctrl+C).")
+    keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep.")
+    seed: int = option(1234, "Seed for init, data order and dropout.")
+    sort_window: int = option(512, "Samples sorted by length together, so batches pad little.")
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
-        for name in ("learning_rate", "effective_batch_size", "keep_checkpoints", "sort_window"):
+        for name in ("learning_rate", "effective_batch_size", "keep_checkpoints", "sort_window",
+                     "log_interval", "val_interval", "save_interval"):
             if getattr(self, name) <= 0:
-                raise UserError(f"train.{name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"train.{name} (--{name.replace('_', '-')}) must be > 0, got {getattr(self, name)}")
         for name in ("batch_size", "grad_accumulation", "num_workers", "warmup_steps", "max_steps",
                      "weight_decay", "epochs"):
             if getattr(self, name) < 0:
-                raise UserError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+                raise UserError(f"train.{name} (--{name.replace('_', '-')}) must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"train.dropout must be in [0, 1), got {self.dropout}")
+
+    def loss(self, text_loss: Any, mel_loss: Any) -> Any:
+        """The weighted total that is optimised, logged and compared (the one place it is computed)."""
+        return self.text_loss_weight * text_loss + self.mel_loss_weight * mel_loss
+
+
+def train_flags() -> list[dataclasses.Field]:
+    """The `train:` fields that are `train-gpt` flags."""
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli", True)]
 
 
 @dataclass
@@ -121,35 +143,28 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     source: str = ""  # the file it came from, for messages
 
+    def override(self, values: dict[str, Any]) -> None:
+        """Flags beat the config's train: section; the dataclass re-validates the result by name."""
+        merged = {**dataclasses.asdict(self.train), **values}
+        self.train = build(TrainConfig, merged, "train")
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys by name."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        if name in ("condition_module", "emo_condition_module"):
-            value = _build(ConditionModuleConfig, value, f"{where}.{name}")
-        kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"{where}: {exc}") from None
+
+# Top-level sections of IndexTTS2's checkpoints/config.yaml that we do not read but accept, so the
+# file users already have works; anything else (a typo like `trian:`) is refused.
+OFFICIAL_SECTIONS = ("dataset", "semantic_codec", "s2mel", "gpt_checkpoint", "w2v_stat", "s2mel_checkpoint",
+                     "emo_matrix", "spk_matrix", "emo_num", "qwen_emo_path", "vocoder", "version")
+OUR_SECTIONS = ("gpt", "train")
 
 
 def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     if "gpt" not in data:
         raise UserError(f"{source}: no 'gpt:' section; pass IndexTTS2's checkpoints/config.yaml or configs/*.yaml")
-    gpt = _build(GPTConfig, data["gpt"], f"{source}: gpt")
-    train = _build(TrainConfig, data.get("train"), f"{source}: train")
+    unknown = [str(k) for k in data if k not in OUR_SECTIONS + OFFICIAL_SECTIONS]
+    if unknown:
+        raise UserError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; ours are "
+                        f"{', '.join(OUR_SECTIONS)} (IndexTTS2's own sections are accepted too)")
+    gpt = build(GPTConfig, data["gpt"], f"{source}: gpt")
+    train = build(TrainConfig, data.get("train"), f"{source}: train")
     return Config(gpt=gpt, train=train, source=source)
 
 
@@ -180,4 +195,69 @@ def config_to_dict(config: Config) -> dict:
 
 
 def gpt_from_dict(data: dict) -> GPTConfig:
-    return _build(GPTConfig, data, "gpt")
+    return build(GPTConfig, data, "gpt")
+
+
+# The real IndexTTS2 sizes, from this checkout (not the working directory).
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "indextts2.yaml"
+
+
+def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+               factory: Any = dataclasses.MISSING, choices: tuple[str, ...] | None = None,
+               cli: bool = True) -> Any:
+    """A `train-gpt` input that is not a `train:` setting (paths, resume, modes)."""
+    return field(default=default, default_factory=factory,
+                 metadata={"help": help, "flag": flag, "choices": choices, "cli": cli})
+
+
+@dataclass(init=False)
+class TrainOptions:
+    """Everything `train-gpt` accepts besides the `train:` settings, which go to `overrides` by name.
+
+    `TrainOptions(output_dir=..., max_steps=12)`: any TrainConfig field is accepted as a keyword and
+    beats the config file; None means "take it from the config".
+    """
+
+    train_manifests: list[str] = run_option(help="Training manifest JSONL; repeat to mix datasets "
+                                                 "('PATH::lang' accepted).", flag="--train-manifest")
+    output_dir: Path = run_option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")
+    config: Path = run_option(DEFAULT_CONFIG, "IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")
+    val_manifests: list[str] = run_option(help="Validation manifest JSONL; repeatable.", factory=list,
+                                          flag="--val-manifest")
+    tokenizer: Path | None = run_option(None, "SentencePiece model; its size sets the text vocabulary "
+                                              "(rows = size + 1). Omit when the config's number_text_tokens is right.")
+    base_checkpoint: Path | None = run_option(None, "IndexTTS2 gpt.pth to fine-tune from (rows grown to the "
+                                                    "tokenizer). Omit for random init.")
+    resume: str | None = run_option(None, "'auto': newest checkpoint in --output-dir that verifies (fresh start "
+                                          "if none); or a checkpoint path. Omit for a new run.")
+    amp: bool | None = run_option(None, "Force mixed precision on/off (omitted: bf16 where supported, fp16+scaler "
+                                        "otherwise, fp32 on CPU).", flag="--amp/--no-amp")
+    on_vocab_change: str = run_option("keep", "When the tokenizer grew since the checkpoint: 'keep' optimizer state "
+                                              "(remapped rows) or 'reset' optimizer+scheduler+scaler to step 0.",
+                                      choices=("keep", "reset"))
+    skip_bad_lines: bool = run_option(False, "Skip bad manifest lines (counted) instead of stopping at the first.")
+    tensorboard: bool = run_option(True, "Write TensorBoard logs.", cli=False)
+    overrides: dict[str, Any] = run_option(factory=dict, cli=False)
+
+    def __init__(self, **values: Any) -> None:
+        for f in dataclasses.fields(self):
+            if f.name in values:
+                setattr(self, f.name, values.pop(f.name))
+            elif f.default is not dataclasses.MISSING:
+                setattr(self, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(self, f.name, f.default_factory())
+            else:
+                raise TypeError(f"TrainOptions needs {f.name}")
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise TypeError(f"TrainOptions got unknown option(s) {', '.join(unknown)}")
+        self.overrides = {**self.overrides, **{k: v for k, v in values.items() if v is not None}}
+        if self.on_vocab_change not in ("keep", "reset"):
+            raise UserError(f"--on-vocab-change {self.on_vocab_change!r}: choose keep or reset")
+
+    def load_config(self) -> Config:
+        """The config file with this run's flags applied."""
+        config = load_config(self.config)
+        config.override(self.overrides)
+        return config

@@ -34,11 +34,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from indextts_train.atomic import atomic_write_bytes
 from indextts_train.config import GPTConfig
+from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
 from indextts_train.model import Batch
-
-CONDITION_LATENTS = 32  # the perceiver always yields 32 conditioning latents
 
 # Canonical name -> manifest field, per form.
 PAIRED_FIELDS = {
@@ -322,15 +322,28 @@ def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: 
 # Dataset, collate
 
 
+def manifest_paths(values: Sequence[str | Path]) -> list[Path]:
+    """Community manifests may carry a '::lang' suffix (a language hint); the path is what we need."""
+    paths = []
+    for value in map(str, values):
+        path = value.rsplit("::", 1)[0] if "::" in value else value
+        paths.append(Path(path).expanduser())
+    return paths
+
+
 class ManifestDataset(Dataset):
     """One example per indexed line, as int64/float32 tensors.
 
-    `model_dim`, when given, also checks that condition/emo_vec were made for this model.
+    `model_dim`, when given, also checks that condition/emo_vec were made for this model;
+    `text_vocab` / `mel_codes`, that every id fits the embedding it indexes (naming the line).
     """
 
-    def __init__(self, index: ManifestIndex, *, model_dim: int | None = None) -> None:
+    def __init__(self, index: ManifestIndex, *, model_dim: int | None = None, text_vocab: int | None = None,
+                 mel_codes: int | None = None) -> None:
         self.index = index
         self.model_dim = model_dim
+        self.text_vocab = text_vocab
+        self.mel_codes = mel_codes
 
     def __len__(self) -> int:
         return len(self.index)
@@ -342,6 +355,8 @@ class ManifestDataset(Dataset):
         code_len = int(self.index.code_lengths[i])
         arrays = _load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
                               max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
+        check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
+                  fields, record["_source"])
         return {
             "text_ids": torch.from_numpy(arrays["text_ids"].astype(np.int64)),  # (T_b,)
             "codes": torch.from_numpy(arrays["codes"].astype(np.int64)),  # (M_b,)
@@ -492,14 +507,22 @@ def _check_speakers(obj: dict, where: str) -> None:
                         "with a prompt of the same speaker")
 
 
-def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str) -> None:
+def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
+              fields: dict, where: str) -> None:
+    """The one id-range check (check-data, training, evaluate): ids the embedding lookups can take."""
+    _check_id_range(text_ids, text_vocab, fields["text_ids"], "text vocabulary size", where,
+                    "pass the --tokenizer the data was made with")
+    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
+                    "the codes were made for another codec or config")
+
+
+def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
     if limit is None or not len(ids):
         return
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= limit:
         bad = low if low < 0 else high
-        raise UserError(f"{where}: {what} holds id {bad}, outside [0, {limit}) ({limit_key}); "
-                        "the tokenizer/codec does not match the config")
+        raise UserError(f"{where}: {what} holds id {bad}, outside [0, {limit}) ({limit_key}); {hint}")
 
 
 def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
@@ -511,9 +534,7 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
     arrays = _load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
                           max_mel=limits.max_mel, model_dim=limits.model_dim)
     text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
-    _check_id_range(text_ids, limits.text_vocab, fields["text_ids"], "text vocabulary size", where)
-    _check_id_range(arrays["codes"][:code_len], limits.mel_codes, fields["codes"], "gpt.number_mel_codes",
-                    where)
+    check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where)
     stats.text_lengths.append(text_len)
     stats.code_lengths.append(code_len)
     speaker = obj.get("target_speaker", obj.get("speaker"))
@@ -637,21 +658,17 @@ def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _write_good_lines(tmp: str, report: dict, bad: set, out_dir: str) -> int:
-    written = 0
-    with open(tmp, "wb") as handle:
-        for path in report["files"]:
-            from_dir = os.path.dirname(os.path.abspath(path))
-            for line_no, _, raw in _iter_lines(path):
-                if (path, line_no) in bad:
-                    continue
-                if from_dir != out_dir:
-                    raw = _relocated_line(raw, from_dir, out_dir)
-                handle.write(raw if raw.endswith(b"\n") else raw + b"\n")
-                written += 1
-        handle.flush()
-        os.fsync(handle.fileno())
-    return written
+def _good_lines(report: dict, bad: set, out_dir: str) -> list[bytes]:
+    lines = []
+    for path in report["files"]:
+        from_dir = os.path.dirname(os.path.abspath(path))
+        for line_no, _, raw in _iter_lines(path):
+            if (path, line_no) in bad:
+                continue
+            if from_dir != out_dir:
+                raw = _relocated_line(raw, from_dir, out_dir)
+            lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    return lines
 
 
 def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Path, *,
@@ -668,13 +685,10 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
         raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
     bad = {(path, line) for path, line in report["bad_lines"]}
     out_dir = os.path.dirname(os.path.abspath(out_path))
-    tmp = out + ".tmp"
+    lines = _good_lines(report, bad, out_dir)
     try:
-        written = _write_good_lines(tmp, report, bad, out_dir)
+        atomic_write_bytes(Path(out), b"".join(lines))  # never a half-written manifest under the final name
     except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
-    os.replace(tmp, out)  # a crash never leaves a half-written manifest under the final name
-    return written
+    return len(lines)
 

@@ -8,11 +8,11 @@ for IndexTTS2. Rerunning it resumes (`--resume auto`), like any run.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 
+from indextts_train.atomic import atomic_write, atomic_write_bytes
 from indextts_train.config import load_config
 from indextts_train.errors import UserError
 from indextts_train.export import export_checkpoint
@@ -28,9 +28,7 @@ def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = UnifiedVoiceGPT(gpt)
     state = full_state_dict(model, init_carried(gpt, torch.Generator().manual_seed(seed)))
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    atomic_write(path, lambda handle: torch.save(state, handle))
 
 
 def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto") -> int:
@@ -41,7 +39,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     if not config_path.exists():
-        shutil.copyfile(TINY_CONFIG, config_path)
+        atomic_write_bytes(config_path, TINY_CONFIG.read_bytes())
     config = load_config(config_path)
     data_dir = out_dir / "data"
     paths = make_demo_dataset(data_dir, gpt_cfg=config.gpt)

@@ -17,6 +17,7 @@ import numpy as np
 import sentencepiece as spm
 
 from indextts_train.config import GPTConfig
+from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
 from indextts_train.tokenizer import (
     USER_DEFINED,
@@ -57,7 +58,6 @@ AMHARIC = [
 
 EXTRA_PIECES = 50  # the extended tokenizer has base size + 50 pieces
 N_SPEAKERS = 3
-CONDITION_LATENTS = 32  # rows of a precomputed `condition` (the perceiver's latents)
 CODES_PER_SECOND = 25  # nominal, only for the manifest's prompt_duration (the trainer does not read it)
 _FILLER = "<demo_filler_{}>"
 

@@ -7,3 +7,7 @@ its traceback. Messages name the file, line or key and say what to do.
 
 class UserError(Exception):
     """Bad input: a file, a flag, a manifest line or a checkpoint the user must fix."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint file that cannot be used: unreadable, truncated, corrupt, unsafe or unrepairable."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from indextts_train.config import Config, load_config
+from indextts_train.checkpoint import config_for
+from indextts_train.config import DEFAULT_CONFIG, Config
 from indextts_train.data import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint
@@ -38,23 +39,26 @@ def evaluate(model: UnifiedVoiceGPT, loader: Iterable[Batch], config: Config, de
     model.train(was_training)
     text_loss = sums[0] / max(sums[1], 1.0)
     mel_loss = sums[2] / max(sums[3], 1.0)
-    train = config.train
     return {"text_loss": text_loss, "mel_loss": mel_loss, "mel_top1": sums[4] / max(sums[3], 1.0),
-            "loss": train.text_loss_weight * text_loss + train.mel_loss_weight * mel_loss,
+            "loss": config.train.loss(text_loss, mel_loss),
             "samples": int(samples)}
 
 
-def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path: Path, *,
+def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path: Path | None = None, *,
                         batch_size: int = 8) -> dict:
-    """Evaluate any checkpoint (ours, community, gpt.pth) on manifests, batches in manifest order."""
-    config = load_config(config_path)
+    """Evaluate any checkpoint (ours, community, gpt.pth) on manifests, batches in manifest order.
+
+    Without `config_path`, the config stored in the checkpoint (ours), else configs/indextts2.yaml.
+    """
+    config = config_for(checkpoint, config_path, fallback=DEFAULT_CONFIG)
     trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
     config.gpt.number_text_tokens = tokens  # the checkpoint's rows decide, minus the extra row
     model = UnifiedVoiceGPT(config.gpt, dropout=0.0)
     model.load_state_dict(trained, strict=True)
     index = ManifestIndex.build(manifests, max_text_tokens=config.gpt.max_text_tokens,
                                 max_mel_tokens=config.gpt.max_mel_tokens)
-    dataset = ManifestDataset(index)
+    dataset = ManifestDataset(index, model_dim=config.gpt.model_dim, text_vocab=tokens,
+                              mel_codes=config.gpt.number_mel_codes)
     loader = make_loader(dataset, sequential_batches(range(len(index)), batch_size), num_workers=0)
     result = evaluate(model, loader, config, torch.device("cpu"))
     result.update(checkpoint=str(checkpoint), text_tokens=tokens, batch_size=batch_size)

@@ -13,21 +13,13 @@ from pathlib import Path
 import torch
 import yaml
 
-from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
-from indextts_train.config import Config, config_from_dict, gpt_to_dict, load_config
+from indextts_train.atomic import atomic_write, atomic_write_text
+from indextts_train.checkpoint import config_for, verify_checkpoint
+from indextts_train.config import Config, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.model import load_base_checkpoint, official_shapes
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _config_for(checkpoint: Path, base_config: Path | None) -> Config:
-    if base_config is not None:
-        return load_config(base_config)
-    state = load_checkpoint(checkpoint, mmap=True)  # only the stored config is read here
-    if isinstance(state, dict) and isinstance(state.get("config"), dict) and "gpt" in state["config"]:
-        return config_from_dict(state["config"], f"{checkpoint} (stored config)")
-    raise UserError(f"{checkpoint} stores no config; pass --config with the IndexTTS2 config.yaml it was trained with")
 
 
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
@@ -41,13 +33,17 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     if verdict.status == "INCOMPLETE":
         reason = verdict.reasons[0]
         raise UserError(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
-    config = _config_for(checkpoint, base_config)
+    config = config_for(checkpoint, base_config)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
     config.gpt.number_text_tokens = tokens
     merged = {**carried, **trained}
     state = {key: merged[key].to(DTYPES[dtype]) if merged[key].is_floating_point() else merged[key]
              for key in official_shapes(config.gpt)}
-    _atomic_save(state, output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write(output, lambda handle: torch.save(state, handle))
+    except OSError as exc:
+        raise UserError(f"could not write {output}: {exc.strerror or exc}") from None
     if config_out is not None:
         _write_config(config, config_out, base_config, output.name, tokenizer_name)
     return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype,
@@ -78,20 +74,4 @@ def _write_config(config: Config, config_out: Path, base_config: Path | None, gp
     data.setdefault("dataset", {})
     data["dataset"]["bpe_model"] = tokenizer_name
     config_out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = config_out.with_name(config_out.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    os.replace(tmp, config_out)
-
-
-def _atomic_save(state: dict, output: Path) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, output)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"could not write {output}: {exc.strerror or exc}") from None
+    atomic_write_text(config_out, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 import torch
 
 from indextts_train.config import GPTConfig
+from indextts_train.constants import PREFIX_LEN
 from indextts_train.errors import UserError
 
 GIB = 1024**3
-PREFIX_POSITIONS = 34  # 32 conditioning latents + 2 speed rows (reference rule 4)
 CUDA_RESERVE_BYTES = 1 * GIB
 TRAINED_STATE_BYTES_PER_PARAM = 16  # fp32 weight, fp32 grad, two fp32 AdamW moments
 DDP_BUCKET_BYTES_PER_PARAM = 4  # DDP's flat gradient buckets duplicate the fp32 grads
@@ -133,7 +133,7 @@ def detect_device(local_rank: int = 0) -> DeviceInfo:
 
 def max_sequence_positions(cfg: GPTConfig) -> int:
     """Trunk positions at the longest sample: prefix + [start]+text+[stop] + [start]+codes+[stop]."""
-    return PREFIX_POSITIONS + (cfg.max_text_tokens + 2) + (cfg.max_mel_tokens + 2)
+    return PREFIX_LEN + (cfg.max_text_tokens + 2) + (cfg.max_mel_tokens + 2)
 
 
 def trained_parameter_count(cfg: GPTConfig) -> int:

@@ -26,10 +26,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from indextts_train.config import ConditionModuleConfig, GPTConfig
+from indextts_train.constants import CONDITION_LATENTS, PREFIX_LEN, TEXT_ROW_KEYS, WRAPPER_PREFIXES
 from indextts_train.errors import UserError
 
-CONDITION_LATENTS = 32  # perceiver latents = rows of a precomputed `condition`
-PREFIX_LEN = CONDITION_LATENTS + 2  # plus the two speed rows
 # Sizes UnifiedVoice hard-codes rather than reading from the config.
 CONFORMER_INPUT_SIZE = 1024
 CONFORMER_KERNEL = 15
@@ -37,7 +36,6 @@ EMO_PERCEIVER_DIM = 1024
 PERCEIVER_DIM_HEAD = 64
 PERCEIVER_DEPTH = 2
 PE_MAX_LEN = 5000
-TEXT_ROW_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 TRAINED_PREFIXES = (
     "text_embedding.", "mel_embedding.", "text_pos_embedding.", "mel_pos_embedding.", "gpt.",
     "final_norm.", "text_head.", "mel_head.", "speed_emb.",
@@ -492,14 +490,31 @@ def _read_state(path: Path) -> dict[str, Tensor]:
     return dict(obj)
 
 
-def _fork_key_cleanup(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Drop inference aliases and LoRA adapters, unwrap LoRA base layers (as the fork's build_model)."""
-    out = {}
-    for key, value in state.items():
-        if key.startswith("inference_model.") or key == "gpt.wte.weight" or ".lora_" in key:
-            continue
-        out[key.replace(".base_layer.", ".")] = value
-    return out
+@dataclass
+class CleanedKeys:
+    """Weights under the official gpt.pth names, and what was done to get there."""
+
+    state: dict[str, Tensor]
+    aliases: list[str]  # inference_model.* / gpt.wte.weight: duplicates of stored tensors, dropped
+    lora: list[str]  # LoRA adapter tensors, dropped; callers that would lose training refuse them
+
+
+def clean_keys(state: Mapping[str, Tensor]) -> CleanedKeys:
+    """The one key cleanup for community, DDP and compiled weights (repair and --base-checkpoint).
+
+    Strips `module.` / `_orig_mod.` wrappers, drops IndexTTS2's inference aliases and LoRA adapters,
+    and renames LoRA base layers back (`.base_layer.`), as the community fork's build_model does.
+    """
+    for prefix in WRAPPER_PREFIXES:
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    aliases = [k for k in state if k.startswith("inference_model.") or k == "gpt.wte.weight"]
+    lora = [k for k in state if ".lora_" in k]
+    dropped = set(aliases) | set(lora)
+    out = {k.replace(".base_layer.", "."): v for k, v in state.items() if k not in dropped}
+    if len(out) != len(state) - len(dropped):
+        raise UserError("two weight keys map to the same official name after removing '.base_layer.'")
+    return CleanedKeys(out, aliases, lora)
 
 
 def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
@@ -533,7 +548,7 @@ def load_base_checkpoint(
     the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
     """
     path = Path(path)
-    state = _fork_key_cleanup(_read_state(path))
+    state = clean_keys(_read_state(path)).state
     problems = _layout_problems(state, cfg)
     if problems:
         raise UserError(

@@ -16,60 +16,49 @@ from typing import Any
 
 import torch
 
+from indextts_train.atomic import link_or_copy
 from indextts_train.checkpoint import (
+    CheckpointError,
+    failure_reason,
+    load_checkpoint,
+    same_file,
+    verify_checkpoint,
+    write_state,
+)
+from indextts_train.config import TrainConfig
+from indextts_train.errors import UserError
+from indextts_train.model import clean_keys
+from indextts_train.schema import field_types, is_int
+from indextts_train.state import (
     FORMAT,
     FORMAT_VERSION,
     OPTIMIZER_SET,
-    PROGRESS_KEYS,
-    CheckpointError,
-    atomic_write,
-    failure_reason,
-    history_problem,
-    is_int,
-    link_or_copy,
-    load_checkpoint,
+    History,
+    Progress,
     optimizer_params,
     optimizer_problems,
-    resume_problems,
     rng_problem,
-    same_file,
     seeded_rng,
-    verify_checkpoint,
+    validate,
 )
-from indextts_train.config import TrainConfig
 
 # Persistent buffers of UnifiedVoice (tests/data/reference keys json): in the state dict, never in an optimizer.
 _BUFFER_SUFFIXES = (".pos_enc.pe",)
-# Aliases that IndexTTS2's post_init_gpt2_config() adds; they duplicate tensors already stored.
-_ALIAS_PREFIXES = ("inference_model.",)
-_ALIAS_KEYS = ("gpt.wte.weight",)
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
-
-
-def _strip_wrappers(model: dict) -> dict:
-    for prefix in _WRAPPER_PREFIXES:
-        if all(k.startswith(prefix) for k in model):
-            model = {k[len(prefix):]: v for k, v in model.items()}
-    return model
 
 
 def _official_weights(model: dict, notes: list[str]) -> dict:
     """Community key spellings -> the official gpt.pth layout, float32."""
-    model = _strip_wrappers(model)
-    lora = [k for k in model if ".lora_" in k]
-    if lora:
-        raise CheckpointError(f"it holds LoRA adapter tensors ({lora[0]}, ...); merge the adapters into the "
+    try:
+        cleaned = clean_keys(model)
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
+    if cleaned.lora:
+        raise CheckpointError(f"it holds LoRA adapter tensors ({cleaned.lora[0]}, ...); merge the adapters into the "
                               "base weights first, dropping them would lose their training")
-    aliases = {k for k in model if k.startswith(_ALIAS_PREFIXES) or k in _ALIAS_KEYS}
-    if aliases:
-        notes.append(f"dropped {len(aliases)} alias keys (inference_model.*, gpt.wte.weight) that "
+    if cleaned.aliases:
+        notes.append(f"dropped {len(cleaned.aliases)} alias keys (inference_model.*, gpt.wte.weight) that "
                      "duplicate stored tensors")
-    mapped: dict = {}
-    for key, value in model.items():
-        if key not in aliases:
-            mapped[key.replace(".base_layer.", ".")] = value
-    if len(mapped) != len(model) - len(aliases):
-        raise CheckpointError("two weight keys map to the same official name after removing '.base_layer.'")
+    mapped = cleaned.state
     if "text_embedding.weight" not in mapped:
         raise CheckpointError("it has no text_embedding.weight, so it is not an IndexTTS2 GPT state dict")
     low = [k for k, v in mapped.items() if v.is_floating_point() and v.dtype != torch.float32]
@@ -136,7 +125,7 @@ def _repair_progress(state: dict, config: dict | None, unknown: list[str], notes
     scheduler_step = state["scheduler"].get("last_epoch") if isinstance(state.get("scheduler"), dict) else None
     defaults = {"sampler_seed": (config or {}).get("train", {}).get("seed", TrainConfig().seed), "world_size": 1}
     progress = {}
-    for key in PROGRESS_KEYS:
+    for key in field_types(Progress):
         value = stored.get(key)
         if key == "step" and not is_int(value) and is_int(scheduler_step):
             value = scheduler_step  # LambdaLR steps once per optimizer step
@@ -160,8 +149,8 @@ def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: li
         unknown.append("rng")
         notes.append(f"RNG states were not saved: fresh states seeded with {seed} (dropout draws differ "
                      "from the original run)")
-    if history_problem(state.get("history")):
-        state["history"] = {"train": [], "val": [], "best_val_loss": None}
+    if History.problems(state.get("history")):
+        state["history"] = History().state_dict()
         unknown.append("history")
     # hparams stay empty when unknown: the trainer then applies its current settings (LR, decay).
     for key, derived in (("config", config), ("hparams", None)):
@@ -223,7 +212,7 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
         state, notes = _repaired_state(raw, verdict.kind, config)
     except CheckpointError as exc:
         raise CheckpointError(f"cannot repair {path}: {exc}") from None
-    problems = resume_problems(state)
+    problems = validate(state)
     if problems:
         raise CheckpointError(f"cannot repair {path}: {'; '.join(problems)}")
     target = Path(out) if out is not None else path
@@ -234,7 +223,7 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
             backup = _backup_path(path)
             link_or_copy(path, backup)  # the original inode keeps its bytes: the rename below makes a new one
             notes.append(f"original kept as {backup}")
-        atomic_write(state, target, step=-1)
+        write_state(state, target, step=-1)
     except (OSError, RuntimeError) as exc:
         raise CheckpointError(f"could not write {target}: {failure_reason(exc)}; {path} is unchanged") from exc
     return target, notes

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from indextts_train.atomic import atomic_write_bytes, atomic_write_text
 from indextts_train.errors import UserError
 
 # SentencePiece.Type
@@ -235,26 +236,13 @@ def vocab_text(model: SpmModel) -> str:
     return "".join(f"{p.text}\t{p.score:g}\n" for p in model.pieces)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_model(model: SpmModel, path: Path) -> Path:
     """Write `path` (.model) and the .vocab beside it, each atomically; returns the .vocab path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     vocab = path.with_suffix(".vocab")
-    _atomic_write(path, model.to_bytes())
-    _atomic_write(vocab, vocab_text(model).encode("utf-8"))
+    atomic_write_bytes(path, model.to_bytes())
+    atomic_write_text(vocab, vocab_text(model))
     return vocab
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from indextts_train.constants import TEXT_ROW_KEYS
 from indextts_train.errors import UserError
-from indextts_train.model import TEXT_ROW_KEYS, UnifiedVoiceGPT
+from indextts_train.model import UnifiedVoiceGPT
 
 NEW_ROW_NOISE = 0.01  # noise std of a new row, as a fraction of the base rows' per-column std
 

@@ -15,6 +15,7 @@ from helpers import community_state, names, trained
 
 from indextts_train import checkpoint as ckpt
 from indextts_train.checkpoint import CheckpointError, CheckpointSaveError
+from indextts_train.state import capture_rng, restore_rng
 
 
 def make_state(step: int = 1) -> dict:
@@ -26,8 +27,9 @@ def make_state(step: int = 1) -> dict:
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": {"step": step, "epoch": 0, "samples_in_epoch": 4 * step, "samples_total": 4 * step,
                      "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1},
-        "rng": [ckpt.capture_rng()],
-        "history": {"train": [{"step": step, "loss": 1.5}], "val": [], "best_val_loss": None},
+        "rng": [capture_rng()],
+        "history": {"train": [{"step": step, "loss": 1.5}], "val": [], "best_val_loss": None,
+                    "best_val_step": None},
         "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
         "vocab_plan": {"base_tokens": 10, "tokens": 12, "freeze_base": True},
         "hardware": {"device": "cpu"}, "created": "2025-01-01T00:00:00",
@@ -107,14 +109,14 @@ def test_stale_temp_files_are_removed_by_the_next_save(tmp_path: Path) -> None:
     assert names(tmp_path) == {"model_step1.pth", "latest.pth", ".model_step5.pth.tmp-notes", "notes.txt"}
 
 
-def enospc_writer(state: dict, path: Path, step: int) -> None:
-    path.write_bytes(b"PK\x03\x04 partial")
+def enospc_writer(state: dict, handle) -> None:
+    handle.write(b"PK\x03\x04 partial")
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def enospc_inside_torch(state: dict, path: Path, step: int) -> None:
+def enospc_inside_torch(state: dict, handle) -> None:
     """torch.save reports a failed write as a RuntimeError raised while handling the OSError."""
-    path.write_bytes(b"PK\x03\x04 partial")
+    handle.write(b"PK\x03\x04 partial")
     try:
         raise OSError(errno.ENOSPC, "No space left on device")
     except OSError:
@@ -126,9 +128,10 @@ def test_disk_full_leaves_previous_checkpoint_and_latest(tmp_path: Path, monkeyp
                                                           writer) -> None:
     save_steps(tmp_path, [1])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    monkeypatch.setattr(ckpt, "_write_and_sync", writer)
+    state = make_state(2)
+    monkeypatch.setattr(torch, "save", writer)  # the write itself fails, inside atomic_write
     with pytest.raises(CheckpointSaveError) as info:
-        ckpt.save_checkpoint(make_state(2), tmp_path, 2, keep=3)
+        ckpt.save_checkpoint(state, tmp_path, 2, keep=3)
     message = str(info.value)
     assert "could not save checkpoint step 2" in message and "disk full" in message
     assert "model_step1.pth is intact" in message and "\n" not in message
@@ -260,7 +263,7 @@ def test_verify_names_what_a_resume_lacks(tmp_path: Path) -> None:
     torch.save(state, path)
     verdict = ckpt.verify_checkpoint(path)
     assert verdict.status == "PARTIAL" and verdict.reasons == ["missing rng (needed for an exact resume)"]
-    state["rng"] = [ckpt.capture_rng()]
+    state["rng"] = [capture_rng()]
     torch.save(state, path)
     assert ckpt.verify_checkpoint(path).reasons == ["progress: samples_in_epoch missing or not a non-negative int"]
 
@@ -277,10 +280,10 @@ def test_rng_round_trip_through_a_weights_only_file(tmp_path: Path) -> None:
     np.random.seed(2)
     torch.manual_seed(3)
     np.random.randn()  # leaves a cached gaussian in numpy's state
-    torch.save(ckpt.capture_rng(), tmp_path / "rng.pth")
+    torch.save(capture_rng(), tmp_path / "rng.pth")
     expected = draws()
     state = torch.load(tmp_path / "rng.pth", weights_only=True)
-    ckpt.restore_rng(state)
+    restore_rng(state)
     assert draws() == expected
     with pytest.raises(CheckpointError, match="RNG state is malformed"):
-        ckpt.restore_rng({**state, "numpy": {"bit_generator": "PCG64"}})
+        restore_rng({**state, "numpy": {"bit_generator": "PCG64"}})

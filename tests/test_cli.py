@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from indextts_train.demo_data import AMHARIC, ENGLISH
 from indextts_train.model import trained_keys
 from indextts_train.train import TrainOptions, train
 
+TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -461,6 +463,23 @@ def test_evaluate_refusals(files, tiny_data, tmp_path, case) -> None:
     assert snapshot(files["folder"]) == before
 
 
+def test_evaluate_uses_the_config_stored_in_the_checkpoint(complete, tiny_data, tmp_path) -> None:
+    stored = cli("evaluate", "--checkpoint", complete, "--manifest", tiny_data["val"], "--json")
+    assert stored.exit_code == 0, stored.output
+    given = cli("evaluate", "--checkpoint", complete, "--manifest", tiny_data["val"], "--config", TINY_CONFIG,
+                "--json")
+    assert json.loads(stored.stdout)["loss"] == json.loads(given.stdout)["loss"]
+    small = tmp_path / "small.yaml"  # a vocabulary smaller than the manifest's ids: one short line, no IndexError
+    small.write_text(TINY_CONFIG.read_text().replace("number_text_tokens: 100", "number_text_tokens: 20"))
+    bare = tmp_path / "gpt20.pth"
+    weights = torch.load(tiny_data["base"], weights_only=True)
+    torch.save({k: v[:21] if k in TRAINED_TEXT_KEYS else v for k, v in weights.items()}, bare)
+    result = cli("evaluate", "--checkpoint", bare, "--manifest", tiny_data["val"], "--config", small)
+    assert result.exit_code == 2
+    line = error_line(result.stderr, "val.jsonl:", "outside [0, 20)", "--tokenizer")
+    assert len(line) < 300
+
+
 # ----------------------------------------------------------------------------- hardware
 
 
@@ -565,3 +584,24 @@ def test_community_script_shim_help_lists_train_flags() -> None:
     assert proc.returncode == 0, proc.stderr
     for flag in ("--train-manifest", "--val-manifest", "--tokenizer", "--base-checkpoint", "--resume"):
         assert flag in proc.stdout, flag
+
+
+def test_train_help_at_80_columns_shows_every_flag_whole_with_its_default() -> None:
+    from indextts_train.cli import train_parameters
+
+    proc = subprocess.run([sys.executable, "-m", "indextts_train", "train", "--help"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "80", "TERM": "dumb"})
+    assert proc.returncode == 0, proc.stderr
+    assert max(map(len, proc.stdout.splitlines())) <= 80
+    text = " ".join(proc.stdout.split())  # help text wraps; flag names must not
+    for parameter in train_parameters():
+        info = parameter.annotation.__metadata__[0]
+        # In Annotated form Typer keeps the first declaration in `default`.
+        decls = [d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--")]
+        flags = [name for decl in decls or [f"--{parameter.name.replace('_', '-')}"] for name in decl.split("/")]
+        for flag in flags:
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", proc.stdout), flag
+        if parameter.default is None and "from --config" not in info.help:  # optional inputs say what omitting does
+            assert "Omit" in info.help or "omitted" in info.help or parameter.name == "val_manifests", parameter.name
+    for name in ("epochs", "learning_rate", "keep_checkpoints", "grad_accumulation"):
+        assert f"[default: train.{name} from --config, else" in text, name

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from indextts_train.config import config_to_dict, load_config
+from indextts_train.config import OFFICIAL_SECTIONS, TrainOptions, config_to_dict, load_config
 from indextts_train.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,5 +55,43 @@ def test_bad_files_give_one_clear_line(tmp_path) -> None:
         load_config(write(tmp_path, {"train": {}}))
     with pytest.raises(UserError, match="not divisible"):
         load_config(write(tmp_path, {"gpt": {"model_dim": 65, "heads": 4}}))
-    with pytest.raises(UserError, match="train.learning_rate must be > 0"):
+    with pytest.raises(UserError, match=r"train\.learning_rate \(--learning-rate\) must be > 0"):
         load_config(write(tmp_path, {"gpt": {}, "train": {"learning_rate": 0}}))
+
+
+def test_misspelled_section_is_refused_and_official_sections_are_kept(tmp_path) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data["trian"] = data.pop("train")
+    with pytest.raises(UserError, match=r"unknown top-level key\(s\) trian; ours are gpt, train"):
+        load_config(write(tmp_path, data))
+    official = yaml.safe_load(REFERENCE_CONFIG.read_text())
+    official.update(OFFICIAL := dict.fromkeys(OFFICIAL_SECTIONS, {}))  # every IndexTTS2 section we do not read
+    assert set(OFFICIAL) >= {"dataset", "s2mel", "vocoder", "version"}
+    load_config(write(tmp_path, official))
+
+
+@pytest.mark.parametrize(("section", "key", "value", "expected"), [
+    ("train", "epochs", "twenty", r"train\.epochs: expected int, got 'twenty'"),
+    ("train", "learning_rate", "fast", r"train\.learning_rate: expected float, got 'fast'"),
+    ("train", "freeze_base_vocab", "yes", r"train\.freeze_base_vocab: expected bool, got 'yes'"),
+    ("gpt", "layers", 2.5, r"gpt\.layers: expected int, got 2\.5"),
+])
+def test_wrong_types_name_the_key_and_the_expected_type(tmp_path, section, key, value, expected) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data[section][key] = value
+    with pytest.raises(UserError, match=expected) as info:
+        load_config(write(tmp_path, data))
+    assert "\n" not in str(info.value)
+
+
+def test_flags_override_the_train_section_and_are_revalidated() -> None:
+    options = TrainOptions(train_manifests=["t.jsonl"], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
+                           epochs=3, learning_rate=None)
+    assert options.overrides == {"epochs": 3}  # None: not given, the config decides
+    config = options.load_config()
+    assert config.train.epochs == 3 and config.train.learning_rate == 3e-3
+    with pytest.raises(TypeError, match="unknown option"):
+        TrainOptions(train_manifests=[], output_dir=Path("out"), epoch=3)
+    with pytest.raises(UserError, match=r"--log-interval\) must be > 0"):
+        TrainOptions(train_manifests=[], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
+                     log_interval=0).load_config()

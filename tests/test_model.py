@@ -280,3 +280,13 @@ def test_unreadable_or_absent_checkpoint_is_a_user_error_naming_the_path(cfg, tm
         path.write_bytes(content)
     with pytest.raises(UserError, match=str(path)):
         load_base_checkpoint(path, cfg)
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod."])
+def test_ddp_and_compiled_prefixes_load_as_base_checkpoint(cfg, reference_sd, tmp_path, prefix):
+    """The same key cleanup as `repair` (model.clean_keys): wrapped weights are usable as --base-checkpoint."""
+    path = tmp_path / "wrapped.pth"
+    torch.save({f"{prefix}{k}": v for k, v in reference_sd.items()}, path)
+    trained, carried, _ = load_base_checkpoint(path, cfg)
+    assert {**trained, **carried}.keys() == reference_sd.keys()
+    assert all(torch.equal(trained[k], reference_sd[k]) for k in trained)

@@ -71,7 +71,7 @@ def test_base_rows_stay_bit_identical_with_weight_decay(tiny_data, tmp_path) -> 
 def test_unfreeze_flag_trains_base_rows(tiny_data, tmp_path) -> None:
     base = torch.load(tiny_data["base"], weights_only=True)
     out = tmp_path / "run"
-    assert train(options(tiny_data, out, config=grown_config(tmp_path), unfreeze_base_vocab=True, max_steps=4)) == 0
+    assert train(options(tiny_data, out, config=grown_config(tmp_path), freeze_base_vocab=False, max_steps=4)) == 0
     model = load_checkpoint(out / "latest.pth")["model"]
     assert not torch.equal(model["text_embedding.weight"][:100], base["text_embedding.weight"][:100])
 
@@ -146,7 +146,8 @@ def test_out_of_vocabulary_ids_name_the_manifest_line(tiny_data, tmp_path) -> No
     small = grown_config(tmp_path, tokens=100)
     text = small.read_text().replace("number_text_tokens: 100", "number_text_tokens: 50")
     small.write_text(text)
-    with pytest.raises(UserError, match=r"train\.jsonl:\d+: text id \d+ is outside the vocabulary"):
+    message = r"train\.jsonl:\d+: target_text_ids_path holds id \d+, outside \[0, 50\) .*; pass the --tokenizer"
+    with pytest.raises(UserError, match=message):
         train(options(tiny_data, tmp_path / "run", config=small, base_checkpoint=None, max_steps=2))
 
 

@@ -1,0 +1,75 @@
+"""The one way this project writes a file: temp name, fsync, rename, fsync the directory.
+
+Every writer (checkpoints, export, demo, clean manifests, tokenizers, configs) goes through
+`atomic_write`, so a crash or a full disk never leaves a half file under a final name and a
+published name survives a power cut.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+Writer = Callable[[BinaryIO], None]
+
+
+def temp_name(final: Path) -> Path:
+    """`.NAME.tmp-PID` beside `final`: hidden, and never mistaken for a finished file."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename durable. Some filesystems cannot fsync a directory; the rename is still atomic there."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_write(final: Path, write: Writer, *, before_rename: Callable[[], None] | None = None) -> None:
+    """Call `write(handle)` on a temp file, fsync, rename over `final`, fsync the directory.
+
+    `before_rename` runs with the temp file complete on disk (crash tests hook in there). On any
+    failure the temp file is removed and `final` is untouched.
+    """
+    final = Path(final)
+    tmp = temp_name(final)
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)
+
+
+def atomic_write_bytes(final: Path, data: bytes) -> None:
+    atomic_write(final, lambda handle: handle.write(data))
+
+
+def atomic_write_text(final: Path, text: str) -> None:
+    atomic_write_bytes(final, text.encode("utf-8"))
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    """`dest` becomes a complete copy of `source`: a hard link, or a synced copy where links fail."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        with open(source, "rb") as src, open(dest, "wb") as dst:
+            shutil.copyfileobj(src, dst, 16 * 2**20)
+            dst.flush()
+            os.fsync(dst.fileno())

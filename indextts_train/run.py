@@ -1,0 +1,269 @@
+"""Setting up a run: config, hardware plan, data, model, the optimizer set, and what to resume from.
+
+`setup(options, dist)` returns a `Run`, everything the loop in train.py needs, built once. Model
+building may draw random numbers, so the RNG of the run (fresh seed or the checkpoint's) is put in
+place last, by `Run.start_rng`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from indextts_train.config import Config, TrainConfig, TrainOptions, config_to_dict
+from indextts_train.console import RunLogger
+from indextts_train.data import ManifestDataset, ManifestIndex, manifest_paths
+from indextts_train.distributed import DistInfo, gather_to_main
+from indextts_train.errors import UserError
+from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
+from indextts_train.model import UnifiedVoiceGPT, full_state_dict, init_carried, load_base_checkpoint
+from indextts_train.optim import OptimizerSet
+from indextts_train.resume import (
+    remembered_oom_plan,
+    report_changed_hparams,
+    restore_rng_for_rank,
+    seed_everything,
+    select_checkpoint,
+)
+from indextts_train.state import History, Progress, TrainingState, capture_rng
+from indextts_train.steps import LossModule
+from indextts_train.vocab import RowFreezer, VocabPlan, resize_text_rows, tokenizer_size
+
+Autocast = Callable[[], contextlib.AbstractContextManager]
+
+
+@dataclass
+class Schedule:
+    """How many optimizer steps the run has: full epochs of the data, cut at max_steps."""
+
+    samples: int
+    epochs: int
+    max_steps: int
+    source: Path  # the first training manifest, for messages
+
+    def steps_per_epoch(self, effective_batch: int) -> int:
+        steps = self.samples // effective_batch  # the tail short of a step is dropped
+        if steps == 0:
+            raise UserError(f"{self.source}: {self.samples} usable samples is fewer than one effective batch "
+                            f"({effective_batch}); lower --batch-size/--grad-accumulation")
+        return steps
+
+    def total_steps(self, effective_batch: int) -> int:
+        total = self.epochs * self.steps_per_epoch(effective_batch)
+        return min(total, self.max_steps) if self.max_steps else total
+
+
+def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
+    """A context factory: autocast in the plan's dtype (HardwarePlan.amp_dtype), or nothing in fp32."""
+    if plan.amp_dtype is None:
+        return contextlib.nullcontext
+    dtype = getattr(torch, plan.amp_dtype)
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass
+class Weights:
+    """The model and the carried (untrained) encoder tensors: the checkpoint's `model`, official layout."""
+
+    model: UnifiedVoiceGPT
+    carried: dict[str, Tensor]
+    vocab_plan: VocabPlan
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return full_state_dict(self.model, self.carried)
+
+
+@dataclass
+class Run:
+    """Everything the loop needs, built by `setup`."""
+
+    options: TrainOptions
+    config: Config
+    dist: DistInfo
+    device: torch.device
+    plan: HardwarePlan
+    schedule: Schedule
+    weights: Weights
+    optim: OptimizerSet
+    progress: Progress
+    history: History
+    dataset: ManifestDataset
+    val_dataset: ManifestDataset | None
+    log: RunLogger
+    resumed: dict | None  # the checkpoint resumed from (until start_rng has used its RNG states)
+    wrapped: nn.Module | None = None  # the loss module, DDP-wrapped under torchrun
+    freezer: RowFreezer | None = None
+
+    @property
+    def model(self) -> UnifiedVoiceGPT:
+        return self.weights.model
+
+    @property
+    def total_steps(self) -> int:
+        return self.schedule.total_steps(self.plan.effective_batch)
+
+    @property
+    def autocast(self) -> Autocast:
+        return autocast_for(self.plan, self.device)
+
+    def hparams(self) -> dict:
+        """The settings in effect: every `train:` field plus the plan's batch layout and precision."""
+        plan = self.plan
+        return {**config_to_dict(self.config)["train"], "total_steps": self.total_steps,
+                "effective_batch": plan.effective_batch, "micro_batch": plan.micro_batch,
+                "grad_accumulation": plan.grad_accumulation, "world_size": plan.world_size, "precision": plan.precision}
+
+    def training_state(self) -> TrainingState:
+        self.progress.micro_batch = self.plan.micro_batch
+        self.progress.grad_accumulation = self.plan.grad_accumulation
+        self.progress.world_size = self.plan.world_size
+        return TrainingState(
+            weights=self.weights, optimizer_set=self.optim, progress=self.progress, history=self.history,
+            info={"hparams": self.hparams(), "config": config_to_dict(self.config),
+                  "vocab_plan": self.weights.vocab_plan.to_dict(), "hardware": self.plan.to_dict(),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+    def checkpoint_state(self) -> dict | None:
+        """The checkpoint dict on rank 0; other ranks send their RNG state and get None."""
+        rng = gather_to_main(capture_rng(), self.dist)
+        return self.training_state().state_dict(rng) if self.dist.is_main else None
+
+    def start_rng(self) -> None:
+        """Last step of setup: the checkpoint's RNG streams, or fresh ones from the seed."""
+        restore_rng_for_rank(self.resumed, self.dist, self.config.train.seed, self.log)
+        self.resumed = None
+
+
+def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:
+    train = config.train
+    device_info = detect_device(dist.local_rank)
+    plan = choose_plan(device_info, config.gpt, effective_batch=train.effective_batch_size,
+                       batch_size=train.batch_size, grad_accumulation=train.grad_accumulation,
+                       num_workers=train.num_workers, amp=options.amp,
+                       activation_checkpointing=train.activation_checkpointing, world_size=dist.world_size)
+    if plan.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return plan, torch.device(f"cuda:{dist.local_rank}" if device_info.kind == "cuda" else "cpu")
+
+
+def _index(manifests: list[str], options: TrainOptions, config: Config) -> ManifestIndex:
+    return ManifestIndex.build(manifest_paths(manifests), skip_bad=options.skip_bad_lines,
+                               max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens)
+
+
+def _dataset(index: ManifestIndex, config: Config) -> ManifestDataset:
+    gpt = config.gpt
+    return ManifestDataset(index, model_dim=gpt.model_dim, text_vocab=gpt.number_text_tokens,
+                           mel_codes=gpt.number_mel_codes)
+
+
+def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> UnifiedVoiceGPT:
+    train = config.train
+    model = UnifiedVoiceGPT(config.gpt, dropout=train.dropout, activation_checkpointing=train.activation_checkpointing)
+    if trained is not None:
+        model.load_state_dict(trained, strict=True)
+    return model
+
+
+def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLogger) -> Weights:
+    """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init."""
+    train = config.train
+    generator = torch.Generator().manual_seed(train.seed)
+    if options.base_checkpoint is None:
+        log.warn("no --base-checkpoint: the GPT starts from random weights (fine for the demo, "
+                 "not for fine-tuning)")
+        config.gpt.number_text_tokens = tokens
+        return Weights(_new_model(config), init_carried(config.gpt, generator),
+                       VocabPlan(tokens, tokens, train.freeze_base_vocab))
+    trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt)
+    plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab)
+    if tokens != base_tokens:
+        trained = resize_text_rows(trained, plan, generator)
+    config.gpt.number_text_tokens = tokens
+    return Weights(_new_model(config, trained), carried, plan)
+
+
+def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int) -> tuple[Weights, int]:
+    """The checkpoint's weights, text rows grown when the tokenizer grew; also the saved token count."""
+    from indextts_train.model import split_state_dict
+
+    train = config.train
+    trained, carried = split_state_dict(ckpt["model"], config.gpt)
+    saved_tokens = trained["text_embedding.weight"].shape[0] - 1
+    if tokens < saved_tokens:
+        raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
+                        f"{saved_tokens}; a vocabulary can grow between runs, not shrink")
+    if tokens != saved_tokens:
+        trained = resize_text_rows(trained, VocabPlan(saved_tokens, tokens),
+                                   torch.Generator().manual_seed(train.seed + tokens))
+    config.gpt.number_text_tokens = tokens
+    try:
+        model = _new_model(config, trained)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise UserError(f"{path} does not fit --config {config.source}: {first}") from None
+    base_tokens = ckpt["vocab_plan"]["base_tokens"]
+    return Weights(model, carried, VocabPlan(base_tokens, tokens, train.freeze_base_vocab)), saved_tokens
+
+
+def _restore(run: Run, ckpt: dict, path: Path, saved_tokens: int, train: TrainConfig) -> None:
+    """Progress, history and the optimizer set from the checkpoint (or reset, by --on-vocab-change)."""
+    tokens = run.weights.vocab_plan.tokens
+    if tokens != saved_tokens and run.options.on_vocab_change == "reset":
+        run.log.info(run.optim.vocab_change_block(saved_tokens, tokens, reset=True))
+        run.progress.sampler_seed = train.seed
+        run.resumed = None  # a reset run starts over: fresh RNG, nothing resumed
+        return
+    run.progress.load_state_dict(ckpt["progress"])
+    run.history.load_state_dict(ckpt["history"])
+    run.optim.load_from(ckpt, path, (saved_tokens, tokens), train, run.total_steps, run.log)
+    if tokens != saved_tokens:
+        run.log.info(run.optim.vocab_change_block(saved_tokens, tokens, reset=False))
+    if ckpt["hparams"]:
+        report_changed_hparams(ckpt["hparams"], run.hparams(), run.log)
+    else:
+        run.log.info("the checkpoint was repaired and records no settings: the current ones apply")
+
+
+def setup(options: TrainOptions, dist: DistInfo) -> Run:
+    """Build the run: config + flags, hardware plan, data, weights, optimizer set, resume state."""
+    config = options.load_config()
+    train = config.train
+    startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
+    plan, device = _hardware(config, options, dist)
+    startup.info(plan.describe())
+    index = _index(options.train_manifests, options, config)
+    if index.skipped:
+        startup.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
+    val_index = _index(options.val_manifests, options, config) if options.val_manifests else None
+    schedule = Schedule(len(index), train.epochs, train.max_steps, manifest_paths(options.train_manifests)[0])
+    tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
+    seed_everything(train.seed + dist.rank)
+    ckpt, path = select_checkpoint(options.output_dir, options.resume, startup)
+    if ckpt is not None and train.batch_size == 0:
+        plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup)
+    saved_tokens = tokens
+    if ckpt is None:
+        weights = fresh_weights(options, config, tokens, startup)
+    else:
+        weights, saved_tokens = resumed_weights(ckpt, path, config, tokens)
+    weights.model.to(device)
+    optim = OptimizerSet.build(weights.model, train, plan, schedule.total_steps(plan.effective_batch))
+    run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
+              History(), _dataset(index, config), _dataset(val_index, config) if val_index else None, startup, ckpt)
+    if ckpt is not None:
+        _restore(run, ckpt, path, saved_tokens, train)
+    startup.info(weights.vocab_plan.describe())
+    run.freezer = RowFreezer(weights.model, weights.vocab_plan)
+    run.wrapped = LossModule(weights.model)
+    if dist.enabled:
+        run.wrapped = nn.parallel.DistributedDataParallel(
+            run.wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+    return run

@@ -1,0 +1,93 @@
+"""Dataclasses as schemas: the one loader that rejects unknown keys and wrong types by name.
+
+Config sections (`gpt:`, `train:`) and checkpoint components (progress, history) are dataclasses;
+`build` makes one from a mapping and says which key is wrong and what it expected, in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from indextts_train.errors import UserError
+
+T = TypeVar("T")
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (True would pass as a step count otherwise)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is int:
+        return is_int(value)
+    if tp is float:
+        return is_int(value) or isinstance(value, float)
+    if tp in (typing.Any,):
+        return True
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_fits(v, a) for v, a in zip(value, get_args(tp), strict=False))
+    if origin is not None:
+        return isinstance(value, origin)
+    return isinstance(value, tp)
+
+
+def type_name(tp: Any) -> str:
+    """`int`, `float or None`, `list`: how a message names an expected type."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(type_name(arg) for arg in get_args(tp))
+    if tp is type(None):
+        return "None"
+    origin = get_origin(tp)
+    if origin is tuple:
+        return f"a list of {len(get_args(tp))} numbers"
+    return getattr(origin or tp, "__name__", str(tp))
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass (the modules use `from __future__ import annotations`)."""
+    return get_type_hints(cls)
+
+
+def type_problem(value: Any, tp: Any) -> str | None:
+    """'expected int, got 'twenty'' when `value` does not fit `tp`, else None."""
+    return None if _fits(value, tp) else f"expected {type_name(tp)}, got {value!r}"
+
+
+def build(cls: type[T], data: Any, where: str) -> T:
+    """Build dataclass `cls` from a mapping: unknown keys and wrong types are named; nested dataclasses built too."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
+    types_of = field_types(cls)
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(data) - set(known), key=str)
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known keys: {', '.join(known)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp = types_of[name]
+        if dataclasses.is_dataclass(tp):
+            value = build(tp, value, f"{where}.{name}")
+        else:
+            problem = type_problem(value, tp)
+            if problem:
+                raise UserError(f"{where}.{name}: {problem}")
+            if tp is float and is_int(value):
+                value = float(value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{where}: {exc}") from None

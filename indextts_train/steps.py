@@ -1,0 +1,124 @@
+"""One optimizer step and one validation pass, each with its CUDA out-of-memory handling.
+
+An OOM in a step clears the gradients and surfaces as `OutOfMemory`, so the loop can halve the
+micro-batch and retry the same samples; validation retries by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from indextts_train.data import ManifestDataset, ResumableBatchSampler, make_loader, sequential_batches
+from indextts_train.distributed import sum_across_ranks
+from indextts_train.evaluate import evaluate
+from indextts_train.faults import crash_point
+from indextts_train.hardware import halve_for_oom, is_oom_error
+from indextts_train.model import Batch, UnifiedVoiceGPT
+
+if TYPE_CHECKING:
+    from indextts_train.run import Run
+
+
+class LossModule(nn.Module):
+    """DDP only syncs gradients through `forward`, so the loss computation is the forward here."""
+
+    def __init__(self, model: UnifiedVoiceGPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        out = self.model.compute_losses(batch)
+        return (out.text_loss, out.mel_loss, out.text_ce_sum, out.text_count, out.mel_ce_sum,
+                out.mel_count, out.mel_correct)
+
+
+class OutOfMemory(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def micro_batches(run: Run) -> Iterator[Batch]:
+    """This rank's micro-batches from the current sample of the epoch onward.
+
+    Rebuilt only at an epoch change, a resume or an OOM retry; slicing the epoch order at
+    `samples_in_epoch` is what makes a resume cost nothing and an OOM retry see the same samples.
+    """
+    plan, progress = run.plan, run.progress
+    sampler = ResumableBatchSampler(
+        run.dataset.index.total_lengths, seed=progress.sampler_seed, epoch=progress.epoch,
+        micro_batch=plan.micro_batch, start_sample=progress.samples_in_epoch, world_size=plan.world_size,
+        rank=run.dist.rank, sort_window=run.config.train.sort_window)
+    return iter(make_loader(run.dataset, sampler, plan.num_workers, run.device.type == "cuda"))
+
+
+def _accumulate(run: Run, batches: Iterator[Batch], step: int) -> list[float]:
+    """Forward and backward over `grad_accumulation` micro-batches; sums for logging."""
+    accumulation, wrapped, autocast = run.plan.grad_accumulation, run.wrapped, run.autocast
+    sums = [0.0] * 6  # total loss, text_ce, text_count, mel_ce, mel_count, mel_correct
+    for micro in range(accumulation):
+        batch = next(batches)
+        # DDP: all-reduce gradients only on the last micro-batch of the step.
+        last = micro == accumulation - 1
+        sync = contextlib.nullcontext() if last or not run.dist.enabled else wrapped.no_sync()
+        with sync:
+            with autocast():
+                text_loss, mel_loss, *counts = wrapped(batch.to(run.device))
+                loss = run.config.train.loss(text_loss, mel_loss)
+            run.optim.scaler.scale(loss / accumulation).backward()
+        sums[0] += loss.item() / accumulation
+        crash_point("accumulation", step)
+        for i, value in enumerate(counts, start=1):
+            sums[i] += value.item()
+    return sums
+
+
+def optimizer_step(run: Run, batches: Iterator[Batch], step: int) -> list[float]:
+    """One optimizer step over the next `grad_accumulation` micro-batches.
+
+    Returns [loss, text_loss, mel_loss, mel_top1, grad_norm] for logging. A CUDA OOM surfaces as
+    `OutOfMemory` with the gradients cleared, so the caller can retry the same samples.
+    """
+    optim = run.optim
+    try:
+        sums = _accumulate(run, batches, step)
+    except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
+        if not is_oom_error(exc):
+            raise
+        optim.optimizer.zero_grad(set_to_none=True)
+        if run.device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise OutOfMemory(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    run.freezer.mask_grads()  # frozen rows: no update, and no weight in the clipping norm
+    optim.scaler.unscale_(optim.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.train.grad_clip)
+    optim.scaler.step(optim.optimizer)
+    optim.scaler.update()
+    run.freezer.restore()  # undo AdamW's decoupled decay and stale momentum on the frozen rows
+    optim.scheduler.step()
+    optim.optimizer.zero_grad(set_to_none=True)
+    if run.dist.enabled:  # log the whole effective batch, not rank 0's share
+        sums = sum_across_ranks([sums[0] / run.dist.world_size, *sums[1:]], run.dist, run.device)
+    total, text_ce, text_n, mel_ce, mel_n, mel_ok = sums
+    return [total, text_ce / max(text_n, 1.0), mel_ce / max(mel_n, 1.0), mel_ok / max(mel_n, 1.0),
+            float(grad_norm)]
+
+
+def validate(run: Run, dataset: ManifestDataset) -> dict:
+    """Validation over this rank's shard, in manifest order; an OOM halves the micro-batch and retries."""
+    shard = list(range(run.dist.rank, len(dataset), run.dist.world_size))
+    while True:
+        loader = make_loader(dataset, sequential_batches(shard, run.plan.micro_batch), run.plan.num_workers,
+                             run.device.type == "cuda")
+        try:
+            return evaluate(run.model, loader, run.config, run.device, run.dist, run.autocast)
+        except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
+            if not is_oom_error(exc):
+                raise
+            run.plan = halve_for_oom(run.plan, exc)
+            run.log.warn(f"CUDA out of memory in validation; retrying with micro-batch {run.plan.micro_batch}")
