@@ -303,6 +303,19 @@ def hardware(
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())
 
 
+@app.command()
+def webui(
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 7860,
+    share: Annotated[bool, typer.Option(help="Also publish a public gradio.live link (needs --auth).")] = False,
+    auth: Annotated[str | None, typer.Option(help="USER:PASS asked by the page (required with --share).")] = None,
+) -> None:
+    """The training page in the browser: set up, start, watch, stop, resume, export (pip install 'indextts-train[webui]')."""
+    from indextts_train.webui import serve
+
+    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth) or 0)
+
+
 def main() -> None:
     """`indextts-train` entry point."""
     app()

@@ -1,0 +1,102 @@
+"""The page's form, turned into train-gpt flags: what the user sees is exactly what runs.
+
+Hyperparameter fields are fields of the config's `train:` section (the schema the CLI's flags come
+from) and start at the config's values, i.e. the defaults the CLI would apply. Every field shown
+becomes a flag, so the command line on the page can be pasted into a terminal or tmux unchanged.
+No module here imports Gradio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from indextts_train.config import TrainConfig, load_config
+from indextts_train.errors import UserError
+from indextts_train.webui.runs import train_command
+
+# The main knobs, in the order the page shows them; everything else goes in "other flags".
+MAIN_FIELDS = (
+    "epochs", "max_steps", "effective_batch_size", "batch_size", "grad_accumulation", "num_workers",
+    "learning_rate", "weight_decay", "warmup_steps", "grad_clip", "text_loss_weight", "mel_loss_weight",
+    "log_interval", "val_interval", "save_interval", "keep_checkpoints", "seed",
+)
+AMP_CHOICES = ("auto", "on", "off")
+_TYPES = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+
+
+@dataclass
+class RunForm:
+    """The Set-up panel's values, as typed."""
+
+    train_manifests: str  # one per line; a line may carry the CLI's ::lang / @weight suffixes
+    output_dir: str
+    config: str
+    val_manifests: str = ""
+    tokenizer: str = ""
+    base_checkpoint: str = ""
+    hparams: dict[str, float | int | None] = field(default_factory=dict)
+    amp: str = "auto"
+    extra: str = ""  # any other train-gpt flags, shell-quoted
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def defaults_for(config: str) -> dict[str, float | int]:
+    """The config's train: values for the main fields: what train-gpt uses when a flag is absent."""
+    train = load_config(Path(config).expanduser()).train
+    return {name: getattr(train, name) for name in MAIN_FIELDS}
+
+
+def lines_of(text: str) -> list[str]:
+    return [line.strip() for line in (text or "").splitlines() if line.strip()]
+
+
+def _number(name: str, value: float | int) -> str:
+    if "int" in str(_TYPES[name]):
+        if float(value) != int(value):
+            raise UserError(f"{flag_name(name)} must be a whole number, got {value}")
+        return str(int(value))
+    return repr(float(value))
+
+
+def flags(form: RunForm, resume: str | None = None) -> list[str]:
+    """train-gpt flags for the form; `resume` adds --resume ('auto' or a checkpoint path)."""
+    manifests = lines_of(form.train_manifests)
+    if not manifests:
+        raise UserError("Training manifests: give at least one manifest JSONL path")
+    if not form.output_dir.strip():
+        raise UserError("Output dir: say where the run's checkpoints and logs go")
+    if not form.config.strip():
+        raise UserError("Config: give a config.yaml (configs/indextts2.yaml for the real sizes)")
+    out = [arg for path in manifests for arg in ("--train-manifest", path)]
+    out += [arg for path in lines_of(form.val_manifests) for arg in ("--val-manifest", path)]
+    out += ["--config", form.config.strip()]
+    for name in ("tokenizer", "base_checkpoint"):
+        value = getattr(form, name).strip()
+        if value:
+            out += [flag_name(name), value]
+    out += ["--output-dir", form.output_dir.strip()]
+    for name in MAIN_FIELDS:
+        value = form.hparams.get(name)
+        if value is not None:
+            out += [flag_name(name), _number(name, value)]
+    if form.amp not in AMP_CHOICES:
+        raise UserError(f"Mixed precision: choose one of {', '.join(AMP_CHOICES)}, got {form.amp!r}")
+    out += {"on": ["--amp"], "off": ["--no-amp"], "auto": []}[form.amp]
+    try:
+        out += shlex.split(form.extra or "")
+    except ValueError as exc:
+        raise UserError(f"Other flags: {exc} (quote values the way a shell would)") from None
+    if resume:
+        out += ["--resume", resume]
+    return out
+
+
+def command(form: RunForm, resume: str | None = None) -> list[str]:
+    """The whole argv the page runs."""
+    return train_command(flags(form, resume))

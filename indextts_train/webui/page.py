@@ -1,0 +1,262 @@
+"""The Gradio page: set up a run, start, watch, stop, resume, list and export checkpoints.
+
+Every button calls what the CLI calls: train-gpt (as a child process, see runs.py), check-data,
+check-tokenizer and export (as `indextts-train` commands, their output shown as printed), and the
+hardware planner and checkpoint verifier (the functions behind `hardware` and `verify`). This is the
+only module of the package that imports Gradio.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from indextts_train.config import load_config
+from indextts_train.errors import UserError
+from indextts_train.webui import form as forms
+from indextts_train.webui import records
+from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
+LOG_LINES = 40
+FORM_SIZE = 6 + len(forms.MAIN_FIELDS) + 2  # paths, numbers, amp, other flags
+TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "marks", "size_mb", "reasons"]
+
+
+class PageServer:
+    """State shared by every browser tab: the runs, and the last form started (for a reload)."""
+
+    def __init__(self) -> None:
+        self.registry = RunRegistry()
+        self.last_values: list | None = None
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def form_of(self, values: list) -> forms.RunForm:
+        train, val, tokenizer, config, base, output_dir, *rest = values
+        numbers, (amp, extra) = rest[:len(forms.MAIN_FIELDS)], rest[len(forms.MAIN_FIELDS):]
+        return forms.RunForm(train_manifests=train or "", output_dir=output_dir or "", config=config or "",
+                             val_manifests=val or "", tokenizer=tokenizer or "", base_checkpoint=base or "",
+                             hparams=dict(zip(forms.MAIN_FIELDS, numbers, strict=True)), amp=amp or "auto",
+                             extra=extra or "")
+
+    def preview(self, *values) -> str:
+        try:
+            return shell_line(forms.command(self.form_of(list(values))))
+        except UserError as exc:
+            return f"(not ready) {exc}"
+
+    def defaults(self, config: str, loaded: str) -> list:
+        """The config's train: values, once per config path (not again when a reload restores it)."""
+        if config == loaded:
+            return [gr.update() for _ in forms.MAIN_FIELDS] + [loaded]
+        try:
+            found = forms.defaults_for(config)
+        except UserError:
+            return [gr.update() for _ in forms.MAIN_FIELDS] + [loaded]
+        return [found[name] for name in forms.MAIN_FIELDS] + [config]
+
+    def run_cli(self, args: list[str]) -> str:
+        done = subprocess.run(cli_command(args), capture_output=True, text=True)
+        return f"$ {shell_line(cli_command(args))}\n{done.stdout}{done.stderr}(exit {done.returncode})"
+
+    def check_data(self, *values) -> str:
+        run = self.form_of(list(values))
+        manifests = [*forms.lines_of(run.train_manifests), *forms.lines_of(run.val_manifests)]
+        if not manifests:
+            return "Training manifests: give at least one manifest JSONL path"
+        extra = ["--config", run.config] if run.config.strip() else []
+        extra += ["--tokenizer", run.tokenizer] if run.tokenizer.strip() else []
+        return self.run_cli(["check-data", *manifests, *extra])
+
+    def check_tokenizer(self, *values) -> str:
+        run = self.form_of(list(values))
+        if not run.tokenizer.strip():
+            return "Tokenizer: give the SentencePiece .model to check"
+        try:
+            base = ["--base-vocab", str(load_config(Path(run.config)).gpt.number_text_tokens)]
+        except UserError:
+            base = []
+        return self.run_cli(["check-tokenizer", run.tokenizer, *base])
+
+    def hardware(self, *values) -> str:
+        from indextts_train.hardware import choose_plan, detect_device
+
+        run = self.form_of(list(values))
+        try:
+            gpt = load_config(Path(run.config)).gpt
+            h = {k: int(v or 0) for k, v in run.hparams.items() if k in
+                 ("effective_batch_size", "batch_size", "grad_accumulation", "num_workers")}
+            plan = choose_plan(detect_device(), gpt, effective_batch=h["effective_batch_size"],
+                               batch_size=h["batch_size"], grad_accumulation=h["grad_accumulation"],
+                               num_workers=h["num_workers"], amp={"on": True, "off": False}.get(run.amp))
+        except UserError as exc:
+            return f"error: {exc}"
+        return plan.describe()
+
+    # ---- start, stop, resume -------------------------------------------------------------------
+
+    def start(self, resume: str | None, *values) -> str:
+        try:
+            run = self.form_of(list(values))
+            launch = self.registry.start(forms.command(run, resume), Path(run.output_dir))
+        except UserError as exc:
+            return f"error: {exc}"
+        self.last_values = list(values)
+        return f"started PID {launch.pid} in {Path(run.output_dir).resolve()}; its output goes to train.log there"
+
+    def stop(self, output_dir: str) -> str:
+        try:
+            launch = self.registry.stop(Path(output_dir))
+        except UserError as exc:
+            return f"error: {exc}"
+        return f"sent SIGINT to the process group of PID {launch.pid}: it finishes the step, saves, exits 130"
+
+    def restore(self) -> list:
+        """After a reload: the form of the last run started here, so the page re-attaches to it.
+
+        The last value tells `defaults` that the restored numbers already belong to that config.
+        """
+        if self.last_values is None:
+            return [gr.update() for _ in range(FORM_SIZE + 1)]
+        return [*self.last_values, self.last_values[3]]
+
+    # ---- watch ---------------------------------------------------------------------------------
+
+    def watch(self, output_dir: str) -> tuple[str, str, str, str, str]:
+        if not (output_dir or "").strip():
+            return "no output dir", "", "", "", ""
+        launch = self.registry.find(Path(output_dir))
+        text = read_log(launch, Path(output_dir))
+        command = shell_line(launch.argv) if launch is not None and launch.argv else ""
+        tail = "\n".join(text.splitlines()[-LOG_LINES:])
+        return records.status_line(launch, text), command, tail, records.plan_text(text), records.notices(text)
+
+    def run_records(self, output_dir: str, resume_choice: str, export_choice: str):
+        if not (output_dir or "").strip() or not Path(output_dir).is_dir():
+            empty = pd.DataFrame({"step": [], "value": [], "series": []})
+            return empty, [], gr.update(choices=[("auto", "auto")]), gr.update(choices=[])
+        curves = records.loss_curves(Path(output_dir))
+        rows = records.checkpoint_rows(Path(output_dir), curves)
+        plot = pd.DataFrame([{"series": s, "step": step, "value": v} for s, step, v in curves],
+                            columns=["series", "step", "value"])
+        table = [[Path(row["file"]).name, *(row[column] for column in TABLE_COLUMNS[1:])] for row in rows]
+        choices = [("auto: newest checkpoint that verifies", "auto")]
+        choices += [(f"{Path(r['file']).name}: {r['status']}, step {r['step']}", r["file"]) for r in rows]
+        exportable = [c for c in choices[1:] if "INCOMPLETE" not in c[0]]
+        values = {value for _, value in choices}
+        export_default = export_choice if export_choice in values else (exportable[-1][1] if exportable else None)
+        return (plot, table, gr.update(choices=choices, value=resume_choice if resume_choice in values else "auto"),
+                gr.update(choices=exportable, value=export_default))
+
+    def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str) -> str:
+        if not checkpoint:
+            return "choose a checkpoint to export"
+        target = Path(export_dir.strip() or Path(output_dir) / "export")
+        name = Path(tokenizer).name if tokenizer.strip() else "bpe.model"
+        report = self.run_cli(["export", checkpoint, "-o", str(target / "gpt.pth"),
+                               "--config-out", str(target / "config.yaml"), "--tokenizer-name", name])
+        if tokenizer.strip() and report.endswith("(exit 0)"):
+            shutil.copyfile(Path(tokenizer), target / name)  # inference reads config + gpt.pth + bpe.model
+            report += f"\ncopied {tokenizer} to {target / name}"
+        return report
+
+
+def build_page(server: PageServer) -> gr.Blocks:
+    with gr.Blocks(title="indextts-train") as page:
+        gr.Markdown("# indextts-train\nStart, watch, stop and resume `train-gpt` runs. The run is a separate "
+                    "process: closing this page or stopping the web server does not stop it.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                inputs, buttons, setup_out = _setup_panel()
+            with gr.Column(scale=1):
+                watch_out, records_out, export_parts = _watch_panel()
+        _wire(page, server, inputs, buttons, setup_out, watch_out, records_out, export_parts)
+    return page
+
+
+def _setup_panel():
+    gr.Markdown("## Set up")
+    train = gr.Textbox(label="Training manifests (one per line)", lines=2, elem_id="train_manifests")
+    val = gr.Textbox(label="Validation manifests (one per line)", lines=1, elem_id="val_manifests")
+    tokenizer = gr.Textbox(label="Tokenizer (.model)", elem_id="tokenizer")
+    config = gr.Textbox(label="Config", value=str(DEFAULT_CONFIG), elem_id="config")
+    base = gr.Textbox(label="Base checkpoint (gpt.pth)", elem_id="base_checkpoint")
+    output_dir = gr.Textbox(label="Output dir", elem_id="output_dir")
+    defaults = forms.defaults_for(str(DEFAULT_CONFIG)) if DEFAULT_CONFIG.is_file() else {}
+    with gr.Accordion("Hyperparameters (the config's values; 0 = auto where the CLI says so)", open=True):
+        numbers = []
+        for first in range(0, len(forms.MAIN_FIELDS), 3):
+            with gr.Row():
+                numbers += [gr.Number(label=forms.flag_name(name), value=defaults.get(name), elem_id=name,
+                                      min_width=120) for name in forms.MAIN_FIELDS[first:first + 3]]
+        amp = gr.Dropdown(list(forms.AMP_CHOICES), value="auto", label="Mixed precision (--amp/--no-amp)",
+                          elem_id="amp")
+        extra = gr.Textbox(label="Other train-gpt flags", elem_id="extra_flags")
+    inputs = [train, val, tokenizer, config, base, output_dir, *numbers, amp, extra]
+    with gr.Row():
+        check_data = gr.Button("Check data", elem_id="check_data")
+        check_tok = gr.Button("Check tokenizer", elem_id="check_tokenizer")
+        plan = gr.Button("Hardware plan", elem_id="hardware")
+    report = gr.Textbox(label="Report", lines=6, max_lines=20, interactive=False, elem_id="report")
+    command = gr.Textbox(label=f"Command line (runs in {Path.cwd()}; paste it into tmux to run it by hand)", lines=3,
+                         interactive=False,
+                         elem_id="command")
+    with gr.Row():
+        start = gr.Button("Start", variant="primary", elem_id="start")
+        stop = gr.Button("Stop (Ctrl+C: save, exit 130)", variant="stop", elem_id="stop")
+    resume_choice = gr.Dropdown([("auto", "auto")], value="auto", label="Resume from", elem_id="resume_choice")
+    resume = gr.Button("Resume", elem_id="resume")
+    message = gr.Textbox(label="Message", interactive=False, elem_id="message")
+    buttons = {"check_data": check_data, "check_tokenizer": check_tok, "hardware": plan, "start": start,
+               "stop": stop, "resume": resume, "resume_choice": resume_choice}
+    return inputs, buttons, {"report": report, "command": command, "message": message}
+
+
+def _watch_panel():
+    gr.Markdown("## Watch")
+    status = gr.Textbox(label="Status", interactive=False, elem_id="status")
+    running = gr.Textbox(label="Running command", interactive=False, lines=2, elem_id="running_command")
+    log = gr.Textbox(label="Log (train.log, last lines)", lines=16, max_lines=16, interactive=False,
+                     autoscroll=True, elem_id="log")
+    plan = gr.Textbox(label="Hardware plan chosen by the run", lines=3, interactive=False, elem_id="plan")
+    notices = gr.Textbox(label="Warnings, resume decisions, changed settings", lines=3, interactive=False,
+                         elem_id="notices")
+    curves = gr.LinePlot(x="step", y="value", color="series", label="Losses (TensorBoard records)",
+                         elem_id="curves")
+    table = gr.Dataframe(headers=TABLE_COLUMNS, label="Checkpoints (verify status)", interactive=False,
+                         elem_id="checkpoints", wrap=True)
+    with gr.Row():
+        export_choice = gr.Dropdown([], label="Checkpoint to export", elem_id="export_choice")
+        export_dir = gr.Textbox(label="Export dir (default: OUTPUT_DIR/export)", elem_id="export_dir")
+    export = gr.Button("Export gpt.pth + config.yaml + tokenizer", elem_id="export")
+    export_report = gr.Textbox(label="Export", lines=4, interactive=False, elem_id="export_report")
+    return ([status, running, log, plan, notices], [curves, table],
+            {"choice": export_choice, "dir": export_dir, "button": export, "report": export_report})
+
+
+def _wire(page, server: PageServer, inputs, buttons, setup_out, watch_out, records_out, export_parts) -> None:
+    config, output_dir, tokenizer = inputs[3], inputs[5], inputs[2]
+    numbers = inputs[6:6 + len(forms.MAIN_FIELDS)]
+    for field in inputs:
+        field.change(server.preview, inputs, setup_out["command"])
+    loaded = gr.State(str(DEFAULT_CONFIG))  # the config whose train: values the numbers show
+    config.change(server.defaults, [config, loaded], [*numbers, loaded])
+    buttons["check_data"].click(server.check_data, inputs, setup_out["report"])
+    buttons["check_tokenizer"].click(server.check_tokenizer, inputs, setup_out["report"])
+    buttons["hardware"].click(server.hardware, inputs, setup_out["report"])
+    buttons["start"].click(lambda *v: server.start(None, *v), inputs, setup_out["message"])
+    buttons["resume"].click(lambda choice, *v: server.start(choice, *v), [buttons["resume_choice"], *inputs],
+                            setup_out["message"])
+    buttons["stop"].click(server.stop, output_dir, setup_out["message"])
+    gr.Timer(1.0).tick(server.watch, output_dir, watch_out, show_progress="hidden")
+    record_outputs = [*records_out, buttons["resume_choice"], export_parts["choice"]]
+    record_inputs = [output_dir, buttons["resume_choice"], export_parts["choice"]]
+    gr.Timer(3.0).tick(server.run_records, record_inputs, record_outputs, show_progress="hidden")
+    export_parts["button"].click(server.export, [export_parts["choice"], export_parts["dir"], output_dir, tokenizer],
+                                 export_parts["report"])
+    page.load(server.restore, None, [*inputs, loaded])

@@ -1,0 +1,187 @@
+"""Runs started from the page: the train-gpt child process, found again after a reload or a restart.
+
+The page never trains in its own process. It starts the same command a user would type, as a child
+in its own session (`start_new_session`), so closing the browser, reloading the page or stopping
+the web server with Ctrl+C leaves the run alone, and Stop can signal the child's whole process group
+(data workers included) the way Ctrl+C in a terminal does. The child's output goes to
+`OUTPUT_DIR/train.log`, the file the tmux recipe tees into, so both kinds of runs are watched alike.
+
+A run is found again from the output dir: first among the children this server started (their exit
+code is known), then through the run lock's holder PID (a run started elsewhere, or by an earlier
+server). No module here imports Gradio.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from indextts_train.errors import UserError
+
+LOG_NAME = "train.log"
+LOCK_NAME = "train.lock"
+HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
+
+
+@dataclass
+class Launch:
+    """One invocation of the trainer in an output dir, started here or found through its lock."""
+
+    argv: list[str]
+    output_dir: Path
+    pid: int
+    started: float
+    log_offset: int  # this invocation's output starts here in train.log
+    process: subprocess.Popen | None = None  # None: not our child (found through the lock)
+    exit_code: int | None = None
+    steps_seen: list[tuple[float, int]] = field(default_factory=list)  # (time, step) for the ETA
+
+    def running(self) -> bool:
+        if self.process is not None:
+            self.exit_code = self.process.poll()  # also reaps the child
+            return self.exit_code is None
+        return holder_pid(self.output_dir) == self.pid
+
+
+def shell_line(argv: list[str]) -> str:
+    """argv as one line a shell reads back into the same argv."""
+    return shlex.join(argv)
+
+
+def train_command(flags: list[str]) -> list[str]:
+    """`train-gpt FLAGS` through this interpreter, so it runs wherever the page runs (venv, conda)."""
+    return [sys.executable, "-m", "indextts_train", "train", *flags]
+
+
+def cli_command(args: list[str]) -> list[str]:
+    """Any other `indextts-train` command, through this interpreter."""
+    return [sys.executable, "-m", "indextts_train", *args]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else
+    return True
+
+
+def holder_pid(output_dir: Path) -> int | None:
+    """PID of the process holding OUTPUT_DIR/train.lock, or None.
+
+    The run lock (indextts_train.runlock) writes its holder's PID into the lock file; a PID whose
+    process is gone is a lock the kernel already released.
+    """
+    try:
+        from indextts_train.runlock import holder_pid as locked_by
+    except ImportError:
+        locked_by = None
+    if locked_by is not None:
+        return locked_by(Path(output_dir))
+    try:
+        text = (Path(output_dir) / LOCK_NAME).read_text().strip()
+    except OSError:
+        return None
+    pid = int(text.split()[0]) if text and text.split()[0].isdigit() else None
+    return pid if pid is not None and _pid_alive(pid) else None
+
+
+def _cmdline_of(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+class RunRegistry:
+    """The runs this server knows, by output dir. Gradio calls handlers from several threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._launches: dict[Path, Launch] = {}
+
+    def find(self, output_dir: Path) -> Launch | None:
+        """Our own launch in this dir (running or ended), else a live run holding its lock."""
+        output_dir = Path(output_dir).resolve()
+        with self._lock:
+            launch = self._launches.get(output_dir)
+            if launch is not None and (launch.running() or launch.process is not None):
+                return launch
+            pid = holder_pid(output_dir)
+            if pid is None:
+                return launch
+            if launch is None or launch.pid != pid:
+                launch = Launch(_cmdline_of(pid), output_dir, pid, time.time(), 0)
+                self._launches[output_dir] = launch
+            return launch
+
+    def start(self, argv: list[str], output_dir: Path) -> Launch:
+        """Start argv as a child in its own session, its output appended to OUTPUT_DIR/train.log."""
+        output_dir = Path(output_dir).resolve()
+        current = self.find(output_dir)
+        if current is not None and current.running():
+            raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            log = open(output_dir / LOG_NAME, "ab")  # noqa: SIM115 - the child owns it from here
+        except OSError as exc:
+            raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
+        with log:
+            offset = log.seek(0, os.SEEK_END)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"{HEADER} {stamp}: {shlex.join(argv)}\n".encode())
+            log.flush()
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        launch = Launch(argv, output_dir, process.pid, time.time(), offset, process)
+        with self._lock:
+            self._launches[output_dir] = launch
+        return launch
+
+    def stop(self, output_dir: Path) -> Launch:
+        """SIGINT to the run's process group: it finishes the step, saves, and exits 130."""
+        launch = self.find(output_dir)
+        if launch is None or not launch.running():
+            raise UserError(f"no run is training in {Path(output_dir).resolve()}")
+        try:
+            os.killpg(os.getpgid(launch.pid), signal.SIGINT)
+        except ProcessLookupError:
+            pass  # ended in between: its exit code says how
+        return launch
+
+
+def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024) -> str:
+    """This invocation's part of train.log (from the last header for a run found through its lock).
+
+    A long run's log grows without end; past `limit` bytes only its head (the plan, the resume
+    report, early warnings) and its tail (progress) are read.
+    """
+    path = Path(output_dir) / LOG_NAME
+    start = launch.log_offset if launch is not None and launch.process is not None else 0
+    try:
+        with open(path, "rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            handle.seek(start)
+            if end - start <= limit:
+                text = handle.read().decode(errors="replace")
+            else:
+                head = handle.read(limit // 4).decode(errors="replace")
+                handle.seek(end - 3 * limit // 4)
+                tail = handle.read().decode(errors="replace")
+                text = f"{head}\n[... {end - start - limit} bytes of log not shown ...]\n{tail}"
+    except OSError:
+        return ""
+    if start == 0:
+        last_header = text.rfind(f"\n{HEADER}")
+        text = text[last_header + 1:] if last_header >= 0 else text
+    return text

@@ -1,0 +1,173 @@
+"""The web page's parts that need no browser: the optional extra, the command it builds, the child
+process it starts (own session, SIGINT to the group, found again through the run lock), and what it
+reads back from a run's records. The page itself is driven in a real browser in test_webui_browser.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import typer
+from helpers import ROOT
+
+from indextts_train.cli import app
+from indextts_train.errors import UserError
+from indextts_train.webui import form as forms
+from indextts_train.webui import records
+from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import pip._vendor.tomli as tomllib
+
+
+def cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "indextts_train", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
+    (tmp_path / "gradio.py").write_text("raise ImportError(\"No module named 'gradio'\")\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    result = cli(["webui"], env={"PYTHONPATH": path})
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'indextts-train[webui]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [(["--share"], "add --auth USER:PASS"),
+                                            (["--share", "--auth", "me"], "--auth must be USER:PASS"),
+                                            (["--auth", ":pw"], "--auth must be USER:PASS")])
+def test_a_public_link_needs_a_password(args, says) -> None:
+    result = cli(["webui", *args])
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
+
+
+def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
+    importers = []
+    for path in (ROOT / "indextts_train").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name.split(".")[0] == "gradio" for name in names):
+                importers.append(path.relative_to(ROOT).as_posix())
+    # __init__ imports it only to say how to install it when it is missing.
+    assert sorted(set(importers)) == ["indextts_train/webui/__init__.py", "indextts_train/webui/page.py"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith(("gradio", "playwright"))]
+    assert project["optional-dependencies"]["webui"][0].startswith("gradio")
+    assert "${EXTRAS:-dev}" in (ROOT / "scripts" / "install.sh").read_text()  # what demo.sh installs
+    assert "EXTRAS" not in (ROOT / "scripts" / "demo.sh").read_text()
+    loaded = subprocess.run([sys.executable, "-c", "import sys, indextts_train.cli, indextts_train.train, "
+                             "indextts_train.webui.form, indextts_train.webui.records; print('gradio' in sys.modules)"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert loaded.stdout.strip() == "False", loaded.stderr
+
+
+def test_the_form_becomes_flags_the_cli_accepts(tmp_path) -> None:
+    defaults = forms.defaults_for(str(ROOT / "configs" / "tiny.yaml"))
+    assert defaults["learning_rate"] == 3.0e-3 and defaults["effective_batch_size"] == 8
+    run = forms.RunForm(train_manifests="a.jsonl\n\n b.jsonl::am ", output_dir=str(tmp_path / "out"),
+                        config=str(ROOT / "configs" / "tiny.yaml"), val_manifests="v.jsonl",
+                        hparams={**defaults, "max_steps": 7.0}, amp="off", extra="--skip-bad-lines")
+    flags = forms.flags(run, resume="auto")
+    assert flags[:4] == ["--train-manifest", "a.jsonl", "--train-manifest", "b.jsonl::am"]
+    assert flags[flags.index("--max-steps") + 1] == "7" and flags[flags.index("--learning-rate") + 1] == "0.003"
+    assert flags[-4:] == ["--no-amp", "--skip-bad-lines", "--resume", "auto"]
+    command = typer.main.get_command(app).commands["train"]
+    context = command.make_context("train", list(flags))  # every flag the page writes is one the CLI knows
+    assert context.params["max_steps"] == 7 and context.params["resume"] == "auto"
+
+    with pytest.raises(UserError, match="--max-steps must be a whole number"):
+        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}))
+    with pytest.raises(UserError, match="Training manifests"):
+        forms.flags(forms.RunForm(" \n", "out", "c.yaml"))
+    with pytest.raises(UserError, match="Other flags"):
+        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--seed '1"))
+
+
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    """Poll a condition (the child's own writes) with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+CHILD = ("import signal, sys, time\n"
+         "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
+         "print('ready', flush=True)\n"
+         "time.sleep(120)\n")
+
+
+def test_a_run_lives_in_its_own_session_stops_with_sigint_and_is_found_again(tmp_path) -> None:
+    out = tmp_path / "out"
+    registry = RunRegistry()
+    launch = registry.start([sys.executable, "-c", CHILD], out)
+    wait_until(lambda: "\nready\n" in read_log(launch, out), "the child to start")
+    assert os.getsid(launch.pid) == launch.pid  # its own session: a closed terminal or page does not reach it
+    assert registry.find(out) is launch and launch.running()
+    with pytest.raises(UserError, match=f"PID {launch.pid}"):
+        registry.start([sys.executable, "-c", CHILD], out)  # one run per output dir
+    registry.stop(out)
+    launch.process.wait(timeout=60)
+    assert not launch.running() and launch.exit_code == 130
+    assert read_log(launch, out).startswith("=== indextts-train webui ")
+
+    # A run this server did not start (another server, tmux): found through the run lock's PID.
+    other = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    assert other.stdout.readline() == "ready\n"
+    with open(out / LOCK_NAME, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(f"{other.pid}\n")
+        lock.flush()
+        found = RunRegistry().find(out)
+        assert found is not None and found.pid == other.pid and found.running()
+        assert found.argv == [sys.executable, "-c", CHILD]
+        os.killpg(other.pid, 2)
+        assert other.wait(timeout=60) == 130
+    assert RunRegistry().find(out) is None
+
+
+LOG = """=== indextts-train webui 2026-01-01 00:00:00: python -m indextts_train train --resume auto
+cpu (cpu): fp32, micro-batch 4 x accumulation 2 x 1 process(es) = effective batch 8, 0 data worker(s)
+  - fp32: CPU trains in full precision.
+resuming from /r/latest.pth
+settings changed since the checkpoint:
+  learning_rate: 0.001 -> 0.002
+warning: the learning rate changed: the schedule continues with the new peak value
+training 20 steps: 32 samples, effective batch 8 = 4 x 2 x 1, starting at step 3 (epoch 0, sample 24)
+step 4/20 epoch 0 loss 4.1034 text 5.0814 mel 3.8637 top1 0.197 lr 1.50e-03 2.3 samples/s
+saved /r/model_step4.pth (step 4, epoch 0, sample 32)
+step 5/20 epoch 1 loss 3.4810 text 4.8236 mel 3.1630 top1 0.405 lr 1.80e-03 2.3 samples/s
+"""
+
+
+def test_progress_plan_and_drift_come_from_the_log_lines() -> None:
+    assert records.progress(LOG) == (5, 20) and records.last_saved(LOG) == "/r/model_step4.pth"
+    assert records.plan_text(LOG).splitlines()[1] == "  - fp32: CPU trains in full precision."
+    assert records.notices(LOG).splitlines() == [
+        "resuming from /r/latest.pth", "settings changed since the checkpoint:", "  learning_rate: 0.001 -> 0.002",
+        "warning: the learning rate changed: the schedule continues with the new peak value"]
+    assert records.progress("starting") is None
+
+
+def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    for folder, steps in (("run_1", range(1, 6)), ("run_2", range(4, 8))):  # killed after 3, resumed at 3
+        with SummaryWriter(str(tmp_path / "logs" / folder)) as writer:
+            for step in steps:
+                writer.add_scalar("train/loss", float(step + 10 * int(folder[-1])), step)
+                writer.add_scalar("train/lr", 0.1, step)  # not a loss: not plotted
+    curves = records.loss_curves(tmp_path)
+    assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
+                                              (7, 27.0)]
+    assert {tag for tag, _, _ in curves} == {"train/loss"}

@@ -1,0 +1,200 @@
+"""The training page in a real Chromium: set up the demo run, start, stop, reload, resume, export.
+
+The page is served by the real `indextts-train webui` command; Playwright drives the Debian
+`chromium` (scripts/test.sh installs it, and the `webui` and `browser-test` extras). The run the page
+stops and resumes must end bit-identical to the same command run uninterrupted from the CLI.
+Screenshots of every stage are written to the test's tmp folder (screenshots/), or to
+$WEBUI_SCREENSHOTS when set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT
+
+from indextts_train.checkpoint import load_checkpoint
+from indextts_train.config import load_config
+from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
+from indextts_train.demo_data import make_demo_dataset
+
+MAX_STEPS = 20
+# Longest wait for one page state: a loaded 2-core machine trains the tiny demo at about 1-2 s a step.
+TIMEOUT_MS = int(os.environ.get("WEBUI_TEST_TIMEOUT_MS", 240_000))
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail("Chromium not found: `bash scripts/test.sh` installs it (apt-get install chromium)")
+    return path
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is missing: `bash scripts/test.sh` installs it "
+                    "(pip install -e '.[webui,browser-test]')")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=_chromium())
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
+        browser.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server_url(tmp_path):
+    """`indextts-train webui` as a user starts it; its one ready line gives the address."""
+    log = open(tmp_path / "webui.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "indextts_train", "webui", "--port", str(_free_port())],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    first = ""
+    for line in proc.stdout:
+        log.write(line)
+        if line.startswith("indextts-train webui: "):
+            first = line
+            break
+    if not first:
+        proc.wait()
+        log.close()
+        pytest.fail(f"webui did not start: {(tmp_path / 'webui.log').read_text()[-2000:]}")
+    drain = threading.Thread(target=lambda: [log.write(line) for line in proc.stdout], daemon=True)
+    drain.start()
+    yield first.split()[2]
+    proc.terminate()
+    proc.wait(timeout=30)
+    drain.join(timeout=10)
+    log.close()
+
+
+def _demo_inputs(folder: Path) -> dict:
+    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.demo), smaller."""
+    paths = make_demo_dataset(folder / "data", gpt_cfg=load_config(TINY_CONFIG).gpt, n_train=32, n_val=8)
+    make_base_checkpoint(TINY_CONFIG, folder / "base_gpt.pth")
+    return {"train_manifests": str(paths["train_manifest"]), "val_manifests": str(paths["val_manifest"]),
+            "tokenizer": str(paths["tokenizer"]), "base_checkpoint": str(folder / "base_gpt.pth")}
+
+
+def _fill(page, elem_id: str, value) -> None:
+    page.locator(f"#{elem_id} textarea, #{elem_id} input").first.fill(str(value))
+
+
+def _value(page, elem_id: str) -> str:
+    return page.locator(f"#{elem_id} textarea, #{elem_id} input").first.input_value()
+
+
+def _wait_value(page, elem_id: str, pattern: str) -> re.Match:
+    """Wait until the field's text matches `pattern` (Playwright polls; no fixed sleeps)."""
+    from playwright.sync_api import expect
+
+    field = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
+    expect(field).to_have_value(re.compile(pattern, re.S), timeout=TIMEOUT_MS)
+    return re.search(pattern, field.input_value(), re.S)
+
+
+def _wait_step_beyond(page, step: int) -> int:
+    page.wait_for_function(
+        """([step]) => {
+            const m = document.querySelector('#status textarea').value.match(/running .* step (\\d+)\\//);
+            return m && Number(m[1]) > step;
+        }""", arg=[step], timeout=TIMEOUT_MS)
+    return int(re.search(r"step (\d+)/", _value(page, "status")).group(1))
+
+
+def _tensors_equal(a: dict, b: dict) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert state_a.keys() == state_b.keys() and state_a
+    for index in state_a:
+        for name, value in state_a[index].items():
+            assert torch.equal(value, state_b[index][name]), (index, name)
+
+
+def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser_page, server_url) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    shots = Path(os.environ.get("WEBUI_SCREENSHOTS") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+
+    def shot(name: str) -> None:
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+    inputs = _demo_inputs(tmp_path / "demo")
+    run_dir = tmp_path / "page_run"
+    page.goto(server_url)
+    _fill(page, "config", TINY_CONFIG)
+    _wait_value(page, "learning_rate", r"^0\.003$")  # the config's own values are now the defaults
+    for elem_id, value in {**inputs, "output_dir": run_dir, "max_steps": MAX_STEPS, "epochs": 1000,
+                           "log_interval": 1, "val_interval": 8, "save_interval": 8}.items():
+        _fill(page, elem_id, value)
+    command = _wait_value(page, "command", rf"--output-dir \S+ .*--max-steps {MAX_STEPS} .*--save-interval 8").string
+    argv = shlex.split(command)
+    assert argv[:4] == [sys.executable, "-m", "indextts_train", "train"]
+
+    # The same command from the CLI, uninterrupted, in another output dir (runs while the page works).
+    reference_dir = tmp_path / "cli_run"
+    reference_argv = [str(reference_dir) if argv[i - 1] == "--output-dir" else arg for i, arg in enumerate(argv)]
+    reference = subprocess.Popen(reference_argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    page.locator("#hardware").click()  # what auto mode picks here for these settings
+    _wait_value(page, "report", r"fp32, micro-batch 4 x accumulation 2 x 1 process\(es\) = effective batch 8")
+    page.locator("#check_data").click()
+    _wait_value(page, "report", r"40 lines in 2 manifest\(s\): 40 ok, OK.*\(exit 0\)$")
+    shot("01_setup_checked")
+
+    page.locator("#start").click()
+    first = int(_wait_value(page, "status", rf"running \(PID \d+\) · step (\d+)/{MAX_STEPS}").group(1))
+    _wait_step_beyond(page, first)  # the counter advances
+    shot("02_running")
+
+    page.locator("#stop").click()
+    stopped = _wait_value(page, "status", rf"exited with code 130 · step (\d+)/{MAX_STEPS} · checkpoint (\S+)")
+    stop_step, saved = int(stopped.group(1)), Path(stopped.group(2))
+    assert stop_step < MAX_STEPS and saved == run_dir / f"model_step{stop_step}.pth" and saved.is_file()
+    _wait_value(page, "notices", r"stopped by signal after step")
+    shot("03_stopped")
+
+    page.reload()  # the page re-attaches: the form of the run comes back and so does its state
+    _wait_value(page, "output_dir", re.escape(str(run_dir)))
+    _wait_value(page, "status", r"exited with code 130")
+    shot("04_reloaded")
+
+    page.locator("#resume").click()
+    _wait_value(page, "running_command", re.escape(command) + r" --resume auto$")
+    _wait_value(page, "status", rf"exited with code 0 · step {MAX_STEPS}/{MAX_STEPS} · checkpoint \S+")
+    _wait_value(page, "notices", r"resuming from \S+")
+    table = page.locator("#checkpoints")
+    expect(table).to_contain_text(re.compile(r"latest\.pth\s*COMPLETE\s*20"), timeout=TIMEOUT_MS)
+    shot("05_finished")
+
+    page.locator("#export").click()
+    _wait_value(page, "export_report", r"\(exit 0\)\ncopied ")
+    shot("06_exported")
+    for name in ("gpt.pth", "config.yaml", "bpe.model"):
+        assert (run_dir / "export" / name).is_file(), name
+
+    assert reference.wait(timeout=TIMEOUT_MS / 1000) == 0
+    _tensors_equal(load_checkpoint(run_dir / "latest.pth"), load_checkpoint(reference_dir / "latest.pth"))
