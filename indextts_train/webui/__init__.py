@@ -28,6 +28,8 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
     from indextts_train.errors import UserError
 
     credentials = parse_auth(auth, share)
+    if credentials is None and host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: --host {host} without --auth: anyone who can reach this port can start runs", flush=True)
     try:
         import gradio  # noqa: F401 - only to say how to install it when missing
     except ImportError:

@@ -22,7 +22,7 @@ from indextts_train.webui import records
 from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
-LOG_LINES = 40
+LOG_LINES = 20
 FORM_SIZE = 6 + len(forms.MAIN_FIELDS) + 2  # paths, numbers, amp, other flags
 TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "marks", "size_mb", "reasons"]
 
@@ -221,7 +221,7 @@ def _watch_panel():
     gr.Markdown("## Watch")
     status = gr.Textbox(label="Status", interactive=False, elem_id="status")
     running = gr.Textbox(label="Running command", interactive=False, lines=2, elem_id="running_command")
-    log = gr.Textbox(label="Log (train.log, last lines)", lines=16, max_lines=16, interactive=False,
+    log = gr.Textbox(label="Log (train.log, last lines)", lines=16, max_lines=60, interactive=False,
                      autoscroll=True, elem_id="log")
     plan = gr.Textbox(label="Hardware plan chosen by the run", lines=3, interactive=False, elem_id="plan")
     notices = gr.Textbox(label="Warnings, resume decisions, changed settings", lines=3, interactive=False,
