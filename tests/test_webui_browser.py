@@ -9,10 +9,12 @@ $WEBUI_SCREENSHOTS when set.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from indextts_train.config import load_config
 from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
 from indextts_train.demo_data import make_demo_dataset
 
-MAX_STEPS = 20
+MAX_STEPS = 12
 # Longest wait for one page state: a loaded 2-core machine trains the tiny demo at about 1-2 s a step.
 TIMEOUT_MS = int(os.environ.get("WEBUI_TEST_TIMEOUT_MS", 240_000))
 
@@ -41,18 +43,16 @@ def _chromium() -> str:
 
 
 @pytest.fixture
-def browser_page(tmp_path):
+def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("playwright is missing: `bash scripts/test.sh` installs it "
                     "(pip install -e '.[webui,browser-test]')")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=_chromium())
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        page.set_default_timeout(TIMEOUT_MS)
-        yield page
-        browser.close()
+        chromium = playwright.chromium.launch(executable_path=_chromium())
+        yield chromium
+        chromium.close()
 
 
 def _free_port() -> int:
@@ -95,6 +95,12 @@ def _demo_inputs(folder: Path) -> dict:
             "tokenizer": str(paths["tokenizer"]), "base_checkpoint": str(folder / "base_gpt.pth")}
 
 
+def _new_page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(TIMEOUT_MS)
+    return page
+
+
 def _fill(page, elem_id: str, value) -> None:
     page.locator(f"#{elem_id} textarea, #{elem_id} input").first.fill(str(value))
 
@@ -132,69 +138,104 @@ def _tensors_equal(a: dict, b: dict) -> None:
             assert torch.equal(value, state_b[index][name]), (index, name)
 
 
-def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser_page, server_url) -> None:
-    from playwright.sync_api import expect
+@pytest.fixture
+def leftovers():
+    """Process groups to kill if the test fails half-way (the runs live in their own sessions)."""
+    groups: list[int] = []
+    yield groups
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)
+            os.killpg(group, signal.SIGKILL)
 
-    page = browser_page
-    shots = Path(os.environ.get("WEBUI_SCREENSHOTS") or tmp_path / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
 
-    def shot(name: str) -> None:
-        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
-
-    inputs = _demo_inputs(tmp_path / "demo")
-    run_dir = tmp_path / "page_run"
+def _set_up(page, server_url: str, inputs: dict, run_dir: Path) -> str:
+    """Fill the form for the demo data; check the data and the hardware plan; return the command."""
     page.goto(server_url)
     _fill(page, "config", TINY_CONFIG)
     _wait_value(page, "learning_rate", r"^0\.003$")  # the config's own values are now the defaults
     for elem_id, value in {**inputs, "output_dir": run_dir, "max_steps": MAX_STEPS, "epochs": 1000,
-                           "log_interval": 1, "val_interval": 8, "save_interval": 8}.items():
+                           "log_interval": 1, "val_interval": 4, "save_interval": 4}.items():
         _fill(page, elem_id, value)
-    command = _wait_value(page, "command", rf"--output-dir \S+ .*--max-steps {MAX_STEPS} .*--save-interval 8").string
-    argv = shlex.split(command)
-    assert argv[:4] == [sys.executable, "-m", "indextts_train", "train"]
-
-    # The same command from the CLI, uninterrupted, in another output dir (runs while the page works).
-    reference_dir = tmp_path / "cli_run"
-    reference_argv = [str(reference_dir) if argv[i - 1] == "--output-dir" else arg for i, arg in enumerate(argv)]
-    reference = subprocess.Popen(reference_argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-
+    command = _wait_value(page, "command", rf"--output-dir \S+ .*--max-steps {MAX_STEPS} .*--save-interval 4").string
     page.locator("#hardware").click()  # what auto mode picks here for these settings
     _wait_value(page, "report", r"fp32, micro-batch 4 x accumulation 2 x 1 process\(es\) = effective batch 8")
     page.locator("#check_data").click()
     _wait_value(page, "report", r"40 lines in 2 manifest\(s\): 40 ok, OK.*\(exit 0\)$")
+    return command
+
+
+def _reference_run(argv: list[str], output_dir: Path) -> subprocess.Popen:
+    """The same command from the CLI, uninterrupted, in another output dir (runs while the page works)."""
+    assert argv[:4] == [sys.executable, "-m", "indextts_train", "train"]
+    same = [str(output_dir) if argv[i - 1] == "--output-dir" else arg for i, arg in enumerate(argv)]
+    return subprocess.Popen(same, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_url, leftovers) -> None:
+    from playwright.sync_api import expect
+
+    shots = Path(os.environ.get("WEBUI_SCREENSHOTS") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    page = _new_page(browser)
+
+    def shot(name: str) -> None:
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+    run_dir = tmp_path / "page_run"
+    command = _set_up(page, server_url, _demo_inputs(tmp_path / "demo"), run_dir)
+    reference = _reference_run(shlex.split(command), tmp_path / "cli_run")
+    leftovers.append(reference.pid)
     shot("01_setup_checked")
 
     page.locator("#start").click()
-    first = int(_wait_value(page, "status", rf"running \(PID \d+\) · step (\d+)/{MAX_STEPS}").group(1))
-    _wait_step_beyond(page, first)  # the counter advances
+    running = _wait_value(page, "status", rf"running \(PID (\d+)\) · step (\d+)/{MAX_STEPS}")
+    pid = int(running.group(1))
+    leftovers.append(pid)
+    step = _wait_step_beyond(page, int(running.group(2)))  # the counter advances
+    # Freeze the run (SIGSTOP) so the checks below cannot race a fast machine to the last step;
+    # it changes nothing in what the run computes.
+    os.killpg(pid, signal.SIGSTOP)
     shot("02_running")
 
+    page.close()  # the browser goes away; the run does not
+    page = _new_page(browser)
+    page.goto(server_url)
+    _wait_value(page, "output_dir", re.escape(str(run_dir)))
+    frozen = int(_wait_value(page, "status", rf"running \(PID {pid}\) · step (\d+)/{MAX_STEPS}").group(1))
+    assert frozen >= step
+    shot("03_reopened_while_running")
+
     page.locator("#stop").click()
+    _wait_value(page, "message", rf"sent SIGINT to the process group of PID {pid}")
+    os.killpg(pid, signal.SIGCONT)  # the pending SIGINT arrives: finish the step, save, exit 130
     stopped = _wait_value(page, "status", rf"exited with code 130 · step (\d+)/{MAX_STEPS} · checkpoint (\S+)")
     stop_step, saved = int(stopped.group(1)), Path(stopped.group(2))
-    assert stop_step < MAX_STEPS and saved == run_dir / f"model_step{stop_step}.pth" and saved.is_file()
-    _wait_value(page, "notices", r"stopped by signal after step")
-    shot("03_stopped")
+    assert frozen <= stop_step < MAX_STEPS and saved == run_dir / f"model_step{stop_step}.pth" and saved.is_file()
+    _wait_value(page, "notices", rf"stopped by signal after step {stop_step}")
+    shot("04_stopped")
 
-    page.reload()  # the page re-attaches: the form of the run comes back and so does its state
+    page.reload()  # the form of the run comes back, and so does its state
     _wait_value(page, "output_dir", re.escape(str(run_dir)))
     _wait_value(page, "status", r"exited with code 130")
-    shot("04_reloaded")
+    expect(page.locator("#checkpoints")).to_contain_text(re.compile(rf"model_step{stop_step}\.pth\s*COMPLETE"),
+                                                        timeout=TIMEOUT_MS)
+    shot("05_reloaded")
 
-    page.locator("#resume").click()
+    page.locator("#resume").click()  # "Resume from: auto"
     _wait_value(page, "running_command", re.escape(command) + r" --resume auto$")
     _wait_value(page, "status", rf"exited with code 0 · step {MAX_STEPS}/{MAX_STEPS} · checkpoint \S+")
     _wait_value(page, "notices", r"resuming from \S+")
-    table = page.locator("#checkpoints")
-    expect(table).to_contain_text(re.compile(r"latest\.pth\s*COMPLETE\s*20"), timeout=TIMEOUT_MS)
-    shot("05_finished")
+    expect(page.locator("#checkpoints")).to_contain_text(re.compile(rf"latest\.pth\s*COMPLETE\s*{MAX_STEPS}"),
+                                                        timeout=TIMEOUT_MS)
+    shot("06_finished")
 
     page.locator("#export").click()
     _wait_value(page, "export_report", r"\(exit 0\)\ncopied ")
-    shot("06_exported")
+    shot("07_exported")
     for name in ("gpt.pth", "config.yaml", "bpe.model"):
         assert (run_dir / "export" / name).is_file(), name
 
     assert reference.wait(timeout=TIMEOUT_MS / 1000) == 0
-    _tensors_equal(load_checkpoint(run_dir / "latest.pth"), load_checkpoint(reference_dir / "latest.pth"))
+    _tensors_equal(load_checkpoint(run_dir / "latest.pth"), load_checkpoint(tmp_path / "cli_run" / "latest.pth"))
