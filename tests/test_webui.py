@@ -126,7 +126,7 @@ def test_a_run_lives_in_its_own_session_stops_with_sigint_and_is_found_again(tmp
     assert other.stdout.readline() == "ready\n"
     with open(out / LOCK_NAME, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        lock.write(f"{other.pid}\n")
+        lock.write(f"pid={other.pid} started=2026-01-01T00:00:00Z\n")  # the run lock's contract
         lock.flush()
         found = RunRegistry().find(out)
         assert found is not None and found.pid == other.pid and found.running()

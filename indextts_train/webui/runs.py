@@ -76,10 +76,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def holder_pid(output_dir: Path) -> int | None:
-    """PID of the process holding OUTPUT_DIR/train.lock, or None.
+    """PID of the run holding OUTPUT_DIR/train.lock; None when free; -1 when held, PID not yet written.
 
-    The run lock (indextts_train.runlock) writes its holder's PID into the lock file; a PID whose
-    process is gone is a lock the kernel already released.
+    The run lock (indextts_train.runlock) is an flock whose file holds `pid=<PID> started=<time>`.
+    Where that module is absent (an older trainer), the PID in the file counts while it is alive.
     """
     try:
         from indextts_train.runlock import holder_pid as locked_by
@@ -88,11 +88,11 @@ def holder_pid(output_dir: Path) -> int | None:
     if locked_by is not None:
         return locked_by(Path(output_dir))
     try:
-        text = (Path(output_dir) / LOCK_NAME).read_text().strip()
+        words = (Path(output_dir) / LOCK_NAME).read_text().split()
     except OSError:
         return None
-    pid = int(text.split()[0]) if text and text.split()[0].isdigit() else None
-    return pid if pid is not None and _pid_alive(pid) else None
+    pids = [int(w.removeprefix("pid=")) for w in words if w.removeprefix("pid=").isdigit()]
+    return pids[0] if pids and _pid_alive(pids[0]) else None
 
 
 def _cmdline_of(pid: int) -> list[str]:
@@ -118,7 +118,7 @@ class RunRegistry:
             if launch is not None and (launch.running() or launch.process is not None):
                 return launch
             pid = holder_pid(output_dir)
-            if pid is None:
+            if pid is None or pid < 0:  # free, or a run is starting: the next look names it
                 return launch
             if launch is None or launch.pid != pid:
                 launch = Launch(_cmdline_of(pid), output_dir, pid, time.time(), 0)
