@@ -24,7 +24,7 @@ MAIN_FIELDS = (
     "log_interval", "val_interval", "save_interval", "keep_checkpoints", "seed",
 )
 AMP_CHOICES = ("auto", "on", "off")
-_TYPES = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
 @dataclass
@@ -43,7 +43,8 @@ class RunForm:
 
 
 def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """The train-gpt flag of a train: field (the schema may name it, e.g. the community's spelling)."""
+    return _FIELDS[name].metadata.get("flag") or "--" + name.replace("_", "-")
 
 
 def defaults_for(config: str) -> dict[str, float | int]:
@@ -57,7 +58,7 @@ def lines_of(text: str) -> list[str]:
 
 
 def _number(name: str, value: float | int) -> str:
-    if "int" in str(_TYPES[name]):
+    if "int" in str(_FIELDS[name].type):
         if float(value) != int(value):
             raise UserError(f"{flag_name(name)} must be a whole number, got {value}")
         return str(int(value))

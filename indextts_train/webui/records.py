@@ -67,7 +67,7 @@ def eta_text(launch: Launch, step: int, total: int, now: float | None = None) ->
     """Remaining time from the pace seen since this page started watching the run."""
     now = time.time() if now is None else now
     if not launch.steps_seen or launch.steps_seen[-1][1] != step:
-        launch.steps_seen.append((now, step))
+        launch.steps_seen[1:] = [(now, step)]  # the first sighting and the latest are all the pace needs
     (t0, s0), (t1, s1) = launch.steps_seen[0], launch.steps_seen[-1]
     if s1 <= s0 or t1 <= t0:
         return "ETA: measuring"
@@ -104,17 +104,23 @@ def loss_curves(output_dir: Path) -> list[tuple[str, int, float]]:
     Each invocation writes its own run_* folder; where a killed run logged steps that the resumed
     one logged again, the later folder wins, like TensorBoard's own join by step.
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     points: dict[tuple[str, int], float] = {}
     for folder in sorted((Path(output_dir) / "logs").glob("run_*")):
-        accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        for tag in accumulator.Tags().get("scalars", []):
-            if tag.endswith("loss"):
-                for event in accumulator.Scalars(tag):
-                    points[(tag, event.step)] = event.value
+        files = sorted(folder.glob("events.out.tfevents.*"))
+        version = tuple((f.name, f.stat().st_size) for f in files)
+        points.update(_folder_losses(str(folder), version))
     return sorted(((tag, step, value) for (tag, step), value in points.items()), key=lambda row: (row[0], row[1]))
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_losses(folder: str, version: tuple) -> dict[tuple[str, int], float]:
+    """One folder's loss points; `version` (file names and sizes) makes a grown file a cache miss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(folder, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {(tag, event.step): event.value for tag in accumulator.Tags().get("scalars", [])
+            if tag.endswith("loss") for event in accumulator.Scalars(tag)}
 
 
 @functools.lru_cache(maxsize=256)
