@@ -174,7 +174,9 @@ def build_page(server: PageServer) -> gr.Blocks:
             with gr.Column(scale=1):
                 inputs, buttons, setup_out = _setup_panel()
             with gr.Column(scale=1):
-                watch_out, records_out, export_parts = _watch_panel()
+                watch_out, curves = _watch_panel()
+        table, export_parts = _checkpoints_panel()
+        records_out = [curves, table]
         _wire(page, server, inputs, buttons, setup_out, watch_out, records_out, export_parts)
     return page
 
@@ -228,6 +230,11 @@ def _watch_panel():
                          elem_id="notices")
     curves = gr.LinePlot(x="step", y="value", color="series", label="Losses (TensorBoard records)",
                          elem_id="curves")
+    return [status, running, log, plan, notices], curves
+
+
+def _checkpoints_panel():
+    gr.Markdown("## Checkpoints and export")
     table = gr.Dataframe(headers=TABLE_COLUMNS, label="Checkpoints (verify status)", interactive=False,
                          elem_id="checkpoints", wrap=True)
     with gr.Row():
@@ -235,8 +242,7 @@ def _watch_panel():
         export_dir = gr.Textbox(label="Export dir (default: OUTPUT_DIR/export)", elem_id="export_dir")
     export = gr.Button("Export gpt.pth + config.yaml + tokenizer", elem_id="export")
     export_report = gr.Textbox(label="Export", lines=4, interactive=False, elem_id="export_report")
-    return ([status, running, log, plan, notices], [curves, table],
-            {"choice": export_choice, "dir": export_dir, "button": export, "report": export_report})
+    return table, {"choice": export_choice, "dir": export_dir, "button": export, "report": export_report}
 
 
 def _wire(page, server: PageServer, inputs, buttons, setup_out, watch_out, records_out, export_parts) -> None:

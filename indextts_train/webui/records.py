@@ -154,7 +154,7 @@ def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> l
         marks = [name for name in ("latest.pth", "best.pth")
                  if (output_dir / name).is_file() and same_file(path, output_dir / name)]
         rows.append({"file": str(path), "status": found["status"], "step": step, "epoch": summary.get("epoch"),
-                     "val_loss": val.get(step), "marks": ", ".join(marks),
+                     "val_loss": None if val.get(step) is None else round(val[step], 4), "marks": ", ".join(marks),
                      "size_mb": round(summary.get("sizes", {}).get("file_bytes", 0) / 2**20, 2),
                      "reasons": "; ".join(found.get("reasons", []))})
     return rows
