@@ -74,7 +74,8 @@ def test_the_form_becomes_flags_the_cli_accepts(tmp_path) -> None:
     defaults = forms.defaults_for(str(ROOT / "configs" / "tiny.yaml"))
     assert defaults["learning_rate"] == 3.0e-3 and defaults["effective_batch_size"] == 8
     run = forms.RunForm(train_manifests="a.jsonl\n\n b.jsonl::am ", output_dir=str(tmp_path / "out"),
-                        config=str(ROOT / "configs" / "tiny.yaml"), val_manifests="v.jsonl",
+                        config=str(ROOT / "configs" / "tiny.yaml"), val_manifests="v.jsonl", tokenizer="bpe.model",
+                        base_checkpoint="gpt.pth",
                         hparams={**defaults, "max_steps": 7.0}, amp="off", extra="--skip-bad-lines")
     flags = forms.flags(run, resume="auto")
     assert flags[:4] == ["--train-manifest", "a.jsonl", "--train-manifest", "b.jsonl::am"]
@@ -83,6 +84,7 @@ def test_the_form_becomes_flags_the_cli_accepts(tmp_path) -> None:
     command = typer.main.get_command(app).commands["train"]
     context = command.make_context("train", list(flags))  # every flag the page writes is one the CLI knows
     assert context.params["max_steps"] == 7 and context.params["resume"] == "auto"
+    assert str(context.params["tokenizer"]) == "bpe.model" and str(context.params["base_checkpoint"]) == "gpt.pth"
 
     with pytest.raises(UserError, match="--max-steps must be a whole number"):
         forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}))

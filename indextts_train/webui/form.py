@@ -44,7 +44,8 @@ class RunForm:
 
 def flag_name(name: str) -> str:
     """The train-gpt flag of a train: field (the schema may name it, e.g. the community's spelling)."""
-    return _FIELDS[name].metadata.get("flag") or "--" + name.replace("_", "-")
+    named = _FIELDS[name].metadata.get("flag") if name in _FIELDS else None
+    return named or "--" + name.replace("_", "-")
 
 
 def defaults_for(config: str) -> dict[str, float | int]:
