@@ -45,7 +45,7 @@ class RunForm:
 def flag_name(name: str) -> str:
     """The train-gpt flag of a train: field (the schema may name it, e.g. the community's spelling)."""
     named = _FIELDS[name].metadata.get("flag") if name in _FIELDS else None
-    return named or "--" + name.replace("_", "-")
+    return named.split("/")[0] if named else "--" + name.replace("_", "-")  # "--on/--off": the first
 
 
 def defaults_for(config: str) -> dict[str, float | int]:

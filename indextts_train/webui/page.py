@@ -15,13 +15,12 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from indextts_train.config import load_config
+from indextts_train.config import DEFAULT_CONFIG, load_config
 from indextts_train.errors import UserError
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
 LOG_LINES = 20
 FORM_SIZE = 6 + len(forms.MAIN_FIELDS) + 2  # paths, numbers, amp, other flags
 TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "marks", "size_mb", "reasons"]
