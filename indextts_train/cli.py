@@ -174,6 +174,18 @@ def verify(
 
 
 @app.command()
+def checkpoints(
+    output_dir: Annotated[Path, typer.Argument(help="A run's --output-dir.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Every checkpoint of a run: step, epoch, val losses, status, size, which is latest/best/milestone."""
+    from indextts_train.checkpoint_table import checkpoint_rows, render_table
+
+    rows = run_guarded(checkpoint_rows, output_dir)
+    typer.echo(json.dumps(rows, indent=1) if as_json else render_table(rows, output_dir))
+
+
+@app.command()
 def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,

@@ -14,34 +14,51 @@ from indextts_train.data import ManifestDataset, ManifestIndex, make_loader, seq
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint
 
+SUM_NAMES = ("text_ce", "text_count", "mel_ce", "mel_count", "mel_correct", "samples")
+
 
 @torch.no_grad()
-def evaluate(model: UnifiedVoiceGPT, loader: Iterable[Batch], config: Config, device: torch.device,
-             dist_info: DistInfo | None = None, autocast: Callable | None = None) -> dict:
-    """Token-weighted losses over a whole manifest: CE summed over counted tokens, then divided.
+def loss_sums(model: UnifiedVoiceGPT, loader: Iterable[Batch], device: torch.device,
+              autocast: Callable | None = None) -> list[float]:
+    """[text_ce, text_count, mel_ce, mel_count, mel_correct, samples] summed over `loader` (eval mode).
 
-    The community trainer averages per-batch losses weighted by batch size, so its number moves
-    with the batch size; summing token CE first does not.
+    Sums, not means, so losses of several groups can be added up into a total (validation.py).
     """
     was_training = model.training
     model.eval()
-    sums = [0.0] * 5  # text_ce, text_count, mel_ce, mel_count, mel_correct
-    samples = 0
+    sums = [0.0] * len(SUM_NAMES)
     for batch in loader:
         with autocast() if autocast else contextlib.nullcontext():
             out = model.compute_losses(batch.to(device))
         for i, value in enumerate((out.text_ce_sum, out.text_count, out.mel_ce_sum, out.mel_count,
                                    out.mel_correct)):
             sums[i] += float(value)
-        samples += len(batch)
-    if dist_info is not None and dist_info.enabled:
-        *sums, samples = sum_across_ranks(sums + [float(samples)], dist_info, device)
+        sums[5] += len(batch)
     model.train(was_training)
-    text_loss = sums[0] / max(sums[1], 1.0)
-    mel_loss = sums[2] / max(sums[3], 1.0)
-    return {"text_loss": text_loss, "mel_loss": mel_loss, "mel_top1": sums[4] / max(sums[3], 1.0),
+    return sums
+
+
+def losses_from_sums(sums: Sequence[float], config: Config) -> dict:
+    """Token-weighted losses: CE summed over counted tokens, then divided.
+
+    The community trainer averages per-batch losses weighted by batch size, so its number moves
+    with the batch size; summing token CE first does not.
+    """
+    text_ce, text_n, mel_ce, mel_n, mel_ok, samples = sums
+    text_loss = text_ce / max(text_n, 1.0)
+    mel_loss = mel_ce / max(mel_n, 1.0)
+    return {"text_loss": text_loss, "mel_loss": mel_loss, "mel_top1": mel_ok / max(mel_n, 1.0),
             "loss": config.train.loss(text_loss, mel_loss),
             "samples": int(samples)}
+
+
+def evaluate(model: UnifiedVoiceGPT, loader: Iterable[Batch], config: Config, device: torch.device,
+             dist_info: DistInfo | None = None, autocast: Callable | None = None) -> dict:
+    """Token-weighted losses over a whole manifest (summed over ranks under DDP)."""
+    sums = loss_sums(model, loader, device, autocast)
+    if dist_info is not None and dist_info.enabled:
+        sums = sum_across_ranks(sums, dist_info, device)
+    return losses_from_sums(sums, config)
 
 
 def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path: Path | None = None, *,
