@@ -42,9 +42,10 @@ import torch
 import yaml
 
 from indextts_train.config import load_config
-from indextts_train.data import ManifestDataset, ManifestIndex, ResumableBatchSampler, collate
+from indextts_train.data import ManifestDataset, ManifestIndex, collate
 from indextts_train.demo import make_base_checkpoint
 from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -139,16 +140,13 @@ def run_trainer(work: Path, name: str, steps: int, warmup: int, save_interval: i
 
 
 def epoch_batches(dataset: ManifestDataset, seed: int, sort_window: int):
-    """Micro-batches in the trainer's order: epoch 0, 1, ... each via ResumableBatchSampler."""
+    """Micro-batches in the trainer's order: epoch 0, 1, ... each via sampling.epoch_order."""
+    spec = SamplerSpec(ORDER_RULE, seed, sort_window, MICRO_BATCH * ACCUMULATION, (Source("train", len(dataset)),))
     epoch = 0
     while True:
-        sampler = ResumableBatchSampler(dataset.index.total_lengths, seed=seed, epoch=epoch,
-                                        micro_batch=MICRO_BATCH, sort_window=sort_window)
-        steps = len(dataset) // (MICRO_BATCH * ACCUMULATION)  # whole optimizer steps per epoch, as the trainer
+        sampler = ResumableBatchSampler(epoch_order(spec, dataset.index.total_lengths, epoch), micro_batch=MICRO_BATCH)
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
-        batches = iter(loader)
-        for _ in range(steps * ACCUMULATION):
-            yield next(batches)
+        yield from loader  # whole optimizer steps: the epoch order is cut to them
         epoch += 1
 
 

@@ -5,7 +5,7 @@
   within the forgetting limit, if one is set. The trainer saves a checkpoint at every new best and
   publishes it as `best.pth` (atomically, like `latest.pth`); rotation never removes it.
 - **milestones**: with `--keep-every N`, every checkpoint whose step is a multiple of N is kept out
-  of rotation.
+  of rotation (checkpoint.is_milestone).
 - **early stopping**: `--early-stop-patience K` ends the run after K validations in a row without a
   new best.
 
@@ -18,15 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from indextts_train.checkpoint import BEST
 from indextts_train.errors import UserError
-from indextts_train.validation import LOSS_KEYS, losses_of
-
-BEST = "best.pth"
-
-
-def is_milestone(step: int, keep_every: int) -> bool:
-    """Whether the checkpoint of `step` stays out of rotation (`--keep-every N`; 0 = none)."""
-    return keep_every > 0 and step > 0 and step % keep_every == 0
+from indextts_train.validation import LOSS_KEYS, forgetting_breaches, losses_of
 
 
 def check_metric(metric: str, groups: Sequence[str]) -> None:
@@ -77,3 +71,29 @@ class BestTracker:
         if not state or state.get("metric") != metric:
             return cls(metric)
         return cls(metric, state["value"], state["step"], state["stale"])
+
+    def describe(self) -> str:
+        if self.step is None:
+            return f"no validation qualified as best, so there is no {BEST}"
+        return f"{BEST} is step {self.step} ({self.metric} {self.value:.4f})"
+
+
+def verdict(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
+            limits: dict[str | None, float], patience: int) -> str | None:
+    """Why the run ends at this validation (forgetting limit, early stop), or None. Changes nothing."""
+    breaches = forgetting_breaches(result, baseline, limits) if limits and baseline is not None else []
+    if breaches:
+        return (f"forgetting limit reached at step {step}: {'; '.join(breaches)}; the best checkpoint within "
+                f"the limit: {tracker.describe()}")
+    if tracker.patience_spent(patience):
+        return (f"early stop at step {step}: {tracker.stale} validation(s) without a better {tracker.metric}; "
+                f"{tracker.describe()}")
+    return None
+
+
+def judge(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
+          limits: dict[str | None, float], patience: int) -> tuple[bool, str | None]:
+    """Record a validation: (is it a new best, why the run ends now or None)."""
+    over = bool(limits and baseline is not None and forgetting_breaches(result, baseline, limits))
+    new_best = tracker.update(metric_value(result, tracker.metric), step, eligible=not over)
+    return new_best, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience)

@@ -46,10 +46,11 @@ from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: 
 )
 
 LATEST = "latest.pth"
+BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
 EXIT_CODES = {"COMPLETE": 0, "PARTIAL": 1, "INCOMPLETE": 2}
 
 _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
-_TEMP_FILE = re.compile(r"^\.(model_step\d+|latest)\.pth\.tmp-\d+$")  # only names this module writes
+_TEMP_FILE = re.compile(r"^\.(model_step\d+|latest|best)\.pth\.tmp-\d+$")  # only names this module writes
 
 
 class CheckpointSaveError(UserError):
@@ -263,12 +264,13 @@ def write_state(state: dict, final: Path, step: int) -> None:
     atomic_write_file(final, write, before_rename=lambda: crash_point("save_tmp_written", step))
 
 
-def _publish_latest(output_dir: Path, target: Path) -> None:
-    latest = output_dir / LATEST
-    tmp = temp_name(latest)
+def publish(output_dir: Path, target: Path, name: str) -> None:
+    """Atomically make `output_dir/name` (latest.pth, best.pth) the complete file `target`."""
+    published = output_dir / name
+    tmp = temp_name(published)
     try:
         link_or_copy(target, tmp)
-        os.replace(tmp, latest)
+        os.replace(tmp, published)
     finally:
         # Also covers rename(2) between two links of one inode, which succeeds without removing tmp.
         tmp.unlink(missing_ok=True)
@@ -305,12 +307,20 @@ def _latest_target(output_dir: Path) -> Path | None:
     return next((p for p in steps if same_file(p, latest)), None) if latest.is_file() else None
 
 
-def _rotate(output_dir: Path, keep: int, protected: Path) -> None:
-    """Delete the oldest model_step files beyond `keep`; never `protected` nor latest.pth's target."""
+def is_milestone(step: int, keep_every: int) -> bool:
+    """Whether the checkpoint of `step` stays out of rotation (`--keep-every N`; 0 = none)."""
+    return keep_every > 0 and step > 0 and step % keep_every == 0
+
+
+def _rotate(output_dir: Path, keep: int, protected: Path, keep_every: int = 0) -> None:
+    """Delete the oldest model_step files beyond `keep`; never `protected`, latest.pth's target or a milestone.
+
+    best.pth is a name of its own (a hard link), so deleting its step file never removes it.
+    """
     steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST]
     spared = {protected, _latest_target(output_dir)}
     for path in steps[:-keep]:
-        if path not in spared:
+        if path not in spared and not is_milestone(_step_of(path), keep_every):
             path.unlink(missing_ok=True)
 
 
@@ -354,8 +364,13 @@ def _check_state(state: dict, step: int) -> None:
         raise ValueError(f"checkpoint state for step {step} is invalid: {'; '.join(problems)}")
 
 
-def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int) -> Path:
-    """Publish `output_dir/model_step{step}.pth` atomically, point latest.pth at it, then rotate to `keep`.
+def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep_every: int = 0,
+                    best: bool = False) -> Path:
+    """Publish `output_dir/model_step{step}.pth` atomically, point latest.pth (and best.pth when `best`) at
+    it, then rotate to `keep`, sparing milestones (steps that are multiples of `keep_every`).
+
+    best.pth moves before latest.pth: a kill in between resumes from the new step file (newer than
+    latest.pth), whose history already names it best.
 
     A failure (disk full, ...) leaves every earlier checkpoint and latest.pth as they were, removes the
     temp file and raises CheckpointSaveError.
@@ -376,12 +391,14 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int) -> P
             "with --resume auto") from exc
     crash_point("save_before_latest", step)
     try:
-        _publish_latest(output_dir, final)
+        if best:
+            publish(output_dir, final, BEST)
+        publish(output_dir, final, LATEST)
         crash_point("save_before_rotate", step)
-        _rotate(output_dir, keep, final)
+        _rotate(output_dir, keep, final, keep_every)
     except OSError as exc:
         raise CheckpointSaveError(
-            f"saved {final}, but could not update latest.pth or remove old checkpoints: "
+            f"saved {final}, but could not update latest.pth/best.pth or remove old checkpoints: "
             f"{failure_reason(exc)}; --resume auto still finds the newest complete checkpoint") from exc
     return final
 

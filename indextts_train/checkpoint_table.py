@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from indextts_train.best import BEST, is_milestone
-from indextts_train.checkpoint import LATEST, load_checkpoint, same_file, verify_checkpoint
+from indextts_train.checkpoint import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
 from indextts_train.errors import UserError
 
 _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")

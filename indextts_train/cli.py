@@ -138,12 +138,13 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
-    from indextts_train.data import manifest_paths
     from indextts_train.evaluate import evaluate_checkpoint
+    from indextts_train.sampling import parse_manifest_specs
 
     require_positive(batch_size, "--batch-size")
     require_weights(checkpoint)
-    result = run_guarded(evaluate_checkpoint, checkpoint, manifest_paths(manifest), config, batch_size=batch_size)
+    specs = run_guarded(parse_manifest_specs, manifest, "--manifest", weights=False)
+    result = run_guarded(evaluate_checkpoint, checkpoint, [s.path for s in specs], config, batch_size=batch_size)
     if as_json:
         typer.echo(json.dumps(result, indent=1))
     else:

@@ -110,7 +110,14 @@ class TrainConfig:
     log_interval: int = option(10, "Steps between log lines / TensorBoard points.")
     val_interval: int = option(500, "Steps between validations (also run at the end).")
     save_interval: int = option(1000, "Steps between checkpoints (also at the end and on Ctrl+C).")
-    keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep.")
+    keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep (best.pth and milestones aside).")
+    keep_every: int = option(0, "Milestones: also keep every checkpoint whose step is a multiple of N (0 = none).")
+    best_metric: str = option("loss", "Validation metric that picks best.pth: loss (the weighted total), "
+                                      "text_loss, mel_loss, or LANG/loss for one language.")
+    early_stop_patience: int = option(0, "Stop after K validations in a row without a new best.pth "
+                                         "(0 = never); exits 0.")
+    forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
+                                       "the base model's: '5' (every language) or 'zh=5,en=5'.")
     seed: int = option(1234, "Seed for init, data order and dropout.")
     sort_window: int = option(512, "Samples sorted by length together, so batches pad little.")
 
@@ -121,11 +128,21 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise UserError(f"train.{name} (--{name.replace('_', '-')}) must be > 0, got {getattr(self, name)}")
         for name in ("batch_size", "grad_accumulation", "num_workers", "warmup_steps", "max_steps",
-                     "weight_decay", "epochs"):
+                     "weight_decay", "epochs", "keep_every", "early_stop_patience"):
             if getattr(self, name) < 0:
                 raise UserError(f"train.{name} (--{name.replace('_', '-')}) must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"train.dropout must be in [0, 1), got {self.dropout}")
+        self._check_best_settings()
+
+    def _check_best_settings(self) -> None:
+        from indextts_train.validation import LOSS_KEYS, parse_forgetting_limit  # validation imports config
+
+        if self.best_metric.rpartition("/")[2] not in LOSS_KEYS:
+            raise UserError(f"train.best_metric (--best-metric) {self.best_metric!r}: expected "
+                            f"{', '.join(LOSS_KEYS)}, or LANG/loss for one validation language")
+        if self.forgetting_limit:
+            parse_forgetting_limit(self.forgetting_limit)
 
     def loss(self, text_loss: Any, mel_loss: Any) -> Any:
         """The weighted total that is optimised, logged and compared (the one place it is computed)."""
@@ -218,11 +235,13 @@ class TrainOptions:
     beats the config file; None means "take it from the config".
     """
 
-    train_manifests: list[str] = run_option(help="Training manifest JSONL; repeat to mix datasets "
-                                                 "('PATH::lang' accepted).", flag="--train-manifest")
+    train_manifests: list[str] = run_option(help="Training manifest JSONL; repeat to mix datasets: "
+                                                 "PATH[::lang][@weight], the weight a share of each epoch "
+                                                 "(@0.15 = 15%).", flag="--train-manifest")
     output_dir: Path = run_option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")
     config: Path = run_option(DEFAULT_CONFIG, "IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")
-    val_manifests: list[str] = run_option(help="Validation manifest JSONL; repeatable.", factory=list,
+    val_manifests: list[str] = run_option(help="Validation manifest JSONL; repeatable. PATH::lang: losses "
+                                               "per language.", factory=list,
                                           flag="--val-manifest")
     tokenizer: Path | None = run_option(None, "SentencePiece model; its size sets the text vocabulary "
                                               "(rows = size + 1). Omit when the config's number_text_tokens is right.")

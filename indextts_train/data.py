@@ -14,8 +14,7 @@ fields, never from the arrays, which may be longer (reference README, exact defi
 The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
 million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
 
-Data order is a pure function of (seed, epoch): `epoch_order` never looks at batch size, world
-size or worker count, so a resume with another batch size continues the same sample sequence.
+Which samples an epoch draws, and in what order, is sampling.py's: a pure function of (seed, epoch).
 """
 
 from __future__ import annotations
@@ -322,15 +321,6 @@ def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: 
 # Dataset, collate
 
 
-def manifest_paths(values: Sequence[str | Path]) -> list[Path]:
-    """Community manifests may carry a '::lang' suffix (a language hint); the path is what we need."""
-    paths = []
-    for value in map(str, values):
-        path = value.rsplit("::", 1)[0] if "::" in value else value
-        paths.append(Path(path).expanduser())
-    return paths
-
-
 class ManifestDataset(Dataset):
     """One example per indexed line, as int64/float32 tensors.
 
@@ -387,58 +377,7 @@ def collate(samples: list[dict]) -> Batch:
 
 
 # ---------------------------------------------------------------------------------------------
-# Order and sampling
-
-
-def epoch_order(lengths: np.ndarray, seed: int, epoch: int, sort_window: int) -> np.ndarray:
-    """Order of all samples for one epoch: a pure function of (seed, epoch, lengths).
-
-    A seeded permutation, then each run of `sort_window` consecutive positions is sorted
-    (stably) by `lengths` — pass `index.total_lengths` (text_len + code_len) — so neighbouring
-    micro-batches have similar lengths and pad little. Batch size, world size and worker count
-    play no part, so the sequence survives a resume with another batch size.
-    """
-    if sort_window < 1:
-        raise ValueError(f"sort_window must be >= 1, got {sort_window}")
-    lengths = np.asarray(lengths)
-    order = np.random.default_rng([seed, epoch]).permutation(len(lengths))
-    window = np.arange(len(order)) // sort_window
-    # lexsort is stable; the last key is the primary one: window first, then length.
-    return order[np.lexsort((lengths[order], window))]
-
-
-class ResumableBatchSampler(Sampler[list[int]]):
-    """Micro-batches of dataset indices for one epoch, starting anywhere in it.
-
-    Each micro-step consumes `micro_batch * world_size` consecutive samples of `epoch_order`;
-    rank r takes the r-th slice of `micro_batch`. `start_sample` is a position in that order, so
-    resuming is a slice (nothing is replayed) and works with any new micro_batch/world_size.
-    drop_last=True drops an incomplete final group, so every rank runs the same number of steps.
-    drop_last=False keeps it: its samples go to ranks in order, so some ranks may get a short
-    batch or none (meant for single-process evaluation).
-    """
-
-    def __init__(self, lengths: np.ndarray, *, seed: int, epoch: int, micro_batch: int, start_sample: int = 0,
-                 world_size: int = 1, rank: int = 0, sort_window: int = 512, drop_last: bool = True) -> None:
-        if micro_batch < 1 or world_size < 1 or not 0 <= rank < world_size or start_sample < 0:
-            raise ValueError(f"bad sampler arguments: micro_batch={micro_batch} world_size={world_size} "
-                             f"rank={rank} start_sample={start_sample}")
-        self.micro_batch = micro_batch
-        self.world_size = world_size
-        self.rank = rank
-        self.remaining = epoch_order(lengths, seed, epoch, sort_window)[start_sample:]
-        group = micro_batch * world_size
-        steps, leftover = divmod(len(self.remaining), group)
-        self.steps = steps + int(not drop_last and leftover > rank * micro_batch)
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[list[int]]:
-        group = self.micro_batch * self.world_size
-        for step in range(self.steps):
-            start = step * group + self.rank * self.micro_batch
-            yield self.remaining[start:start + self.micro_batch].tolist()
+# Loading (the order of training samples is sampling.py's)
 
 
 def _ignore_sigint_in_worker(worker_id: int) -> None:

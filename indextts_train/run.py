@@ -13,12 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from indextts_train.best import BestTracker, check_metric
+from indextts_train.checkpoint import BEST, publish, same_file
 from indextts_train.config import Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.console import RunLogger
-from indextts_train.data import ManifestDataset, ManifestIndex, manifest_paths
+from indextts_train.data import ManifestDataset, ManifestIndex
 from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
@@ -31,8 +34,20 @@ from indextts_train.resume import (
     seed_everything,
     select_checkpoint,
 )
+from indextts_train.sampling import (
+    ManifestSpec,
+    SamplerSpec,
+    describe_epoch,
+    epoch_length,
+    epoch_order,
+    legacy_spec,
+    mix_change,
+    parse_manifest_specs,
+    sampler_spec,
+)
 from indextts_train.state import History, Progress, TrainingState, capture_rng
 from indextts_train.steps import LossModule
+from indextts_train.validation import check_limit_groups, group_lines, parse_forgetting_limit
 from indextts_train.vocab import RowFreezer, VocabPlan, resize_text_rows, tokenizer_size
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
@@ -42,16 +57,16 @@ Autocast = Callable[[], contextlib.AbstractContextManager]
 class Schedule:
     """How many optimizer steps the run has: full epochs of the data, cut at max_steps."""
 
-    samples: int
+    sampler: SamplerSpec  # decides the epoch's length (sampling.py)
     epochs: int
     max_steps: int
-    source: Path  # the first training manifest, for messages
 
     def steps_per_epoch(self, effective_batch: int) -> int:
-        steps = self.samples // effective_batch  # the tail short of a step is dropped
+        steps = epoch_length(self.sampler) // effective_batch
         if steps == 0:
-            raise UserError(f"{self.source}: {self.samples} usable samples is fewer than one effective batch "
-                            f"({effective_batch}); lower --batch-size/--grad-accumulation")
+            raise UserError(f"{self.sampler.sources[0].name}: an epoch of the training manifests has fewer samples "
+                            f"({self.sampler.total_lines} usable lines) than one effective batch ({effective_batch}); "
+                            "lower --effective-batch-size or add data")
         return steps
 
     def total_steps(self, effective_batch: int) -> int:
@@ -94,11 +109,18 @@ class Run:
     progress: Progress
     history: History
     dataset: ManifestDataset
-    val_dataset: ManifestDataset | None
+    val: Validation | None
     log: RunLogger
     resumed: dict | None  # the checkpoint resumed from (until start_rng has used its RNG states)
     wrapped: nn.Module | None = None  # the loss module, DDP-wrapped under torchrun
     freezer: RowFreezer | None = None
+    _order: tuple[int, np.ndarray] | None = None  # (epoch, its order): computed once per epoch
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The data order of `epoch` (sampling.epoch_order of the run's sampler)."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(self.schedule.sampler, self.dataset.index.total_lengths, epoch))
+        return self._order[1]
 
     @property
     def model(self) -> UnifiedVoiceGPT:
@@ -120,6 +142,8 @@ class Run:
                 "grad_accumulation": plan.grad_accumulation, "world_size": plan.world_size, "precision": plan.precision}
 
     def training_state(self) -> TrainingState:
+        if self.val is not None:
+            self.history.best = self.val.tracker.state_dict()
         self.progress.micro_batch = self.plan.micro_batch
         self.progress.grad_accumulation = self.plan.grad_accumulation
         self.progress.world_size = self.plan.world_size
@@ -127,7 +151,7 @@ class Run:
             weights=self.weights, optimizer_set=self.optim, progress=self.progress, history=self.history,
             info={"hparams": self.hparams(), "config": config_to_dict(self.config),
                   "vocab_plan": self.weights.vocab_plan.to_dict(), "hardware": self.plan.to_dict(),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                  "sampler": self.schedule.sampler.state_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     def checkpoint_state(self) -> dict | None:
         """The checkpoint dict on rank 0; other ranks send their RNG state and get None."""
@@ -153,9 +177,54 @@ def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[Ha
     return plan, torch.device(f"cuda:{dist.local_rank}" if device_info.kind == "cuda" else "cpu")
 
 
-def _index(manifests: list[str], options: TrainOptions, config: Config) -> ManifestIndex:
-    return ManifestIndex.build(manifest_paths(manifests), skip_bad=options.skip_bad_lines,
+def _index(manifests: list[ManifestSpec], options: TrainOptions, config: Config) -> ManifestIndex:
+    return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
                                max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens)
+
+
+@dataclass
+class Validation:
+    """The validation data, grouped by language (validation.py), and what each validation is judged by."""
+
+    dataset: ManifestDataset
+    groups: dict[str, np.ndarray]  # group -> line indices, manifest order
+    tracker: BestTracker  # best.pth and the early-stop count
+    limits: dict[str | None, float]  # --forgetting-limit, percent per group (None: every group)
+    patience: int  # --early-stop-patience, 0 = off
+
+
+def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: History, config: Config) -> Validation:
+    train = config.train
+    groups = group_lines(index, manifests)
+    reported = list(groups) if len(groups) > 1 else []  # one group is only the total
+    check_metric(train.best_metric, reported)
+    limits = parse_forgetting_limit(train.forgetting_limit) if train.forgetting_limit else {}
+    check_limit_groups(limits, reported)
+    return Validation(_dataset(index, config), groups, BestTracker.from_state_dict(history.best, train.best_metric),
+                      limits, train.early_stop_patience)
+
+
+def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIndex, train: TrainConfig,
+             plan: HardwarePlan, log: RunLogger) -> SamplerSpec:
+    """The data order of the run: new runs take rule 2 and the flags' mix; a resumed run keeps its own."""
+    lines = np.bincount(index.file_ids, minlength=len(index.files)).tolist()
+    current = sampler_spec(manifests, lines, seed=train.seed, sort_window=train.sort_window,
+                           step_samples=plan.effective_batch)
+    if ckpt is None:
+        spec = current
+    elif "sampler" not in ckpt:
+        log.info("the checkpoint predates data order rules: the run keeps the order it started with (rule 1)")
+        spec = legacy_spec(ckpt["progress"]["sampler_seed"], train.sort_window, plan.effective_batch, len(index))
+    else:
+        spec = SamplerSpec.from_state_dict(ckpt["sampler"])
+        change = mix_change(spec, current)
+        if change:
+            log.warn(change)
+        elif [s.lines for s in spec.sources] != lines:
+            raise UserError(f"the training manifests now have {lines} usable lines per file, the run was made with "
+                            f"{[s.lines for s in spec.sources]}; resume with the same data or start a new --output-dir")
+    log.info(describe_epoch(spec))
+    return spec
 
 
 def _dataset(index: ManifestIndex, config: Config) -> ManifestDataset:
@@ -232,6 +301,28 @@ def _restore(run: Run, ckpt: dict, path: Path, saved_tokens: int, train: TrainCo
         run.log.info("the checkpoint was repaired and records no settings: the current ones apply")
 
 
+def _data(options: TrainOptions, config: Config, log: RunLogger) -> tuple:
+    """(training manifests, their index, validation manifests, their index or None)."""
+    train_specs = parse_manifest_specs(options.train_manifests, "--train-manifest", weights=True)
+    val_specs = parse_manifest_specs(options.val_manifests, "--val-manifest", weights=False)
+    index = _index(train_specs, options, config)
+    if index.skipped:
+        log.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
+    if not val_specs and (config.train.early_stop_patience or config.train.forgetting_limit):
+        raise UserError("--early-stop-patience and --forgetting-limit judge validations: pass --val-manifest")
+    return train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None
+
+
+def _republish_best(run: Run, path: Path | None) -> None:
+    """A kill between saving a new best and publishing best.pth leaves the run resuming from that very file."""
+    tracker = run.val.tracker if run.val is not None else None
+    best = run.options.output_dir / BEST
+    if (run.dist.is_main and path is not None and tracker is not None and tracker.step == run.progress.step
+            and not same_file(best, path)):
+        publish(run.options.output_dir, path, BEST)
+        run.log.info(f"{best} now names {path.name}, the best checkpoint (its publication was interrupted)")
+
+
 def setup(options: TrainOptions, dist: DistInfo) -> Run:
     """Build the run: config + flags, hardware plan, data, weights, optimizer set, resume state."""
     config = options.load_config()
@@ -239,11 +330,7 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
     plan, device = _hardware(config, options, dist)
     startup.info(plan.describe())
-    index = _index(options.train_manifests, options, config)
-    if index.skipped:
-        startup.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
-    val_index = _index(options.val_manifests, options, config) if options.val_manifests else None
-    schedule = Schedule(len(index), train.epochs, train.max_steps, manifest_paths(options.train_manifests)[0])
+    train_specs, index, val_specs, val_index = _data(options, config, startup)
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     seed_everything(train.seed + dist.rank)
     ckpt, path = select_checkpoint(options.output_dir, options.resume, startup)
@@ -255,11 +342,16 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     else:
         weights, saved_tokens = resumed_weights(ckpt, path, config, tokens)
     weights.model.to(device)
+    reset = tokens != saved_tokens and options.on_vocab_change == "reset"  # the run starts over
+    schedule = Schedule(_sampler(None if reset else ckpt, train_specs, index, train, plan, startup), train.epochs,
+                        train.max_steps)
     optim = OptimizerSet.build(weights.model, train, plan, schedule.total_steps(plan.effective_batch))
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
-              History(), _dataset(index, config), _dataset(val_index, config) if val_index else None, startup, ckpt)
+              History(), _dataset(index, config), None, startup, ckpt)
     if ckpt is not None:
         _restore(run, ckpt, path, saved_tokens, train)
+    run.val = _validation(val_index, val_specs, run.history, config) if val_index else None
+    _republish_best(run, None if reset else path)
     startup.info(weights.vocab_plan.describe())
     run.freezer = RowFreezer(weights.model, weights.vocab_plan)
     run.wrapped = LossModule(weights.model)

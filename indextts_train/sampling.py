@@ -179,6 +179,35 @@ def sampler_spec(manifests: Sequence[ManifestSpec], lines: Sequence[int], *, see
     return SamplerSpec(ORDER_RULE, seed, sort_window, step_samples, sources)
 
 
+def legacy_spec(seed: int, sort_window: int, step_samples: int, lines: int) -> SamplerSpec:
+    """Rule 1 for a checkpoint written before order rules existed: one pool, the current effective batch
+    (as the code of that time computed the epoch), the seed it recorded, the configured window."""
+    return SamplerSpec(LEGACY_RULE, seed, sort_window, step_samples, (Source("all manifests", lines),))
+
+
+def sampler_problem(record: object) -> str | None:
+    """Why a checkpoint's `sampler` record is unusable, or None."""
+    try:
+        SamplerSpec.from_state_dict(record)
+    except UserError as exc:
+        return f"sampler: {exc}"
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return f"sampler: malformed record ({type(exc).__name__}: {exc})"
+    return None
+
+
+def mix_change(saved: SamplerSpec, current: SamplerSpec) -> str | None:
+    """What differs between the run's recorded sources and the flags of this invocation, or None."""
+    def mix(spec: SamplerSpec) -> list[tuple]:
+        return [(s.name, s.lang, s.weight) for s in spec.sources]
+    if saved.rule == LEGACY_RULE or mix(saved) == mix(current):
+        return None
+    shown = ", ".join(str(ManifestSpec(Path(s.name), s.lang, s.weight)) for s in saved.sources)
+    return (f"the training manifests or their weights differ from the run's ({shown}); the data order keeps "
+            "the run's mix so that no sample is skipped or repeated; to change the mix, start a new "
+            "--output-dir with --base-checkpoint pointing at a checkpoint of this run")
+
+
 def _apportion(total: int, shares: np.ndarray) -> np.ndarray:
     """`total` split in proportion to `shares` in whole numbers (largest remainder, ties to the first)."""
     quotas = total * shares / shares.sum()

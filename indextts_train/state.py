@@ -16,7 +16,9 @@ Layout (a plain dict, loadable with torch.load(weights_only=True)):
     optimizer (AdamW state_dict), optimizer_param_names (param names in optimizer order),
     scheduler (LambdaLR state_dict), scaler (GradScaler state_dict or None),
     progress (Progress), rng [one capture_rng() dict per rank], history (History),
-    hparams, config, vocab_plan, hardware, created, and after a repair: repaired.
+    hparams, config, vocab_plan, hardware, created, sampler (sampling.SamplerSpec: the data order rule
+    and mix; absent in files from before order rules, which resume with rule 1), and after a repair:
+    repaired.
 A repaired checkpoint whose optimizer could not be matched to the weights holds None for
 optimizer, scheduler and scaler together (one matched set, reset together) and lists them in
 `repaired["unknown"]`; the trainer then starts a fresh optimizer at the stored step.
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from indextts_train.errors import CheckpointError
+from indextts_train.sampling import sampler_problem
 from indextts_train.schema import field_types, is_int, type_problem
 
 FORMAT = "indextts-train-checkpoint"
@@ -47,14 +50,15 @@ _NUMPY_RNG_WORDS = 624
 # ----------------------------------------------------------------------------- components
 
 
-def added_field(default: Any) -> Any:
+def added_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
     """A component field newer than some files: `migrate` fills in `default` where a file lacks it.
 
     Adding such a field (say `bad_steps: int = added_field(0)` in Progress) is the whole edit: saved by
     `state_dict`, type-checked by `validate`, filled for older files. Fields whose value for older
-    files is not the default need a migration step instead (see `_v1_to_v2`).
+    files is not the default need a migration step instead (see `_v1_to_v2`). Mutable defaults
+    (lists, dicts) come from `factory`.
     """
-    return field(default=default, metadata={"filled_when_missing": True})
+    return field(default=default, default_factory=factory, metadata={"filled_when_missing": True})
 
 
 class Component:
@@ -97,6 +101,10 @@ class History(Component):
     val: list = field(default_factory=list)  # [step, loss, text_loss, mel_loss, mel_top1]
     best_val_loss: float | None = None
     best_val_step: int | None = None  # the step of best_val_loss (format 2)
+    val_groups: list = added_field(factory=list)  # [{"step", "groups": {name: losses}}] with 2+ val groups
+    baseline: dict | None = added_field(None)  # validation of the model before step 1: {"total", "groups"}
+    last_val: dict | None = added_field(None)  # the latest validation, {"step", "total", "groups"}
+    best: dict | None = added_field(None)  # BestTracker.state_dict(): the step best.pth holds, patience
 
     def record_train(self, step: int, values: dict) -> None:
         self.train.append([step, values["loss"], values["text_loss"], values["mel_loss"], values["mel_top1"],
@@ -106,6 +114,13 @@ class History(Component):
         self.val.append([step, result["loss"], result["text_loss"], result["mel_loss"], result["mel_top1"]])
         if self.best_val_loss is None or result["loss"] < self.best_val_loss:
             self.best_val_loss, self.best_val_step = result["loss"], step
+
+    def record_validation(self, step: int, result: dict) -> None:
+        """An evaluate_groups result: the total as a `val` row, groups (if any) and the whole as last_val."""
+        self.record_val(step, result["total"])
+        if result["groups"]:
+            self.val_groups.append({"step": step, "groups": result["groups"]})
+        self.last_val = {"step": step, **result}
 
     @staticmethod
     def problems(state: Any) -> list[str]:
@@ -296,6 +311,8 @@ def validate(state: dict) -> list[str]:
     progress = Progress.problems(state["progress"])
     problems += progress or _rng_problems(state)
     problems += [f"{k}: expected a dict" for k in ("hparams", "config", "vocab_plan") if not isinstance(state[k], dict)]
+    if "sampler" in state:  # the data order record; files from before order rules have none (rule 1)
+        problems += [p for p in (sampler_problem(state["sampler"]),) if p]
     return problems
 
 
@@ -354,7 +371,7 @@ def _fill_added_fields(state: dict) -> None:
         if isinstance(part, dict):
             for f in dataclasses.fields(cls):
                 if f.metadata.get("filled_when_missing") and f.name not in part:
-                    part[f.name] = f.default
+                    part[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def migrate(state: dict) -> dict:

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from indextts_train.data import ManifestDataset, ResumableBatchSampler, make_loader, sequential_batches
+from indextts_train.data import make_loader
 from indextts_train.distributed import sum_across_ranks
-from indextts_train.evaluate import evaluate
 from indextts_train.faults import crash_point
 from indextts_train.hardware import halve_for_oom, is_oom_error
 from indextts_train.model import Batch, UnifiedVoiceGPT
+from indextts_train.sampling import ResumableBatchSampler
+from indextts_train.validation import evaluate_groups
 
 if TYPE_CHECKING:
     from indextts_train.run import Run
@@ -51,9 +52,8 @@ def micro_batches(run: Run) -> Iterator[Batch]:
     """
     plan, progress = run.plan, run.progress
     sampler = ResumableBatchSampler(
-        run.dataset.index.total_lengths, seed=progress.sampler_seed, epoch=progress.epoch,
-        micro_batch=plan.micro_batch, start_sample=progress.samples_in_epoch, world_size=plan.world_size,
-        rank=run.dist.rank, sort_window=run.config.train.sort_window)
+        run.epoch_order(progress.epoch), micro_batch=plan.micro_batch, start_sample=progress.samples_in_epoch,
+        world_size=plan.world_size, rank=run.dist.rank)
     return iter(make_loader(run.dataset, sampler, plan.num_workers, run.device.type == "cuda"))
 
 
@@ -109,14 +109,16 @@ def optimizer_step(run: Run, batches: Iterator[Batch], step: int) -> list[float]
             float(grad_norm)]
 
 
-def validate(run: Run, dataset: ManifestDataset) -> dict:
-    """Validation over this rank's shard, in manifest order; an OOM halves the micro-batch and retries."""
-    shard = list(range(run.dist.rank, len(dataset), run.dist.world_size))
+def validate(run: Run) -> dict:
+    """Validation per group (validation.py) over this rank's shard, in manifest order: {"total", "groups"}.
+
+    An OOM halves the micro-batch and retries.
+    """
     while True:
-        loader = make_loader(dataset, sequential_batches(shard, run.plan.micro_batch), run.plan.num_workers,
-                             run.device.type == "cuda")
         try:
-            return evaluate(run.model, loader, run.config, run.device, run.dist, run.autocast)
+            return evaluate_groups(run.model, run.val.dataset, run.val.groups, batch_size=run.plan.micro_batch,
+                                   config=run.config, device=run.device, num_workers=run.plan.num_workers,
+                                   dist_info=run.dist, autocast=run.autocast)
         except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
             if not is_oom_error(exc):
                 raise

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indextts_train.best import judge, verdict
 from indextts_train.checkpoint import save_checkpoint
 from indextts_train.config import TrainOptions
 from indextts_train.console import RunLogger
@@ -30,7 +31,9 @@ from indextts_train.hardware import halve_for_oom
 from indextts_train.model import Batch
 from indextts_train.optim import lr_factor
 from indextts_train.run import Run, setup
+from indextts_train.sampling import epoch_length
 from indextts_train.steps import OutOfMemory, micro_batches, optimizer_step, validate
+from indextts_train.validation import describe, scalars
 
 __all__ = ["SignalFlag", "TrainOptions", "lr_factor", "train"]
 
@@ -101,11 +104,13 @@ def loop(run: Run, signals: SignalFlag) -> int:
         if due(run, train.log_interval):
             clock = log_window(run, window, clock)
             window = []
-        if run.val_dataset is not None and due(run, train.val_interval):
-            validation(run)
+        new_best, ending = validation(run) if run.val is not None and due(run, train.val_interval) else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
-        if due(run, train.save_interval) or stop:
-            save(run)
+        if due(run, train.save_interval) or stop or new_best or ending:
+            save(run, best=new_best)
+        if ending:  # early stop or forgetting limit: a planned end, exit 0
+            run.log.info(ending)
+            break
         if stop:
             exit_code = signals.exit_code or 143
             run.log.stop()
@@ -128,9 +133,13 @@ def begin(run: Run) -> bool:
         run.log.close()
         return False
     run.start_rng()  # last: model building and data setup may draw random numbers
-    run.log.info(f"training {run.total_steps} steps: {len(run.dataset)} samples, effective batch "
-                 f"{plan.effective_batch} = {plan.micro_batch} x {plan.grad_accumulation} x {plan.world_size}, "
-                 f"starting at step {progress.step} (epoch {progress.epoch}, sample {progress.samples_in_epoch})")
+    if run.val is not None and not baseline(run):
+        run.log.close()
+        return False
+    run.log.info(f"training {run.total_steps} steps: {epoch_length(run.schedule.sampler)} samples an epoch, "
+                 f"effective batch {plan.effective_batch} = {plan.micro_batch} x {plan.grad_accumulation} x "
+                 f"{plan.world_size}, starting at step {progress.step} (epoch {progress.epoch}, "
+                 f"sample {progress.samples_in_epoch})")
     run.log.start(progress.step)
     run.wrapped.train()
     return True
@@ -165,24 +174,49 @@ def log_window(run: Run, window: list[list[float]], clock: tuple[float, int]) ->
     return now, samples
 
 
-def validation(run: Run) -> None:
-    result = validate(run, run.val_dataset)
-    step = run.progress.step
-    run.history.record_val(step, result)
-    run.log.scalars("val", {k: v for k, v in result.items() if k != "samples"}, step)
-    run.log.info(f"val step {step}: loss {result['loss']:.4f} text {result['text_loss']:.4f} "
-                 f"mel {result['mel_loss']:.4f} top1 {result['mel_top1']:.3f}")
+def baseline(run: Run) -> bool:
+    """Validate the model before its first step (the base model: the forgetting report's reference), or on a
+    resume say why there is nothing to do when the run already ended early. False: nothing to do."""
+    history, val = run.history, run.val
+    if run.progress.step == 0 and history.baseline is None:
+        history.baseline = validate(run)
+        run.log.scalars("val", scalars(history.baseline), 0)
+        run.log.info(describe(0, history.baseline, None, " (before training)"))
+        return True
+    if history.last_val is None or history.last_val["step"] != run.progress.step:
+        return True
+    why = verdict(val.tracker, history.last_val, run.progress.step, baseline=history.baseline, limits=val.limits,
+                  patience=val.patience)
+    if why:
+        run.log.info(f"nothing to do: the run in {run.options.output_dir} already ended ({why}); raise "
+                     "--early-stop-patience or --forgetting-limit to continue it")
+    return why is None
 
 
-def save(run: Run) -> Path | None:
+def validation(run: Run) -> tuple[bool, str | None]:
+    """Validate, log (total and per language, with the change against the base model), judge best.pth.
+
+    Returns (a new best: save and publish it now, why the run ends now or None).
+    """
+    result = validate(run)
+    step, history, val = run.progress.step, run.history, run.val
+    history.record_validation(step, result)
+    run.log.scalars("val", scalars(result), step)
+    run.log.info(describe(step, result, history.baseline))
+    return judge(val.tracker, result, step, baseline=history.baseline, limits=val.limits, patience=val.patience)
+
+
+def save(run: Run, *, best: bool = False) -> Path | None:
     """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG)."""
     state = run.checkpoint_state()
     path = None
     if state is not None:
         progress = run.progress
-        path = save_checkpoint(state, run.options.output_dir, progress.step, keep=run.config.train.keep_checkpoints)
+        train = run.config.train
+        path = save_checkpoint(state, run.options.output_dir, progress.step, keep=train.keep_checkpoints,
+                               keep_every=train.keep_every, best=best)
         run.log.info(f"saved {path} (step {progress.step}, epoch {progress.epoch}, "
-                     f"sample {progress.samples_in_epoch})")
+                     f"sample {progress.samples_in_epoch}){', best.pth' if best else ''}")
     barrier(run.dist)
     return path
 
@@ -190,9 +224,9 @@ def save(run: Run) -> Path | None:
 def finish(run: Run, exit_code: int) -> None:
     run.log.stop()
     if exit_code == 0:
-        history, progress = run.history, run.progress
-        best = f"{history.best_val_loss:.4f}" if history.best_val_loss is not None else "n/a (no --val-manifest)"
+        progress = run.progress
+        best = run.val.tracker.describe() if run.val is not None else "no best.pth (no --val-manifest)"
         logs = f", TensorBoard logs in {run.log.log_dir}" if run.log.log_dir else ""
-        run.log.info(f"done: {progress.step} steps, {progress.epoch + 1} epoch(s), best val loss {best}; "
+        run.log.info(f"done: {progress.step} steps, {progress.epoch + 1} epoch(s), {best}; "
                      f"checkpoints in {run.options.output_dir} (latest.pth){logs}")
     run.log.close()

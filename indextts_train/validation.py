@@ -135,10 +135,10 @@ def check_limit_groups(limits: dict[str | None, float], groups: Sequence[str]) -
                         f"(groups: {', '.join(groups) or 'none; pass --val-manifest PATH::lang'})")
 
 
-def describe(step: int, result: dict, baseline: dict | None) -> str:
+def describe(step: int, result: dict, baseline: dict | None, note: str = "") -> str:
     """The plain log line of one validation, with each group's change against the base model."""
     total = result["total"]
-    line = (f"val step {step}: loss {total['loss']:.4f} text {total['text_loss']:.4f} "
+    line = (f"val step {step}{note}: loss {total['loss']:.4f} text {total['text_loss']:.4f} "
             f"mel {total['mel_loss']:.4f} top1 {total['mel_top1']:.3f}")
     if baseline is not None and step > 0:
         line += f" ({change_vs_base(total['loss'], baseline['total']['loss']):+.1f}% vs base)"

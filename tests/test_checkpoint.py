@@ -15,7 +15,7 @@ from helpers import community_state, names, trained
 
 from indextts_train import checkpoint as ckpt
 from indextts_train.checkpoint import CheckpointError, CheckpointSaveError
-from indextts_train.state import capture_rng, restore_rng
+from indextts_train.state import History, capture_rng, restore_rng
 
 
 def make_state(step: int = 1) -> dict:
@@ -28,8 +28,7 @@ def make_state(step: int = 1) -> dict:
         "progress": {"step": step, "epoch": 0, "samples_in_epoch": 4 * step, "samples_total": 4 * step,
                      "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1},
         "rng": [capture_rng()],
-        "history": {"train": [{"step": step, "loss": 1.5}], "val": [], "best_val_loss": None,
-                    "best_val_step": None},
+        "history": {**History().state_dict(), "train": [{"step": step, "loss": 1.5}]},
         "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
         "vocab_plan": {"base_tokens": 10, "tokens": 12, "freeze_base": True},
         "hardware": {"device": "cpu"}, "created": "2025-01-01T00:00:00",
@@ -91,10 +90,18 @@ def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
     assert names(tmp_path) == {"model_step4.pth", "model_step5.pth", "latest.pth"}
 
 
+def test_milestones_and_best_survive_rotation(tmp_path: Path) -> None:
+    for step in range(1, 8):
+        ckpt.save_checkpoint(make_state(step), tmp_path, step, keep=1, keep_every=3, best=step == 2)
+    assert names(tmp_path) == {"model_step3.pth", "model_step6.pth", "model_step7.pth", "latest.pth", "best.pth"}
+    assert torch.load(tmp_path / "best.pth", weights_only=True)["progress"]["step"] == 2
+    assert os.path.samefile(tmp_path / "latest.pth", tmp_path / "model_step7.pth")
+
+
 def test_rotation_never_deletes_what_latest_refers_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_steps(tmp_path, [1], keep=1)
     # latest.pth stays on step 1 (as when publishing it failed); rotation must still spare its target.
-    monkeypatch.setattr(ckpt, "_publish_latest", lambda output_dir, target: None)
+    monkeypatch.setattr(ckpt, "publish", lambda output_dir, target, name: None)
     save_steps(tmp_path, [2, 3], keep=1)
     assert names(tmp_path) == {"model_step1.pth", "model_step3.pth", "latest.pth"}
     assert os.path.samefile(tmp_path / "latest.pth", tmp_path / "model_step1.pth")

@@ -1,4 +1,4 @@
-"""Manifest index, dataset, collate, epoch order, resumable sampler, check-data."""
+"""Manifest index, dataset, collate, loader, check-data (the data order: test_sampling.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ from indextts_train.config import GPTConfig
 from indextts_train.data import (
     ManifestDataset,
     ManifestIndex,
-    ResumableBatchSampler,
     check_manifests,
     collate,
-    epoch_order,
     make_loader,
     render_check_report,
     write_clean_manifest,
 )
 from indextts_train.errors import UserError
+from indextts_train.sampling import ResumableBatchSampler, SamplerSpec, Source, epoch_order
 
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 DIM = 8
@@ -159,78 +158,7 @@ def test_collate_pads_to_longest_array_and_keeps_manifest_lengths(tmp_path: Path
     assert batch.text_ids[1, 2] != 0  # the array's 3rd id is kept; the model's padding rule uses the length
 
 
-# --------------------------------------------------------------------------------------------- order
-
-
-def test_epoch_order_is_a_pure_function_of_seed_and_epoch() -> None:
-    lengths = np.random.default_rng(3).integers(1, 100, 1000)
-    order = epoch_order(lengths, seed=7, epoch=2, sort_window=64)
-    assert sorted(order.tolist()) == list(range(1000))
-    np.testing.assert_array_equal(order, epoch_order(lengths.copy(), seed=7, epoch=2, sort_window=64))
-    assert not np.array_equal(order, epoch_order(lengths, seed=7, epoch=3, sort_window=64))
-    assert not np.array_equal(order, epoch_order(lengths, seed=8, epoch=2, sort_window=64))
-
-
-def test_epoch_order_sorts_each_window_by_length() -> None:
-    lengths = np.random.default_rng(4).integers(1, 100, 1000)
-    order = epoch_order(lengths, seed=1, epoch=0, sort_window=64)
-    windows = [lengths[order[start:start + 64]] for start in range(0, 1000, 64)]
-    assert all(np.all(np.diff(w) >= 0) for w in windows)
-    assert any(w[-1] > nxt[0] for w, nxt in zip(windows, windows[1:], strict=False))  # not a global sort
-    # The window holds the same samples as the unsorted permutation's window: sorting is local.
-    permutation = np.random.default_rng([1, 0]).permutation(1000)
-    assert set(order[64:128].tolist()) == set(permutation[64:128].tolist())
-
-
-def flatten(batches: list[list[int]]) -> list[int]:
-    return [i for batch in batches for i in batch]
-
-
-def test_sampler_order_does_not_depend_on_batch_size_or_world_size() -> None:
-    lengths = np.arange(1, 61)
-    order = epoch_order(lengths, seed=5, epoch=1, sort_window=8).tolist()
-    for micro_batch in (2, 3):
-        for world_size in (1, 2):
-            ranks = [list(ResumableBatchSampler(lengths, seed=5, epoch=1, micro_batch=micro_batch,
-                                                world_size=world_size, rank=r, sort_window=8))
-                     for r in range(world_size)]
-            merged = flatten([flatten(step) for step in zip(*ranks, strict=True)])
-            assert merged == order  # 60 divides by 2, 3, 4 and 6: nothing dropped
-
-
-@pytest.mark.parametrize("micro_batch", [2, 3])
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_sampler_resume_yields_exactly_the_tail(micro_batch: int, world_size: int) -> None:
-    lengths = np.random.default_rng(0).integers(1, 50, 47)
-    group = micro_batch * world_size
-
-    def run(start: int, rank: int) -> list[list[int]]:
-        sampler = ResumableBatchSampler(lengths, seed=11, epoch=3, micro_batch=micro_batch, start_sample=start,
-                                        world_size=world_size, rank=rank, sort_window=5)
-        batches = list(sampler)
-        assert len(sampler) == len(batches)
-        return batches
-
-    order = epoch_order(lengths, seed=11, epoch=3, sort_window=5).tolist()
-    full = {rank: run(0, rank) for rank in range(world_size)}
-    for start in range(0, 47):
-        resumed = {rank: run(start, rank) for rank in range(world_size)}
-        steps = (47 - start) // group
-        merged = flatten([flatten(step) for step in zip(*resumed.values(), strict=True)])
-        assert merged == order[start:start + steps * group]
-        assert all(len(batch) == micro_batch for batches in resumed.values() for batch in batches)
-        if start % group == 0:
-            for rank in range(world_size):
-                assert resumed[rank] == full[rank][start // group:]
-
-
-def test_sampler_drop_last_false_covers_every_sample() -> None:
-    lengths = np.arange(1, 12)
-    sampler = ResumableBatchSampler(lengths, seed=0, epoch=0, micro_batch=4, drop_last=False)
-    batches = list(sampler)
-    assert [len(b) for b in batches] == [4, 4, 3] and len(sampler) == 3
-    assert sorted(flatten(batches)) == list(range(11))
-    assert len(ResumableBatchSampler(lengths, seed=0, epoch=0, micro_batch=4)) == 2
+# --------------------------------------------------------------------------------------------- loader
 
 
 def test_loader_batches_do_not_depend_on_worker_count(tmp_path: Path) -> None:
@@ -238,8 +166,8 @@ def test_loader_batches_do_not_depend_on_worker_count(tmp_path: Path) -> None:
     dataset = ManifestDataset(index)
 
     def batches(workers: int) -> list:
-        sampler = ResumableBatchSampler(index.total_lengths, seed=2, epoch=0, micro_batch=3, start_sample=2,
-                                        sort_window=4)
+        order = epoch_order(SamplerSpec(2, 2, 4, 3, (Source("a", 12),)), index.total_lengths, 0)
+        sampler = ResumableBatchSampler(order, micro_batch=3, start_sample=2)
         return list(make_loader(dataset, sampler, num_workers=workers))
 
     serial, parallel = batches(0), batches(2)
