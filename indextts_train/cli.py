@@ -271,20 +271,29 @@ def extend_tokenizer(
     typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
 
 
+class Pick(str, Enum):
+    best = "best"
+    latest = "latest"
+
+
 @app.command()
 def export(
-    checkpoint: Annotated[Path, typer.Argument(help="Training checkpoint (ours, community or gpt.pth).")],
+    checkpoint: Annotated[Path, typer.Argument(help="Training checkpoint (ours, community or gpt.pth), or a run's --output-dir (then --pick).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="gpt.pth to write for IndexTTS2 inference.")],
     config_out: Annotated[Path | None, typer.Option(help="Also write an IndexTTS2 config.yaml with the new number_text_tokens.")] = None,
     config: Annotated[Path | None, typer.Option(help="Base IndexTTS2 config.yaml to update (default: the config stored in the checkpoint).")] = None,
     tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
+    pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
 ) -> None:
     """Write the gpt.pth IndexTTS2 inference loads (full official key set, extended text rows)."""
-    from indextts_train.export import export_checkpoint
+    from indextts_train.export import export_checkpoint, export_source, provenance
 
-    summary = run_guarded(export_checkpoint, checkpoint, output, config_out=config_out, base_config=config,
+    source = run_guarded(export_source, checkpoint, pick.value if pick else None)
+    summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
                           tokenizer_name=tokenizer_name, dtype=dtype)
+    origin = run_guarded(provenance, source)
+    typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
     typer.echo(f"wrote {output}: {summary['tensors']} tensors, text rows {summary['text_rows']} "
                f"(number_text_tokens {summary['text_rows'] - 1}), {summary['dtype']}")
     if config_out:

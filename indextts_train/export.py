@@ -14,12 +14,42 @@ import torch
 import yaml
 
 from indextts_train.atomic import atomic_write, atomic_write_text
-from indextts_train.checkpoint import config_for, verify_checkpoint
+from indextts_train.checkpoint import BEST, LATEST, config_for, load_checkpoint, verify_checkpoint
 from indextts_train.config import Config, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.model import load_base_checkpoint, official_shapes
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def export_source(checkpoint: Path, pick: str | None) -> Path:
+    """The file to export: `checkpoint` itself, or in a run folder best.pth or latest.pth (`pick`).
+
+    A folder without `pick` gives best.pth, or latest.pth when the run had no validation (no best.pth).
+    """
+    if not checkpoint.is_dir():
+        if pick is not None:
+            raise UserError(f"--pick {pick} chooses best.pth or latest.pth inside a run folder, but {checkpoint} "
+                            "is a file; drop --pick, or pass the run's --output-dir")
+        return checkpoint
+    names = {"best": [BEST], "latest": [LATEST], None: [BEST, LATEST]}[pick]
+    found = next((checkpoint / name for name in names if (checkpoint / name).is_file()), None)
+    if found is None:
+        raise UserError(f"{checkpoint}: no {' or '.join(names)} in this folder; pass a checkpoint file "
+                        "(`indextts-train checkpoints DIR` lists them)")
+    return found
+
+
+def provenance(checkpoint: Path) -> str:
+    """'step N, val loss X' for one of our checkpoints (read by mmap), '' for other files."""
+    state = load_checkpoint(checkpoint, mmap=True)
+    progress, history = state.get("progress"), state.get("history")
+    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
+        return ""
+    step = progress["step"]
+    rows = history.get("val", []) if isinstance(history, dict) else []
+    loss = next((row[1] for row in reversed(rows) if row and row[0] == step), None)
+    return f"step {step}" + (f", val loss {loss:.4f}" if loss is not None else "")
 
 
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
