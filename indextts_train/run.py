@@ -217,12 +217,12 @@ def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIn
         spec = legacy_spec(ckpt["progress"]["sampler_seed"], train.sort_window, plan.effective_batch, len(index))
     else:
         spec = SamplerSpec.from_state_dict(ckpt["sampler"])
+        if [s.lines for s in spec.sources] != lines:
+            raise UserError(f"the training manifests now have {lines} usable lines per file, the run was made with "
+                            f"{[s.lines for s in spec.sources]}; resume with the same data or start a new --output-dir")
         change = mix_change(spec, current)
         if change:
             log.warn(change)
-        elif [s.lines for s in spec.sources] != lines:
-            raise UserError(f"the training manifests now have {lines} usable lines per file, the run was made with "
-                            f"{[s.lines for s in spec.sources]}; resume with the same data or start a new --output-dir")
     log.info(describe_epoch(spec))
     return spec
 

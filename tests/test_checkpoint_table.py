@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
@@ -18,33 +18,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
+    # A learning rate below float32 resolution: validation never improves, so best.pth stays at step 2,
+    # whose step file rotation removes; step 4 is a milestone.
     options = TrainOptions(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
                            config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
                            grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=6, epochs=100,
-                           log_interval=2, val_interval=2, save_interval=2, keep_checkpoints=2, tensorboard=False)
+                           learning_rate=1e-30, log_interval=2, val_interval=2, save_interval=2, keep_checkpoints=2,
+                           keep_every=4, tensorboard=False)
     assert train(options) == 0
     (out / "model_step1.pth").write_bytes(b"PK\x03\x04 not a checkpoint")  # someone else's damaged file
-    os.link(out / "model_step4.pth", out / "best.pth")
 
     result = subprocess.run([sys.executable, "-m", "indextts_train", "checkpoints", str(out)], capture_output=True,
                             text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["file", "step", "epoch", "val", "loss", "status", "size", "marks"]
-    rows = {line.split()[0]: line for line in lines[1:] if line.startswith("model_step")}
-    assert set(rows) == {"model_step1.pth", "model_step4.pth", "model_step6.pth"}
+    rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ")}
+    assert set(rows) == {"model_step1.pth", "model_step4.pth", "model_step6.pth", "best.pth"}
     assert rows["model_step6.pth"].split()[1:3] == ["6", "0"] and rows["model_step6.pth"].endswith("latest")
-    assert rows["model_step4.pth"].endswith("best") and " COMPLETE " in rows["model_step4.pth"]
+    assert rows["model_step4.pth"].endswith("milestone") and " COMPLETE " in rows["model_step4.pth"]
+    assert rows["best.pth"].split()[1] == "2" and rows["best.pth"].endswith("best")
     assert " INCOMPLETE " in rows["model_step1.pth"]
     assert all(len(line) <= 80 for line in lines if not line.startswith(" "))
 
     rows = json.loads(CliRunner().invoke(app, ["checkpoints", str(out), "--json"]).stdout)
     by_file = {row["file"]: row for row in rows}
-    assert [row["file"] for row in rows] == ["model_step1.pth", "model_step4.pth", "model_step6.pth"]
+    assert [row["file"] for row in rows] == ["model_step1.pth", "model_step4.pth", "model_step6.pth", "best.pth"]
     assert by_file["model_step6.pth"]["also"] == ["latest.pth"] and by_file["model_step6.pth"]["latest"]
-    assert by_file["model_step4.pth"]["also"] == ["best.pth"] and by_file["model_step4.pth"]["best"]
-    history = __import__("torch").load(out / "latest.pth", weights_only=True)["history"]
-    assert by_file["model_step4.pth"]["val"]["loss"] == next(row[1] for row in history["val"] if row[0] == 4)
+    assert by_file["best.pth"]["best"] and by_file["model_step4.pth"]["milestone"]
+    history = torch.load(out / "latest.pth", weights_only=True)["history"]
+    assert by_file["best.pth"]["val"]["loss"] == next(row[1] for row in history["val"] if row[0] == 2)
     assert by_file["model_step1.pth"]["status"] == "INCOMPLETE" and by_file["model_step1.pth"]["reason"]
     assert by_file["model_step4.pth"]["bytes"] == (out / "model_step4.pth").stat().st_size
 

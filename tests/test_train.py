@@ -78,8 +78,9 @@ def test_unfreeze_flag_trains_base_rows(tiny_data, tmp_path) -> None:
 
 def test_oom_halves_micro_batch_and_retries_the_same_samples(tiny_data, tmp_path, monkeypatch, capsys) -> None:
     reference_out = tmp_path / "reference"
+    # No validation: its baseline before step 1 would meet the OOM first (and halve it the same way).
     assert train(options(tiny_data, reference_out, batch_size=2, grad_accumulation=4, effective_batch_size=8,
-                         max_steps=4, dropout=0.0)) == 0
+                         max_steps=4, dropout=0.0, val_manifests=[])) == 0
 
     original = UnifiedVoiceGPT.compute_losses
 
@@ -92,7 +93,7 @@ def test_oom_halves_micro_batch_and_retries_the_same_samples(tiny_data, tmp_path
     out = tmp_path / "oom"
     # Auto micro-batch on CPU picks 8: it "runs out of memory" at 8, then at 4, and trains at 2 x 4.
     assert train(options(tiny_data, out, batch_size=0, grad_accumulation=0, effective_batch_size=8,
-                         max_steps=4, dropout=0.0)) == 0
+                         max_steps=4, dropout=0.0, val_manifests=[])) == 0
     printed = capsys.readouterr().out
     assert "micro-batch 4 x accumulation 2" in printed and "micro-batch 2 x accumulation 4" in printed
     got, want = load_checkpoint(out / "latest.pth"), load_checkpoint(reference_out / "latest.pth")
@@ -103,7 +104,7 @@ def test_oom_halves_micro_batch_and_retries_the_same_samples(tiny_data, tmp_path
 
     # Remembered: the resumed run starts at the micro-batch that fit, without another OOM.
     assert train(options(tiny_data, out, batch_size=0, grad_accumulation=0, effective_batch_size=8,
-                         max_steps=6, dropout=0.0, resume="auto")) == 0
+                         max_steps=6, dropout=0.0, resume="auto", val_manifests=[])) == 0
     printed = capsys.readouterr().out
     assert "ran out of memory above micro-batch 2" in printed and "CUDA out of memory" not in printed
 
@@ -148,7 +149,7 @@ def test_out_of_vocabulary_ids_name_the_manifest_line(tiny_data, tmp_path) -> No
     small.write_text(text)
     message = r"train\.jsonl:\d+: target_text_ids_path holds id \d+, outside \[0, 50\) .*; pass the --tokenizer"
     with pytest.raises(UserError, match=message):
-        train(options(tiny_data, tmp_path / "run", config=small, base_checkpoint=None, max_steps=2))
+        train(options(tiny_data, tmp_path / "run", config=small, base_checkpoint=None, max_steps=2, val_manifests=[]))
 
 
 def test_progress_bar_on_a_terminal_instead_of_log_lines(tiny_data, tmp_path, capsys, monkeypatch) -> None:
