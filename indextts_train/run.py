@@ -35,6 +35,7 @@ from indextts_train.resume import (
     select_checkpoint,
 )
 from indextts_train.sampling import (
+    LEGACY_RULE,
     ManifestSpec,
     SamplerSpec,
     describe_epoch,
@@ -212,8 +213,8 @@ def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIn
                            step_samples=plan.effective_batch)
     if ckpt is None:
         spec = current
-    elif "sampler" not in ckpt:
-        log.info("the checkpoint predates data order rules: the run keeps the order it started with (rule 1)")
+    elif ckpt.get("sampler", {}).get("rule", LEGACY_RULE) == LEGACY_RULE:  # no record: written before rules
+        log.info("this run started before data order rule 2: it keeps the order it started with (rule 1)")
         spec = legacy_spec(ckpt["progress"]["sampler_seed"], train.sort_window, plan.effective_batch, len(index))
     else:
         spec = SamplerSpec.from_state_dict(ckpt["sampler"])

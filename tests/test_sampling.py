@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -20,6 +21,7 @@ from indextts_train.sampling import (
     epoch_counts,
     epoch_length,
     epoch_order,
+    legacy_epoch_order,
     parse_manifest_spec,
     parse_manifest_specs,
     sampler_spec,
@@ -199,3 +201,37 @@ def test_legacy_rule_keeps_the_order_old_runs_started_with() -> None:
     for epoch, expected in enumerate(recorded["orders"]):
         order = epoch_order(legacy, lengths, epoch)
         assert order.tolist() == expected[:35]  # rule 1 drops the tail short of a step (37 -> 35)
+
+
+def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path, monkeypatch) -> None:
+    """The format-1 fixture (step 4 of a run by main before rule 2) continues in rule 1's order, also
+    into the next epoch, and records rule 1 for its later resumes."""
+    from conftest import TINY_CONFIG, write_dataset
+
+    from indextts_train import steps
+    from indextts_train.checkpoint import load_checkpoint
+    from indextts_train.data import ManifestIndex
+    from indextts_train.train import TrainOptions, train
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with gzip.open(FIXTURES / "format1_step4.pth.gz", "rb") as f:
+        (out / "model_step4.pth").write_bytes(f.read())
+    (out / "latest.pth").hardlink_to(out / "model_step4.pth")
+    data = write_dataset(tmp_path / "data", 24, seed=1, name="train.jsonl")  # the fixture run's data
+    seen = []
+
+    def spy(order: np.ndarray, **kwargs) -> ResumableBatchSampler:
+        seen.append((np.asarray(order).tolist(), kwargs["start_sample"]))
+        return ResumableBatchSampler(order, **kwargs)
+
+    monkeypatch.setattr(steps, "ResumableBatchSampler", spy)
+    assert train(TrainOptions(train_manifests=[str(data)], output_dir=out, config=TINY_CONFIG, resume="auto",
+                              max_steps=8, epochs=100, batch_size=2, grad_accumulation=2, effective_batch_size=4,
+                              learning_rate=3e-3, warmup_steps=4, weight_decay=0.1, seed=11, log_interval=1,
+                              tensorboard=False)) == 0
+    lengths = ManifestIndex.build([data]).total_lengths
+    # 24 samples, 4 a step: step 4 is sample 16 of epoch 0; steps 7-8 are epoch 1. Seed 11, window 512.
+    assert seen == [(legacy_epoch_order(lengths, 11, 0, 512).tolist(), 16),
+                    (legacy_epoch_order(lengths, 11, 1, 512).tolist(), 0)]
+    assert load_checkpoint(out / "latest.pth")["sampler"]["rule"] == LEGACY_RULE
