@@ -134,6 +134,12 @@ def test_per_language_validation_and_base_baseline_equal_evaluate(mixed_run, lan
         base = json.loads(cli("evaluate", "--checkpoint", langs["base"], "--config", langs["config"], "--manifest",
                               langs[f"val_{lang}"], "--batch-size", 2, "--json").stdout)
         assert {k: base[k] for k in LOSSES} == {k: history["baseline"]["groups"][lang][k] for k in LOSSES}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(next((mixed_run["plain"] / "logs").iterdir())))
+    events.Reload()
+    assert {f"val/{lang}/{key}" for lang in ("am", "zh") for key in LOSSES} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("val/zh/loss")] == [0, 2, 4, 6, 8, 10, 12]
     log = mixed_run["log"]
     assert "val step 0 (before training): loss" in log
     line = next(line for line in log.splitlines() if line.startswith("val step 12:"))
