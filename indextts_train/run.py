@@ -305,7 +305,7 @@ def _restore(run: Run, ckpt: dict, path: Path, saved_tokens: int, train: TrainCo
 def _data(options: TrainOptions, config: Config, log: RunLogger) -> tuple:
     """(training manifests, their index, validation manifests, their index or None)."""
     train_specs = parse_manifest_specs(options.train_manifests, "--train-manifest", weights=True)
-    val_specs = parse_manifest_specs(options.val_manifests, "--val-manifest", weights=False)
+    val_specs = parse_manifest_specs(options.val_manifests or [], "--val-manifest", weights=False)
     index = _index(train_specs, options, config)
     if index.skipped:
         log.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")

@@ -183,6 +183,9 @@ def baseline(run: Run) -> bool:
         run.log.scalars("val", scalars(history.baseline), 0)
         run.log.info(describe(0, history.baseline, None, " (before training)"))
         return True
+    if val.limits and history.baseline is None:
+        run.log.warn("this run recorded no validation of the base model (it started before that existed), so "
+                     "--forgetting-limit cannot be checked")
     if history.last_val is None or history.last_val["step"] != run.progress.step:
         return True
     why = verdict(val.tracker, history.last_val, run.progress.step, baseline=history.baseline, limits=val.limits,
