@@ -122,11 +122,12 @@ def demo(
     out_dir: Annotated[Path, typer.Argument(help="Folder for the demo dataset, tokenizers, base checkpoint and run.")],
     max_steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 150,
     resume: Annotated[str | None, typer.Option(help="'auto' to continue an interrupted demo run.")] = "auto",
+    family: Annotated[str, typer.Option(help="Model family: 2 (IndexTTS2, SentencePiece) or 2.5 (IndexTTS-2.5, tiktoken).")] = "2",
 ) -> None:
-    """Make a small well-formed dataset (real SentencePiece base + Ethiopic-extended tokenizer), then train on it."""
+    """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), then train on it and export."""
     from indextts_train.demo import run_demo
 
-    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume) or 0)
+    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family) or 0)
 
 
 @app.command()
@@ -211,8 +212,9 @@ def repair(
 def check_data(
     manifest: Annotated[list[Path], typer.Argument(help="Manifest JSONL file(s).")],
     config: Annotated[Path | None, typer.Option(help="Config for shapes, vocab and length limits.")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece model: text ids must be below its size.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece .model or .tiktoken: text ids must be below its size (2.5: and start with the language tag).")] = None,
     base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, to report the share of extended tokens.")] = None,
+    borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -223,11 +225,13 @@ def check_data(
 
     def run() -> dict:
         from indextts_train.config import load_config
+        from indextts_train.data_v25 import parse_borrowed
         from indextts_train.vocab import tokenizer_size
 
         gpt_cfg = load_config(config).gpt if config else None
         vocab = tokenizer_size(tokenizer) if tokenizer else None
-        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=vocab, base_vocab=base_vocab)
+        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=vocab, base_vocab=base_vocab,
+                                 borrowed=parse_borrowed(borrow_language))
         if write_clean is not None:
             write_clean.parent.mkdir(parents=True, exist_ok=True)  # as export does for its outputs
             write_clean_manifest(report, write_clean)
@@ -242,31 +246,49 @@ def check_data(
 
 @app.command("check-tokenizer")
 def check_tokenizer(
-    model: Annotated[Path, typer.Argument(help="SentencePiece .model to check.")],
-    base: Annotated[Path | None, typer.Option(help="The base .model it was extended from.")] = None,
-    base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, when the base model is not at hand.")] = None,
+    model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
+    base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
+    base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
     sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
+    from indextts_train.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
     from indextts_train.tokenizer import check_tokenizer as run_check
     from indextts_train.tokenizer import render_tokenizer_report
 
-    report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text)
-    typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_tokenizer_report(report))
+    if is_tiktoken(model):
+        if base_vocab is not None:
+            fail("--base-vocab is for SentencePiece models; for a .tiktoken file pass --base BASE.tiktoken")
+        report = run_guarded(check_tiktoken, model, base=base, sample_text=sample_text)
+        render = render_tiktoken_report
+    else:
+        report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text)
+        render = render_tokenizer_report
+    typer.echo(json.dumps(report, indent=1, default=str) if as_json else render(report))
     raise typer.Exit(2 if report.get("problems") else 0)
 
 
 @app.command("extend-tokenizer")
 def extend_tokenizer(
-    base: Annotated[Path, typer.Option(help="Base SentencePiece .model (its ids and scores are kept).")],
+    base: Annotated[Path, typer.Option(help="Base SentencePiece .model or .tiktoken ranks file (its ids are kept).")],
     corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
-    target_size: Annotated[int, typer.Option(help="Pieces in the extended model (>= base size).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="New .model path (.vocab written beside it).")],
+    target_size: Annotated[int, typer.Option(help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
 ) -> None:
-    """Learn new pieces from a corpus and append them to the base model."""
+    """Learn new pieces (tiktoken: byte-pair merges) from a corpus and append them to the base."""
+    from indextts_train.tiktoken_vocab import extend_tiktoken, is_tiktoken
     from indextts_train.tokenizer import extend_tokenizer as run_extend
 
+    if is_tiktoken(base) != is_tiktoken(output):
+        fail(f"--output {output} must have the base's kind ({base.suffix}); a .tiktoken grows into a .tiktoken")
+    if is_tiktoken(base):
+        summary = run_guarded(extend_tiktoken, base, corpus, target_size, output)
+        short = f"; the corpus gave only {summary['added']} merges" if summary["short_by"] else ""
+        typer.echo(f"wrote {output} ({summary['base_ranks']} base ranks + {summary['added']} new = "
+                   f"{summary['new_ranks']} ranks, {summary['new_size']} tokens with the specials{short}; "
+                   f"special ids move up by {summary['added']})")
+        return
     summary = run_guarded(run_extend, base, corpus, target_size, output)
     typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
 
@@ -285,17 +307,23 @@ def export(
     tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="IndexTTS-2.5: the .tiktoken the run trained with; copied beside the export as multilingual_zh_ja_yue_char_del.tiktoken.")] = None,
 ) -> None:
-    """Write the gpt.pth IndexTTS2 inference loads (full official key set, extended text rows)."""
+    """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows)."""
     from indextts_train.export import export_checkpoint, export_source, provenance
 
     source = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
-                          tokenizer_name=tokenizer_name, dtype=dtype)
+                          tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer)
     origin = run_guarded(provenance, source)
     typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
+    family = f" ({summary['family']} layout)" if summary["family"] != "IndexTTS2" else ""
     typer.echo(f"wrote {output}: {summary['tensors']} tensors, text rows {summary['text_rows']} "
-               f"(number_text_tokens {summary['text_rows'] - 1}), {summary['dtype']}")
+               f"(number_text_tokens {summary['text_rows'] - 1}), {summary['dtype']}{family}")
+    if summary["tokenizer"]:
+        typer.echo(f"wrote {summary['tokenizer']}")
+    for note in summary["notes"]:
+        typer.echo(f"note: {note}")
     if config_out:
         typer.echo(f"wrote {config_out}")
 

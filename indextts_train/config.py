@@ -18,6 +18,13 @@ import yaml
 from indextts_train.errors import UserError
 from indextts_train.schema import build
 
+# Model families. The official config.yaml names its family with a top-level `version:` key
+# (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
+FAMILY_V2 = "indextts2"
+FAMILY_V25 = "indextts2.5"
+FAMILY_NAMES = {FAMILY_V2: "IndexTTS2", FAMILY_V25: "IndexTTS-2.5"}
+_VERSIONS = {"2": FAMILY_V2, "2.0": FAMILY_V2, "2.5": FAMILY_V25}
+
 
 @dataclass
 class ConditionModuleConfig:
@@ -56,6 +63,10 @@ class GPTConfig:
             output_size=512, linear_units=1024, attention_heads=4, num_blocks=4
         )
     )
+    # Not part of the `gpt:` section (official inference passes that section to UnifiedVoice as
+    # keyword arguments): it comes from the top-level `version:`; None = not stated, the base
+    # checkpoint's keys decide (layout.resolve_family).
+    family: str | None = None
 
     def __post_init__(self) -> None:
         if self.model_dim % self.heads:
@@ -67,6 +78,15 @@ class GPTConfig:
             )
         if not (0 <= self.start_mel_token < self.number_mel_codes and 0 <= self.stop_mel_token < self.number_mel_codes):
             raise UserError("gpt.start_mel_token/stop_mel_token must be < gpt.number_mel_codes")
+
+    @property
+    def is_v25(self) -> bool:
+        """IndexTTS-2.5 layout (CAMPPlus speaker vector, language rows); IndexTTS2 otherwise."""
+        return self.family == FAMILY_V25
+
+    @property
+    def family_name(self) -> str:
+        return FAMILY_NAMES.get(self.family or FAMILY_V2, str(self.family))
 
     @property
     def text_rows(self) -> int:
@@ -119,6 +139,13 @@ class TrainConfig:
     forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
                                        "the base model's: '5' (every language) or 'zh=5,en=5'.")
     seed: int = option(1234, "Seed for init, data order and dropout.")
+    # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
+    # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
+    train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
+                                      flag="--train-speaker-proj/--freeze-speaker-proj")
+    borrow_languages: list[str] = field(default_factory=list, metadata={
+        "help": "IndexTTS-2.5: NEW=CODE lets language NEW (no tag of its own) train the unused row and tag of "
+                "CODE; repeatable.", "flag": "--borrow-language"})
     sort_window: int = option(512, "Samples sorted by length together, so batches pad little.")
 
     def __post_init__(self) -> None:
@@ -180,9 +207,28 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     if unknown:
         raise UserError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; ours are "
                         f"{', '.join(OUR_SECTIONS)} (IndexTTS2's own sections are accepted too)")
+    if isinstance(data["gpt"], dict) and "family" in data["gpt"]:
+        raise UserError(f"{source}: gpt.family is not a key of the gpt: section; write the model family as a "
+                        "top-level `version: 2.5` (or 2.0), as the official config.yaml does")
     gpt = build(GPTConfig, data["gpt"], f"{source}: gpt")
+    gpt.family = family_of_version(data.get("version"), f"{source}: version")
     train = build(TrainConfig, data.get("train"), f"{source}: train")
     return Config(gpt=gpt, train=train, source=source)
+
+
+def family_of_version(value: Any, where: str) -> str | None:
+    """The family a top-level `version:` names (None when absent)."""
+    if value is None:
+        return None
+    family = _VERSIONS.get(str(value).strip()) if not isinstance(value, bool) else None
+    if family is None:
+        raise UserError(f"{where}: version {value!r} is not a known model family; use 2.0 (IndexTTS2) or 2.5 "
+                        "(IndexTTS-2.5)")
+    return family
+
+
+def version_of_family(family: str | None) -> float:
+    return 2.5 if family == FAMILY_V25 else 2.0
 
 
 def load_config(path: str | Path) -> Config:
@@ -202,13 +248,18 @@ def load_config(path: str | Path) -> Config:
 
 def gpt_to_dict(gpt: GPTConfig) -> dict:
     """The `gpt:` section as IndexTTS2 writes it (plain types, for YAML and checkpoints)."""
-    return dataclasses.asdict(gpt)
+    data = dataclasses.asdict(gpt)
+    del data["family"]  # top-level `version:`, see GPTConfig.family
+    return data
 
 
 def config_to_dict(config: Config) -> dict:
     train = dataclasses.asdict(config.train)
     train["adam_betas"] = list(train["adam_betas"])
-    return {"gpt": gpt_to_dict(config.gpt), "train": train}
+    out = {"gpt": gpt_to_dict(config.gpt), "train": train}
+    if config.gpt.family is not None:
+        out["version"] = version_of_family(config.gpt.family)
+    return out
 
 
 def gpt_from_dict(data: dict) -> GPTConfig:

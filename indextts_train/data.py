@@ -7,6 +7,10 @@ A manifest is JSONL, one example a line, in one of two forms (DESIGN.md §4):
   `target_code_len` — the prompt gives the conditioning, the target gives text and codes;
 - single: `text_ids_path`, `codes_path`, `condition_path`, `emo_vec_path`, `text_len`, `code_len`.
 
+IndexTTS-2.5 lines carry the prompt's 192-d CAMPPlus vector and a language instead of the
+conditioning latents (`data_v25.py`); a line's fields say its family, and a line of the other
+family than the model's is refused by FILE:LINE.
+
 Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
 training. Relative paths resolve against the manifest's folder. Lengths come from the manifest
 fields, never from the arrays, which may be longer (reference README, exact definitions 1–2).
@@ -33,8 +37,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from indextts_train import data_v25
 from indextts_train.atomic import atomic_write_bytes
-from indextts_train.config import GPTConfig
+from indextts_train.config import FAMILY_V25, GPTConfig
 from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
 from indextts_train.model import Batch
@@ -56,9 +61,8 @@ SINGLE_FIELDS = {
     "text_len": "text_len",
     "code_len": "code_len",
 }
-PAIRED_REQUIRED = frozenset(PAIRED_FIELDS.values())
-SINGLE_REQUIRED = frozenset(SINGLE_FIELDS.values())
-ARRAY_KEYS = ("text_ids", "codes", "condition", "emo_vec")
+FORMS = {True: (PAIRED_FIELDS, frozenset(PAIRED_FIELDS.values())),  # paired? -> fields, the set a line needs
+         False: (SINGLE_FIELDS, frozenset(SINGLE_FIELDS.values()))}
 SPEAKER_FIELDS = ("speaker", "prompt_speaker", "target_speaker")
 DURATION_FIELDS = ("duration", "target_duration", "prompt_duration")
 LANGUAGE_FIELDS = ("language", "target_language")
@@ -88,17 +92,19 @@ def _iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
             offset += len(raw)
 
 
-def _form(obj: dict, where: str) -> dict[str, str]:
-    """Which field names this line uses (paired or single form)."""
+def _form(obj: dict, where: str, family: str | None = None) -> dict[str, str]:
+    """Which field names this line uses (paired or single form, of its family)."""
     if "target_codes_path" in obj or "target_text_ids_path" in obj:
-        fields, required = PAIRED_FIELDS, PAIRED_REQUIRED
+        paired = True
     elif "codes_path" in obj or "text_ids_path" in obj:
-        fields, required = SINGLE_FIELDS, SINGLE_REQUIRED
+        paired = False
     else:
         raise UserError(
             f"{where}: neither the paired form (target_text_ids_path, target_codes_path, ...) nor the "
             f"single form (text_ids_path, codes_path, ...); {FIX_LINE}"
         )
+    v25 = data_v25.line_family(obj, where, family) == FAMILY_V25
+    fields, required = (data_v25.FORMS if v25 else FORMS)[paired]
     if not obj.keys() >= required:  # one set comparison per line: indexing is the hot loop
         missing = [name for name in fields.values() if name not in obj]
         raise UserError(
@@ -122,8 +128,13 @@ def _length(obj: dict, name: str, maximum: int | None, config_key: str, where: s
     return value
 
 
+def array_keys(fields: dict[str, str]) -> tuple[str, ...]:
+    """text_ids, codes, the speaker feature of the line's family, emo_vec."""
+    return ("text_ids", "codes", "spk_emb" if "spk_emb" in fields else "condition", "emo_vec")
+
+
 def _parse_line(
-    raw: bytes, where: str, max_text: int | None, max_mel: int | None
+    raw: bytes, where: str, max_text: int | None, max_mel: int | None, family: str | None = None
 ) -> tuple[dict, dict[str, str], int, int]:
     """(object, field names, text_len, code_len) of one manifest line, or UserError."""
     try:
@@ -135,8 +146,8 @@ def _parse_line(
         raise UserError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}); {FIX_LINE}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
-    fields = _form(obj, where)
-    for key in ARRAY_KEYS:
+    fields = _form(obj, where, family)
+    for key in array_keys(fields):
         value = obj[fields[key]]
         if not isinstance(value, str) or not value:
             raise UserError(f"{where}: {fields[key]} must be a non-empty path string, got {value!r}")
@@ -163,7 +174,8 @@ class ManifestIndex:
     """Index of one or more manifests without keeping JSON objects in memory.
 
     Parallel numpy arrays, one entry per usable line: byte offset, file number, line number,
-    text_len and code_len. `record(i)` seeks back to the line when the dataset needs it.
+    text_len and code_len, and the lang_embedding row (IndexTTS-2.5 lines; -1 for IndexTTS2 lines).
+    `record(i)` seeks back to the line when the dataset needs it.
     """
 
     files: list[str]  # as the user gave them, for messages
@@ -176,6 +188,8 @@ class ManifestIndex:
     max_mel_tokens: int | None = None
     skipped: int = 0
     skipped_examples: list[str] = field(default_factory=list)
+    family: str | None = None  # the model's; None accepts lines of either family
+    lang_ids: np.ndarray | None = None  # int16 per line
 
     @classmethod
     def build(
@@ -185,16 +199,20 @@ class ManifestIndex:
         skip_bad: bool = False,
         max_text_tokens: int | None = None,
         max_mel_tokens: int | None = None,
+        family: str | None = None,
+        borrowed: dict[str, int] | None = None,
     ) -> ManifestIndex:
         """Validate every line and index the usable ones.
 
         A bad line raises UserError "FILE:LINE: ...", or with `skip_bad` is counted in `.skipped`.
+        `family` refuses lines of the other family; `borrowed` maps untagged language codes to the
+        row they borrow (`data_v25.parse_borrowed`).
         """
         files = [str(p) for p in paths]
         if not files:
             raise UserError("no manifest given; pass at least one .jsonl manifest")
         offsets, file_ids, line_numbers = array("q"), array("i"), array("i")
-        text_lengths, code_lengths = array("i"), array("i")
+        text_lengths, code_lengths, lang_ids = array("i"), array("i"), array("h")
         skipped: list[str] = []
         skipped_count = 0
         for file_id, path in enumerate(files):
@@ -202,9 +220,11 @@ class ManifestIndex:
             for line_no, offset, raw in _iter_lines(path):
                 seen_lines += 1
                 try:
-                    _, _, text_len, code_len = _parse_line(
-                        raw, f"{path}:{line_no}", max_text_tokens, max_mel_tokens
+                    obj, fields, text_len, code_len = _parse_line(
+                        raw, f"{path}:{line_no}", max_text_tokens, max_mel_tokens, family
                     )
+                    lang_id = (data_v25.lang_id_of(obj, f"{path}:{line_no}", borrowed or {})
+                               if "spk_emb" in fields else -1)
                 except UserError as exc:
                     if not skip_bad:
                         raise
@@ -217,6 +237,7 @@ class ManifestIndex:
                 line_numbers.append(line_no)
                 text_lengths.append(text_len)
                 code_lengths.append(code_len)
+                lang_ids.append(lang_id)
             if not seen_lines:
                 raise UserError(f"{path}: manifest is empty; pass a manifest with at least one line")
         if not offsets:
@@ -228,10 +249,19 @@ class ManifestIndex:
                    text_lengths=np.array(text_lengths, dtype=np.int32),
                    code_lengths=np.array(code_lengths, dtype=np.int32),
                    max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
-                   skipped=skipped_count, skipped_examples=skipped)
+                   skipped=skipped_count, skipped_examples=skipped, family=family,
+                   lang_ids=np.array(lang_ids, dtype=np.int16))
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def require_family(self, family: str) -> None:
+        """Every line must be of the model's family (known only once the model is): name the first that is not."""
+        wrong = np.flatnonzero((self.lang_ids >= 0) != (family == FAMILY_V25))
+        if len(wrong):
+            record = self.record(int(wrong[0]))
+            data_v25.line_family(record, record["_source"], family)  # raises, naming file:line
+        self.family = family
 
     @property
     def total_lengths(self) -> np.ndarray:
@@ -252,7 +282,7 @@ class ManifestIndex:
         except OSError as exc:
             raise UserError(f"{path}: manifest cannot be read any more ({exc}); was it moved?") from None
         where = self.source(i)
-        obj, _, _, _ = _parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens)
+        obj, _, _, _ = _parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens, self.family)
         out = _resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
         out["_source"] = where
         return out
@@ -290,15 +320,21 @@ def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | No
                         "padded to the longest array); trim the array or drop the line")
 
 
-def _check_features(condition: np.ndarray, emo_vec: np.ndarray, model_dim: int | None, where: str,
+def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where: str,
                     paths: dict[str, str]) -> None:
-    if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
-        raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
-                        f"got {condition.dtype} {list(condition.shape)}")
-    dim = condition.shape[1] if model_dim is None else model_dim
-    if condition.shape[1] != dim:
-        raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
-                        f"gpt.model_dim is {dim}; it was made for another model")
+    emo_vec = arrays["emo_vec"]
+    if "spk_emb" in arrays:
+        data_v25.check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
+        dim = model_dim if model_dim is not None else (emo_vec.shape[0] if emo_vec.ndim == 1 else -1)
+    else:
+        condition = arrays["condition"]
+        if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
+            raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
+                            f"got {condition.dtype} {list(condition.shape)}")
+        dim = condition.shape[1] if model_dim is None else model_dim
+        if condition.shape[1] != dim:
+            raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
+                            f"gpt.model_dim is {dim}; it was made for another model")
     if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
         raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
                         f"got {emo_vec.dtype} {list(emo_vec.shape)}")
@@ -308,12 +344,13 @@ def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: 
                  max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
     """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
     where = record["_source"]
-    paths = {key: record[fields[key]] for key in ARRAY_KEYS}
-    arrays = {key: _load_npy(paths[key], fields[key], where) for key in ARRAY_KEYS}
+    keys = array_keys(fields)
+    paths = {key: record[fields[key]] for key in keys}
+    arrays = {key: _load_npy(paths[key], fields[key], where) for key in keys}
     _check_ids(arrays["text_ids"], fields["text_ids"], paths["text_ids"], text_len, max_text,
                "max_text_tokens", where)
     _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
-    _check_features(arrays["condition"], arrays["emo_vec"], model_dim, where, paths)
+    _check_features(arrays, model_dim, where, paths)
     return arrays
 
 
@@ -340,21 +377,24 @@ class ManifestDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         record = self.index.record(i)
-        fields = _form(record, record["_source"])
+        fields = _form(record, record["_source"], self.index.family)
         text_len = int(self.index.text_lengths[i])
         code_len = int(self.index.code_lengths[i])
         arrays = _load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
                               max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
                   fields, record["_source"])
+        features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
+                     "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays
+                    else {"condition": torch.from_numpy(arrays["condition"].astype(np.float32))})  # (32, D)
         return {
             "text_ids": torch.from_numpy(arrays["text_ids"].astype(np.int64)),  # (T_b,)
             "codes": torch.from_numpy(arrays["codes"].astype(np.int64)),  # (M_b,)
-            "condition": torch.from_numpy(arrays["condition"].astype(np.float32)),  # (32, D)
             "emo_vec": torch.from_numpy(arrays["emo_vec"].astype(np.float32)),  # (D,)
             "text_len": text_len,
             "code_len": code_len,
             "index": i,
+            **features,
         }
 
 
@@ -366,13 +406,16 @@ def collate(samples: list[dict]) -> Batch:
     def pad(key: str) -> torch.Tensor:
         return torch.nn.utils.rnn.pad_sequence([s[key] for s in samples], batch_first=True, padding_value=0)
 
+    v25 = "spk_emb" in samples[0]
     return Batch(
         text_ids=pad("text_ids"),  # (B, T)
         codes=pad("codes"),  # (B, M)
         text_lengths=torch.tensor([s["text_len"] for s in samples], dtype=torch.int64),  # (B,)
         code_lengths=torch.tensor([s["code_len"] for s in samples], dtype=torch.int64),  # (B,)
-        condition=torch.stack([s["condition"] for s in samples]),  # (B, 32, D)
+        condition=None if v25 else torch.stack([s["condition"] for s in samples]),  # (B, 32, D)
         emo_vec=torch.stack([s["emo_vec"] for s in samples]),  # (B, D)
+        spk_emb=torch.stack([s["spk_emb"] for s in samples]) if v25 else None,  # (B, 192)
+        lang_ids=torch.tensor([s["lang_id"] for s in samples], dtype=torch.int64) if v25 else None,  # (B,)
     )
 
 
@@ -431,6 +474,9 @@ class _Limits:
     text_vocab: int | None
     mel_codes: int | None
     base_vocab: int | None
+    family: str | None = None
+    tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
+    borrowed: dict[str, int] = field(default_factory=dict)
 
 
 def _check_speakers(obj: dict, where: str) -> None:
@@ -466,7 +512,8 @@ def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: st
 
 def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
     """Every check on one line; adds it to `stats` when it passes."""
-    obj, fields, text_len, code_len = _parse_line(raw, where, limits.max_text, limits.max_mel)
+    obj, fields, text_len, code_len = _parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
+    lang_id = data_v25.lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
     _check_speakers(obj, where)
     record = _resolve_paths(obj, manifest_dir)
     record["_source"] = where
@@ -474,6 +521,9 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
                           max_mel=limits.max_mel, model_dim=limits.model_dim)
     text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
     check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where)
+    if lang_id is not None:
+        data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
+        obj.setdefault("language", data_v25.language_code(lang_id))
     stats.text_lengths.append(text_len)
     stats.code_lengths.append(code_len)
     speaker = obj.get("target_speaker", obj.get("speaker"))
@@ -499,11 +549,14 @@ def _distribution(values: array) -> dict[str, float] | None:
 
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
-                    vocab_size: int | None = None, base_vocab: int | None = None) -> dict:
+                    vocab_size: int | None = None, base_vocab: int | None = None,
+                    borrowed: dict[str, int] | None = None) -> dict:
     """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
 
     Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
     the good lines. Text ids are checked against `vocab_size`, else gpt_cfg.number_text_tokens.
+    IndexTTS-2.5 lines also: the 192-d speaker vector, the language row, no 0/1 text ids, and the
+    language tag first (when the vocabulary is a full tiktoken one).
     """
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
     limits = _Limits(
@@ -513,6 +566,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         text_vocab=text_vocab,
         mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
         base_vocab=base_vocab,
+        family=gpt_cfg.family if gpt_cfg else None,
+        borrowed=borrowed or {},
     )
     files = [str(p) for p in paths]
     stats = _CheckStats()
@@ -536,7 +591,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "bad_lines": bad_lines,
         "checked_against": {"max_text_tokens": limits.max_text, "max_mel_tokens": limits.max_mel,
                             "model_dim": limits.model_dim, "text_vocab": limits.text_vocab,
-                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab},
+                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab,
+                            "family": limits.family, "language_tag_base": data_v25.tag_base(limits.text_vocab)},
         "speakers": {"count": len(stats.speakers), "top": stats.speakers.most_common(10)},
         "languages": dict(stats.languages.most_common()),
         "text_len": _distribution(stats.text_lengths),

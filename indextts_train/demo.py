@@ -1,9 +1,10 @@
-"""`indextts-train demo OUT_DIR`: the whole pipeline on a small built-in dataset, on CPU.
+"""`indextts-train demo OUT_DIR [--family 2.5]`: the whole pipeline on a small built-in dataset, on CPU.
 
-It makes a real SentencePiece base model and an Ethiopic-extended one, a well-formed paired
-dataset, and a base gpt.pth of the tiny config at the base vocabulary; then trains with the
-extended tokenizer (so the vocabulary grows and the base rows stay frozen), and exports the result
-for IndexTTS2. Rerunning it resumes (`--resume auto`), like any run.
+It makes a real base vocabulary and an Ethiopic-extended one (IndexTTS2: SentencePiece models;
+IndexTTS-2.5: tiktoken ranks files, where the growth moves every special token), a well-formed
+paired dataset, and a base gpt.pth of the tiny config at the base vocabulary; then trains with the
+extended vocabulary (so it grows and the base rows stay frozen), and exports the result for
+inference. Rerunning it resumes (`--resume auto`), like any run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from indextts_train.model import UnifiedVoiceGPT, full_state_dict, init_carried
 from indextts_train.train import TrainOptions, train
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+TINY_CONFIG_V25 = TINY_CONFIG.with_name("tiny_v25.yaml")
+FAMILIES = ("2", "2.5")
 
 
 def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
@@ -31,18 +34,25 @@ def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
     atomic_write(path, lambda handle: torch.save(state, handle))
 
 
-def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto") -> int:
+def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto", family: str = "2") -> int:
     from indextts_train.demo_data import make_demo_dataset
+    from indextts_train.demo_data_v25 import make_demo_dataset_v25
 
-    if not TINY_CONFIG.is_file():
-        raise UserError(f"{TINY_CONFIG} not found: run the demo from a checkout of indextts-train (pip install -e .)")
+    if family not in FAMILIES:
+        raise UserError(f"--family {family}: choose 2 (IndexTTS2) or 2.5 (IndexTTS-2.5)")
+    tiny = TINY_CONFIG_V25 if family == "2.5" else TINY_CONFIG
+    if not tiny.is_file():
+        raise UserError(f"{tiny} not found: run the demo from a checkout of indextts-train (pip install -e .)")
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     if not config_path.exists():
-        atomic_write_bytes(config_path, TINY_CONFIG.read_bytes())
+        atomic_write_bytes(config_path, tiny.read_bytes())
     config = load_config(config_path)
+    if config.gpt.is_v25 != (family == "2.5"):
+        raise UserError(f"{out_dir} holds a demo of the other family ({config.gpt.family_name}); use another OUT_DIR")
     data_dir = out_dir / "data"
-    paths = make_demo_dataset(data_dir, gpt_cfg=config.gpt)
+    make = make_demo_dataset_v25 if family == "2.5" else make_demo_dataset
+    paths = make(data_dir, gpt_cfg=config.gpt)
     base = out_dir / "base_gpt.pth"
     if not base.exists():
         make_base_checkpoint(config_path, base)
@@ -58,7 +68,8 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
         return code
     summary = export_checkpoint(run_dir / "latest.pth", out_dir / "export" / "gpt.pth",
                                 config_out=out_dir / "export" / "config.yaml",
-                                tokenizer_name=Path(paths["tokenizer"]).name)
+                                tokenizer_name=Path(paths["tokenizer"]).name,
+                                tokenizer=Path(paths["tokenizer"]) if family == "2.5" else None)
     print(f"exported {out_dir / 'export' / 'gpt.pth'} ({summary['tensors']} tensors, "
           f"{summary['text_rows']} text rows) and {out_dir / 'export' / 'config.yaml'}")
     return 0

@@ -73,7 +73,7 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
     model = UnifiedVoiceGPT(config.gpt, dropout=0.0)
     model.load_state_dict(trained, strict=True)
     index = ManifestIndex.build(manifests, max_text_tokens=config.gpt.max_text_tokens,
-                                max_mel_tokens=config.gpt.max_mel_tokens)
+                                max_mel_tokens=config.gpt.max_mel_tokens, family=config.gpt.family)
     dataset = ManifestDataset(index, model_dim=config.gpt.model_dim, text_vocab=tokens,
                               mel_codes=config.gpt.number_mel_codes)
     loader = make_loader(dataset, sequential_batches(range(len(index)), batch_size), num_workers=0)

@@ -1,8 +1,12 @@
-"""`indextts-train export`: the gpt.pth IndexTTS2 inference loads, plus a matching config.yaml.
+"""`indextts-train export`: the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads, plus a matching config.yaml.
 
 IndexTTS2's release loader calls `load_state_dict(strict=True)` on `UnifiedVoice(**cfg.gpt)`, so the
 file must hold exactly the official keys in their shapes, and the shipped config must say
-`number_text_tokens = text rows - 1` or the extended rows do not fit.
+`number_text_tokens = text rows - 1` or the extended rows do not fit. IndexTTS-2.5's loader is not
+strict: a misnamed tensor would load silently as random weights, so the file holds exactly the 2.5
+key set of `layout.official_shapes`. Stock 2.5 inference reads its vocabulary from
+`<model_dir>/multilingual_zh_ja_yue_char_del.tiktoken`, so a grown `.tiktoken` is written beside the
+export under that name.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ from pathlib import Path
 import torch
 import yaml
 
-from indextts_train.atomic import atomic_write, atomic_write_text
+from indextts_train.atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from indextts_train.checkpoint import BEST, LATEST, config_for, load_checkpoint, verify_checkpoint
-from indextts_train.config import Config, gpt_to_dict
+from indextts_train.config import Config, gpt_to_dict, version_of_family
+from indextts_train.data_v25 import borrow_notes
 from indextts_train.errors import UserError
 from indextts_train.model import load_base_checkpoint, official_shapes
+from indextts_train.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TIKTOKEN_NAME = "multilingual_zh_ja_yue_char_del.tiktoken"  # the name stock 2.5 inference opens
 
 
 def export_source(checkpoint: Path, pick: str | None) -> Path:
@@ -54,40 +61,65 @@ def provenance(checkpoint: Path) -> str:
 
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
                       base_config: Path | None = None, tokenizer_name: str = "bpe.model",
-                      dtype: str = "float32") -> dict:
-    """Write `output` (official key order, dtype asked for) and optionally `config_out`."""
+                      dtype: str = "float32", tokenizer: Path | None = None) -> dict:
+    """Write `output` (official key order, dtype asked for) and optionally `config_out`.
+
+    `tokenizer`, a .tiktoken file, is checked against the exported text rows and copied beside
+    `output` as TIKTOKEN_NAME (IndexTTS-2.5). Notes (borrowed language rows) go into the summary and
+    as comments into `config_out`.
+    """
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
-    _check_targets(checkpoint, base_config, output, config_out)
+    vocab_copy = output.parent / TIKTOKEN_NAME if tokenizer is not None and is_tiktoken(tokenizer) else None
+    _check_targets(checkpoint, base_config, output, config_out, vocab_copy)
     verdict = verify_checkpoint(checkpoint)  # missing/damaged/unsafe: the checkpoint module's own words
     if verdict.status == "INCOMPLETE":
         reason = verdict.reasons[0]
         raise UserError(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
     config = config_for(checkpoint, base_config)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
+    stored = load_checkpoint(checkpoint, mmap=True)  # its settings name borrowed language rows
     config.gpt.number_text_tokens = tokens
+    vocab = _checked_vocabulary(tokenizer, tokens, config) if vocab_copy is not None else None
+    hparams = stored.get("hparams") if isinstance(stored.get("hparams"), dict) else {}
+    notes = borrow_notes(hparams.get("borrow_languages"))
     merged = {**carried, **trained}
     state = {key: merged[key].to(DTYPES[dtype]) if merged[key].is_floating_point() else merged[key]
              for key in official_shapes(config.gpt)}
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         atomic_write(output, lambda handle: torch.save(state, handle))
+        if vocab is not None and not (vocab_copy.exists() and os.path.samefile(vocab_copy, tokenizer)):
+            atomic_write_bytes(vocab_copy, vocab.raw)
     except OSError as exc:
         raise UserError(f"could not write {output}: {exc.strerror or exc}") from None
     if config_out is not None:
-        _write_config(config, config_out, base_config, output.name, tokenizer_name)
-    return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype,
-            "numel": sum(t.numel() for t in state.values())}
+        _write_config(config, config_out, base_config, output.name, tokenizer_name, notes)
+    return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family_name,
+            "numel": sum(t.numel() for t in state.values()), "tokenizer": vocab_copy, "notes": notes}
 
 
-def _check_targets(checkpoint: Path, base_config: Path | None, output: Path, config_out: Path | None) -> None:
+def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> TiktokenVocab:
+    """The .tiktoken to ship: it must be of a 2.5 model and give exactly the exported text rows - 1."""
+    if not config.gpt.is_v25:
+        raise UserError(f"--tokenizer {tokenizer}: a .tiktoken vocabulary is IndexTTS-2.5's, but the checkpoint is "
+                        f"{config.gpt.family_name}; pass its SentencePiece model name with --tokenizer-name")
+    vocab = read_tiktoken(tokenizer)
+    if vocab.n_vocab != tokens:
+        raise UserError(f"--tokenizer {tokenizer}: {vocab.n_ranks} ranks + specials = {vocab.n_vocab} tokens, but the "
+                        f"checkpoint has {tokens} (number_text_tokens); pass the .tiktoken it was trained with")
+    return vocab
+
+
+def _check_targets(checkpoint: Path, base_config: Path | None, output: Path, config_out: Path | None,
+                   vocab_copy: Path | None = None) -> None:
     """Refuse outputs that are an input, or each other.
 
     samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth, and
     replacing it would silently drop a training checkpoint.
     """
     inputs = [path for path in (checkpoint, base_config) if path is not None and path.exists()]
-    for target in (output, config_out):
+    for target in (output, config_out, vocab_copy):
         if target is not None and target.exists() and any(os.path.samefile(target, p) for p in inputs):
             raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
     if config_out is not None and config_out.resolve() == output.resolve():
@@ -95,13 +127,16 @@ def _check_targets(checkpoint: Path, base_config: Path | None, output: Path, con
 
 
 def _write_config(config: Config, config_out: Path, base_config: Path | None, gpt_name: str,
-                  tokenizer_name: str) -> None:
-    """Keep every section of the user's IndexTTS2 config; replace only what the fine-tune changed."""
-    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else {"version": 2.0}
+                  tokenizer_name: str, notes: list[str]) -> None:
+    """Keep every section of the user's config; replace only what the fine-tune changed."""
+    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else {}
     data.pop("train", None)
+    data["version"] = version_of_family(config.gpt.family)
     data["gpt"] = gpt_to_dict(config.gpt)
     data["gpt_checkpoint"] = gpt_name
-    data.setdefault("dataset", {})
-    data["dataset"]["bpe_model"] = tokenizer_name
+    if not config.gpt.is_v25:  # 2.5 reads its vocabulary from the fixed TIKTOKEN_NAME, not from here
+        data.setdefault("dataset", {})
+        data["dataset"]["bpe_model"] = tokenizer_name
     config_out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(config_out, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    header = "".join(f"# indextts-train: {note}\n" for note in notes)  # YAML comments: loaders ignore them
+    atomic_write_text(config_out, header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))

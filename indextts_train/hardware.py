@@ -11,6 +11,9 @@ per activation under bf16/fp16 autocast and 4 in fp32). It follows `indextts_tra
 fp32 residual stream, LayerNorm in fp32 (autocast runs it in fp32), SDPA attention (flash or
 memory-efficient kernels, so no S x S matrix is kept), fused tanh-GELU, bool dropout masks.
 
+IndexTTS-2.5 is the same sum with its own P (spk_emb_proj and lang_embedding instead of speed_emb,
+60,510 text rows) and a 3-row prefix instead of 34 rows.
+
 - fixed: 16 P (fp32 weight + fp32 grad + AdamW exp_avg + exp_avg_sq), 4 P more for DDP's gradient
   buckets when world_size > 1, and a 1 GiB reserve for the CUDA context, cuBLAS workspaces and the
   allocator's slack. Only the trained tensors live on the GPU; the conditioning encoders stay on CPU.
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from indextts_train.config import GPTConfig
-from indextts_train.constants import PREFIX_LEN
+from indextts_train.constants import LANG_ROWS, PREFIX_LEN, PREFIX_LEN_V25, SPK_EMB_DIM
 from indextts_train.errors import UserError
 
 GIB = 1024**3
@@ -133,7 +136,8 @@ def detect_device(local_rank: int = 0) -> DeviceInfo:
 
 def max_sequence_positions(cfg: GPTConfig) -> int:
     """Trunk positions at the longest sample: prefix + [start]+text+[stop] + [start]+codes+[stop]."""
-    return PREFIX_LEN + (cfg.max_text_tokens + 2) + (cfg.max_mel_tokens + 2)
+    prefix = PREFIX_LEN_V25 if cfg.is_v25 else PREFIX_LEN
+    return prefix + (cfg.max_text_tokens + 2) + (cfg.max_mel_tokens + 2)
 
 
 def trained_parameter_count(cfg: GPTConfig) -> int:
@@ -144,8 +148,9 @@ def trained_parameter_count(cfg: GPTConfig) -> int:
     positions = (cfg.max_text_tokens + 2) * D + (cfg.max_mel_tokens + 3) * D
     blocks = cfg.layers * (12 * D * D + 13 * D)  # qkv, proj, fc, proj weights+biases, 2 LayerNorms
     norms = 2 * D + 2 * D  # gpt.ln_f and final_norm
-    speed = 2 * D
-    return text + mel + positions + blocks + norms + speed
+    if cfg.is_v25:  # spk_emb_proj and lang_embedding instead of speed_emb
+        return text + mel + positions + blocks + norms + (SPK_EMB_DIM + 1) * D + LANG_ROWS * D
+    return text + mel + positions + blocks + norms + 2 * D
 
 
 def _block_bytes_per_position(cfg: GPTConfig, act: int) -> int:

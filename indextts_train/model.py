@@ -1,15 +1,20 @@
-"""The IndexTTS2 UnifiedVoice GPT, as it is fine-tuned on precomputed conditioning.
+"""The UnifiedVoice GPT of both families (IndexTTS2, IndexTTS-2.5), as fine-tuned on precomputed features.
 
 Only the tensors that fine-tuning trains are modules here, under their official `gpt.pth` names.
 The speaker/emotion encoders (conformers, perceivers, emo layers) never get a gradient when the
-conditioning latents and emotion vectors are precomputed, so they are *carried*: a plain dict of
-CPU tensors that is loaded from the base checkpoint and written back unchanged on export. That keeps
+conditioning and emotion vectors are precomputed, so they are *carried*: a plain dict
+of CPU tensors loaded from the base checkpoint and written back unchanged on export. That keeps
 ~340M parameters out of GPU memory and out of the optimizer.
 
-Sequence and loss rules follow `tests/data/reference/README.md` ("Exact definitions") to the letter:
-a 34-row prefix (32 conditioning rows + emo vector, then speed rows 1 and 0), text and mel segments
-with their own learned positions starting at 0, a causal GPT-2 trunk with no padding mask, and
-token-level masked cross-entropy over all classes.
+Sequence and loss rules follow the reference READMEs ("Exact definitions") to the letter. The
+families differ only in the prefix and the text segment:
+- IndexTTS2 (`tests/data/reference/README.md`): a 34-row prefix (32 conditioning rows + emo
+  vector, then speed rows 1 and 0);
+- IndexTTS-2.5 (`tests/data/reference/v2_5/README.md`): a 3-row prefix (spk_emb_proj of the
+  192-d CAMPPlus vector + emo vector, then two zero rows), and the sample's `lang_embedding` row
+  added to every text position (pads included), to nothing else.
+Then text and mel segments with their own learned positions starting at 0, a causal GPT-2 trunk
+with no padding mask, and token-level masked cross-entropy over all classes.
 """
 
 from __future__ import annotations
@@ -25,8 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from indextts_train.config import ConditionModuleConfig, GPTConfig
-from indextts_train.constants import CONDITION_LATENTS, PREFIX_LEN, TEXT_ROW_KEYS, WRAPPER_PREFIXES
+from indextts_train.config import FAMILY_NAMES, FAMILY_V2, FAMILY_V25, ConditionModuleConfig, GPTConfig
+from indextts_train.constants import (
+    CONDITION_LATENTS,
+    LANG_ROWS,
+    SPK_EMB_DIM,
+    TEXT_ROW_KEYS,
+    WRAPPER_PREFIXES,
+)
 from indextts_train.errors import UserError
 
 # Sizes UnifiedVoice hard-codes rather than reading from the config.
@@ -36,26 +47,37 @@ EMO_PERCEIVER_DIM = 1024
 PERCEIVER_DIM_HEAD = 64
 PERCEIVER_DEPTH = 2
 PE_MAX_LEN = 5000
+# The families' trained keys are disjoint where they differ (speed_emb vs spk_emb_proj/lang_embedding).
 TRAINED_PREFIXES = (
-    "text_embedding.", "mel_embedding.", "text_pos_embedding.", "mel_pos_embedding.", "gpt.",
-    "final_norm.", "text_head.", "mel_head.", "speed_emb.",
+    "spk_emb_proj.", "text_embedding.", "lang_embedding.", "mel_embedding.", "text_pos_embedding.",
+    "mel_pos_embedding.", "gpt.", "final_norm.", "text_head.", "mel_head.", "speed_emb.",
 )
+# Keys only one family has: how a checkpoint tells which family it is.
+FAMILY_MARKERS = {FAMILY_V2: ("speed_emb.weight", "perceiver_encoder.latents"),
+                  FAMILY_V25: ("spk_emb_proj.weight", "lang_embedding.weight")}
 _LIST_LIMIT = 8  # names shown per category in a key-mismatch error
 
 
 @dataclass
 class Batch:
-    """One collated batch (reference rule 1). Lengths are the manifest's, not the array sizes."""
+    """One collated batch (reference rule 1). Lengths are the manifest's, not the array sizes.
+
+    The speaker features are the family's: `condition` (IndexTTS2) or `spk_emb` + `lang_ids`
+    (IndexTTS-2.5); the other family's fields are None.
+    """
 
     text_ids: Tensor  # (B, T) int64, padded with 0
     codes: Tensor  # (B, M) int64, padded with 0
     text_lengths: Tensor  # (B,) int64
     code_lengths: Tensor  # (B,) int64
-    condition: Tensor  # (B, 32, D) float32
+    condition: Tensor | None  # (B, 32, D) float32, IndexTTS2; None for IndexTTS-2.5
     emo_vec: Tensor  # (B, D) float32
+    spk_emb: Tensor | None = None  # (B, 192) float32, IndexTTS-2.5
+    lang_ids: Tensor | None = None  # (B,) int64, IndexTTS-2.5: the lang_embedding row
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
+        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                        for f in dataclasses.fields(self)})
 
     def __len__(self) -> int:
         return self.text_ids.shape[0]
@@ -230,8 +252,12 @@ class UnifiedVoiceGPT(nn.Module):
         _check_supported(cfg)
         self.cfg = cfg
         dim = cfg.model_dim
-        # Registration order = the official order of these keys in gpt.pth.
+        # Registration order = the official order of these keys in gpt.pth (official_shapes).
+        if cfg.is_v25:
+            self.spk_emb_proj = nn.Linear(SPK_EMB_DIM, dim)
         self.text_embedding = nn.Embedding(cfg.text_rows, dim)
+        if cfg.is_v25:
+            self.lang_embedding = nn.Embedding(LANG_ROWS, dim)
         self.mel_embedding = nn.Embedding(cfg.number_mel_codes, dim)
         self.gpt = GPT2Trunk(cfg, dropout, activation_checkpointing)
         self.mel_pos_embedding = PositionEmbedding(_mel_positions(cfg), dim)
@@ -239,11 +265,12 @@ class UnifiedVoiceGPT(nn.Module):
         self.final_norm = nn.LayerNorm(dim, eps=1e-5)
         self.text_head = nn.Linear(dim, cfg.text_rows)
         self.mel_head = nn.Linear(dim, cfg.number_mel_codes)
-        self.speed_emb = nn.Embedding(2, dim)
+        if not cfg.is_v25:
+            self.speed_emb = nn.Embedding(2, dim)
+            nn.init.zeros_(self.speed_emb.weight)  # official: normal_(std=0)
         for table in (self.text_embedding, self.mel_embedding, self.text_pos_embedding.emb,
                       self.mel_pos_embedding.emb):
             nn.init.normal_(table.weight, std=0.02)
-        nn.init.zeros_(self.speed_emb.weight)  # official: normal_(std=0)
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """text_logits (B, N+1, T+2), mel_logits (B, number_mel_codes, M+2)."""
@@ -254,9 +281,12 @@ class UnifiedVoiceGPT(nn.Module):
                                           cfg.stop_mel_token)
         self._check_widths(text_inputs.shape[1], mel_inputs.shape[1])
         text = self.text_embedding(text_inputs) + self.text_pos_embedding.emb.weight[: text_inputs.shape[1]]
+        if cfg.is_v25:  # v2.5 rule 5: the language row on every text position, pads included
+            text = text + self.lang_embedding(batch.lang_ids)[:, None, :]
         mel = self.mel_embedding(mel_inputs) + self.mel_pos_embedding.emb.weight[: mel_inputs.shape[1]]
-        hidden = self.gpt(torch.cat([self._prefix(batch), text, mel], dim=1))  # (B, 34+T+2+M+2, D)
-        hidden = self.final_norm(hidden[:, PREFIX_LEN:])
+        prefix = self._prefix_v25(batch) if cfg.is_v25 else self._prefix(batch)
+        hidden = self.gpt(torch.cat([prefix, text, mel], dim=1))  # (B, P+T+2+M+2, D), P = 34 or 3 rows
+        hidden = self.final_norm(hidden[:, prefix.shape[1]:])
         text_width = text_inputs.shape[1]
         text_logits = self.text_head(hidden[:, :text_width]).permute(0, 2, 1)  # (B, N+1, T+2)
         mel_logits = self.mel_head(hidden[:, text_width:]).permute(0, 2, 1)  # (B, mel codes, M+2)
@@ -271,6 +301,12 @@ class UnifiedVoiceGPT(nn.Module):
         conds = batch.condition + batch.emo_vec[:, None, :]  # (B, 32, D)
         speed = self.speed_emb.weight[[1, 0]].expand(len(batch), -1, -1)  # (B, 2, D)
         return torch.cat([conds.to(speed.dtype), speed], dim=1)  # (B, 34, D)
+
+    def _prefix_v25(self, batch: Batch) -> Tensor:
+        """v2.5 rule 4: spk_emb_proj(spk_emb) + emo_vec, then two all-zero rows (constants); no positions."""
+        speaker = self.spk_emb_proj(batch.spk_emb) + batch.emo_vec.to(self.spk_emb_proj.weight.dtype)  # (B, D)
+        zeros = speaker.new_zeros(len(batch), 2, speaker.shape[-1])  # (B, 2, D)
+        return torch.cat([speaker[:, None, :], zeros], dim=1)  # (B, 3, D)
 
     def _check_widths(self, text_width: int, mel_width: int) -> None:
         """Position tables bound the padded widths; a too-long manifest line must not crash deep inside."""
@@ -389,18 +425,17 @@ def _trunk_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def official_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Every key of the official IndexTTS2 gpt.pth, in release order, with shapes from `cfg`."""
-    _check_supported(cfg)
-    d, cond, emo = cfg.model_dim, cfg.condition_module, cfg.emo_condition_module
+def _emotion_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    emo = cfg.emo_condition_module
+    return {**_conformer_shapes("emo_conditioning_encoder", emo),
+            **_perceiver_shapes("emo_perceiver_encoder", EMO_PERCEIVER_DIM, emo.output_size,
+                                emo.attention_heads, emo.perceiver_mult, 1)}
+
+
+def _tail_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """emo layers, mel table, trunk, positions, norm and heads: the same in both families."""
+    d = cfg.model_dim
     return {
-        **_conformer_shapes("conditioning_encoder", cond),
-        **_perceiver_shapes("perceiver_encoder", d, cond.output_size, cond.attention_heads,
-                            cond.perceiver_mult, CONDITION_LATENTS),
-        **_conformer_shapes("emo_conditioning_encoder", emo),
-        **_perceiver_shapes("emo_perceiver_encoder", EMO_PERCEIVER_DIM, emo.output_size,
-                            emo.attention_heads, emo.perceiver_mult, 1),
-        "text_embedding.weight": (cfg.text_rows, d),
         **_linear("emo_layer", d, d),
         **_linear("emovec_layer", EMO_PERCEIVER_DIM, d),
         "mel_embedding.weight": (cfg.number_mel_codes, d),
@@ -410,6 +445,25 @@ def official_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
         **_norm("final_norm", d),
         **_linear("text_head", d, cfg.text_rows),
         **_linear("mel_head", d, cfg.number_mel_codes),
+    }
+
+
+def official_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every key of the official gpt.pth of cfg's family (IndexTTS2, or IndexTTS-2.5's campplus
+    mode), in release order, with shapes from `cfg`."""
+    _check_supported(cfg)
+    d, cond = cfg.model_dim, cfg.condition_module
+    if cfg.is_v25:  # campplus registration order: spk_emb_proj first, lang_embedding after text_embedding
+        return {**_linear("spk_emb_proj", SPK_EMB_DIM, d), **_emotion_shapes(cfg),
+                "text_embedding.weight": (cfg.text_rows, d), "lang_embedding.weight": (LANG_ROWS, d),
+                **_tail_shapes(cfg)}
+    return {
+        **_conformer_shapes("conditioning_encoder", cond),
+        **_perceiver_shapes("perceiver_encoder", d, cond.output_size, cond.attention_heads,
+                            cond.perceiver_mult, CONDITION_LATENTS),
+        **_emotion_shapes(cfg),
+        "text_embedding.weight": (cfg.text_rows, d),
+        **_tail_shapes(cfg),
         "speed_emb.weight": (2, d),
     }
 
@@ -517,6 +571,41 @@ def clean_keys(state: Mapping[str, Tensor]) -> CleanedKeys:
     return CleanedKeys(out, aliases, lora)
 
 
+def family_of_keys(keys: Mapping[str, object]) -> str | None:
+    """The family whose marker keys a state dict holds; None when it holds both or neither."""
+    found = [family for family, markers in FAMILY_MARKERS.items() if any(k in keys for k in markers)]
+    return found[0] if len(found) == 1 else None
+
+
+def resolve_family(cfg: GPTConfig, state: Mapping[str, Tensor], source: Path | str) -> None:
+    """Set cfg.family from a checkpoint's keys when the config does not state it; refuse a disagreement."""
+    found = family_of_keys(clean_keys(state).state)
+    if found is None:
+        return  # the layout check names what is missing or mixed
+    if cfg.family is None:
+        cfg.family = found
+    elif cfg.family != found:
+        version = "2.5" if cfg.family == FAMILY_V25 else "2.0"
+        raise UserError(
+            f"{source}: the checkpoint is {FAMILY_NAMES[found]} (it has {FAMILY_MARKERS[found][0]}) but the config "
+            f"says version {version} ({FAMILY_NAMES[cfg.family]}); pass the config.yaml that came with the checkpoint"
+        )
+
+
+def settle_family(cfg: GPTConfig, path: Path | None) -> None:
+    """cfg.family from a checkpoint file's keys when the config does not state it (before anything is sized)."""
+    if cfg.family is not None or path is None or not Path(path).is_file():
+        return
+    from indextts_train.checkpoint import load_checkpoint
+
+    try:
+        obj = load_checkpoint(Path(path), mmap=True)  # keys only; tensor data stays on disk
+    except UserError:
+        return  # load_base_checkpoint reports it in its own words
+    weights = obj["model"] if isinstance(obj.get("model"), Mapping) else obj
+    resolve_family(cfg, weights, path)
+
+
 def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
     """Missing, unexpected and mis-shaped keys; text rows may differ from cfg but must agree."""
     expected = official_shapes(cfg)
@@ -544,17 +633,22 @@ def load_base_checkpoint(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
     """Read an official (or community / our own) gpt.pth and check it against `cfg`.
 
+    Sets cfg.family from the checkpoint's keys when the config does not state it (and refuses a
+    config whose `version:` names the other family).
     Returns (trained, carried, base_text_tokens), all float32 in release order; base_text_tokens is
     the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
     """
     path = Path(path)
     state = clean_keys(_read_state(path)).state
+    resolve_family(cfg, state, path)
     problems = _layout_problems(state, cfg)
     if problems:
         raise UserError(
-            f"{path}: does not match the IndexTTS2 GPT layout of the config (model_dim {cfg.model_dim}, "
+            f"{path}: does not match the {cfg.family_name} GPT layout of the config (model_dim {cfg.model_dim}, "
             f"layers {cfg.layers}): {'; '.join(problems)}; check that --config matches the checkpoint"
         )
+    if cfg.family is None:
+        cfg.family = FAMILY_V2
     ordered = {k: state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
     base_text_tokens = ordered["text_embedding.weight"].shape[0] - 1
     if base_text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):

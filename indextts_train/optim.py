@@ -48,12 +48,11 @@ def build_adamw(model: UnifiedVoiceGPT, train: TrainConfig) -> tuple[torch.optim
     return optimizer, [n for n, _ in decay] + [n for n, _ in no_decay]
 
 
-def remap_optimizer_state(state: dict, names: list[str], old_tokens: int, new_tokens: int) -> dict:
+def remap_optimizer_state(state: dict, names: list[str], growth: VocabPlan) -> dict:
     """Optimizer state after vocab growth: resized tensors get remapped rows, the rest unchanged."""
-    old, new = VocabPlan(old_tokens, old_tokens), VocabPlan(old_tokens, new_tokens)
     for position, name in enumerate(names):
         if name in TEXT_ROW_KEYS and position in state["state"]:
-            state["state"][position] = remap_optimizer_rows(state["state"][position], old, new)
+            state["state"][position] = remap_optimizer_rows(state["state"][position], growth)
     return state
 
 
@@ -78,9 +77,9 @@ class OptimizerSet:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None}
 
-    def load_from(self, ckpt: dict, path: Path, tokens: tuple[int, int], train: TrainConfig, total_steps: int,
+    def load_from(self, ckpt: dict, path: Path, growth: VocabPlan, train: TrainConfig, total_steps: int,
                   log: RunLogger) -> None:
-        """Load the checkpoint's set; `tokens` = (saved, current) text tokens, for remapping grown rows."""
+        """Load the checkpoint's set; `growth` (saved -> current text tokens) says how to remap grown rows."""
         opt_state = self._saved_state(ckpt, path)
         if opt_state is None:  # a repaired checkpoint whose optimizer could not be recovered
             log.warn(f"{path} has no usable optimizer state (repaired): optimizer, scheduler and scaler "
@@ -88,8 +87,8 @@ class OptimizerSet:
             self.scheduler.last_epoch = ckpt["progress"]["step"]
             self.apply_changed_settings({}, train, total_steps)
         else:
-            if tokens[0] != tokens[1]:
-                opt_state = remap_optimizer_state(opt_state, self.param_names, *tokens)
+            if growth.new_ids:
+                opt_state = remap_optimizer_state(opt_state, self.param_names, growth)
             self.optimizer.load_state_dict(opt_state)
             self.scheduler.load_state_dict(ckpt["scheduler"])
             self.apply_changed_settings(ckpt["hparams"], train, total_steps)
@@ -139,11 +138,13 @@ class OptimizerSet:
         elif saved:
             log.info("the checkpoint's fp16 gradient-scaler state is not needed in this precision; dropped")
 
-    def vocab_change_block(self, old_tokens: int, new_tokens: int, *, reset: bool) -> str:
+    def vocab_change_block(self, growth: VocabPlan, *, reset: bool) -> str:
+        old_tokens, new_tokens, at, added = growth.base_tokens, growth.tokens, growth.growth_at, len(growth.new_ids)
+        moved = (f"rows {at}..{old_tokens} (special tokens and the extra row) moved up by {added}"
+                 if at < old_tokens else f"extra row moved {old_tokens} -> {new_tokens}")
         lines = [f"vocabulary changed: {old_tokens} -> {new_tokens} text tokens "
                  f"(text rows {old_tokens + 1} -> {new_tokens + 1})",
-                 f"  rows 0..{old_tokens - 1} kept; extra row moved {old_tokens} -> {new_tokens}; "
-                 f"{new_tokens - old_tokens} new rows initialised"]
+                 f"  rows 0..{at - 1} kept; {moved}; {added} new rows initialised at {at}..{at + added - 1}"]
         if reset:
             lines.append("  --on-vocab-change reset: optimizer, scheduler and scaler reset together; "
                          "step 0, warmup again, data from the start")

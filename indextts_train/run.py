@@ -19,13 +19,21 @@ from torch import Tensor, nn
 
 from indextts_train.best import BestTracker, check_metric
 from indextts_train.checkpoint import BEST, publish, same_file
-from indextts_train.config import Config, TrainConfig, TrainOptions, config_to_dict
+from indextts_train.config import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.console import RunLogger
 from indextts_train.data import ManifestDataset, ManifestIndex
+from indextts_train.data_v25 import parse_borrowed
 from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
-from indextts_train.model import UnifiedVoiceGPT, full_state_dict, init_carried, load_base_checkpoint
+from indextts_train.model import (
+    UnifiedVoiceGPT,
+    full_state_dict,
+    init_carried,
+    load_base_checkpoint,
+    resolve_family,
+    settle_family,
+)
 from indextts_train.optim import OptimizerSet
 from indextts_train.resume import (
     remembered_oom_plan,
@@ -49,7 +57,15 @@ from indextts_train.sampling import (
 from indextts_train.state import History, Progress, TrainingState, capture_rng
 from indextts_train.steps import LossModule
 from indextts_train.validation import check_limit_groups, group_lines, parse_forgetting_limit
-from indextts_train.vocab import RowFreezer, VocabPlan, resize_text_rows, tokenizer_size
+from indextts_train.vocab import (
+    RowFreezer,
+    VocabPlan,
+    family_freezer,
+    growth_between_runs,
+    growth_point,
+    resize_text_rows,
+    tokenizer_size,
+)
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
@@ -179,8 +195,10 @@ def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[Ha
 
 
 def _index(manifests: list[ManifestSpec], options: TrainOptions, config: Config) -> ManifestIndex:
+    """Lines of either family are indexed; `require_family` checks them once the model's family is known."""
     return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
-                               max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens)
+                               max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens,
+                               borrowed=parse_borrowed(config.train.borrow_languages))
 
 
 @dataclass
@@ -253,49 +271,54 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
         return Weights(_new_model(config), init_carried(config.gpt, generator),
                        VocabPlan(tokens, tokens, train.freeze_base_vocab))
     trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt)
-    plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab)
+    plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab,
+                     insert_at=growth_point(options.tokenizer, base_tokens))
     if tokens != base_tokens:
         trained = resize_text_rows(trained, plan, generator)
     config.gpt.number_text_tokens = tokens
     return Weights(_new_model(config, trained), carried, plan)
 
 
-def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int) -> tuple[Weights, int]:
-    """The checkpoint's weights, text rows grown when the tokenizer grew; also the saved token count."""
+def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
+                    tokenizer: Path | None) -> tuple[Weights, VocabPlan]:
+    """The checkpoint's weights, text rows grown when the tokenizer grew; also that growth (saved -> now)."""
     from indextts_train.model import split_state_dict
 
     train = config.train
+    resolve_family(config.gpt, ckpt["model"], path)
     trained, carried = split_state_dict(ckpt["model"], config.gpt)
     saved_tokens = trained["text_embedding.weight"].shape[0] - 1
     if tokens < saved_tokens:
         raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
                         f"{saved_tokens}; a vocabulary can grow between runs, not shrink")
+    growth = growth_between_runs(saved_tokens, tokens, tokenizer)
     if tokens != saved_tokens:
-        trained = resize_text_rows(trained, VocabPlan(saved_tokens, tokens),
-                                   torch.Generator().manual_seed(train.seed + tokens))
+        trained = resize_text_rows(trained, growth, torch.Generator().manual_seed(train.seed + tokens))
     config.gpt.number_text_tokens = tokens
     try:
         model = _new_model(config, trained)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
         raise UserError(f"{path} does not fit --config {config.source}: {first}") from None
-    base_tokens = ckpt["vocab_plan"]["base_tokens"]
-    return Weights(model, carried, VocabPlan(base_tokens, tokens, train.freeze_base_vocab)), saved_tokens
+    saved = VocabPlan.from_dict(ckpt["vocab_plan"])
+    # A repaired community plan does not say where new rows went; the tokenizer's kind does.
+    insert_at = saved.insert_at if saved.insert_at is not None else growth_point(tokenizer, saved.base_tokens)
+    plan = VocabPlan(saved.base_tokens, tokens, train.freeze_base_vocab, insert_at=insert_at)
+    return Weights(model, carried, plan), growth
 
 
-def _restore(run: Run, ckpt: dict, path: Path, saved_tokens: int, train: TrainConfig) -> None:
+def _restore(run: Run, ckpt: dict, path: Path, growth: VocabPlan, train: TrainConfig) -> None:
     """Progress, history and the optimizer set from the checkpoint (or reset, by --on-vocab-change)."""
-    tokens = run.weights.vocab_plan.tokens
-    if tokens != saved_tokens and run.options.on_vocab_change == "reset":
-        run.log.info(run.optim.vocab_change_block(saved_tokens, tokens, reset=True))
+    if growth.new_ids and run.options.on_vocab_change == "reset":
+        run.log.info(run.optim.vocab_change_block(growth, reset=True))
         run.progress.sampler_seed = train.seed
         run.resumed = None  # a reset run starts over: fresh RNG, nothing resumed
         return
     run.progress.load_state_dict(ckpt["progress"])
     run.history.load_state_dict(ckpt["history"])
-    run.optim.load_from(ckpt, path, (saved_tokens, tokens), train, run.total_steps, run.log)
-    if tokens != saved_tokens:
-        run.log.info(run.optim.vocab_change_block(saved_tokens, tokens, reset=False))
+    run.optim.load_from(ckpt, path, growth, train, run.total_steps, run.log)
+    if growth.new_ids:
+        run.log.info(run.optim.vocab_change_block(growth, reset=False))
     if ckpt["hparams"]:
         report_changed_hparams(ckpt["hparams"], run.hparams(), run.log)
     else:
@@ -328,6 +351,7 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     """Build the run: config + flags, hardware plan, data, weights, optimizer set, resume state."""
     config = options.load_config()
     train = config.train
+    settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
     startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
     plan, device = _hardware(config, options, dist)
     startup.info(plan.describe())
@@ -337,24 +361,28 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     ckpt, path = select_checkpoint(options.output_dir, options.resume, startup)
     if ckpt is not None and train.batch_size == 0:
         plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup)
-    saved_tokens = tokens
+    growth = VocabPlan(tokens, tokens)
     if ckpt is None:
         weights = fresh_weights(options, config, tokens, startup)
     else:
-        weights, saved_tokens = resumed_weights(ckpt, path, config, tokens)
+        weights, growth = resumed_weights(ckpt, path, config, tokens, options.tokenizer)
+    config.gpt.family = config.gpt.family or FAMILY_V2  # a random-init model of an unstated family is IndexTTS2
+    for part in (index, val_index):
+        if part is not None:
+            part.require_family(config.gpt.family)
     weights.model.to(device)
-    reset = tokens != saved_tokens and options.on_vocab_change == "reset"  # the run starts over
+    reset = bool(growth.new_ids) and options.on_vocab_change == "reset"  # the run starts over
     schedule = Schedule(_sampler(None if reset else ckpt, train_specs, index, train, plan, startup), train.epochs,
                         train.max_steps)
     optim = OptimizerSet.build(weights.model, train, plan, schedule.total_steps(plan.effective_batch))
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
               History(), _dataset(index, config), None, startup, ckpt)
     if ckpt is not None:
-        _restore(run, ckpt, path, saved_tokens, train)
+        _restore(run, ckpt, path, growth, train)
     run.val = _validation(val_index, val_specs, run.history, config) if val_index else None
     _republish_best(run, None if reset else path)
     startup.info(weights.vocab_plan.describe())
-    run.freezer = RowFreezer(weights.model, weights.vocab_plan)
+    run.freezer = family_freezer(weights.model, weights.vocab_plan, config.gpt, train, index.lang_ids, startup.info)
     run.wrapped = LossModule(weights.model)
     if dist.enabled:
         run.wrapped = nn.parallel.DistributedDataParallel(

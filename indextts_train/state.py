@@ -39,6 +39,7 @@ import torch
 from indextts_train.errors import CheckpointError
 from indextts_train.sampling import sampler_problem
 from indextts_train.schema import field_types, is_int, type_problem
+from indextts_train.vocab import VocabPlan
 
 FORMAT = "indextts-train-checkpoint"
 FORMAT_VERSION = 2
@@ -362,7 +363,8 @@ def _v1_to_v2(state: dict) -> None:
 MIGRATIONS: dict[int, Callable[[dict], None]] = {1: _v1_to_v2}
 
 
-COMPONENTS: dict[str, type] = {"progress": Progress, "history": History}  # dataclass parts of a checkpoint
+# dataclass parts of a checkpoint
+COMPONENTS: dict[str, type] = {"progress": Progress, "history": History, "vocab_plan": VocabPlan}
 
 
 def _fill_added_fields(state: dict) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from indextts_train import hardware
-from indextts_train.config import GPTConfig
+from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.hardware import (
     GIB,
@@ -24,6 +24,7 @@ from indextts_train.hardware import (
     gpu_table,
     halve_for_oom,
     is_oom_error,
+    max_sequence_positions,
     trained_parameter_count,
 )
 
@@ -50,6 +51,13 @@ def test_trained_parameter_count_matches_the_reference_backward():
     keys = json.loads((REFERENCE / "indextts2_gpt_keys.json").read_text(encoding="utf-8"))
     trained = keys["indextts2"]["trained_with_precomputed_conditions"]
     assert trained_parameter_count(REAL) == trained["numel"] == 527_083_235
+
+
+def test_trained_parameter_count_of_the_real_25_config_matches_its_reference_backward():
+    keys = json.loads((REFERENCE / "v2_5" / "indextts25_gpt_keys.json").read_text(encoding="utf-8"))
+    cfg = GPTConfig(number_text_tokens=60509, family=FAMILY_V25)
+    assert trained_parameter_count(cfg) == keys["indextts25"]["trained_in_training_path"]["numel"] == 651_696_224
+    assert max_sequence_positions(cfg) == max_sequence_positions(REAL) - 31  # a 3-row prefix, not 34
 
 
 def test_known_gpus_report_less_than_the_size_on_the_box():
@@ -187,13 +195,15 @@ def test_estimate_grows_with_the_batch_and_shrinks_with_checkpointing_and_half_p
         estimate_memory(REAL, 1, precision="int8", activation_checkpointing=False)
 
 
+@pytest.mark.parametrize("family", [FAMILY_V2, FAMILY_V25])
 @pytest.mark.parametrize("ckpt", [False, True])
-def test_estimate_covers_what_the_real_model_saves_for_backward(ckpt):
+def test_estimate_covers_what_the_real_model_saves_for_backward(ckpt, family):
     """Bytes saved for backward by indextts_train.model per sample (fp32, dropout 0 so CPU SDPA takes
     the flash path as GPUs do) must not exceed the estimate's per-sample share."""
     from indextts_train.model import Batch, UnifiedVoiceGPT
 
     cfg = _small_cfg()
+    cfg.family = family
     torch.manual_seed(0)
     model = UnifiedVoiceGPT(cfg, dropout=0.0, activation_checkpointing=ckpt).train()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -202,7 +212,9 @@ def test_estimate_covers_what_the_real_model_saves_for_backward(ckpt):
         T, M, D = cfg.max_text_tokens, cfg.max_mel_tokens, cfg.model_dim
         batch = Batch(torch.randint(2, 100, (batch_size, T)), torch.randint(0, 64, (batch_size, M)),
                       torch.full((batch_size,), T), torch.full((batch_size,), M),
-                      torch.randn(batch_size, 32, D), torch.randn(batch_size, D))
+                      None if cfg.is_v25 else torch.randn(batch_size, 32, D), torch.randn(batch_size, D),
+                      spk_emb=torch.randn(batch_size, 192) if cfg.is_v25 else None,
+                      lang_ids=torch.randint(0, 107, (batch_size,)) if cfg.is_v25 else None)
         storages: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:

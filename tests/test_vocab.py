@@ -17,6 +17,7 @@ from indextts_train.vocab import (
     RowFreezer,
     VocabPlan,
     frozen_rows,
+    growth_between_runs,
     remap_optimizer_rows,
     resize_text_rows,
     tokenizer_size,
@@ -150,14 +151,14 @@ def test_row_freezer_does_nothing_when_nothing_is_frozen(cfg, base):
 
 
 def test_remap_optimizer_rows_keeps_moments_at_their_new_indices():
-    old_plan, new_plan = VocabPlan(base_tokens=10, tokens=12), VocabPlan(base_tokens=10, tokens=15)
+    old_plan = VocabPlan(base_tokens=10, tokens=12)
     param = torch.nn.Parameter(torch.randn(old_plan.rows, 4))
     optimizer = torch.optim.AdamW([param], lr=1e-2)
     for _ in range(2):
         param.grad = torch.randn_like(param)
         optimizer.step()
     old_state = optimizer.state[param]
-    new_state = remap_optimizer_rows(old_state, old_plan, new_plan)
+    new_state = remap_optimizer_rows(old_state, growth_between_runs(12, 15, None))
     for name in ("exp_avg", "exp_avg_sq"):
         old, new = old_state[name], new_state[name]
         assert new.shape == (16, 4)
@@ -166,7 +167,7 @@ def test_remap_optimizer_rows_keeps_moments_at_their_new_indices():
         assert torch.equal(new[12:15], torch.zeros(3, 4))
     assert torch.equal(new_state["step"], old_state["step"])
     with pytest.raises(UserError, match="shrink"):
-        remap_optimizer_rows(old_state, new_plan, old_plan)
+        growth_between_runs(15, 12, None)
 
 
 def test_plan_rules_round_trip_and_description():
