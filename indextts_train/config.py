@@ -194,10 +194,11 @@ class Config:
 
 
 # Top-level sections of IndexTTS2's checkpoints/config.yaml that we do not read but accept, so the
-# file users already have works; anything else (a typo like `trian:`) is refused.
+# file users already have works; anything else (a typo like `trian:`) is refused. `version` is read:
+# it names the model family.
 OFFICIAL_SECTIONS = ("dataset", "semantic_codec", "s2mel", "gpt_checkpoint", "w2v_stat", "s2mel_checkpoint",
-                     "emo_matrix", "spk_matrix", "emo_num", "qwen_emo_path", "vocoder", "version")
-OUR_SECTIONS = ("gpt", "train")
+                     "emo_matrix", "spk_matrix", "emo_num", "qwen_emo_path", "vocoder")
+OUR_SECTIONS = ("gpt", "train", "version")
 
 
 def config_from_dict(data: dict, source: str = "<dict>") -> Config:

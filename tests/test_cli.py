@@ -155,7 +155,8 @@ def test_verify_complete_through_the_real_cli(complete) -> None:
         assert expected in text, expected
     report = json.loads(cli("verify", complete, "--json").stdout)
     assert (report["status"], report["exit_code"], report["summary"]["step"]) == ("COMPLETE", 0, 2)
-    assert report["summary"]["vocab_plan"] == {"base_tokens": 100, "tokens": 100, "freeze_base": True}
+    assert report["summary"]["vocab_plan"] == {"base_tokens": 100, "tokens": 100, "freeze_base": True,
+                                               "insert_at": None}
     assert report["summary"]["hparams"]["precision"] == "fp32"
     assert report["summary"]["sizes"]["tensors"] == 184
     assert snapshot(complete.parent) == before

@@ -62,12 +62,15 @@ def test_bad_files_give_one_clear_line(tmp_path) -> None:
 def test_misspelled_section_is_refused_and_official_sections_are_kept(tmp_path) -> None:
     data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     data["trian"] = data.pop("train")
-    with pytest.raises(UserError, match=r"unknown top-level key\(s\) trian; ours are gpt, train"):
+    with pytest.raises(UserError, match=r"unknown top-level key\(s\) trian; ours are gpt, train, version"):
         load_config(write(tmp_path, data))
     official = yaml.safe_load(REFERENCE_CONFIG.read_text())
     official.update(OFFICIAL := dict.fromkeys(OFFICIAL_SECTIONS, {}))  # every IndexTTS2 section we do not read
-    assert set(OFFICIAL) >= {"dataset", "s2mel", "vocoder", "version"}
-    load_config(write(tmp_path, official))
+    assert set(OFFICIAL) >= {"dataset", "s2mel", "vocoder"}
+    assert load_config(write(tmp_path, official)).gpt.family == "indextts2"  # its `version: 2.0`
+    official["version"] = {}
+    with pytest.raises(UserError, match=r"version \{\} is not a known model family"):
+        load_config(write(tmp_path, official))
 
 
 @pytest.mark.parametrize(("section", "key", "value", "expected"), [

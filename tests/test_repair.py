@@ -31,7 +31,7 @@ def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
     assert state["progress"]["samples_in_epoch"] == 0 and state["progress"]["sampler_seed"] == 99
     assert {"rng", "progress.samples_in_epoch", "history"} <= set(state["repaired"]["unknown"])
     assert "optimizer" not in state["repaired"]["unknown"]
-    assert state["vocab_plan"] == {"base_tokens": 12, "tokens": 12, "freeze_base": False}
+    assert state["vocab_plan"] == {"base_tokens": 12, "tokens": 12, "freeze_base": False, "insert_at": None}
     assert any("restarts epoch 2" in n for n in notes)
     repair_checkpoint(path)  # already COMPLETE: nothing written, no second backup
     assert not (tmp_path / "model_step3.pth.bak.1").exists()
