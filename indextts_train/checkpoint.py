@@ -31,7 +31,7 @@ import torch
 
 from indextts_train.atomic import atomic_write as atomic_write_file
 from indextts_train.atomic import fsync_dir, link_or_copy, temp_name
-from indextts_train.config import Config, config_from_dict, load_config
+from indextts_train.config import FAMILY_NAMES, Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.faults import crash_armed, crash_point
 from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: re-exported for callers)
@@ -193,14 +193,18 @@ def _summary(obj: dict, kind: str, path: Path) -> dict:
     tensors = list(weights.values()) if isinstance(weights, dict) else []
     sizes = {"file_bytes": path.stat().st_size, "tensors": len(tensors),
              "params": sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))}
+    from indextts_train.model import clean_keys, family_of_keys  # not at the top: model imports this module
+
+    found = family_of_keys(clean_keys(weights).state) if isinstance(weights, dict) else None
+    family = FAMILY_NAMES.get(found, "unknown")  # IndexTTS2 or IndexTTS-2.5, from the weights' keys
     if kind == "community":
-        return {"step": obj.get("step"), "epoch": obj.get("epoch"), "sizes": sizes}
+        return {"step": obj.get("step"), "epoch": obj.get("epoch"), "family": family, "sizes": sizes}
     if kind != "indextts-train":
-        return {"sizes": sizes}
+        return {"family": family, "sizes": sizes}
     progress = obj.get("progress") if isinstance(obj.get("progress"), dict) else {}
     hparams = obj.get("hparams") if isinstance(obj.get("hparams"), dict) else {}
     summary = {k: progress.get(k) for k in ("step", "epoch", "samples_in_epoch", "samples_total")}
-    summary.update(vocab_plan=obj.get("vocab_plan"), precision=hparams.get("precision"),
+    summary.update(family=family, vocab_plan=obj.get("vocab_plan"), precision=hparams.get("precision"),
                    hardware=obj.get("hardware"), hparams=hparams, created=obj.get("created"),
                    format_version=obj.get("format_version"), sizes=sizes)
     return summary
