@@ -332,3 +332,5 @@ def test_docs_table_is_the_current_output():
     table = gpu_table(REAL)
     assert len(table.splitlines()) == 2 + 2 * len(KNOWN_GPUS)
     assert table in (PROJECT / "docs" / "gpu_table.md").read_text(encoding="utf-8")
+    table_25 = gpu_table(GPTConfig(number_text_tokens=60509, family=FAMILY_V25))
+    assert table_25 != table and table_25 in (PROJECT / "docs" / "gpu_table.md").read_text(encoding="utf-8")

@@ -123,7 +123,8 @@ def test_vocabulary_grown_again_between_runs_keeps_every_row_and_the_optimizer(t
 
 def test_verify_evaluate_and_export_with_the_grown_tiktoken(tiny25_data, trained, tmp_path):
     checkpoint = trained["out"] / "latest.pth"
-    assert verify_checkpoint(checkpoint).status == "COMPLETE"
+    verdict = verify_checkpoint(checkpoint)
+    assert verdict.status == "COMPLETE" and verdict.summary["family"] == "IndexTTS-2.5"
     export = tmp_path / "export"
     export_checkpoint(checkpoint, export / "gpt.pth", config_out=export / "config.yaml",
                       tokenizer=Path(tiny25_data["tokenizer"]))
