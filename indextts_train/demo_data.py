@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -82,17 +83,27 @@ def make_demo_dataset(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 96, n
     sentences = _encodable_sentences(tokenizer, gpt_cfg)
     code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
     speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
-    manifests = {}
-    for split, count in (("train", n_train), ("val", n_val)):
-        utterances = [_utterance(f"{split}{i:04d}", sentences, code_table, speakers, gpt_cfg, rng)
-                      for i in range(count)]
-        for utt in utterances:
-            _save_arrays(out_dir, utt)
-        manifests[split] = _write_manifest(out_dir / f"{split}.jsonl", _pairs(utterances, rng))
+    manifests = write_splits(out_dir, {"train": n_train, "val": n_val},
+                             lambda uid: _utterance(uid, sentences, code_table, speakers, gpt_cfg, rng),
+                             _save_arrays, _pairs, rng)
     return {"base_tokenizer": base_path, "tokenizer": tokenizer, "train_manifest": manifests["train"],
             "val_manifest": manifests["val"], "corpus": corpus, "extension_corpus": amharic_corpus,
             "n_train": n_train, "n_val": n_val, "n_speakers": N_SPEAKERS,
             "base_size": summary["base_size"], "vocab_size": summary["new_size"]}
+
+
+def write_splits(out_dir: Path, counts: dict[str, int], utterance: Callable[[str], dict],
+                 save_arrays: Callable[[Path, dict], None],
+                 pairs: Callable[[list[dict], np.random.Generator], list[dict]],
+                 rng: np.random.Generator) -> dict[str, Path]:
+    """Each split's utterances made, their arrays saved and their paired lines written (both families)."""
+    manifests = {}
+    for split, count in counts.items():
+        utterances = [utterance(f"{split}{i:04d}") for i in range(count)]
+        for utt in utterances:
+            save_arrays(out_dir, utt)
+        manifests[split] = _write_manifest(out_dir / f"{split}.jsonl", pairs(utterances, rng))
+    return manifests
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

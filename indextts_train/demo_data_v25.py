@@ -19,7 +19,7 @@ import numpy as np
 from indextts_train.config import GPTConfig
 from indextts_train.constants import SPK_EMB_DIM
 from indextts_train.data_v25 import START_STOP_IDS
-from indextts_train.demo_data import AMHARIC, ENGLISH, _code_limit, _code_table, _write_lines, _write_manifest
+from indextts_train.demo_data import AMHARIC, ENGLISH, _code_limit, _code_table, _write_lines, write_splits
 from indextts_train.errors import UserError
 from indextts_train.tiktoken_vocab import LANGUAGE_IDS, SPECIAL_TOKENS, extend_tiktoken, read_tiktoken
 
@@ -53,13 +53,9 @@ def make_demo_dataset_v25(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 9
     sentences = _encodable_sentences(tokenizer, gpt_cfg)
     code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
     speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
-    manifests = {}
-    for split, count in (("train", n_train), ("val", n_val)):
-        utterances = [_utterance(f"{split}{i:04d}", sentences, code_table, speakers, gpt_cfg, rng)
-                      for i in range(count)]
-        for utt in utterances:
-            _save_arrays(out_dir, utt)
-        manifests[split] = _write_manifest(out_dir / f"{split}.jsonl", _pairs(utterances, rng))
+    manifests = write_splits(out_dir, {"train": n_train, "val": n_val},
+                             lambda uid: _utterance(uid, sentences, code_table, speakers, gpt_cfg, rng),
+                             _save_arrays, _pairs, rng)
     return {"base_tokenizer": base, "tokenizer": tokenizer, "train_manifest": manifests["train"],
             "val_manifest": manifests["val"], "extension_corpus": extension_corpus, "n_train": n_train,
             "n_val": n_val, "n_speakers": N_SPEAKERS, "base_size": summary["base_size"],
