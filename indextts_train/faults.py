@@ -1,8 +1,12 @@
-"""Crash-test hook: kill ourselves with a real SIGKILL at a named point of the loop or a save.
+"""Test hooks: kill or freeze ourselves at a named point of the loop or a save.
 
-The resume tests set INDEXTTS_TRAIN_CRASH_AT=POINT@STEP (e.g. `save_tmp_written@14`) to die at an
-exact instant that a random kill would rarely hit (between writing a checkpoint and renaming it,
-between publishing it and moving latest.pth, inside gradient accumulation). Unset, it does nothing.
+The resume tests set INDEXTTS_TRAIN_CRASH_AT=POINT@STEP (e.g. `save_tmp_written@14`) to die with a
+real SIGKILL at an exact instant that a random kill would rarely hit (between writing a checkpoint
+and renaming it, between publishing it and moving latest.pth, inside gradient accumulation).
+
+INDEXTTS_TRAIN_PAUSE_AT=POINT@STEP stops the process with SIGSTOP there instead (as `kill -STOP`
+would), so a test can act on a run that is known to be mid-way, however fast the machine is; a
+SIGCONT resumes it and any signal sent meanwhile is delivered then. Unset, both do nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import signal
 
 _TARGET = os.environ.get("INDEXTTS_TRAIN_CRASH_AT")
+_PAUSE = os.environ.get("INDEXTTS_TRAIN_PAUSE_AT")
 
 
 def crash_armed(name: str, step: int) -> bool:
@@ -20,3 +25,5 @@ def crash_armed(name: str, step: int) -> bool:
 def crash_point(name: str, step: int) -> None:
     if crash_armed(name, step):
         os.kill(os.getpid(), signal.SIGKILL)
+    if _PAUSE is not None and _PAUSE == f"{name}@{step}":
+        os.kill(os.getpid(), signal.SIGSTOP)

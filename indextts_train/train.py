@@ -27,6 +27,7 @@ from indextts_train.checkpoint import save_checkpoint
 from indextts_train.config import TrainOptions
 from indextts_train.console import RunLogger
 from indextts_train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
+from indextts_train.faults import crash_point
 from indextts_train.hardware import halve_for_oom
 from indextts_train.model import Batch
 from indextts_train.optim import lr_factor
@@ -104,6 +105,7 @@ def loop(run: Run, signals: SignalFlag) -> int:
         if due(run, train.log_interval):
             clock = log_window(run, window, clock)
             window = []
+        crash_point("step_logged", progress.step)
         new_best, ending = validation(run) if run.val is not None and due(run, train.val_interval) else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
         if due(run, train.save_interval) or stop or new_best or ending:

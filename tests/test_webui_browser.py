@@ -31,6 +31,7 @@ from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
 from indextts_train.demo_data import make_demo_dataset
 
 MAX_STEPS = 12
+PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
 # Longest wait for one page state: a loaded 2-core machine trains the tiny demo at about 1-2 s a step.
 TIMEOUT_MS = int(os.environ.get("WEBUI_TEST_TIMEOUT_MS", 240_000))
 
@@ -65,9 +66,12 @@ def _free_port() -> int:
 def server_url(tmp_path):
     """`indextts-train webui` as a user starts it; its one ready line gives the address."""
     log = open(tmp_path / "webui.log", "w")  # noqa: SIM115 - closed below
+    # The runs this server starts freeze themselves (SIGSTOP) once step PAUSE_STEP is logged, so the
+    # test meets the run mid-way however fast the machine is (indextts_train.faults).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "INDEXTTS_TRAIN_PAUSE_AT": f"step_logged@{PAUSE_STEP}"}
     proc = subprocess.Popen([sys.executable, "-m", "indextts_train", "webui", "--port", str(_free_port())],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                            env=env, start_new_session=True)
     first = ""
     for line in proc.stdout:
         log.write(line)
@@ -116,15 +120,6 @@ def _wait_value(page, elem_id: str, pattern: str) -> re.Match:
     field = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
     expect(field).to_have_value(re.compile(pattern, re.S), timeout=TIMEOUT_MS)
     return re.search(pattern, field.input_value(), re.S)
-
-
-def _wait_step_beyond(page, step: int) -> int:
-    page.wait_for_function(
-        """([step]) => {
-            const m = document.querySelector('#status textarea').value.match(/running .* step (\\d+)\\//);
-            return m && Number(m[1]) > step;
-        }""", arg=[step], timeout=TIMEOUT_MS)
-    return int(re.search(r"step (\d+)/", _value(page, "status")).group(1))
 
 
 def _tensors_equal(a: dict, b: dict) -> None:
@@ -193,18 +188,15 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     running = _wait_value(page, "status", rf"running \(PID (\d+)\) · step (\d+)/{MAX_STEPS}")
     pid = int(running.group(1))
     leftovers.append(pid)
-    step = _wait_step_beyond(page, int(running.group(2)))  # the counter advances
-    # Freeze the run (SIGSTOP) so the checks below cannot race a fast machine to the last step;
-    # it changes nothing in what the run computes.
-    os.killpg(pid, signal.SIGSTOP)
+    # The counter follows the run up to the step where it froze itself (PAUSE_STEP).
+    _wait_value(page, "status", rf"running \(PID {pid}\) · step {PAUSE_STEP}/{MAX_STEPS}")
     shot("02_running")
 
     page.close()  # the browser goes away; the run does not
     page = _new_page(browser)
     page.goto(server_url)
     _wait_value(page, "output_dir", re.escape(str(run_dir)))
-    frozen = int(_wait_value(page, "status", rf"running \(PID {pid}\) · step (\d+)/{MAX_STEPS}").group(1))
-    assert frozen >= step
+    _wait_value(page, "status", rf"running \(PID {pid}\) · step {PAUSE_STEP}/{MAX_STEPS}")
     shot("03_reopened_while_running")
 
     page.locator("#stop").click()
@@ -212,7 +204,7 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     os.killpg(pid, signal.SIGCONT)  # the pending SIGINT arrives: finish the step, save, exit 130
     stopped = _wait_value(page, "status", rf"exited with code 130 · step (\d+)/{MAX_STEPS} · checkpoint (\S+)")
     stop_step, saved = int(stopped.group(1)), Path(stopped.group(2))
-    assert frozen <= stop_step < MAX_STEPS and saved == run_dir / f"model_step{stop_step}.pth" and saved.is_file()
+    assert stop_step == PAUSE_STEP and saved == run_dir / f"model_step{stop_step}.pth" and saved.is_file()
     _wait_value(page, "notices", rf"stopped by signal after step {stop_step}")
     shot("04_stopped")
 
