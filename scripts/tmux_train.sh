@@ -8,10 +8,20 @@ SESSION="${1:?usage: tmux_train.sh SESSION OUTPUT_DIR [train-gpt flags...]}"
 OUTPUT_DIR="${2:?usage: tmux_train.sh SESSION OUTPUT_DIR [train-gpt flags...]}"; shift 2
 HERE="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$OUTPUT_DIR"
-if tmux has-session -t "$SESSION" 2>/dev/null; then
-    echo "tmux session $SESSION is already running: tmux attach -t $SESSION"; exit 0
+if tmux has-session -t "=$SESSION" 2>/dev/null; then
+    # The pane stays open after the run ends (remain-on-exit) so its last lines can be read; a
+    # dead pane means the run is over and this call continues it.
+    if [ "$(tmux list-panes -t "=$SESSION" -F '#{pane_dead}' | head -n 1)" != "1" ]; then
+        echo "tmux session $SESSION is already running: tmux attach -t $SESSION"; exit 0
+    fi
+    echo "the run in tmux session $SESSION has ended; starting it again (it resumes from $OUTPUT_DIR)"
+    tmux kill-session -t "=$SESSION"
 fi
 ARGS=$(printf ' %q' "$@")
+# Ctrl+C reaches every process in the pane: `tee -i` ignores it, so the trainer's "saved ..." and
+# "stopped ..." lines still reach the pane and train.log. remain-on-exit is set in the same tmux
+# command as the session, before a fast run could end.
 tmux new-session -d -s "$SESSION" \
-    "bash $HERE/smart_start.sh $(printf %q "$OUTPUT_DIR")$ARGS 2>&1 | tee -a $(printf %q "$OUTPUT_DIR/train.log"); exec bash"
+    "bash $HERE/smart_start.sh $(printf %q "$OUTPUT_DIR")$ARGS 2>&1 | tee -i -a $(printf %q "$OUTPUT_DIR/train.log")" \
+    \; set-option -w -t "=$SESSION:" remain-on-exit on
 echo "started in tmux session $SESSION (tmux attach -t $SESSION); log: $OUTPUT_DIR/train.log"

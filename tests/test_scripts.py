@@ -51,3 +51,52 @@ def test_tmux_recipe_runs_the_same_command_in_a_detached_session(tiny_data, tmp_
         assert "starting fresh" in log.read_text() and (out / "latest.pth").exists()
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def _wait_for(path: Path, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in (content := path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} not in {path}:\n{content}"
+        time.sleep(0.3)
+    return content
+
+
+def _pane_dead(session: str) -> bool:
+    panes = subprocess.run(["tmux", "list-panes", "-t", f"={session}", "-F", "#{pane_dead}"],
+                           capture_output=True, text=True)
+    return panes.stdout.strip() == "1"
+
+
+def test_tmux_ctrl_c_saves_into_the_log_and_running_again_resumes(tiny_data, tmp_path) -> None:
+    out = tmp_path / "run"
+    session = f"indextts-ctrlc-{os.getpid()}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    flags = ["--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
+             "--base-checkpoint", str(tiny_data["base"]), "--batch-size", "2", "--effective-batch-size", "4",
+             "--log-interval", "1", "--epochs", "100", "--max-steps", "400"]
+    script = ["bash", str(ROOT / "scripts" / "tmux_train.sh"), session, str(out), *flags]
+    log = out / "train.log"
+    try:
+        started = subprocess.run(script, capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0 and "started in tmux session" in started.stdout, started.stderr
+        _wait_for(log, "step 2/400")  # the signal handler is installed once steps run
+        subprocess.run(["tmux", "send-keys", "-t", f"={session}:", "C-c"], check=True)
+        stopped = _wait_for(log, "[smart_start] stopped with exit 130")
+        assert "saved " in stopped and "stopped by signal after step" in stopped
+        deadline = time.monotonic() + 30
+        while not _pane_dead(session):  # the run is over, so the session no longer counts as running
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        step = int(stopped.split("stopped by signal after step ")[1].split(";")[0])
+
+        again = subprocess.run(script, capture_output=True, text=True, env=env, timeout=60)
+        assert again.returncode == 0 and "has ended; starting it again" in again.stdout, again.stdout
+        resumed = _wait_for(log, f"starting at step {step}")
+        assert "resuming from" in resumed.split("stopped by signal")[1]
+        subprocess.run(["tmux", "send-keys", "-t", f"={session}:", "C-c"], check=True)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("[smart_start] stopped with exit 130") < 2:  # stopped, not killed
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
