@@ -255,7 +255,7 @@ def check_tokenizer(
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
     from indextts_train.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
     from indextts_train.tokenizer import check_tokenizer as run_check
-    from indextts_train.tokenizer import render_tokenizer_report
+    from indextts_train.tokenizer import render_tokenizer_report, tokenizer_exit_code
 
     if is_tiktoken(model):
         if base_vocab is not None:
@@ -266,7 +266,7 @@ def check_tokenizer(
         report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text)
         render = render_tokenizer_report
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render(report))
-    raise typer.Exit(2 if report.get("problems") else 0)
+    raise typer.Exit(tokenizer_exit_code(report))
 
 
 @app.command("extend-tokenizer")

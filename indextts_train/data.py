@@ -77,6 +77,11 @@ FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad 
 # Reading and validating lines
 
 
+# What the text-id limit is and what to do past it, as training says it; check-data and evaluate
+# name their own source of the limit.
+TEXT_VOCAB_SOURCE = ("text vocabulary size", "pass the --tokenizer the data was made with")
+
+
 def _iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
     """(line number from 1, byte offset, raw bytes) of every non-blank line.
 
@@ -366,11 +371,12 @@ class ManifestDataset(Dataset):
     """
 
     def __init__(self, index: ManifestIndex, *, model_dim: int | None = None, text_vocab: int | None = None,
-                 mel_codes: int | None = None) -> None:
+                 mel_codes: int | None = None, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE) -> None:
         self.index = index
         self.model_dim = model_dim
         self.text_vocab = text_vocab
         self.mel_codes = mel_codes
+        self.text_source = text_source  # what text_vocab is and what to do past it, for the error line
 
     def __len__(self) -> int:
         return len(self.index)
@@ -383,7 +389,7 @@ class ManifestDataset(Dataset):
         arrays = _load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
                               max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
-                  fields, record["_source"])
+                  fields, record["_source"], self.text_source)
         features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
                      "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays
                     else {"condition": torch.from_numpy(arrays["condition"].astype(np.float32))})  # (32, D)
@@ -477,6 +483,7 @@ class _Limits:
     family: str | None = None
     tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
     borrowed: dict[str, int] = field(default_factory=dict)
+    text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
 
 
 def _check_speakers(obj: dict, where: str) -> None:
@@ -493,10 +500,9 @@ def _check_speakers(obj: dict, where: str) -> None:
 
 
 def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
-              fields: dict, where: str) -> None:
+              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE) -> None:
     """The one id-range check (check-data, training, evaluate): ids the embedding lookups can take."""
-    _check_id_range(text_ids, text_vocab, fields["text_ids"], "text vocabulary size", where,
-                    "pass the --tokenizer the data was made with")
+    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
     _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
                     "the codes were made for another codec or config")
 
@@ -510,6 +516,14 @@ def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: st
         raise UserError(f"{where}: {what} holds id {bad}, outside [0, {limit}) ({limit_key}); {hint}")
 
 
+def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
+    """What the text-id limit is, and what to do when an id is beyond it."""
+    if from_tokenizer:
+        return "size of --tokenizer", "the data was made with another tokenizer; pass that one as --tokenizer"
+    return ("gpt.number_text_tokens of --config",
+            "pass the tokenizer the data was made with as --tokenizer (without it the config's size is the limit)")
+
+
 def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
     """Every check on one line; adds it to `stats` when it passes."""
     obj, fields, text_len, code_len = _parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
@@ -520,7 +534,8 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
     arrays = _load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
                           max_mel=limits.max_mel, model_dim=limits.model_dim)
     text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
-    check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where)
+    check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
+              _text_vocab_source(limits.text_vocab_from_tokenizer))
     if lang_id is not None:
         data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
         obj.setdefault("language", data_v25.language_code(lang_id))
@@ -568,6 +583,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         base_vocab=base_vocab,
         family=gpt_cfg.family if gpt_cfg else None,
         borrowed=borrowed or {},
+        text_vocab_from_tokenizer=vocab_size is not None,
     )
     files = [str(p) for p in paths]
     stats = _CheckStats()

@@ -51,6 +51,9 @@ _NORMALIZER_PASSTHROUGH = {3: ("add_dummy_prefix", bool), 4: ("remove_extra_whit
 _CHARACTER_COVERAGE = 0.9999
 _TRAIN_ATTEMPTS = 3
 _SHOW = 10  # how many examples a report lists
+# A tokenizer made for a language leaves well under 1% of its characters unknown; past this share
+# the text of the sample cannot be spoken, so check-tokenizer warns and exits 1.
+UNK_CHAR_WARN = 0.05
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,7 +480,18 @@ def check_tokenizer(model: Path, *, base: Path | None = None, base_vocab: int | 
     _check_reachable(spm_model, base_size, report)
     if sample_text is not None:
         report["sample"] = _sample_coverage(processor, Path(sample_text), base_size)
+        rate = report["sample"]["unk_char_rate"]
+        report["sample_not_covered"] = rate > UNK_CHAR_WARN
+        if report["sample_not_covered"]:
+            report["warnings"].append(f"{rate:.0%} of the sample's characters are unknown (<unk>) to this "
+                                      "tokenizer: it does not cover the sample's language; extend it with "
+                                      "extend-tokenizer on text of that language")
     return report
+
+
+def tokenizer_exit_code(report: dict) -> int:
+    """2: unusable (problems); 1: usable, but the sample text is mostly unknown to it; 0: OK."""
+    return 2 if report["problems"] else 1 if report.get("sample_not_covered") else 0
 
 
 def _count_types(pieces: list[Piece]) -> dict[str, int]:
@@ -624,5 +638,6 @@ def render_tokenizer_report(report: dict) -> str:
         lines.append(line)
     lines += [f"  warning: {w}" for w in report["warnings"]]
     lines += [f"  PROBLEM: {p}" for p in report["problems"]]
-    lines.append("  OK" if not report["problems"] else f"  {len(report['problems'])} problem(s)")
+    verdict = {0: "OK", 1: "WARNING: the sample is not covered", 2: f"{len(report['problems'])} problem(s)"}
+    lines.append(f"  {verdict[tokenizer_exit_code(report)]}")
     return "\n".join(lines)

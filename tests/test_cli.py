@@ -311,6 +311,23 @@ def test_check_data_names_every_bad_line_and_writes_a_clean_manifest(tmp_path) -
     assert snapshot(manifest.parent) == before
 
 
+def test_check_data_says_which_vocabulary_an_id_is_outside(spm_base, tmp_path) -> None:
+    manifest, _ = bad_manifest(tmp_path)
+
+    def error_of_line_5(*args: object) -> str:
+        result = cli("check-data", manifest, *args)
+        assert result.exit_code == 2
+        return next(line.strip() for line in result.stdout.splitlines() if f"{manifest}:5:" in line)
+
+    without = error_of_line_5("--config", TINY_CONFIG)
+    assert "id 120, outside [0, 100) (gpt.number_text_tokens of --config)" in without
+    assert "as --tokenizer" in without
+    size = spm.SentencePieceProcessor(model_file=str(spm_base["base"])).get_piece_size()
+    with_tokenizer = error_of_line_5("--config", TINY_CONFIG, "--tokenizer", spm_base["base"])
+    assert f"id 120, outside [0, {size}) (size of --tokenizer)" in with_tokenizer
+    assert "made with another tokenizer; pass that one as --tokenizer" in with_tokenizer
+
+
 @pytest.mark.parametrize("case", ["missing manifest", "bad config", "missing tokenizer", "clean over input",
                                   "zero base vocab"])
 def test_check_data_refusals(tiny_data, tmp_path, case) -> None:
@@ -405,6 +422,20 @@ def test_extend_tokenizer_refusals_write_nothing(spm_base, tmp_path, case) -> No
     assert result.exit_code == 2 and result.stdout == ""
     error_line(result.stderr, *needles)
     assert snapshot(spm_base["folder"]) == before and snapshot(tmp_path) == before_tmp
+
+
+def test_check_tokenizer_warns_when_the_sample_is_mostly_unknown(spm_base, tmp_path) -> None:
+    # The English base meets Amharic text: nearly every character is <unk>, so it is not "OK".
+    result = cli("check-tokenizer", spm_base["base"], "--sample-text", spm_base["corpus"])
+    assert result.exit_code == 1, result.output
+    warning = next(line for line in result.stdout.splitlines() if "warning:" in line)
+    share = int(warning.split("warning: ")[1].split("%")[0])
+    assert share > 90 and "does not cover the sample's language" in warning
+    assert result.stdout.splitlines()[-1].strip() == "WARNING: the sample is not covered"
+    english = tmp_path / "english.txt"
+    english.write_text("\n".join(ENGLISH) + "\n", encoding="utf-8")
+    covered = cli("check-tokenizer", spm_base["base"], "--sample-text", english)
+    assert covered.exit_code == 0 and covered.stdout.splitlines()[-1].strip() == "OK", covered.output
 
 
 def test_check_tokenizer_refuses_a_file_that_is_not_a_model(tmp_path) -> None:
