@@ -72,6 +72,7 @@ class DeviceInfo:
     capability: tuple[int, int]  # CUDA compute capability; (0, 0) on CPU
     bf16: bool  # native bfloat16 tensor cores (compute capability >= 8.0)
     cpu_count: int  # cores this process may use
+    cpu_count_assumed: bool = False  # a named GPU's typical box, not a count read from a machine
 
 
 # Totals are what cudaGetDeviceProperties (and so torch) reports, as printed by CUDA's deviceQuery
@@ -94,7 +95,7 @@ def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
     key = by_lower.get(name.strip().lower())
     if key is None:
         raise UserError(f"--assume: unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)}")
-    device = dataclasses.replace(KNOWN_GPUS[key])
+    device = dataclasses.replace(KNOWN_GPUS[key], cpu_count_assumed=cpu_count is None)
     if cpu_count is not None:
         device.cpu_count = cpu_count
     return device
@@ -377,8 +378,10 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
     """What to run with on `device`. 0 for batch_size/grad_accumulation/num_workers means auto."""
     _check_inputs(effective_batch, batch_size, grad_accumulation, num_workers, world_size, memory_share)
     cc = f", compute capability {_cc(device)}" if device.kind == "cuda" else ""
+    assumed = (" (assumed: a typical rented single-GPU box; the data workers follow the real count when "
+               "training)") if device.cpu_count_assumed else ""
     reasons = [f"Device {device.name}: {_gib(device.total_memory)} reported{cc}, "
-               f"{device.cpu_count} CPU core(s)."]
+               f"{device.cpu_count} CPU core(s){assumed}."]
     precision, why = _choose_precision(device, amp)
     reasons.append(why)
     tf32, why = _tf32(device)

@@ -521,6 +521,7 @@ def test_hardware_on_this_machine_through_the_real_cli() -> None:
     plan = json.loads(proc.stdout)
     assert (plan["device"], plan["precision"], plan["use_grad_scaler"]) == ("cpu", "fp32", False)
     assert plan["effective_batch"] == 8
+    assert plan["reasons"][0].endswith(" CPU core(s).")  # counted on this machine, not assumed
 
 
 @pytest.mark.parametrize("gpu, precision, scaler", [("A100-80GB", "bf16", False), ("V100-16GB", "fp16", True)])
@@ -533,6 +534,8 @@ def test_hardware_for_an_assumed_gpu(gpu, precision, scaler) -> None:
         assert plan["micro_batch"] * plan["grad_accumulation"] * plan["world_size"] == wanted
     human = cli("hardware", "--config", TINY_CONFIG, "--assume", gpu)
     assert human.exit_code == 0 and f"{precision}, micro-batch" in human.stdout.splitlines()[0]
+    # The core count is not read from any machine here, so the plan must say it is assumed.
+    assert "8 CPU core(s) (assumed: a typical rented single-GPU box" in human.stdout.splitlines()[1]
 
 
 @pytest.mark.parametrize("case", ["unknown gpu", "missing config", "zero batch"])
