@@ -508,8 +508,39 @@ def test_evaluate_uses_the_config_stored_in_the_checkpoint(complete, tiny_data, 
     torch.save({k: v[:21] if k in TRAINED_TEXT_KEYS else v for k, v in weights.items()}, bare)
     result = cli("evaluate", "--checkpoint", bare, "--manifest", tiny_data["val"], "--config", small)
     assert result.exit_code == 2
-    line = error_line(result.stderr, "val.jsonl:", "outside [0, 20)", "--tokenizer")
+    line = error_line(result.stderr, "val.jsonl:", "outside [0, 20)", "tokenizer")
     assert len(line) < 300
+
+
+@pytest.mark.parametrize("case", ["vocabulary smaller than the data", "code beyond the codec", "negative id"])
+def test_evaluate_names_an_id_outside_the_checkpoint_without_a_traceback(tiny_data, tmp_path, case) -> None:
+    folder = tmp_path / "data"
+    if case == "vocabulary smaller than the data":  # made with a 300-token tokenizer, base has 100
+        manifest = write_dataset(folder, 3, seed=4, text_vocab=300, name="wide.jsonl")
+        line, needles = 1, ["target_text_ids_path holds id", "outside [0, 100)", "base_gpt.pth", "tokenizer"]
+    else:
+        manifest = write_dataset(folder, 3, seed=4, name="val.jsonl")
+        lines = manifest.read_text().splitlines()
+        bad, array_path = {"code beyond the codec": ([3, 66, 4], "target_codes_path"),
+                           "negative id": ([5, -1, 7], "target_text_ids_path")}[case]
+        np.save(folder / "bad.npy", np.array(bad, dtype=np.int32))
+        line = 2
+        lines[line - 1] = json.dumps({**json.loads(lines[line - 1]), array_path: "bad.npy"} |
+                                     ({"target_code_len": 3} if case == "code beyond the codec" else
+                                      {"target_text_len": 3}))
+        manifest.write_text("\n".join(lines) + "\n")
+        needles = (["target_codes_path holds id 66", "gpt.number_mel_codes"] if case == "code beyond the codec"
+                   else ["target_text_ids_path holds id -1"])
+    args = ("evaluate", "--config", TINY_CONFIG, "--checkpoint", tiny_data["base"], "--manifest", manifest)
+    # One case in a real process (what a user sees); cli() fails on any exception such as IndexError.
+    if case == "vocabulary smaller than the data":
+        result = real_cli(*args)
+        code = result.returncode
+    else:
+        result = cli(*args)
+        code = result.exit_code
+    assert code == 2 and result.stdout == "", result.stdout
+    error_line(result.stderr, f"{manifest}:{line}:", *needles)
 
 
 # ----------------------------------------------------------------------------- hardware
