@@ -34,6 +34,8 @@ from indextts_train.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.config import FAMILY_NAMES, Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.faults import crash_armed, crash_point
+from indextts_train.numpy_pickle import REFUSED as NUMPY_REFUSED
+from indextts_train.numpy_pickle import load_weights_only
 from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: re-exported for callers)
     FORMAT,
     FORMAT_VERSION,
@@ -88,8 +90,12 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     if is_zip and check_crc:
         _check_zip_crc(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
+        return load_weights_only(path, mmap=mmap and is_zip)
     except pickle.UnpicklingError as exc:
+        refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
+        if refused:
+            raise CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
+                                  "and numpy arrays of plain number types are accepted") from None
         unsafe = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if unsafe:
             raise CheckpointError(

@@ -11,6 +11,8 @@ import io
 import json
 import math
 import os
+import pickle
+import random
 import re
 import subprocess
 import sys
@@ -101,6 +103,22 @@ def community_checkpoint(base: Path, config: Path, steps: int = 3) -> dict:
     model = {k: params[k].detach() if k in params else v for k, v in weights.items()}
     return {"model": model, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": None, "epoch": 1, "step": steps, "recent_checkpoints": [f"runs/model_step{steps}.pth"]}
+
+
+def community_latest(base: Path, config: Path, steps: int = 3) -> dict:
+    """The community trainer's latest.pth: its step checkpoint plus the resume extras it adds there.
+
+    Its RNG states come from `np.random.get_state()` (a uint32 array pickled by numpy) and
+    `torch.__version__` is a TorchVersion: torch.load(weights_only=True) alone refuses both.
+    """
+    return community_checkpoint(base, config, steps) | {
+        "batch_idx": 6, "manifests": {"train": [{"path": "data/train_pairs.jsonl", "count": 24, "languages": ["am"]}],
+                                      "val": []},
+        "rng_state": {"torch_cpu": torch.Generator().manual_seed(1234).get_state(), "torch_cuda": None,
+                      "numpy": np.random.RandomState(1234).get_state(), "python": random.Random(1234).getstate()},
+        "batch_size": 2, "grad_accumulation": 2, "pytorch_version": torch.__version__, "cuda_version": None,
+        "cuda_peak_memory": 0,
+    }
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -214,6 +232,22 @@ def test_repair_community_then_train_gpt_resumes_from_it(tiny_data, files, tmp_p
     names = state["optimizer_param_names"]
     moments = state["optimizer"]["state"][names.index("gpt.h.0.attn.c_attn.weight")]
     assert float(moments["step"]) == 4
+
+
+def test_verify_and_repair_read_the_community_latest_pth(tiny_data, tmp_path) -> None:
+    path = tmp_path / "latest.pth"
+    torch.save(community_latest(tiny_data["base"], tiny_data["config"]), path)
+    with pytest.raises(pickle.UnpicklingError):  # control: the file users have needs the numpy allow-list
+        torch.load(path, weights_only=True)
+    original = path.read_bytes()
+    proc = real_cli("verify", path)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith(f"{path}: PARTIAL (community)")
+    result = cli("repair", path, "--config", tiny_data["config"])
+    assert result.exit_code == 0 and f"repaired checkpoint written to {path}" in result.stdout, result.output
+    assert Path(f"{path}.bak").read_bytes() == original
+    assert cli("verify", path).exit_code == 0
+    assert load_checkpoint(path)["progress"]["step"] == 3
 
 
 def test_repair_with_output_leaves_the_original_alone(tiny_data, files, tmp_path) -> None:
