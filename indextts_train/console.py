@@ -1,8 +1,9 @@
-"""What the user sees: a rich progress bar on a terminal, plain lines elsewhere, TensorBoard always.
+"""What the user sees: a live status line on a terminal, plain lines always, TensorBoard always.
 
-Runs live in tmux, `| tee`, nohup and CI logs, where a redrawing bar turns into garbage, so the bar
-is only used when stdout is a terminal; otherwise every `log_interval` steps prints one line that
-greps well. Only rank 0 talks; other ranks get a `RunLogger(enabled=False)`.
+Every `log_interval` steps one plain line that greps well is printed: in `| tee`, nohup and CI logs
+that is all there is (a redrawing line turns into garbage there). On a terminal the status line of
+progress.py also moves every step, and the plain lines scroll above it, so the scrollback keeps one
+line per interval. Only rank 0 talks; other ranks get a `RunLogger(enabled=False)`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Column
+
+from indextts_train.progress import LiveStatus
 
 
 class NullWriter:
@@ -46,8 +47,7 @@ class RunLogger:
             # joins them by step, so a restart never overwrites the earlier curves.
             self.log_dir = output_dir / "logs" / time.strftime("run_%Y%m%d-%H%M%S")
             self.writer = SummaryWriter(str(self.log_dir))
-        self._progress: Progress | None = None
-        self._task = None
+        self._status: LiveStatus | None = None
 
     def info(self, message: str) -> None:
         if self.enabled:
@@ -58,38 +58,28 @@ class RunLogger:
             self.console.print(f"warning: {message}", markup=False, style="yellow")
 
     def start(self, step: int) -> None:
-        if not self.interactive:
-            return
-        # Step, bar and ETA first: on a narrow terminal only the tail of the status gets cut.
-        self._progress = Progress(
-            TextColumn("step {task.completed}/{task.total}", table_column=Column(no_wrap=True)),
-            BarColumn(bar_width=24), TimeRemainingColumn(),
-            TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
-            console=self.console, expand=True,
-        )
-        self._task = self._progress.add_task("train", total=self.total_steps, completed=step, status="")
-        self._progress.start()
+        if self.interactive:
+            self._status = LiveStatus(self.console, self.total_steps, step)
 
     def stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
     def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
         for name, value in values.items():
             self.writer.add_scalar(f"{prefix}/{name}", value, step)
 
-    def train_step(self, step: int, epoch: int, values: dict[str, float], *, print_line: bool) -> None:
-        """Progress bar every step on a terminal; one plain line every log_interval elsewhere."""
+    def train_step(self, step: int, epoch: int, values: dict[str, float] | None, *, print_line: bool) -> None:
+        """The live line on a terminal (every call); one plain line when print_line, for the scrollback or log."""
         if not self.enabled:
             return
-        status = (f"epoch {epoch} loss {values['loss']:.4f} text {values['text_loss']:.4f} "
-                  f"mel {values['mel_loss']:.4f} top1 {values['mel_top1']:.3f} lr {values['lr']:.2e} "
-                  f"{values['samples_per_s']:.1f} samples/s")
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step, status=status)
-        elif print_line:
-            self.info(f"step {step}/{self.total_steps} {status}")
+        if self._status is not None:
+            self._status.update(step, epoch, values)
+        if print_line and values is not None:
+            self.info(f"step {step}/{self.total_steps} epoch {epoch} loss {values['loss']:.4f} "
+                      f"text {values['text_loss']:.4f} mel {values['mel_loss']:.4f} top1 {values['mel_top1']:.3f} "
+                      f"lr {values['lr']:.2e} {values['samples_per_s']:.1f} samples/s")
 
     def close(self) -> None:
         self.stop()

@@ -152,14 +152,20 @@ def test_out_of_vocabulary_ids_name_the_manifest_line(tiny_data, tmp_path) -> No
         train(options(tiny_data, tmp_path / "run", config=small, base_checkpoint=None, max_steps=2, val_manifests=[]))
 
 
-def test_progress_bar_on_a_terminal_instead_of_log_lines(tiny_data, tmp_path, capsys, monkeypatch) -> None:
+def test_status_line_on_a_terminal_and_one_plain_line_per_interval(tiny_data, tmp_path, capsys,
+                                                                    monkeypatch) -> None:
+    import re
     import sys
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("COLUMNS", "80")
     assert train(options(tiny_data, tmp_path / "run", max_steps=6, log_interval=2)) == 0
-    printed = capsys.readouterr().out
-    assert "━" in printed and "step 6/6" in printed and "epoch 0 loss" in printed  # the rich bar and its fields
-    assert not [line for line in printed.splitlines() if line.startswith("step 2/6 epoch")]
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().out)  # drop cursor moves and colours
+    drawn = [part for line in screen.split("\n") for part in line.split("\r") if part.strip()]
+    live = [part for part in drawn if re.match(r"step \d+/6 \[[#-]+\] ETA ", part)]
+    assert live and all(len(part) <= 80 for part in live)
+    for step in (2, 4, 6):  # the scrollback keeps exactly one plain line per log interval
+        assert len([part for part in drawn if part.startswith(f"step {step}/6 epoch 0 loss ")]) == 1
 
 
 def test_signals_only_set_a_flag_and_map_to_exit_codes() -> None:

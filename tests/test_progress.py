@@ -1,0 +1,47 @@
+"""The live status line: fits the terminal, drops the least useful fields first, ETA from step one."""
+
+from __future__ import annotations
+
+import pytest
+
+from indextts_train.progress import DROP_ORDER, EtaClock, format_duration, status_line
+
+VALUES = {"loss": 2.2104, "text_loss": 3.9859, "mel_loss": 1.7723, "mel_top1": 0.629, "lr": 2.67e-3,
+          "samples_per_s": 244.1}
+LABELS = {"top1": "top1 0.629", "mel": "mel 1.7723", "text": "text 3.9859", "epoch": "ep 3", "bar": "[",
+          "speed": "244.1 samples/s", "lr": "lr 2.67e-03", "loss": "loss 2.2104", "eta": "ETA 1:06:40"}
+
+
+def line(width: int) -> str:
+    return status_line(1234, 36000, epoch=3, eta_s=4000.4, values=VALUES, width=width)
+
+
+@pytest.mark.parametrize("width", [200, 120, 100, 80, 60, 40, 20, 8])
+def test_the_line_fits_and_keeps_the_most_useful_fields(width: int) -> None:
+    text = line(width)
+    assert len(text) <= width and text.startswith("step 1234/36000"[:width])
+    shown = [name for name in DROP_ORDER if LABELS[name] in text]
+    dropped = [name for name in DROP_ORDER if name not in shown]
+    # whatever went is a prefix of DROP_ORDER: a field never goes while a less useful one stays
+    assert dropped == list(DROP_ORDER[:len(dropped)])
+
+
+def test_an_80_column_pane_shows_step_bar_eta_loss_lr_and_speed() -> None:
+    text = line(80)
+    for label in ("step 1234/36000", "[---", "ETA 1:06:40", "loss 2.2104", "lr 2.67e-03", "244.1 samples/s"):
+        assert label in text, label
+    assert "top1 0.629" in line(200)
+    half = status_line(18000, 36000, epoch=3, eta_s=1.0, values=VALUES, width=200)
+    assert "[" + "#" * 14 + "-" * 14 + "]" in half  # 28 cells, half filled
+
+
+def test_eta_from_the_first_step_of_this_process() -> None:
+    now = [100.0]
+    clock = EtaClock(start_step=40, clock=lambda: now[0])  # a resume at step 40
+    assert clock.eta(40, 100) is None
+    now[0] = 102.0
+    assert clock.eta(41, 100) == pytest.approx(2.0 * 59)
+    assert status_line(41, 100, epoch=0, eta_s=clock.eta(41, 100), values=None, width=80).startswith(
+        "step 41/100 [")
+    assert "ETA 1:58" in status_line(41, 100, epoch=0, eta_s=118.0, values=None, width=80)
+    assert (format_duration(59.6), format_duration(3725)) == ("1:00", "1:02:05")
