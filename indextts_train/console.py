@@ -9,7 +9,6 @@ line per interval. Only rank 0 talks; other ranks get a `RunLogger(enabled=False
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -30,9 +29,20 @@ class NullWriter:
         pass
 
 
+def tensorboard_dir(output_dir: Path, start_step: int) -> Path:
+    """The run's one TensorBoard folder, logs/run; a resume of a run begun before it existed keeps
+    writing into that run's newest logs/run_* folder instead."""
+    logs = output_dir / "logs"
+    folder = logs / "run"
+    if start_step > 0 and not folder.is_dir():
+        older = sorted(p for p in logs.glob("run_*") if p.is_dir())
+        return older[-1] if older else folder
+    return folder
+
+
 class RunLogger:
     def __init__(self, output_dir: Path | None, total_steps: int, *, enabled: bool = True,
-                 tensorboard: bool = True) -> None:
+                 tensorboard: bool = True, start_step: int = 0) -> None:
         self.enabled = enabled
         self.interactive = enabled and sys.stdout.isatty()
         # One decision, ours: rich's own terminal detection can disagree (TERM unset, CI variables).
@@ -43,10 +53,12 @@ class RunLogger:
         if enabled and tensorboard and output_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            # One folder per invocation: a resumed run appends its own event file and TensorBoard
-            # joins them by step, so a restart never overwrites the earlier curves.
-            self.log_dir = output_dir / "logs" / time.strftime("run_%Y%m%d-%H%M%S")
-            self.writer = SummaryWriter(str(self.log_dir))
+            # One folder for the whole run: each start adds an event file whose purge step hides what
+            # a killed process logged after the checkpoint this one starts from (TensorBoard drops
+            # earlier events at or past it), so the curves read as one uninterrupted run. A fresh
+            # start (step 0) hides anything older in the folder.
+            self.log_dir = tensorboard_dir(output_dir, start_step)
+            self.writer = SummaryWriter(str(self.log_dir), purge_step=start_step + 1 if start_step else 0)
         self._status: LiveStatus | None = None
 
     def info(self, message: str) -> None:
@@ -80,6 +92,11 @@ class RunLogger:
             self.info(f"step {step}/{self.total_steps} epoch {epoch} loss {values['loss']:.4f} "
                       f"text {values['text_loss']:.4f} mel {values['mel_loss']:.4f} top1 {values['mel_top1']:.3f} "
                       f"lr {values['lr']:.2e} {values['samples_per_s']:.1f} samples/s")
+
+    def flush(self) -> None:
+        """Events up to now onto disk: called before each checkpoint, so a kill never loses curves
+        that the checkpoint's resume will not log again."""
+        self.writer.flush()
 
     def close(self) -> None:
         self.stop()

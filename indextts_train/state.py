@@ -106,6 +106,9 @@ class History(Component):
     baseline: dict | None = added_field(None)  # validation of the model before step 1: {"total", "groups"}
     last_val: dict | None = added_field(None)  # the latest validation, {"step", "total", "groups"}
     best: dict | None = added_field(None)  # BestTracker.state_dict(): the step best.pth holds, patience
+    # Metrics of the steps since the last logged line ([loss, text, mel, top1, grad_norm] each): a
+    # resume averages the next line over the same steps as an uninterrupted run.
+    pending: list = added_field(factory=list)
 
     def record_train(self, step: int, values: dict) -> None:
         self.train.append([step, values["loss"], values["text_loss"], values["mel_loss"], values["mel_top1"],

@@ -83,7 +83,6 @@ def loop(run: Run, signals: SignalFlag) -> int:
     if not begin(run):
         return 0
     progress, train = run.progress, run.config.train
-    window: list[list[float]] = []  # metrics of the steps since the last log line
     clock = (time.perf_counter(), progress.samples_total)
     batches: Iterator[Batch] | None = None
     exit_code = 0
@@ -101,10 +100,11 @@ def loop(run: Run, signals: SignalFlag) -> int:
         progress.step += 1
         progress.samples_in_epoch += run.plan.effective_batch
         progress.samples_total += run.plan.effective_batch
-        window.append(metrics)
+        run.history.pending.append(metrics)  # the steps since the last log line
         if due(run, train.log_interval):
-            clock = log_window(run, window, clock)
-            window = []
+            clock = log_window(run, clock)
+        elif run.log.interactive:
+            run.log.train_step(progress.step, progress.epoch, window_values(run, clock), print_line=False)
         crash_point("step_logged", progress.step)
         new_best, ending = validation(run) if run.val is not None and due(run, train.val_interval) else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
@@ -128,7 +128,7 @@ def begin(run: Run) -> bool:
     options, progress, plan = run.options, run.progress, run.plan
     options.output_dir.mkdir(parents=True, exist_ok=True)
     run.log = RunLogger(options.output_dir, run.total_steps, enabled=run.dist.is_main,
-                        tensorboard=options.tensorboard)
+                        tensorboard=options.tensorboard, start_step=progress.step)
     if progress.step >= run.total_steps:
         run.log.info(f"nothing to do: the run in {options.output_dir} already reached step {progress.step} "
                      f"of {run.total_steps}")
@@ -164,16 +164,23 @@ def retry_smaller(run: Run, oom: OutOfMemory) -> None:
                  f"samples with micro-batch {run.plan.micro_batch} x accumulation {run.plan.grad_accumulation}")
 
 
-def log_window(run: Run, window: list[list[float]], clock: tuple[float, int]) -> tuple[float, int]:
-    """Mean metrics since the last line: history, TensorBoard, console. Returns the new clock."""
+def window_values(run: Run, clock: tuple[float, int]) -> dict[str, float]:
+    """Mean metrics of the steps since the last line, the LR, and samples/s since `clock`."""
     now, samples = time.perf_counter(), run.progress.samples_total
-    values = dict(zip(METRICS, np.mean(window, axis=0).tolist(), strict=True))
+    values = dict(zip(METRICS, np.mean(run.history.pending, axis=0).tolist(), strict=True))
     values["lr"] = run.optim.scheduler.get_last_lr()[0]
     values["samples_per_s"] = (samples - clock[1]) / max(now - clock[0], 1e-9)
+    return values
+
+
+def log_window(run: Run, clock: tuple[float, int]) -> tuple[float, int]:
+    """One line for the steps since the last: history, TensorBoard, console. Returns the new clock."""
+    values = window_values(run, clock)
     run.history.record_train(run.progress.step, values)
+    run.history.pending = []
     run.log.scalars("train", values, run.progress.step)
     run.log.train_step(run.progress.step, run.progress.epoch, values, print_line=True)
-    return now, samples
+    return time.perf_counter(), run.progress.samples_total
 
 
 def baseline(run: Run) -> bool:
@@ -213,6 +220,7 @@ def validation(run: Run) -> tuple[bool, str | None]:
 
 def save(run: Run, *, best: bool = False) -> Path | None:
     """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG)."""
+    run.log.flush()  # TensorBoard holds everything up to this step before the checkpoint exists
     state = run.checkpoint_state()
     path = None
     if state is not None:
