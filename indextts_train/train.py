@@ -49,8 +49,9 @@ class SignalFlag:
     Ctrl+C leaves behind is a temp file that the next save removes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, announce: bool = True) -> None:
         self.signum: int | None = None
+        self.announce = announce  # rank 0 only: torchrun forwards a signal to every rank
         self._previous = {signum: signal.signal(signum, self._handle) for signum in EXIT_BY_SIGNAL}
 
     def uninstall(self) -> None:
@@ -58,9 +59,17 @@ class SignalFlag:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: object) -> None:
+        name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self.signum is not None:
+            self._say(f"{name} again: exiting now without saving (exit {EXIT_BY_SIGNAL[signum]}); the last "
+                      "checkpoint is intact, rerun with --resume auto to continue from it")
             os._exit(EXIT_BY_SIGNAL[signum])
         self.signum = signum
+        self._say(f"{name}: stopping after this step with a checkpoint ({name} again exits at once, unsaved)")
+
+    def _say(self, line: str) -> None:
+        if self.announce:  # os.write: unbuffered, and safe while the status line or a print holds stdout
+            os.write(2, f"\n{line}\n".encode())
 
     @property
     def exit_code(self) -> int:
@@ -69,7 +78,7 @@ class SignalFlag:
 
 def train(options: TrainOptions) -> int:
     """Run `train-gpt`. Returns the exit code: 0 done, 130/143/129 after a safe save on a signal."""
-    signals = SignalFlag()
+    signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0")
     dist = setup_distributed()
     try:
         return loop(setup(options, dist), signals)

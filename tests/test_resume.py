@@ -154,8 +154,16 @@ def test_ctrl_c_saves_130_and_second_ctrl_c_exits_at_once(tiny_data, grown, unin
     code, output = interrupt(args, signal.SIGINT, group=True)
     assert code == 130, output
     assert "saved" in output
-    code, _ = interrupt(args, signal.SIGINT, signal.SIGINT, group=True)  # the second exits at once
+    proc = start(args)
+    assert wait_for_training(proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    for line in proc.stdout:  # the first is acknowledged at once; the step and its save are still to come
+        if line.startswith("Ctrl+C: stopping after this step"):
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # the second exits at once, saying so in one line
+    code, output = finish(proc)
     assert code == 130
+    assert output.count("Ctrl+C again: exiting now without saving (exit 130)") == 1, output
     for path in [out / "latest.pth", *out.glob("model_step*.pth")]:
         assert verify_checkpoint(path).status == "COMPLETE", path
     run_to_end(args)
