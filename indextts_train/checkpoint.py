@@ -36,6 +36,7 @@ from indextts_train.errors import CheckpointError, UserError
 from indextts_train.faults import crash_armed, crash_point
 from indextts_train.numpy_pickle import REFUSED as NUMPY_REFUSED
 from indextts_train.numpy_pickle import load_weights_only
+from indextts_train.schema import is_int
 from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: re-exported for callers)
     FORMAT,
     FORMAT_VERSION,
@@ -188,6 +189,19 @@ def _kind(obj: Any) -> str:
     if isinstance(weights, dict) and weights and all(isinstance(v, torch.Tensor) for v in weights.values()):
         return "gpt.pth"
     return "unknown"
+
+
+def ignored_by_base_checkpoint(path: Path, obj: Any) -> str | None:
+    """What --base-checkpoint leaves out when `obj` is a training checkpoint (ours or community), else None."""
+    kind = _kind(obj)
+    if kind not in ("indextts-train", "community"):
+        return None
+    progress = obj.get("progress") if kind == "indextts-train" else obj
+    step = progress.get("step") if isinstance(progress, dict) else None
+    at = f" at step {step}" if is_int(step) else ""
+    return (f"--base-checkpoint {path} is a training checkpoint{at}: only its weights are used; its optimizer "
+            "state and position are ignored and this run starts at step 0 (to continue that run instead, "
+            "pass it as --resume)")
 
 
 def _weights(obj: dict, kind: str) -> Any:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from indextts_train.best import BestTracker, check_metric
-from indextts_train.checkpoint import BEST, publish, same_file
+from indextts_train.checkpoint import BEST, ignored_by_base_checkpoint, load_checkpoint, publish, same_file
 from indextts_train.config import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.console import RunLogger
 from indextts_train.data import ManifestDataset, ManifestIndex
@@ -270,6 +270,10 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
         config.gpt.number_text_tokens = tokens
         return Weights(_new_model(config), init_carried(config.gpt, generator),
                        VocabPlan(tokens, tokens, train.freeze_base_vocab))
+    # mmap: what kind of file it is needs its keys, not its tensor data
+    ignored = ignored_by_base_checkpoint(options.base_checkpoint, load_checkpoint(options.base_checkpoint, mmap=True))
+    if ignored:
+        log.warn(ignored)
     trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt)
     plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab,
                      insert_at=growth_point(options.tokenizer, base_tokens))

@@ -628,6 +628,24 @@ class Payload:
         return (open, (str(self.marker), "w"))
 
 
+@pytest.mark.parametrize("kind", ["ours", "community"])
+def test_a_training_checkpoint_as_base_says_what_is_ignored(complete, files, tiny_data, tmp_path, kind) -> None:
+    base, step = {"ours": (complete, 2), "community": (files["community"], 3)}[kind]
+    result = cli("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--config",
+                 tiny_data["config"], "--base-checkpoint", base, "--max-steps", 1, "--batch-size", 2,
+                 "--effective-batch-size", 4, "--num-workers", 0)
+    assert result.exit_code == 0, result.output[-2000:]
+    assert (f"--base-checkpoint {base} is a training checkpoint at step {step}: only its weights are used; its "
+            "optimizer state and position are ignored and this run starts at step 0") in result.output
+    assert "starting at step 0" in result.output
+    if kind == "community":
+        return
+    plain = cli("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "bare", "--config",
+                tiny_data["config"], "--base-checkpoint", tiny_data["base"], "--max-steps", 1, "--batch-size", 2,
+                "--effective-batch-size", 4, "--num-workers", 0)
+    assert plain.exit_code == 0 and "is a training checkpoint" not in plain.output
+
+
 def test_train_gpt_refuses_bad_input_with_one_line(tiny_data, tmp_path) -> None:
     data = tiny_data
     bad_config = tmp_path / "bad.yaml"
