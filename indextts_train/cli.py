@@ -192,17 +192,19 @@ def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
     config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
+    base_vocab: Annotated[int | None, typer.Option(help="Text rows of the base vocabulary, kept frozen on resume (default: 12000 when the vocabulary is larger, as the community trainer froze them; else none).")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
     from indextts_train.checkpoint import verify_checkpoint
     from indextts_train.config import config_to_dict, load_config
     from indextts_train.repair import repair_checkpoint
 
+    require_positive(base_vocab, "--base-vocab")
     if verify_checkpoint(checkpoint).status == "COMPLETE":
         typer.echo(f"{checkpoint}: already COMPLETE; nothing to repair, nothing written")
         raise typer.Exit(0)
     config_dict = config_to_dict(run_guarded(load_config, config)) if config else None
-    path, notes = run_guarded(repair_checkpoint, checkpoint, output, config=config_dict)
+    path, notes = run_guarded(repair_checkpoint, checkpoint, output, config=config_dict, base_vocab=base_vocab)
     typer.echo(f"repaired checkpoint written to {path}")
     for note in notes:
         typer.echo(f"  - {note}")

@@ -43,6 +43,9 @@ from indextts_train.state import (
 )
 
 # Persistent buffers of UnifiedVoice (tests/data/reference keys json): in the state dict, never in an optimizer.
+# The community train_gpt_v2.py hard-codes its base vocabulary: with a larger tokenizer it zeroes the
+# gradients of these first text rows (embedding, head weight and bias).
+COMMUNITY_BASE_TOKENS = 12000
 _BUFFER_SUFFIXES = (".pos_enc.pe",)
 
 
@@ -157,17 +160,36 @@ def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: li
         if not isinstance(state.get(key), dict):
             state[key] = dict(derived or {})
             unknown.append(key)
-    if not isinstance(state.get("vocab_plan"), dict):
-        tokens = state["model"]["text_embedding.weight"].shape[0] - 1  # text rows = tokenizer size + 1
-        state["vocab_plan"] = {"base_tokens": tokens, "tokens": tokens, "freeze_base": False}
-        unknown.append("vocab_plan")
-        notes.append(f"vocab plan taken from the weights: {tokens} tokens, all rows trainable "
-                     "(as the community trainer trained them)")
     state.setdefault("hardware", {})
     state.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
-def _repaired_state(raw: dict, kind: str, config: dict | None) -> tuple[dict, list[str]]:
+def _repair_vocab_plan(state: dict, base_vocab: int | None, unknown: list[str], notes: list[str]) -> None:
+    """Which text rows are base rows (frozen while training): `base_vocab` when given, else what the
+    community trainer did: it froze the first COMMUNITY_BASE_TOKENS rows when the vocabulary was larger."""
+    tokens = state["model"]["text_embedding.weight"].shape[0] - 1  # text rows = tokenizer size + 1
+    if base_vocab is not None:
+        if not 1 <= base_vocab <= tokens:
+            raise CheckpointError(f"--base-vocab {base_vocab} must be between 1 and the checkpoint's {tokens} "
+                                  "text tokens")
+        base, how = base_vocab, "--base-vocab"
+    elif isinstance(state.get("vocab_plan"), dict):
+        return
+    else:
+        base = COMMUNITY_BASE_TOKENS if tokens > COMMUNITY_BASE_TOKENS else tokens
+        how = "assumed"
+        unknown.append("vocab_plan")
+    state["vocab_plan"] = {"base_tokens": base, "tokens": tokens, "freeze_base": base < tokens}
+    if base < tokens:
+        notes.append(f"vocab plan ({how}): the first {base} of {tokens} text rows are base rows, kept frozen "
+                     f"when training resumes{'' if how == '--base-vocab' else ' (the community trainer froze them)'};"
+                     " pass --base-vocab N if the base vocabulary had another size")
+    else:
+        notes.append(f"vocab plan ({how}): all {tokens} text rows train (the community trainer freezes the first "
+                     f"{COMMUNITY_BASE_TOKENS} only in a larger vocabulary); pass --base-vocab N to freeze a base")
+
+
+def _repaired_state(raw: dict, kind: str, config: dict | None, base_vocab: int | None) -> tuple[dict, list[str]]:
     source = _community_source(raw) if kind == "community" else dict(raw)
     notes: list[str] = []
     unknown: list[str] = []
@@ -179,6 +201,7 @@ def _repaired_state(raw: dict, kind: str, config: dict | None) -> tuple[dict, li
     _repair_optimizer(state, unknown, notes)
     _repair_progress(state, config, unknown, notes)
     _repair_rest(state, config, unknown, notes)
+    _repair_vocab_plan(state, base_vocab, unknown, notes)
     state["repaired"] = {"from": kind, "unknown": unknown, "notes": notes}
     return state, notes
 
@@ -192,10 +215,12 @@ def _backup_path(path: Path) -> Path:
     return candidate
 
 
-def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | None = None) -> tuple[Path, list[str]]:
+def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | None = None,
+                      base_vocab: int | None = None) -> tuple[Path, list[str]]:
     """Convert a community or partial checkpoint into one that verifies COMPLETE (marked "repaired").
 
-    `config` (config_to_dict form) fills config/hparams/sampler seed when the file lacks them. Without
+    `config` (config_to_dict form) fills config/hparams/sampler seed when the file lacks them;
+    `base_vocab`, how many text rows are base rows (see _repair_vocab_plan). Without
     `out`, or with out == path, the original is first kept as PATH.bak (or PATH.bak.N) and then replaced
     atomically. Returns the written path and human notes on what was filled in.
     """
@@ -209,7 +234,7 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
     if verdict.kind == "indextts-train" and raw.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
     try:
-        state, notes = _repaired_state(raw, verdict.kind, config)
+        state, notes = _repaired_state(raw, verdict.kind, config, base_vocab)
     except CheckpointError as exc:
         raise CheckpointError(f"cannot repair {path}: {exc}") from None
     problems = validate(state)

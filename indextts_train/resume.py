@@ -64,7 +64,10 @@ def select_checkpoint(output_dir: Path, resume: str | None, log: RunLogger) -> t
             raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
         verdict = ckpt_io.verify_checkpoint(path)
         if verdict.status != "COMPLETE":
-            hint = "; `indextts-train repair` can convert it" if verdict.status == "PARTIAL" else ""
+            # A community file's reasons already say to repair it, and repair cannot turn bare weights
+            # into a run: only our own partial files get the hint here.
+            ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
+            hint = "; `indextts-train repair` can convert it" if ours else ""
             raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
     log.info(f"resuming from {path}")
     return ckpt_io.load_checkpoint(path, crc_checked=True), path  # verified just above

@@ -250,6 +250,47 @@ def test_verify_and_repair_read_the_community_latest_pth(tiny_data, tmp_path) ->
     assert load_checkpoint(path)["progress"]["step"] == 3
 
 
+def test_repair_records_the_base_rows_it_was_told_or_assumed(tiny_data, files, tmp_path) -> None:
+    out = tmp_path / "repaired.pth"
+    result = cli("repair", files["community"], "-o", out, "--base-vocab", 80, "--config", tiny_data["config"])
+    assert result.exit_code == 0, result.output
+    assert "vocab plan (--base-vocab): the first 80 of 100 text rows are base rows, kept frozen" in result.stdout
+    assert load_checkpoint(out)["vocab_plan"] == {"base_tokens": 80, "tokens": 100, "freeze_base": True}
+    run = tmp_path / "run"  # resumed from it, the first 80 rows do not move; the others train
+    trained = cli("train", "--train-manifest", tiny_data["train"], "--output-dir", run, "--config",
+                  tiny_data["config"], "--resume", out, "--max-steps", 5, "--batch-size", 2,
+                  "--effective-batch-size", 4, "--num-workers", 0)
+    assert trained.exit_code == 0, trained.output[-2000:]
+    before, after = load_checkpoint(out)["model"], load_checkpoint(run / "latest.pth")["model"]
+    for key in ("text_embedding.weight", "text_head.weight", "text_head.bias"):
+        assert torch.equal(after[key][:80], before[key][:80]), key
+        assert not torch.equal(after[key][80:100], before[key][80:100]), key
+
+    # A community checkpoint over a larger vocabulary: the community trainer froze its first 12000 rows.
+    weights = load_checkpoint(files["community"])["model"]
+    grown = {k: torch.cat([v, v[-1:].repeat(12100 - 100, *[1] * (v.dim() - 1))]) if k.endswith(
+        ("text_embedding.weight", "text_head.weight", "text_head.bias")) else v for k, v in weights.items()}
+    big = tmp_path / "big.pth"
+    torch.save({"model": grown, "step": 3, "epoch": 1}, big)
+    result = cli("repair", big, "-o", tmp_path / "big_repaired.pth")
+    assert result.exit_code == 0, result.output
+    assert "vocab plan (assumed): the first 12000 of 12100 text rows are base rows" in result.stdout
+    assert "pass --base-vocab N" in result.stdout
+    plan = load_checkpoint(tmp_path / "big_repaired.pth")["vocab_plan"]
+    assert plan == {"base_tokens": 12000, "tokens": 12100, "freeze_base": True}
+    refused = cli("repair", files["community"], "-o", tmp_path / "x.pth", "--base-vocab", 101)
+    assert refused.exit_code == 2 and not (tmp_path / "x.pth").exists()
+    error_line(refused.stderr, "--base-vocab 101", "100 text tokens")
+
+
+def test_resume_from_a_community_file_says_repair_once(files, tiny_data, tmp_path) -> None:
+    result = cli("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--config",
+                 tiny_data["config"], "--resume", files["community"], "--max-steps", 1)
+    assert result.exit_code == 2
+    line = error_line(result.stderr, "PARTIAL", "`indextts-train repair` converts it")
+    assert line.count("indextts-train repair") == 1
+
+
 def test_repair_with_output_leaves_the_original_alone(tiny_data, files, tmp_path) -> None:
     out = tmp_path / "repaired.pth"
     before = snapshot(files["folder"])
