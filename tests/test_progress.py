@@ -45,3 +45,46 @@ def test_eta_from_the_first_step_of_this_process() -> None:
         "step 41/100 [")
     assert "ETA 1:58" in status_line(41, 100, epoch=0, eta_s=118.0, values=None, width=80)
     assert (format_duration(59.6), format_duration(3725)) == ("1:00", "1:02:05")
+
+
+def test_on_an_80_column_terminal_the_line_moves_every_step(tiny_data, tmp_path) -> None:
+    """The real CLI on a pseudo-terminal 80 columns wide, as in a tmux pane."""
+    import fcntl
+    import os
+    import re
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    primary, secondary = os.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "xterm-256color"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "indextts_train", "train", "--train-manifest", str(tiny_data["train"]), "--config",
+         str(tiny_data["config"]), "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(tmp_path / "run"),
+         "--batch-size", "2", "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", "9",
+         "--log-interval", "4", "--epochs", "10"], stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary,
+        env=env)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # the terminal's other end closed: the run is over
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=300) == 0
+    os.close(primary)
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())  # cursor moves, colours
+    drawn = [part.strip() for line in screen.split("\n") for part in line.split("\r") if part.strip()]
+    live = [part for part in drawn if re.match(r"step \d+/9 \[[#-]+\] ETA ", part)]
+    assert all(len(part) <= 80 for part in live), [part for part in live if len(part) > 80]
+    moved = {int(part.split("/")[0].split()[1]) for part in live}
+    assert {1, 2, 3, 5, 6, 7} <= moved  # every step between the log lines, not only at them
+    first = next(part for part in live if part.startswith("step 1/9"))
+    assert re.search(r"ETA \d+:\d\d ", first) and "loss " in first and "lr " in first  # from the first step
+    scrollback = [part for part in drawn if re.match(r"step \d+/9 epoch ", part)]
+    assert [part.split()[1] for part in scrollback] == ["4/9", "8/9", "9/9"]  # one line per log interval
