@@ -1,7 +1,7 @@
 """What the page shows about a run, read from the run's own records.
 
 Progress, the hardware plan, warnings and the settings-drift report come from the trainer's plain log
-lines (train.log); loss curves from its TensorBoard event files (OUTPUT_DIR/logs/run_*/); checkpoint
+lines (train.log); loss curves from its TensorBoard event files (OUTPUT_DIR/logs/run/); checkpoint
 status from the checkpoint module's `verify_checkpoint`, the function behind `indextts-train
 verify`. Nothing here computes what the trainer computes. No module here imports Gradio.
 """
@@ -101,11 +101,12 @@ def status_line(launch: Launch | None, text: str) -> str:
 def loss_curves(output_dir: Path) -> list[tuple[str, int, float]]:
     """(series, step, value) for every loss scalar in the run's TensorBoard files.
 
-    Each invocation writes its own run_* folder; where a killed run logged steps that the resumed
-    one logged again, the later folder wins, like TensorBoard's own join by step.
+    A run writes logs/run (one folder across resumes, TensorBoard's purge step hiding what a killed
+    process logged past its checkpoint); runs begun before that wrote a run_* folder per invocation,
+    and where a killed run logged steps that the resumed one logged again, the later folder wins.
     """
     points: dict[tuple[str, int], float] = {}
-    for folder in sorted((Path(output_dir) / "logs").glob("run_*")):
+    for folder in sorted((Path(output_dir) / "logs").glob("run*")):
         files = sorted(folder.glob("events.out.tfevents.*"))
         version = tuple((f.name, f.stat().st_size) for f in files)
         points.update(_folder_losses(str(folder), version))
