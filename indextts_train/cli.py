@@ -192,7 +192,7 @@ def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
     config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
-    base_vocab: Annotated[int | None, typer.Option(help="Text rows of the base vocabulary, kept frozen on resume (default: 12000 when the vocabulary is larger, as the community trainer froze them; else none).")] = None,
+    base_vocab: Annotated[int | None, typer.Option(help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
     from indextts_train.checkpoint import verify_checkpoint

@@ -25,9 +25,9 @@ from indextts_train.checkpoint import (
     verify_checkpoint,
     write_state,
 )
-from indextts_train.config import TrainConfig
+from indextts_train.config import FAMILY_V25, TrainConfig
 from indextts_train.errors import UserError
-from indextts_train.model import clean_keys
+from indextts_train.model import clean_keys, family_of_keys
 from indextts_train.schema import field_types, is_int
 from indextts_train.state import (
     FORMAT,
@@ -41,6 +41,7 @@ from indextts_train.state import (
     seeded_rng,
     validate,
 )
+from indextts_train.tiktoken_vocab import SPECIAL_TOKENS
 
 # Persistent buffers of UnifiedVoice (tests/data/reference keys json): in the state dict, never in an optimizer.
 # The community train_gpt_v2.py hard-codes its base vocabulary: with a larger tokenizer it zeroes the
@@ -166,24 +167,41 @@ def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: li
 
 def _repair_vocab_plan(state: dict, base_vocab: int | None, unknown: list[str], notes: list[str]) -> None:
     """Which text rows are base rows (frozen while training): `base_vocab` when given, else what the
-    community trainer did: it froze the first COMMUNITY_BASE_TOKENS rows when the vocabulary was larger."""
+    community trainer did: it froze the first COMMUNITY_BASE_TOKENS rows when the vocabulary was larger.
+
+    IndexTTS-2.5 text rows are tiktoken ranks then the specials, and a grown vocabulary's new ranks sit
+    between them (VocabPlan.insert_at): its base rows are the base ranks and the specials. The community
+    rule is IndexTTS2's (its train_gpt_v2.py), so a 2.5 file without --base-vocab trains every row.
+    """
     tokens = state["model"]["text_embedding.weight"].shape[0] - 1  # text rows = tokenizer size + 1
+    v25 = family_of_keys(state["model"]) == FAMILY_V25
     if base_vocab is not None:
         if not 1 <= base_vocab <= tokens:
             raise CheckpointError(f"--base-vocab {base_vocab} must be between 1 and the checkpoint's {tokens} "
                                   "text tokens")
+        if v25 and base_vocab <= len(SPECIAL_TOKENS):
+            raise CheckpointError(f"--base-vocab {base_vocab}: an IndexTTS-2.5 vocabulary is its tiktoken ranks and "
+                                  f"{len(SPECIAL_TOKENS)} special tokens; pass the base model's number_text_tokens")
         base, how = base_vocab, "--base-vocab"
     elif isinstance(state.get("vocab_plan"), dict):
         return
     else:
-        base = COMMUNITY_BASE_TOKENS if tokens > COMMUNITY_BASE_TOKENS else tokens
+        base = COMMUNITY_BASE_TOKENS if tokens > COMMUNITY_BASE_TOKENS and not v25 else tokens
         how = "assumed"
         unknown.append("vocab_plan")
-    state["vocab_plan"] = {"base_tokens": base, "tokens": tokens, "freeze_base": base < tokens}
-    if base < tokens:
+    insert_at = base - len(SPECIAL_TOKENS) if v25 and base < tokens else None
+    state["vocab_plan"] = {"base_tokens": base, "tokens": tokens, "freeze_base": base < tokens, "insert_at": insert_at}
+    if insert_at is not None:
+        notes.append(f"vocab plan ({how}): IndexTTS-2.5 base of {base} text tokens: its {insert_at} ranks (rows "
+                     f"0..{insert_at - 1}) and its specials (rows {insert_at + tokens - base}..{tokens - 1}) are base "
+                     f"rows, kept frozen when training resumes; the {tokens - base} ranks between them train")
+    elif base < tokens:
         notes.append(f"vocab plan ({how}): the first {base} of {tokens} text rows are base rows, kept frozen "
                      f"when training resumes{'' if how == '--base-vocab' else ' (the community trainer froze them)'};"
                      " pass --base-vocab N if the base vocabulary had another size")
+    elif v25:
+        notes.append(f"vocab plan ({how}): all {tokens} text rows train (no base vocabulary is assumed for "
+                     "IndexTTS-2.5); pass --base-vocab N, the base model's number_text_tokens, to freeze its rows")
     else:
         notes.append(f"vocab plan ({how}): all {tokens} text rows train (the community trainer freezes the first "
                      f"{COMMUNITY_BASE_TOKENS} only in a larger vocabulary); pass --base-vocab N to freeze a base")

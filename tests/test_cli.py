@@ -255,7 +255,8 @@ def test_repair_records_the_base_rows_it_was_told_or_assumed(tiny_data, files, t
     result = cli("repair", files["community"], "-o", out, "--base-vocab", 80, "--config", tiny_data["config"])
     assert result.exit_code == 0, result.output
     assert "vocab plan (--base-vocab): the first 80 of 100 text rows are base rows, kept frozen" in result.stdout
-    assert load_checkpoint(out)["vocab_plan"] == {"base_tokens": 80, "tokens": 100, "freeze_base": True}
+    assert load_checkpoint(out)["vocab_plan"] == {"base_tokens": 80, "tokens": 100, "freeze_base": True,
+                                                  "insert_at": None}
     run = tmp_path / "run"  # resumed from it, the first 80 rows do not move; the others train
     trained = cli("train", "--train-manifest", tiny_data["train"], "--output-dir", run, "--config",
                   tiny_data["config"], "--resume", out, "--max-steps", 5, "--batch-size", 2,
@@ -277,7 +278,7 @@ def test_repair_records_the_base_rows_it_was_told_or_assumed(tiny_data, files, t
     assert "vocab plan (assumed): the first 12000 of 12100 text rows are base rows" in result.stdout
     assert "pass --base-vocab N" in result.stdout
     plan = load_checkpoint(tmp_path / "big_repaired.pth")["vocab_plan"]
-    assert plan == {"base_tokens": 12000, "tokens": 12100, "freeze_base": True}
+    assert plan == {"base_tokens": 12000, "tokens": 12100, "freeze_base": True, "insert_at": None}
     refused = cli("repair", files["community"], "-o", tmp_path / "x.pth", "--base-vocab", 101)
     assert refused.exit_code == 2 and not (tmp_path / "x.pth").exists()
     error_line(refused.stderr, "--base-vocab 101", "100 text tokens")

@@ -17,7 +17,7 @@ import torch
 from helpers import start, wait_for_training
 from test_resume import assert_same_final_state, finish, run_to_end
 
-from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint import CheckpointError, load_checkpoint, verify_checkpoint
 from indextts_train.config import config_to_dict, load_config
 from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.export import export_checkpoint
@@ -168,6 +168,31 @@ def test_a_repaired_community_25_checkpoint_resumes_and_grows_like_a_base(tiny25
     model = load_checkpoint(tmp_path / "run" / "latest.pth")["model"]
     for key in TEXT_KEYS:  # the specials moved up with their ids, as for a fresh growth
         assert torch.equal(model[key][:R], base[key][:R]) and torch.equal(model[key][R + K:], base[key][R:]), key
+
+
+def test_repair_base_vocab_of_a_grown_25_file_freezes_the_base_ranks_and_the_specials(tiny25_data, trained,
+                                                                                        tmp_path):
+    grown = trained["state"]["model"]  # N + K text tokens: the K new ranks sit at R..R+K-1
+    community = tmp_path / "community.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in grown.items()}, "step": 4, "epoch": 1}, community)
+    config = config_to_dict(load_config(tiny25_data["config"]))
+    _, notes = repair_checkpoint(community, tmp_path / "assumed.pth", config=config)
+    assert load_checkpoint(tmp_path / "assumed.pth")["vocab_plan"] == {
+        "base_tokens": N + K, "tokens": N + K, "freeze_base": False, "insert_at": None}
+    assert any("no base vocabulary is assumed for IndexTTS-2.5" in note for note in notes)  # not IndexTTS2's 12000
+    with pytest.raises(CheckpointError, match="1673 special tokens"):
+        repair_checkpoint(community, tmp_path / "x.pth", config=config, base_vocab=1000)
+    _, notes = repair_checkpoint(community, config=config, base_vocab=N)
+    assert load_checkpoint(community)["vocab_plan"] == {"base_tokens": N, "tokens": N + K, "freeze_base": True,
+                                                        "insert_at": R}
+    assert any(f"its {R} ranks (rows 0..{R - 1}) and its specials (rows {R + K}..{N + K - 1})" in n for n in notes)
+    args = cli_args(tiny25_data, tmp_path / "run", max_steps=6)
+    args[args.index("--resume") + 1] = str(community)
+    assert "starting at step 4" in run_to_end(args)
+    model = load_checkpoint(tmp_path / "run" / "latest.pth")["model"]
+    for key in TEXT_KEYS:  # weight decay 0.5 is on: only frozen rows stay bit-identical
+        assert torch.equal(model[key][:R], grown[key][:R]) and torch.equal(model[key][R + K:], grown[key][R + K:])
+        assert not torch.equal(model[key][R:R + K], grown[key][R:R + K]), key
 
 
 def test_a_language_without_a_tag_borrows_an_unused_row_and_the_export_says_so(tiny25_data, tmp_path):
