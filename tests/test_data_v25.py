@@ -59,6 +59,28 @@ def test_evaluate_on_the_reference_equals_expected_json():
     assert out["loss"] == pytest.approx(ref["total_loss"], abs=1e-5)
 
 
+@pytest.mark.parametrize("case", ["text id beyond the checkpoint", "code beyond the codec"])
+def test_evaluate_names_an_id_outside_the_checkpoint_without_a_traceback(data: Path, case: str):
+    from typer.testing import CliRunner
+
+    from indextts_train.cli import app
+
+    ids, codes = data / "text_ids" / "tgt1.npy", data / "codes" / "tgt1.npy"
+    if case == "text id beyond the checkpoint":  # the reference GPT has 120 text tokens
+        np.save(ids, np.array([109, 94, 120, *np.load(ids)[3:]], np.int32))
+        needles = ["target_text_ids_path holds id 120", "outside [0, 120)", "gpt.pth", "tokenizer"]
+    else:  # ... and 66 mel codes
+        np.save(codes, np.array([3, 66, *np.load(codes)[2:]], np.int32))
+        needles = ["target_codes_path holds id 66", "gpt.number_mel_codes"]
+    result = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(TINY / "gpt.pth"), "--manifest",
+                                      str(data / "pairs.jsonl"), "--config", str(TINY / "config.yaml")])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 2 and result.stdout == "", result.stdout
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: {data / 'pairs.jsonl'}:2: ") and "Traceback" not in result.stderr
+    assert all(needle in line for needle in needles), line
+
+
 def test_the_single_utterance_form(data: Path):
     single = [{"id": line["id"], "text_ids_path": line["target_text_ids_path"], "codes_path": line["target_codes_path"],
                "spk_emb_path": line["prompt_spk_emb_path"], "emo_vec_path": line["prompt_emo_vec_path"],

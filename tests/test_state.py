@@ -43,6 +43,7 @@ def test_the_fixture_is_format_1_and_verifies_complete_through_the_migration(for
     assert migrated["format_version"] == FORMAT_VERSION
     history = migrated["history"]
     assert history["val"][0][0] == 4 and history["best_val_step"] == 4  # derived by the 1 -> 2 migration
+    assert history["pending"] == []  # an added field: a file from before it has no steps since its last line
 
 
 def test_format_1_run_resumes_and_saves_the_current_format(format1, tmp_path) -> None:

@@ -152,14 +152,20 @@ def test_out_of_vocabulary_ids_name_the_manifest_line(tiny_data, tmp_path) -> No
         train(options(tiny_data, tmp_path / "run", config=small, base_checkpoint=None, max_steps=2, val_manifests=[]))
 
 
-def test_status_line_on_a_terminal_and_one_plain_line_per_interval(tiny_data, tmp_path, capsys,
-                                                                    monkeypatch) -> None:
+@pytest.mark.parametrize("family", ["IndexTTS2", "IndexTTS-2.5"])
+def test_status_line_on_a_terminal_and_one_plain_line_per_interval(request, tmp_path, capsys, monkeypatch,
+                                                                    family) -> None:
     import re
     import sys
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     monkeypatch.setenv("COLUMNS", "80")
-    assert train(options(tiny_data, tmp_path / "run", max_steps=6, log_interval=2)) == 0
+    if family == "IndexTTS2":
+        run = options(request.getfixturevalue("tiny_data"), tmp_path / "run", max_steps=6, log_interval=2)
+    else:
+        data = request.getfixturevalue("tiny25_data")
+        run = options(data, tmp_path / "run", max_steps=6, log_interval=2, tokenizer=data["tokenizer"])
+    assert train(run) == 0
     screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().out)  # drop cursor moves and colours
     drawn = [part for line in screen.split("\n") for part in line.split("\r") if part.strip()]
     live = [part for part in drawn if re.match(r"step \d+/6 \[[#-]+\] ETA ", part)]

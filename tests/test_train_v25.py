@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import start, wait_for_training
+from test_logging import scalars as tensorboard_scalars
 from test_resume import assert_same_final_state, finish, run_to_end
 
 from indextts_train.checkpoint import CheckpointError, load_checkpoint, verify_checkpoint
@@ -95,6 +96,8 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tiny25_data, trained, tmp
         finish(proc)
     assert "resuming from" in run_to_end(cli_args(tiny25_data, out, max_steps=12))
     assert_same_final_state(out, trained["out"])
+    # one TensorBoard run across the restarts, showing what the uninterrupted run shows
+    assert tensorboard_scalars(out) == tensorboard_scalars(trained["out"])
 
 
 def test_vocabulary_grown_again_between_runs_keeps_every_row_and_the_optimizer(tiny25_data, trained, tmp_path):

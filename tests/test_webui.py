@@ -173,3 +173,22 @@ def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:
     assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
                                               (7, 27.0)]
     assert {tag for tag, _, _ in curves} == {"train/loss"}
+
+
+def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_its_checkpoint(tmp_path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from indextts_train.console import tensorboard_dir
+
+    folder = tensorboard_dir(tmp_path, 0)
+    assert folder == tmp_path / "logs" / "run"
+    with SummaryWriter(str(folder), purge_step=0) as writer:  # killed after step 5, checkpoint at 3
+        for step in range(1, 6):
+            writer.add_scalar("train/loss", float(10 + step), step)
+    assert tensorboard_dir(tmp_path, 3) == folder  # the resume writes into the same folder
+    with SummaryWriter(str(folder), purge_step=4) as writer:
+        for step in range(4, 8):
+            writer.add_scalar("train/loss", float(20 + step), step)
+    curves = records.loss_curves(tmp_path)
+    assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
+                                              (7, 27.0)]
