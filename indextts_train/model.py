@@ -39,6 +39,7 @@ from indextts_train.constants import (
     WRAPPER_PREFIXES,
 )
 from indextts_train.errors import UserError
+from indextts_train.losses import CHUNK_LOGITS, chunked_head_ce
 
 # Sizes UnifiedVoice hard-codes rather than reading from the config.
 CONFORMER_INPUT_SIZE = 1024
@@ -208,26 +209,50 @@ def masked_token_ce(logits: Tensor, targets: Tensor, lengths: Tensor) -> tuple[T
 
     logits (B, C, L), targets (B, L) -> ce (B, L) float32 (zero where masked), mask (B, L) bool.
     """
-    positions = torch.arange(targets.shape[1], device=targets.device)
-    mask = positions[None, :] < (lengths[:, None] + 1)
+    mask = _loss_mask(targets, lengths)
     ce = F.cross_entropy(logits.float(), targets, reduction="none")  # float32 even under autocast
     return ce * mask, mask
+
+
+def _targets(batch: Batch, cfg: GPTConfig) -> tuple[Tensor, Tensor]:
+    """text targets (B, T+2), mel targets (B, M+2) (rules 2-3)."""
+    _, text_targets = aligned_sequences(batch.text_ids, batch.text_lengths, cfg.start_text_token,
+                                        cfg.stop_text_token)
+    _, mel_targets = aligned_sequences(batch.codes, batch.code_lengths, cfg.start_mel_token,
+                                       cfg.stop_mel_token)
+    return text_targets, mel_targets
+
+
+def _loss_mask(targets: Tensor, lengths: Tensor) -> Tensor:
+    """Rule 7: position j of a segment counts when j < length + 1. (B, L) bool."""
+    positions = torch.arange(targets.shape[1], device=targets.device)
+    return positions[None, :] < (lengths[:, None] + 1)
+
+
+def losses_from_hidden(text_hidden: Tensor, mel_hidden: Tensor, text_head: nn.Linear, mel_head: nn.Linear,
+                       batch: Batch, cfg: GPTConfig, chunk_logits: int = CHUNK_LOGITS) -> LossOutput:
+    """Rules 7-8 from the heads' inputs, chunked (losses.py): equal to `losses_from_logits`."""
+    text_targets, mel_targets = _targets(batch, cfg)
+    text_mask, mel_mask = _loss_mask(text_targets, batch.text_lengths), _loss_mask(mel_targets, batch.code_lengths)
+    text_ce_sum, _ = chunked_head_ce(text_hidden, text_head, text_targets, text_mask, chunk_logits)
+    mel_ce_sum, mel_correct = chunked_head_ce(mel_hidden, mel_head, mel_targets, mel_mask, chunk_logits)
+    return _loss_output(text_ce_sum, text_mask.sum(), mel_ce_sum, mel_mask.sum(), mel_correct)
 
 
 def losses_from_logits(
     text_logits: Tensor, mel_logits: Tensor, batch: Batch, cfg: GPTConfig
 ) -> LossOutput:
-    """Reference rules 7-8. Separate from the module so a DDP loop can call it on `ddp(batch)`."""
-    _, text_targets = aligned_sequences(batch.text_ids, batch.text_lengths, cfg.start_text_token,
-                                        cfg.stop_text_token)
-    _, mel_targets = aligned_sequences(batch.codes, batch.code_lengths, cfg.start_mel_token,
-                                       cfg.stop_mel_token)
+    """Reference rules 7-8 on full logits: the plain definition the chunked loss is tested against."""
+    text_targets, mel_targets = _targets(batch, cfg)
     text_ce, text_mask = masked_token_ce(text_logits, text_targets, batch.text_lengths)
     mel_ce, mel_mask = masked_token_ce(mel_logits, mel_targets, batch.code_lengths)
-    text_ce_sum, mel_ce_sum = text_ce.sum(), mel_ce.sum()
-    text_count, mel_count = text_mask.sum(), mel_mask.sum()
     with torch.no_grad():
         mel_correct = ((mel_logits.argmax(dim=1) == mel_targets) & mel_mask).sum()
+    return _loss_output(text_ce.sum(), text_mask.sum(), mel_ce.sum(), mel_mask.sum(), mel_correct)
+
+
+def _loss_output(text_ce_sum: Tensor, text_count: Tensor, mel_ce_sum: Tensor, mel_count: Tensor,
+                 mel_correct: Tensor) -> LossOutput:
     return LossOutput(
         text_loss=text_ce_sum / text_count.clamp(min=1),
         mel_loss=mel_ce_sum / mel_count.clamp(min=1),
@@ -274,6 +299,17 @@ class UnifiedVoiceGPT(nn.Module):
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """text_logits (B, N+1, T+2), mel_logits (B, number_mel_codes, M+2)."""
+        text_hidden, mel_hidden = self.hidden_states(batch)
+        text_logits = self.text_head(text_hidden).permute(0, 2, 1)  # (B, N+1, T+2)
+        mel_logits = self.mel_head(mel_hidden).permute(0, 2, 1)  # (B, mel codes, M+2)
+        return text_logits, mel_logits
+
+    def compute_losses(self, batch: Batch) -> LossOutput:
+        """Reference rules 7-8 through the chunked head loss: no full logits (see losses.py)."""
+        return losses_from_hidden(*self.hidden_states(batch), self.text_head, self.mel_head, batch, self.cfg)
+
+    def hidden_states(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The heads' inputs: text (B, T+2, D) and mel (B, M+2, D), after final_norm."""
         cfg = self.cfg
         text_inputs, _ = aligned_sequences(batch.text_ids, batch.text_lengths, cfg.start_text_token,
                                            cfg.stop_text_token)
@@ -288,13 +324,7 @@ class UnifiedVoiceGPT(nn.Module):
         hidden = self.gpt(torch.cat([prefix, text, mel], dim=1))  # (B, P+T+2+M+2, D), P = 34 or 3 rows
         hidden = self.final_norm(hidden[:, prefix.shape[1]:])
         text_width = text_inputs.shape[1]
-        text_logits = self.text_head(hidden[:, :text_width]).permute(0, 2, 1)  # (B, N+1, T+2)
-        mel_logits = self.mel_head(hidden[:, text_width:]).permute(0, 2, 1)  # (B, mel codes, M+2)
-        return text_logits, mel_logits
-
-    def compute_losses(self, batch: Batch) -> LossOutput:
-        text_logits, mel_logits = self(batch)
-        return losses_from_logits(text_logits, mel_logits, batch, self.cfg)
+        return hidden[:, :text_width], hidden[:, text_width:]
 
     def _prefix(self, batch: Batch) -> Tensor:
         """Rule 4: 32 rows of condition + emo_vec, then speed_emb rows 1 and 0; no positions."""
