@@ -20,14 +20,17 @@ IndexTTS-2.5 is the same sum with its own P (spk_emb_proj and lang_embedding ins
 - one block, per position: 8D (two fp32 LayerNorm inputs) + 2D (two dropout masks)
   + aD * (2 matmul inputs + 3 qkv + 1 attention output + 1 merged heads + 4 c_fc output
   + 4 GELU output) + 4H (attention log-sum-exp) = 10D + 15aD + 4H.
-- per sample: S * (n blocks + 1 block of gradients while its backward runs + 13D + aD outside the
-  blocks: embeddings, embedding dropout mask, ln_f and final_norm inputs, the heads' input). With
-  activation checkpointing only each block's fp32 input (4D) is kept, plus one block recomputed.
-- logits, per sample: (text positions x text classes + mel positions x mel codes) values, each
-  costing a (head output) + 4 (the fp32 copy the CE runs on) + 4 (saved log-softmax) + 4 (its
-  gradient). Only the text segment meets the text head and only the mel segment the mel head.
-- peak = fixed + max(micro_batch * per_sample + autocast's half copies of the weights (2 P),
-  AdamW's one whole-model temporary in `step()` (4 P)): activations are gone before the step.
+- per sample: S * (n blocks + 1 block of gradients while its backward runs + 17D outside the
+  blocks: embeddings, embedding dropout mask, ln_f and final_norm inputs, the heads' fp32 input
+  that the chunked loss keeps). With activation checkpointing only each block's fp32 input (4D) is
+  kept, plus one block recomputed.
+- the heads' loss (`losses.py`) never holds the full logits: one chunk of CHUNK_LOGITS logits at a
+  time, each costing a (head output) + 4 (fp32 copy) + 4 (log-softmax or softmax) + 4 (its
+  gradient), plus one head's weight in the autocast dtype, its (C, D) gradient temporary in that
+  dtype and in fp32 (2a + 4 bytes per weight). None of it grows with the micro-batch.
+- peak = fixed + max(micro_batch * per_sample + the loss's chunk + autocast's half copies of the
+  weights (2 P), AdamW's one whole-model temporary in `step()` (4 P)): activations are gone before
+  the step.
 
 The model is for CUDA. On CPU it only informs (the CPU micro-batch is a fixed cap): CPU dropout
 keeps float masks and CPU SDPA with dropout falls back to the S x S math path.
@@ -47,6 +50,7 @@ import torch
 from indextts_train.config import GPTConfig
 from indextts_train.constants import LANG_ROWS, PREFIX_LEN, PREFIX_LEN_V25, SPK_EMB_DIM
 from indextts_train.errors import UserError
+from indextts_train.losses import CHUNK_LOGITS
 
 GIB = 1024**3
 CUDA_RESERVE_BYTES = 1 * GIB
@@ -54,7 +58,7 @@ TRAINED_STATE_BYTES_PER_PARAM = 16  # fp32 weight, fp32 grad, two fp32 AdamW mom
 DDP_BUCKET_BYTES_PER_PARAM = 4  # DDP's flat gradient buckets duplicate the fp32 grads
 AUTOCAST_COPY_BYTES_PER_PARAM = 2  # autocast keeps a half copy of each weight a matmul saved
 OPTIMIZER_STEP_BYTES_PER_PARAM = 4  # foreach AdamW builds sqrt(exp_avg_sq) for the whole model
-CE_BYTES_PER_LOGIT = 12  # fp32 copy + saved log-softmax + its gradient (plus the head's output)
+CE_BYTES_PER_LOGIT = 12  # fp32 copy + log-softmax + its gradient (plus the head's output)
 CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a step short
 MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light
 DEFAULT_MEMORY_SHARE = 0.85
@@ -167,11 +171,15 @@ def _activation_bytes_per_sample(cfg: GPTConfig, act: int, activation_checkpoint
         kept = cfg.layers * 4 * D + block  # every block's fp32 input + the one being recomputed
     else:
         kept = cfg.layers * block
-    outside = 13 * D + act * D
+    outside = 17 * D  # embeddings, dropout mask, ln_f / final_norm inputs, the heads' fp32 input
     per_position = kept + block + outside  # + one block's gradients while its backward runs
-    logits = ((cfg.max_text_tokens + 2) * cfg.text_rows
-              + (cfg.max_mel_tokens + 2) * cfg.number_mel_codes)
-    return max_sequence_positions(cfg) * per_position + logits * (act + CE_BYTES_PER_LOGIT)
+    return max_sequence_positions(cfg) * per_position
+
+
+def loss_working_bytes(cfg: GPTConfig, act: int) -> int:
+    """The chunked loss's working set: one chunk of logits and one head's weight temporaries."""
+    head_rows = max(cfg.text_rows, cfg.number_mel_codes)
+    return CHUNK_LOGITS * (act + CE_BYTES_PER_LOGIT) + head_rows * cfg.model_dim * (2 * act + 4)
 
 
 def _fixed_bytes(params: int, world_size: int) -> int:
@@ -187,7 +195,8 @@ def estimate_memory(cfg: GPTConfig, micro_batch: int, *, precision: str, activat
     act = 4 if precision == "fp32" else 2
     params = trained_parameter_count(cfg)
     autocast_copies = 0 if precision == "fp32" else AUTOCAST_COPY_BYTES_PER_PARAM * params
-    activations = micro_batch * _activation_bytes_per_sample(cfg, act, activation_checkpointing)
+    activations = (micro_batch * _activation_bytes_per_sample(cfg, act, activation_checkpointing)
+                   + loss_working_bytes(cfg, act))
     backward = activations + autocast_copies
     step = OPTIMIZER_STEP_BYTES_PER_PARAM * params
     return _fixed_bytes(params, world_size) + max(backward, step)

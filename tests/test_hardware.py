@@ -322,7 +322,7 @@ def test_plan_round_trips_through_json():
     again = HardwarePlan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again == plan
     text = plan.describe()
-    assert text.splitlines()[0].startswith("Tesla T4 (cuda): fp16, micro-batch 2 x accumulation 32")
+    assert text.splitlines()[0].startswith("Tesla T4 (cuda): fp16, micro-batch 4 x accumulation 16")
     assert len(text.splitlines()) == 1 + len(plan.reasons)
     with pytest.raises(UserError, match="unknown key"):
         HardwarePlan.from_dict({**plan.to_dict(), "colour": "red"})
