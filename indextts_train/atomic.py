@@ -34,6 +34,17 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def drop_cached_pages(fd: int) -> None:
+    """Give a written, fsynced file's (clean) pages back to the kernel.
+
+    The trainer never reads back what it writes; a multi-GB checkpoint left in the page cache evicts
+    the dataset's arrays, and on the VM measured by bench_checkpoint the next save then faulted in
+    fresh pages: the write phase used up to 5x more CPU time without this.
+    """
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def atomic_write(final: Path, write: Writer, *, before_rename: Callable[[], None] | None = None) -> None:
     """Call `write(handle)` on a temp file, fsync, rename over `final`, fsync the directory.
 
@@ -47,6 +58,7 @@ def atomic_write(final: Path, write: Writer, *, before_rename: Callable[[], None
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+            drop_cached_pages(handle.fileno())
         if before_rename is not None:
             before_rename()
         os.replace(tmp, final)
