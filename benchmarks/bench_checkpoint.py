@@ -49,7 +49,7 @@ def build_state(total_mb: int) -> dict:
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": {"step": 0, "epoch": 0, "samples_in_epoch": 0, "samples_total": 0, "sampler_seed": 1,
                      "micro_batch": 1, "grad_accumulation": 1, "world_size": 1},
-        "rng": [ckpt.capture_rng()], "history": {"train": [], "val": [], "best_val_loss": None},
+        "rng": [ckpt.capture_rng()], "history": {"train": [], "val": [], "best_val_loss": None, "best_val_step": None},
         "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True},
     }
 
