@@ -66,6 +66,13 @@ def sum_across_ranks(values: list[float], info: DistInfo, device: torch.device) 
     return tensor.tolist()
 
 
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """`tensor` summed over ranks, on the device and without a host sync (in place; returned)."""
+    if info.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
 def gather_to_main(obj: Any, info: DistInfo) -> list[Any]:
     """Every rank's object, in rank order, on every rank (rank 0 writes the checkpoint)."""
     if not info.enabled:

@@ -76,8 +76,10 @@ class Batch:
     spk_emb: Tensor | None = None  # (B, 192) float32, IndexTTS-2.5
     lang_ids: Tensor | None = None  # (B,) int64, IndexTTS-2.5: the lang_embedding row
 
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """`non_blocking` overlaps the copy with compute when the batch sits in pinned memory."""
+        return Batch(**{f.name: None if getattr(self, f.name) is None
+                        else getattr(self, f.name).to(device, non_blocking=non_blocking)
                         for f in dataclasses.fields(self)})
 
     def __len__(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from indextts_train.accel import adamw_options
 from indextts_train.config import TrainConfig
 from indextts_train.console import RunLogger
 from indextts_train.constants import TEXT_ROW_KEYS
@@ -35,7 +36,8 @@ def build_adamw(model: UnifiedVoiceGPT, train: TrainConfig) -> tuple[torch.optim
     """AdamW; no weight decay on biases, norms and the speed embedding (1-D or tiny tensors).
 
     Returns the optimizer and the parameter names in optimizer order, which the checkpoint stores
-    so optimizer state can be remapped by name when the vocabulary grows.
+    so optimizer state can be remapped by name when the vocabulary grows. Fused on CUDA (accel.py):
+    the same state_dict format, so a checkpoint resumes across implementations.
     """
     decay, no_decay = [], []
     for name, param in model.named_parameters():
@@ -44,7 +46,9 @@ def build_adamw(model: UnifiedVoiceGPT, train: TrainConfig) -> tuple[torch.optim
         {"params": [p for _, p in decay], "weight_decay": train.weight_decay},
         {"params": [p for _, p in no_decay], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps)
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps,
+                                  **adamw_options(device))
     return optimizer, [n for n, _ in decay] + [n for n, _ in no_decay]
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from indextts_train.accel import compile_blocks
 from indextts_train.best import BestTracker, check_metric
 from indextts_train.checkpoint import BEST, ignored_by_base_checkpoint, load_checkpoint, publish, same_file
 from indextts_train.config import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
@@ -378,6 +379,8 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     reset = bool(growth.new_ids) and options.on_vocab_change == "reset"  # the run starts over
     schedule = Schedule(_sampler(None if reset else ckpt, train_specs, index, train, plan, startup), train.epochs,
                         train.max_steps)
+    if train.compile:
+        compile_blocks(weights.model.gpt.h)
     optim = OptimizerSet.build(weights.model, train, plan, schedule.total_steps(plan.effective_batch))
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
               History(), _dataset(index, config), None, startup, ckpt)

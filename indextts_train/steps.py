@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from indextts_train.data import make_loader
-from indextts_train.distributed import sum_across_ranks
+from indextts_train.distributed import all_reduce_sum
 from indextts_train.faults import crash_point
 from indextts_train.hardware import halve_for_oom, is_oom_error
 from indextts_train.model import Batch, UnifiedVoiceGPT
@@ -57,10 +57,16 @@ def micro_batches(run: Run) -> Iterator[Batch]:
     return iter(make_loader(run.dataset, sampler, plan.num_workers, run.device.type == "cuda"))
 
 
-def _accumulate(run: Run, batches: Iterator[Batch], step: int) -> list[float]:
-    """Forward and backward over `grad_accumulation` micro-batches; sums for logging."""
+def _accumulate(run: Run, batches: Iterator[Batch], step: int) -> torch.Tensor:
+    """Forward and backward over `grad_accumulation` micro-batches.
+
+    Returns the logged sums (6,) float64 *on the device*: total loss, text_ce, text_count, mel_ce,
+    mel_count, mel_correct. Nothing here waits for the device: a `.item()` per micro-batch would
+    stop the CPU from queueing the next kernels until the GPU caught up.
+    """
     accumulation, wrapped, autocast = run.plan.grad_accumulation, run.wrapped, run.autocast
-    sums = [0.0] * 6  # total loss, text_ce, text_count, mel_ce, mel_count, mel_correct
+    non_blocking = run.device.type == "cuda"  # batches come from pinned memory there
+    sums = torch.zeros(6, dtype=torch.float64, device=run.device)
     for micro in range(accumulation):
         batch = next(batches)
         # DDP: all-reduce gradients only on the last micro-batch of the step.
@@ -68,21 +74,21 @@ def _accumulate(run: Run, batches: Iterator[Batch], step: int) -> list[float]:
         sync = contextlib.nullcontext() if last or not run.dist.enabled else wrapped.no_sync()
         with sync:
             with autocast():
-                text_loss, mel_loss, *counts = wrapped(batch.to(run.device))
+                text_loss, mel_loss, *counts = wrapped(batch.to(run.device, non_blocking=non_blocking))
                 loss = run.config.train.loss(text_loss, mel_loss)
             run.optim.scaler.scale(loss / accumulation).backward()
-        sums[0] += loss.item() / accumulation
         crash_point("accumulation", step)
-        for i, value in enumerate(counts, start=1):
-            sums[i] += value.item()
+        sums += torch.stack([loss.detach().double() / accumulation, *(c.detach().double() for c in counts)])
     return sums
 
 
-def optimizer_step(run: Run, batches: Iterator[Batch], step: int) -> list[float]:
+def optimizer_step(run: Run, batches: Iterator[Batch], step: int) -> torch.Tensor:
     """One optimizer step over the next `grad_accumulation` micro-batches.
 
-    Returns [loss, text_loss, mel_loss, mel_top1, grad_norm] for logging. A CUDA OOM surfaces as
-    `OutOfMemory` with the gradients cleared, so the caller can retry the same samples.
+    Returns [loss, text_loss, mel_loss, mel_top1, grad_norm] for logging as a (5,) float64 tensor on
+    the device: the loop reads it once per log interval (and once per step for a terminal's live
+    line). A CUDA OOM surfaces as `OutOfMemory` with the gradients cleared, so the caller can retry
+    the same samples.
     """
     optim = run.optim
     try:
@@ -103,10 +109,11 @@ def optimizer_step(run: Run, batches: Iterator[Batch], step: int) -> list[float]
     optim.scheduler.step()
     optim.optimizer.zero_grad(set_to_none=True)
     if run.dist.enabled:  # log the whole effective batch, not rank 0's share
-        sums = sum_across_ranks([sums[0] / run.dist.world_size, *sums[1:]], run.dist, run.device)
+        sums[0] /= run.dist.world_size
+        all_reduce_sum(sums, run.dist)
     total, text_ce, text_n, mel_ce, mel_n, mel_ok = sums
-    return [total, text_ce / max(text_n, 1.0), mel_ce / max(mel_n, 1.0), mel_ok / max(mel_n, 1.0),
-            float(grad_norm)]
+    return torch.stack([total, text_ce / text_n.clamp(min=1.0), mel_ce / mel_n.clamp(min=1.0),
+                        mel_ok / mel_n.clamp(min=1.0), grad_norm.detach().to(sums.device, torch.float64)])
 
 
 def validate(run: Run) -> dict:

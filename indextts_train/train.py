@@ -14,14 +14,16 @@ optimizer step per iteration. Exact resume rests on four rules kept here:
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
+import torch
 
+from indextts_train.async_save import BackgroundSaver, cpu_snapshot
 from indextts_train.best import judge, verdict
 from indextts_train.checkpoint import save_checkpoint
 from indextts_train.config import TrainOptions
@@ -94,6 +96,7 @@ def loop(run: Run, signals: SignalFlag) -> int:
     progress, train = run.progress, run.config.train
     clock = (time.perf_counter(), progress.samples_total)
     batches: Iterator[Batch] | None = None
+    saver = BackgroundSaver() if train.async_save else None
     exit_code = 0
     while progress.step < run.total_steps:
         if end_of_epoch(run):
@@ -109,16 +112,16 @@ def loop(run: Run, signals: SignalFlag) -> int:
         progress.step += 1
         progress.samples_in_epoch += run.plan.effective_batch
         progress.samples_total += run.plan.effective_batch
-        run.history.pending.append(metrics)  # the steps since the last log line
+        run.history.pending.append(metrics)  # the steps since the last log line, on the device until read
         if due(run, train.log_interval):
             clock = log_window(run, clock)
-        elif run.log.interactive:
+        elif run.log.interactive:  # the live line on a terminal: one device->host read per step, not per micro-batch
             run.log.train_step(progress.step, progress.epoch, window_values(run, clock), print_line=False)
         crash_point("step_logged", progress.step)
         new_best, ending = validation(run) if run.val is not None and due(run, train.val_interval) else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
         if due(run, train.save_interval) or stop or new_best or ending:
-            save(run, best=new_best)
+            save(run, saver, best=new_best)
         if ending:  # early stop or forgetting limit: a planned end, exit 0
             run.log.info(ending)
             break
@@ -128,6 +131,8 @@ def loop(run: Run, signals: SignalFlag) -> int:
             run.log.info(f"stopped by signal after step {progress.step}; rerun the same command with "
                          f"--resume auto to continue (exit {exit_code})")
             break
+    if saver is not None:
+        saver.wait()  # the last checkpoint is on disk before the run reports done or stopped
     finish(run, exit_code)
     return exit_code
 
@@ -173,8 +178,24 @@ def retry_smaller(run: Run, oom: OutOfMemory) -> None:
                  f"samples with micro-batch {run.plan.micro_batch} x accumulation {run.plan.grad_accumulation}")
 
 
+def host_rows(pending: list) -> list:
+    """`pending` with its device tensors (this process's steps) as plain float rows, read together.
+
+    The steps' metrics stay on the device until a line, a live status update or a checkpoint needs
+    them: one device->host read then, none per micro-batch. Rows from a checkpoint are floats already.
+    """
+    on_device = [i for i, row in enumerate(pending) if isinstance(row, torch.Tensor)]
+    if not on_device:
+        return pending
+    rows = list(pending)
+    for i, values in zip(on_device, torch.stack([pending[i] for i in on_device]).tolist(), strict=True):
+        rows[i] = values
+    return rows
+
+
 def window_values(run: Run, clock: tuple[float, int]) -> dict[str, float]:
     """Mean metrics of the steps since the last line, the LR, and samples/s since `clock`."""
+    run.history.pending = host_rows(run.history.pending)
     now, samples = time.perf_counter(), run.progress.samples_total
     values = dict(zip(METRICS, np.mean(run.history.pending, axis=0).tolist(), strict=True))
     values["lr"] = run.optim.scheduler.get_last_lr()[0]
@@ -227,20 +248,29 @@ def validation(run: Run) -> tuple[bool, str | None]:
     return judge(val.tracker, result, step, baseline=history.baseline, limits=val.limits, patience=val.patience)
 
 
-def save(run: Run, *, best: bool = False) -> Path | None:
-    """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG)."""
+def save(run: Run, saver: BackgroundSaver | None = None, *, best: bool = False) -> None:
+    """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG).
+
+    With a `saver` (--async-save) the state is snapshotted to CPU memory here and written by a
+    background thread while training goes on (async_save.py); best.pth is published by that write too.
+    """
     run.log.flush()  # TensorBoard holds everything up to this step before the checkpoint exists
+    run.history.pending = host_rows(run.history.pending)  # the checkpoint stores plain floats
     state = run.checkpoint_state()
-    path = None
     if state is not None:
-        progress = run.progress
-        train = run.config.train
-        path = save_checkpoint(state, run.options.output_dir, progress.step, keep=train.keep_checkpoints,
-                               keep_every=train.keep_every, best=best)
-        run.log.info(f"saved {path} (step {progress.step}, epoch {progress.epoch}, "
-                     f"sample {progress.samples_in_epoch}){', best.pth' if best else ''}")
+        progress, output_dir, log, train = run.progress, run.options.output_dir, run.log, run.config.train
+        step, keep, keep_every = progress.step, train.keep_checkpoints, train.keep_every
+        where = f"step {step}, epoch {progress.epoch}, sample {progress.samples_in_epoch}"
+
+        def write(state: dict) -> None:
+            path = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best)
+            log.info(f"saved {path} ({where}){', best.pth' if best else ''}")
+
+        if saver is None:
+            write(state)
+        else:
+            saver.start(functools.partial(write, cpu_snapshot(state)))
     barrier(run.dist)
-    return path
 
 
 def finish(run: Run, exit_code: int) -> None:
