@@ -15,9 +15,15 @@ from torch import nn
 
 
 def compile_blocks(trunk_blocks: nn.ModuleList) -> None:
-    """torch.compile every block of the trunk in place; keys and parameters are untouched."""
+    """torch.compile every block of the trunk in place; keys and parameters are untouched.
+
+    dynamic=True: one kernel set for every sequence length from the first call. Left to decide by
+    itself, torch.compile specializes on the first shapes it meets and turns dynamic later, so a
+    resumed run (which meets the shapes in another order) could run other kernels, with other float
+    rounding, than the uninterrupted one; past its recompile limit it would even fall back to eager.
+    """
     for block in trunk_blocks:
-        block.compile()
+        block.compile(dynamic=True)
 
 
 def adamw_options(device: torch.device) -> dict:
