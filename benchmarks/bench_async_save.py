@@ -1,8 +1,8 @@
 """How much training time --async-save hides: a training loop that checkpoints synchronously vs in
 the background vs not at all.
 
-In one process: a UnifiedVoiceGPT of model_dim 512 x 4 layers (tiny.yaml otherwise; ~21M trained
-parameters, a ~250 MiB checkpoint with the AdamW moments), trained with AdamW on synthetic batches
+In one process: a UnifiedVoiceGPT of model_dim 512 x 8 layers (tiny.yaml otherwise; ~34M trained
+parameters, a ~384 MiB checkpoint with the AdamW moments), trained with AdamW on synthetic batches
 for `--steps` optimizer steps; every `--save-interval` steps it saves a checkpoint of the trainer's
 layout with `save_checkpoint`, either inline (sync) or through the trainer's CPU snapshot +
 background thread (async). Modes are interleaved `--rounds` times; medians reported.
@@ -35,12 +35,12 @@ from indextts_train.model import Batch, UnifiedVoiceGPT
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "async_save.json"
-SIZES = {"model_dim": 512, "layers": 4, "heads": 8, "number_text_tokens": 4000, "number_mel_codes": 4098,
+SIZES = {"model_dim": 512, "layers": 8, "heads": 8, "number_text_tokens": 4000, "number_mel_codes": 4098,
          "start_mel_token": 4096, "stop_mel_token": 4097}
 
 
 def _batch(cfg, generator: torch.Generator) -> Batch:
-    B, T, M, D = 2, 24, 48, cfg.model_dim
+    B, T, M, D = 4, 24, 48, cfg.model_dim
     return Batch(torch.randint(2, cfg.number_text_tokens, (B, T), generator=generator),
                  torch.randint(0, cfg.number_mel_codes - 2, (B, M), generator=generator),
                  torch.full((B,), T), torch.full((B,), M), torch.randn(B, 32, D, generator=generator),
@@ -55,7 +55,7 @@ def _state(model: UnifiedVoiceGPT, optimizer: torch.optim.AdamW, step: int) -> d
             "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
             "scheduler": {"last_epoch": step}, "scaler": None,
             "progress": {"step": step, "epoch": 0, "samples_in_epoch": 0, "samples_total": 0, "sampler_seed": 1,
-                         "micro_batch": 2, "grad_accumulation": 1, "world_size": 1},
+                         "micro_batch": 4, "grad_accumulation": 1, "world_size": 1},
             "rng": [ckpt.capture_rng()],
             "history": {"train": [], "val": [], "best_val_loss": None, "best_val_step": None},
             "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True}}

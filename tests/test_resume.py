@@ -51,7 +51,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     """Exit code and output. Data workers orphaned by a SIGKILL of the main process are killed too,
     else they hold the output pipe open until their watchdog notices (seconds). The output of these
     runs is far below a pipe's buffer, so waiting before reading cannot block the child."""
-    code = proc.wait(timeout=300)
+    code = proc.wait(timeout=900)  # a 72-step run takes over 300 s on a loaded 2-core machine
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     return code, proc.stdout.read()
