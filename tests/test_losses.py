@@ -1,4 +1,5 @@
-"""The chunked head loss equals the plain full-logits loss: values, top-1 and every gradient."""
+"""The chunked head loss equals the plain full-logits loss: values, top-1 and every gradient, on the
+reference case of each family (IndexTTS2 and IndexTTS-2.5)."""
 
 from __future__ import annotations
 
@@ -7,28 +8,30 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import reference_batch
+from test_model_v25 import v25_batch
 
 from indextts_train.config import load_config
 from indextts_train.losses import chunked_head_ce
-from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint, losses_from_hidden, losses_from_logits
+from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint, losses_from_hidden, losses_from_logits
 
-TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
+REF = Path(__file__).resolve().parent / "data" / "reference"
+CASES = {"indextts2": (REF / "tiny", reference_batch), "indextts2.5": (REF / "v2_5" / "tiny", v25_batch)}
 FIELDS = ("text_loss", "mel_loss", "mel_top1", "text_ce_sum", "text_count", "mel_ce_sum", "mel_count",
           "mel_correct")
 
 
-def _reference_model() -> UnifiedVoiceGPT:
-    cfg = load_config(TINY / "config.yaml").gpt
-    trained, _, _ = load_base_checkpoint(TINY / "gpt.pth", cfg)
+def _reference_model(case: str = "indextts2") -> UnifiedVoiceGPT:
+    folder = CASES[case][0]
+    cfg = load_config(folder / "config.yaml").gpt
+    trained, _, _ = load_base_checkpoint(folder / "gpt.pth", cfg)
     model = UnifiedVoiceGPT(cfg)
     model.load_state_dict(trained)
     return model.eval()
 
 
-def _losses_and_grads(model: UnifiedVoiceGPT, chunk_logits: int | None) -> tuple[dict, dict]:
+def _losses_and_grads(model: UnifiedVoiceGPT, batch: Batch, chunk_logits: int | None) -> tuple[dict, dict]:
     """Losses and parameter gradients of 0.2 text + 0.8 mel, plain (None) or chunked."""
     model.zero_grad(set_to_none=True)
-    batch = reference_batch()
     text_hidden, mel_hidden = model.hidden_states(batch)
     if chunk_logits is None:
         text_logits = model.text_head(text_hidden).permute(0, 2, 1)
@@ -42,11 +45,12 @@ def _losses_and_grads(model: UnifiedVoiceGPT, chunk_logits: int | None) -> tuple
             {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
 
 
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("chunk_logits", [1, 5 * 101, 7 * 101, 10**9])  # 1 row, ragged chunks, one chunk
-def test_chunked_equals_plain_on_the_reference_case(chunk_logits):
-    model = _reference_model()
-    plain_losses, plain_grads = _losses_and_grads(model, None)
-    losses, grads = _losses_and_grads(model, chunk_logits)
+def test_chunked_equals_plain_on_the_reference_case(case, chunk_logits):
+    model, batch = _reference_model(case), CASES[case][1]()
+    plain_losses, plain_grads = _losses_and_grads(model, batch, None)
+    losses, grads = _losses_and_grads(model, batch, chunk_logits)
     for name in ("text_count", "mel_count", "mel_correct"):
         assert torch.equal(losses[name], plain_losses[name]), name
     for name in ("text_loss", "mel_loss", "mel_top1", "text_ce_sum", "mel_ce_sum"):
@@ -56,11 +60,13 @@ def test_chunked_equals_plain_on_the_reference_case(chunk_logits):
         torch.testing.assert_close(grads[key], plain_grads[key], rtol=1e-5, atol=1e-7, msg=key)
 
 
-def test_the_model_trains_through_the_chunked_loss():
-    """compute_losses goes through losses_from_hidden, so the reference checks in test_model hold for it."""
-    model = _reference_model()
-    out = model.compute_losses(reference_batch())
-    plain, _ = _losses_and_grads(model, None)
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_model_trains_through_the_chunked_loss(case):
+    """compute_losses goes through losses_from_hidden for both families, so the reference checks in
+    test_model.py and test_model_v25.py hold for it."""
+    model, batch = _reference_model(case), CASES[case][1]()
+    out = model.compute_losses(batch)
+    plain, _ = _losses_and_grads(model, batch, None)
     torch.testing.assert_close(out.mel_loss.detach(), plain["mel_loss"], rtol=1e-6, atol=1e-6)
     assert out.mel_loss.grad_fn is not None
 
