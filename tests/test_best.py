@@ -148,11 +148,14 @@ def test_per_language_validation_and_base_baseline_equal_evaluate(mixed_run, lan
     assert f"| am {am:.4f} ({change:+.1f}%)" in line and "vs base)" in line
 
 
-def test_early_stopping_ends_with_best_and_export_says_which_step(langs, tmp_path) -> None:
+@pytest.mark.parametrize("save_mode", [[], ["--async-save"]], ids=["sync", "async"])
+def test_early_stopping_ends_with_best_and_export_says_which_step(langs, tmp_path, save_mode) -> None:
+    """With --async-save too: best.pth is published by the background writer, and the early stop
+    waits for the last save before it reports."""
     out = tmp_path / "run"
     # A learning rate far below float32 resolution: the weights never change, so no validation improves.
     args = train_args(langs, out, "--learning-rate", "1e-30", "--early-stop-patience", "2", "--max-steps", "40",
-                      "--save-interval", "100")
+                      "--save-interval", "100", *save_mode)
     result = cli(*args)
     assert result.exit_code == 0, result.output
     assert "early stop at step 6: 2 validation(s) without a better loss; best.pth is step 2" in result.output
