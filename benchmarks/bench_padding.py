@@ -1,13 +1,15 @@
 """Padding share of an epoch: padded trunk positions / all trunk positions, for the trainer's sampler.
 
 A batch is padded to its longest text and its longest code sequence (the model adds the 34 prefix
-rows and start/stop to each segment), so a sample of text t and codes c in a batch of widths
-(T, M) costs 34 + (T + 2) + (M + 2) positions of which (T - t) + (M - c) are padding. The lengths
-are synthetic but shaped like speech data: text 10-300 tokens (log-normal, median ~60), codes about
-5.2 per text token with a +-25% spread (a speaking rate), clipped to 50-1500. Batches come from
-`ResumableBatchSampler` exactly as the trainer builds it (seeded permutation, then sorted by
-text_len + code_len within each `sort_window`), for several micro-batches and sort windows; the
-default sort window is the config's.
+rows of IndexTTS2 and start/stop to each segment), so a sample of text t and codes c in a batch of
+widths (T, M) costs 34 + (T + 2) + (M + 2) positions of which (T - t) + (M - c) are padding. The
+lengths are synthetic but shaped like speech data: text 10-300 tokens (log-normal, median ~60),
+codes about 5.2 per text token with a +-25% spread (a speaking rate), clipped to 50-1500. Batches
+come from the trainer's data order (`sampling.epoch_order`, rule 2: shuffle, sort by text_len +
+code_len within windows of whole steps of the effective batch, shuffle the steps) cut by
+`ResumableBatchSampler` exactly as `steps.micro_batches` does, for several micro-batches and sort
+windows at the default effective batch; the default sort window is the config's. Rule 2 sorts at
+least within each step, so an unsorted order (a plain permutation) is reported for reference.
 
     python benchmarks/bench_padding.py [--samples 100000] [--seed 0]
 
@@ -24,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from indextts_train.config import TrainConfig
-from indextts_train.data import ResumableBatchSampler
-from indextts_train.hardware import PREFIX_POSITIONS
+from indextts_train.constants import PREFIX_LEN
+from indextts_train.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
 
 RESULT = Path(__file__).resolve().parent / "results" / "padding.json"
 MICRO_BATCHES = (4, 8, 16, 32, 64)
-SORT_WINDOWS = (1, 64, 512, 4096)
+SORT_WINDOWS = (64, 512, 4096)  # rule 2 rounds a window down to whole steps, at least one step
+UNSORTED = 0  # the sort_window value of the reference rows: a plain permutation, no sorting
 
 
 def synthetic_lengths(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,13 +44,23 @@ def synthetic_lengths(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return text, codes
 
 
-def padding_share(text: np.ndarray, codes: np.ndarray, micro_batch: int, sort_window: int, seed: int) -> dict:
-    sampler = ResumableBatchSampler(text + codes, seed=seed, epoch=0, micro_batch=micro_batch,
-                                    sort_window=sort_window)
+def trainer_order(text: np.ndarray, codes: np.ndarray, sort_window: int, effective_batch: int,
+                  seed: int) -> np.ndarray:
+    """Epoch 0 of a new run on one manifest, as the trainer orders it (UNSORTED: a plain permutation)."""
+    if sort_window == UNSORTED:
+        return np.random.default_rng(seed).permutation(len(text))
+    spec = SamplerSpec(ORDER_RULE, seed, sort_window, effective_batch, (Source("synthetic", len(text)),))
+    return epoch_order(spec, text + codes, 0)
+
+
+def padding_share(text: np.ndarray, codes: np.ndarray, micro_batch: int, sort_window: int, effective_batch: int,
+                  seed: int) -> dict:
+    sampler = ResumableBatchSampler(trainer_order(text, codes, sort_window, effective_batch, seed),
+                                    micro_batch=micro_batch)
     batches = np.array(list(sampler))  # (steps, micro_batch)
     t, c = text[batches], codes[batches]  # (steps, micro_batch)
     t_width, c_width = t.max(axis=1, keepdims=True), c.max(axis=1, keepdims=True)
-    total = batches.size * PREFIX_POSITIONS + ((t_width + 2) + (c_width + 2)).sum() * micro_batch
+    total = batches.size * PREFIX_LEN + ((t_width + 2) + (c_width + 2)).sum() * micro_batch
     padded = (t_width - t).sum() + (c_width - c).sum()
     return {"micro_batch": micro_batch, "sort_window": sort_window,
             "padding_share": round(float(padded / total), 4),
@@ -61,10 +74,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     text, codes = synthetic_lengths(args.samples, args.seed)
-    default_window = TrainConfig().sort_window
-    rows = [padding_share(text, codes, m, w, args.seed) for w in SORT_WINDOWS for m in MICRO_BATCHES]
+    default_window, effective = TrainConfig().sort_window, TrainConfig().effective_batch_size
+    rows = [padding_share(text, codes, m, w, effective, args.seed)
+            for w in (UNSORTED, *SORT_WINDOWS) for m in MICRO_BATCHES]
     result = {
-        "samples": args.samples, "default_sort_window": default_window,
+        "samples": args.samples, "order_rule": ORDER_RULE, "effective_batch": effective,
+        "default_sort_window": default_window, "unsorted_sort_window": UNSORTED,
         "lengths": {"text_min_median_max": [int(text.min()), int(np.median(text)), int(text.max())],
                     "codes_min_median_max": [int(codes.min()), int(np.median(codes)), int(codes.max())]},
         "default": [r for r in rows if r["sort_window"] == default_window],
