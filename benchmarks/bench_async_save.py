@@ -32,6 +32,7 @@ from indextts_train import checkpoint as ckpt
 from indextts_train.async_save import BackgroundSaver, cpu_snapshot
 from indextts_train.config import load_config
 from indextts_train.model import Batch, UnifiedVoiceGPT
+from indextts_train.state import History, Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "async_save.json"
@@ -54,10 +55,9 @@ def _state(model: UnifiedVoiceGPT, optimizer: torch.optim.AdamW, step: int) -> d
             "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
             "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
             "scheduler": {"last_epoch": step}, "scaler": None,
-            "progress": {"step": step, "epoch": 0, "samples_in_epoch": 0, "samples_total": 0, "sampler_seed": 1,
-                         "micro_batch": 4, "grad_accumulation": 1, "world_size": 1},
+            "progress": Progress(step=step, sampler_seed=1, micro_batch=4, grad_accumulation=1).state_dict(),
             "rng": [ckpt.capture_rng()],
-            "history": {"train": [], "val": [], "best_val_loss": None, "best_val_step": None},
+            "history": History().state_dict(),  # every field of the current format
             "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True}}
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from indextts_train import checkpoint as ckpt
+from indextts_train.state import History, Progress
 
 RESULT = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 TENSOR_NUMEL = 2**20  # 4 MiB float32 tensors
@@ -47,9 +48,8 @@ def build_state(total_mb: int) -> dict:
         "model": {n: p.detach() for n, p in zip(names, params, strict=True)},
         "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
         "scheduler": scheduler.state_dict(), "scaler": None,
-        "progress": {"step": 0, "epoch": 0, "samples_in_epoch": 0, "samples_total": 0, "sampler_seed": 1,
-                     "micro_batch": 1, "grad_accumulation": 1, "world_size": 1},
-        "rng": [ckpt.capture_rng()], "history": {"train": [], "val": [], "best_val_loss": None, "best_val_step": None},
+        "progress": Progress(sampler_seed=1, micro_batch=1, grad_accumulation=1).state_dict(),
+        "rng": [ckpt.capture_rng()], "history": History().state_dict(),  # every field of the current format
         "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True},
     }
 
