@@ -20,15 +20,8 @@ import sentencepiece as spm
 from indextts_train.config import GPTConfig
 from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
-from indextts_train.tokenizer import (
-    USER_DEFINED,
-    Piece,
-    extend_tokenizer,
-    load_processor,
-    parse_model,
-    read_model,
-    write_model,
-)
+from indextts_train.spm_model import USER_DEFINED, Piece, load_processor, parse_model, read_model, write_model
+from indextts_train.tokenizer import extend_tokenizer
 
 ENGLISH = [
     "The cat sat on the mat.", "A dog ran in the park.", "We read a book at home.",

@@ -10,16 +10,8 @@ import sentencepiece as spm
 
 from indextts_train.demo_data import AMHARIC, ENGLISH
 from indextts_train.errors import UserError
-from indextts_train.tokenizer import (
-    NORMAL,
-    Piece,
-    check_tokenizer,
-    extend_tokenizer,
-    parse_model,
-    read_model,
-    render_tokenizer_report,
-    write_model,
-)
+from indextts_train.spm_model import NORMAL, Piece, parse_model, read_model, write_model
+from indextts_train.tokenizer import check_tokenizer, extend_tokenizer, render_tokenizer_report
 
 ADD = {"bpe": 50, "unigram": 40}  # the unigram trainer keeps only 46 new pieces from the small corpus
 
