@@ -43,6 +43,7 @@ from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: 
     capture_rng,
     migrate,
     model_problem,
+    nonfinite_problem,
     repaired_unknown,
     unsafe_value,
     validate,
@@ -58,6 +59,14 @@ _TEMP_FILE = re.compile(r"^\.(model_step\d+|latest|best)\.pth\.tmp-\d+$")  # onl
 
 class CheckpointSaveError(UserError):
     """A save that did not happen (disk full, ...); the previous checkpoints are untouched."""
+
+
+class ProtectedNameError(CheckpointSaveError):
+    """A save whose file name belongs to a file the run must not touch (it could not verify it)."""
+
+
+class NonFiniteStateError(Exception):
+    """A state with a NaN/Inf weight or optimizer tensor: refused before anything touches the disk."""
 
 
 # ----------------------------------------------------------------------------- reading
@@ -122,6 +131,11 @@ def _starts_like_zip(path: Path) -> bool:
 def _unpickle_reason(exc: BaseException) -> str:
     detail = re.search(r"Unsupported operand \S+", str(exc))
     return f"not written by torch.save, or damaged ({detail.group(0) if detail else 'unpickling failed'})"
+
+
+def read_unchecked(path: Path) -> Any:
+    """The file's objects with tensor data left on disk and no CRC pass: cheap, for a quick look."""
+    return _read(path, mmap=True, check_crc=False)
 
 
 def load_checkpoint(path: Path, *, mmap: bool = False, crc_checked: bool = False) -> dict:
@@ -249,7 +263,8 @@ def verify_checkpoint(path: Path) -> Verdict:
         what = f"a dict with keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
         return Verdict("INCOMPLETE", kind, [f"{path} is not a checkpoint: it holds {what}"])
     summary = _summary(obj, kind, path)
-    problem = model_problem(_weights(obj, kind))
+    optimizer = obj.get("optimizer") if kind != "gpt.pth" else None
+    problem = model_problem(_weights(obj, kind)) or nonfinite_problem(_weights(obj, kind), optimizer)
     if problem:
         return Verdict("INCOMPLETE", kind, [f"no usable weights: {problem}"], summary)
     if kind == "community":
@@ -288,9 +303,21 @@ def write_state(state: dict, final: Path, step: int) -> None:
     atomic_write_file(final, write, before_rename=lambda: crash_point("save_tmp_written", step))
 
 
-def publish(output_dir: Path, target: Path, name: str) -> None:
-    """Atomically make `output_dir/name` (latest.pth, best.pth) the complete file `target`."""
+def _replaceable(published: Path, protected: frozenset[str]) -> bool:
+    """`published` (latest.pth, best.pth) may move unless it is protected and the only name of its bytes."""
+    if published.name not in protected or not published.exists():
+        return True
+    return os.stat(published).st_nlink > 1  # its twin model_step file keeps the bytes (protected too)
+
+
+def publish(output_dir: Path, target: Path, name: str, protected: frozenset[str] = frozenset()) -> None:
+    """Atomically make `output_dir/name` (latest.pth, best.pth) the complete file `target`.
+
+    A `protected` name that is the only name of a file this run could not verify is left as it is.
+    """
     published = output_dir / name
+    if not _replaceable(published, protected):
+        return
     tmp = temp_name(published)
     try:
         link_or_copy(target, tmp)
@@ -336,13 +363,23 @@ def is_milestone(step: int, keep_every: int) -> bool:
     return keep_every > 0 and step > 0 and step % keep_every == 0
 
 
-def _rotate(output_dir: Path, keep: int, protected: Path, keep_every: int = 0) -> None:
-    """Delete the oldest model_step files beyond `keep`; never `protected`, latest.pth's target or a milestone.
+def step_file_of(path: Path) -> Path | None:
+    """The model_step{N}.pth that `path` is (itself, or the file latest.pth is a hard link of), if any."""
+    if _step_of(path) is not None:
+        return path
+    return _latest_target(path.parent) if path.name == LATEST else None
 
-    best.pth is a name of its own (a hard link), so deleting its step file never removes it.
+
+def _rotate(output_dir: Path, keep: int, newest: Path, keep_every: int = 0,
+            protected: frozenset[str] = frozenset()) -> None:
+    """Delete the oldest of this run's model_step files beyond `keep`.
+
+    Never `newest`, latest.pth's target, a milestone, nor a `protected` name (a file the run could not
+    verify or did not write: the user's, not ours to rotate). best.pth is a name of its own (a hard
+    link), so deleting its step file never removes it.
     """
-    steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST]
-    spared = {protected, _latest_target(output_dir)}
+    steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST and p.name not in protected]
+    spared = {newest, _latest_target(output_dir)}
     for path in steps[:-keep]:
         if path not in spared and not is_milestone(_step_of(path), keep_every):
             path.unlink(missing_ok=True)
@@ -386,10 +423,24 @@ def _check_state(state: dict, step: int) -> None:
         problems.append(f"progress.step is {state['progress']['step']} but the file is for step {step}")
     if problems:
         raise ValueError(f"checkpoint state for step {step} is invalid: {'; '.join(problems)}")
+    nonfinite = nonfinite_problem(state["model"], state["optimizer"])
+    if nonfinite:
+        raise NonFiniteStateError(f"not saving step {step}: {nonfinite}")
+
+
+def protected_name_error(output_dir: Path, step: int, protected: frozenset[str]) -> ProtectedNameError | None:
+    """The error of a save of `step` whose file name is `protected` (a file this run must not touch), or None."""
+    final = Path(output_dir) / f"model_step{step}.pth"
+    if final.name not in protected:
+        return None
+    return ProtectedNameError(
+        f"not saving step {step}: {final} is a file this run could not verify (or did not write), and it is "
+        f"left untouched; move it out of {final.parent} and rerun with --resume auto "
+        f"({_previous_description(final.parent)})")
 
 
 def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep_every: int = 0,
-                    best: bool = False) -> Path:
+                    best: bool = False, protected: frozenset[str] = frozenset()) -> Path:
     """Publish `output_dir/model_step{step}.pth` atomically, point latest.pth (and best.pth when `best`) at
     it, then rotate to `keep`, sparing milestones (steps that are multiples of `keep_every`).
 
@@ -397,13 +448,17 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
     latest.pth), whose history already names it best.
 
     A failure (disk full, ...) leaves every earlier checkpoint and latest.pth as they were, removes the
-    temp file and raises CheckpointSaveError.
+    temp file and raises CheckpointSaveError. `protected` names (resume.untouchable_names) are never
+    written, replaced or deleted: a save under such a name raises ProtectedNameError before any write.
     """
     if keep < 1:
         raise UserError(f"--keep-checkpoints must be >= 1, got {keep}")
     _check_state(state, step)
     output_dir = Path(output_dir)
     final = output_dir / f"model_step{step}.pth"
+    refused = protected_name_error(output_dir, step, protected)
+    if refused is not None:
+        raise refused
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(output_dir)
@@ -416,10 +471,10 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
     crash_point("save_before_latest", step)
     try:
         if best:
-            publish(output_dir, final, BEST)
-        publish(output_dir, final, LATEST)
+            publish(output_dir, final, BEST, protected)
+        publish(output_dir, final, LATEST, protected)
         crash_point("save_before_rotate", step)
-        _rotate(output_dir, keep, final, keep_every)
+        _rotate(output_dir, keep, final, keep_every, protected)
     except OSError as exc:
         raise CheckpointSaveError(
             f"saved {final}, but could not update latest.pth/best.pth or remove old checkpoints: "

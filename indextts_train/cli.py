@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from indextts_train.config import DEFAULT_CONFIG, TrainConfig, TrainOptions, train_flags
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, user_line
 from indextts_train.schema import field_types
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
@@ -38,15 +38,7 @@ def run_guarded(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except UserError as exc:
-        fail(one_line(str(exc)))
-
-
-def one_line(message: str) -> str:
-    """A UserError raised in a DataLoader worker comes back wrapped with the worker's traceback."""
-    if "Original Traceback" in message:
-        last = [line for line in message.splitlines() if line.strip()][-1]
-        return last.split("UserError: ", 1)[-1]
-    return message
+        fail(user_line(exc))
 
 
 def require_weights(checkpoint: Path) -> None:

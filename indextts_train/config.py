@@ -9,6 +9,7 @@ Our own optional `train:` section holds training defaults; CLI flags override it
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,13 @@ class GPTConfig:
     family: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("model_dim", "max_mel_tokens", "max_text_tokens", "heads", "layers", "number_text_tokens",
+                     "number_mel_codes", "mel_length_compression"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"gpt.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("start_mel_token", "stop_mel_token", "start_text_token", "stop_text_token"):
+            if getattr(self, name) < 0:
+                raise UserError(f"gpt.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
@@ -153,19 +161,20 @@ class TrainConfig:
     async_save: bool = option(False, "Write checkpoints in a background thread from a CPU snapshot taken at "
                                      "the step boundary, so training goes on while the file is written.",
                               flag="--async-save/--no-async-save")
+    max_bad_steps: int = option(20, "Stop (exit 3) after this many steps in a row with a non-finite loss or "
+                                    "gradient norm; each is skipped, weights untouched.")
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
-        for name in ("learning_rate", "effective_batch_size", "keep_checkpoints", "sort_window",
-                     "log_interval", "val_interval", "save_interval"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"train.{name} (--{name.replace('_', '-')}) must be > 0, got {getattr(self, name)}")
-        for name in ("batch_size", "grad_accumulation", "num_workers", "warmup_steps", "max_steps",
-                     "weight_decay", "epochs", "keep_every", "early_stop_patience"):
-            if getattr(self, name) < 0:
-                raise UserError(f"train.{name} (--{name.replace('_', '-')}) must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"train.dropout must be in [0, 1), got {self.dropout}")
+        for name, rule in _TRAIN_RANGES.items():
+            _check_range(name, getattr(self, name), rule)
+        if len(self.adam_betas) != 2:
+            raise UserError(f"train.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        for beta in self.adam_betas:
+            _check_range("adam_betas", beta, "[0,1)")
+        if self.text_loss_weight == 0 and self.mel_loss_weight == 0:
+            raise UserError("train.text_loss_weight and train.mel_loss_weight (--text-loss-weight, "
+                            "--mel-loss-weight) are both 0: nothing would be learned; set at least one > 0")
         self._check_best_settings()
 
     def _check_best_settings(self) -> None:
@@ -180,6 +189,29 @@ class TrainConfig:
     def loss(self, text_loss: Any, mel_loss: Any) -> Any:
         """The weighted total that is optimised, logged and compared (the one place it is computed)."""
         return self.text_loss_weight * text_loss + self.mel_loss_weight * mel_loss
+
+
+# The allowed range of every numeric `train:` setting (types are checked by schema.build first);
+# nan and inf are refused everywhere. An epochs of 0 or a grad_clip of -1 is a typo, never a request.
+_TRAIN_RANGES = {
+    "batch_size": ">=0", "grad_accumulation": ">=0", "effective_batch_size": ">0", "num_workers": ">=0",
+    "learning_rate": ">0", "weight_decay": ">=0", "adam_eps": ">0", "warmup_steps": ">=0", "min_lr_ratio": "[0,1]",
+    "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
+    "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
+    "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
+}
+_RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
+          "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
+
+
+def _check_range(name: str, value: Any, rule: str) -> None:
+    """One line naming the config key and the flag."""
+    text, ok = _RULES[rule]
+    where = f"train.{name}" + ("" if name == "adam_betas" else f" (--{name.replace('_', '-')})")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise UserError(f"{where} must be a finite number, got {value!r}")
+    if not ok(value):
+        raise UserError(f"{where} must be {text}, got {value!r}")
 
 
 def train_flags() -> list[dataclasses.Field]:
@@ -312,7 +344,10 @@ class TrainOptions:
     on_vocab_change: str = run_option("keep", "When the tokenizer grew since the checkpoint: 'keep' optimizer state "
                                               "(remapped rows) or 'reset' optimizer+scheduler+scaler to step 0.",
                                       choices=("keep", "reset"))
-    skip_bad_lines: bool = run_option(False, "Skip bad manifest lines (counted) instead of stopping at the first.")
+    skip_bad_lines: bool = run_option(False, "Skip bad manifest lines (counted) instead of stopping at the first, "
+                                             "and samples that fail to load mid-run (listed at the end).")
+    accept_data_change: bool = run_option(False, "Resume although the training data changed since the checkpoint "
+                                                 "(continues at the same sample position in the new data's order).")
     tensorboard: bool = run_option(True, "Write TensorBoard logs.", cli=False)
     overrides: dict[str, Any] = run_option(factory=dict, cli=False)
 

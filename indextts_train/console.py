@@ -13,20 +13,16 @@ from pathlib import Path
 
 from rich.console import Console
 
+from indextts_train.metrics import MetricsWriter, NullWriter, SafeConsole, open_tensorboard, silence_stdout
 from indextts_train.progress import LiveStatus
 
 
-class NullWriter:
-    """TensorBoard stand-in for ranks that do not write (torchtitan's no-op metrics writer)."""
+class _Console(Console):
+    """rich's own answer to a closed stdout is SystemExit(1), which would end the run unsaved."""
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        silence_stdout()
 
 
 def tensorboard_dir(output_dir: Path, start_step: int) -> Path:
@@ -46,28 +42,28 @@ class RunLogger:
         self.enabled = enabled
         self.interactive = enabled and sys.stdout.isatty()
         # One decision, ours: rich's own terminal detection can disagree (TERM unset, CI variables).
-        self.console = Console(highlight=False, soft_wrap=True, force_terminal=self.interactive or None)
+        self.console = _Console(highlight=False, soft_wrap=True, force_terminal=self.interactive or None)
         self.total_steps = total_steps
-        self.writer = NullWriter()
+        self._safe = SafeConsole()  # a broken stdout (`| tee` killed, full disk) never ends the run
+        self.writer: MetricsWriter = NullWriter()
         self.log_dir: Path | None = None
         if enabled and tensorboard and output_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
             # One folder for the whole run: each start adds an event file whose purge step hides what
             # a killed process logged after the checkpoint this one starts from (TensorBoard drops
             # earlier events at or past it), so the curves read as one uninterrupted run. A fresh
-            # start (step 0) hides anything older in the folder.
+            # start (step 0) hides anything older in the folder. A writer that fails (full disk,
+            # read-only folder) is one warning, never the end of the run (metrics.SafeWriter).
             self.log_dir = tensorboard_dir(output_dir, start_step)
-            self.writer = SummaryWriter(str(self.log_dir), purge_step=start_step + 1 if start_step else 0)
+            self.writer = open_tensorboard(self.log_dir, self.warn, purge_step=start_step + 1 if start_step else 0)
         self._status: LiveStatus | None = None
 
     def info(self, message: str) -> None:
         if self.enabled:
-            self.console.print(message, markup=False)
+            self._safe.run(lambda: self.console.print(message, markup=False))
 
     def warn(self, message: str) -> None:
         if self.enabled:
-            self.console.print(f"warning: {message}", markup=False, style="yellow")
+            self._safe.run(lambda: self.console.print(f"warning: {message}", markup=False, style="yellow"))
 
     def start(self, step: int) -> None:
         if self.interactive:
@@ -75,8 +71,8 @@ class RunLogger:
 
     def stop(self) -> None:
         if self._status is not None:
-            self._status.stop()
-            self._status = None
+            status, self._status = self._status, None
+            self._safe.run(status.stop)
 
     def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
         for name, value in values.items():
@@ -87,7 +83,8 @@ class RunLogger:
         if not self.enabled:
             return
         if self._status is not None:
-            self._status.update(step, epoch, values)
+            status = self._status
+            self._safe.run(lambda: status.update(step, epoch, values))
         if print_line and values is not None:
             self.info(f"step {step}/{self.total_steps} epoch {epoch} loss {values['loss']:.4f} "
                       f"text {values['text_loss']:.4f} mel {values['mel_loss']:.4f} top1 {values['mel_top1']:.3f} "

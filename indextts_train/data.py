@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from indextts_train.config import FAMILY_V25, GPTConfig
 from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
 from indextts_train.model import Batch
+from indextts_train.workers import StopSafeLoader, ignore_stop_signals_in_worker
 
 # Canonical name -> manifest field, per form.
 PAIRED_FIELDS = {
@@ -343,6 +343,10 @@ def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where:
     if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
         raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
                         f"got {emo_vec.dtype} {list(emo_vec.shape)}")
+    for name in ("condition", "emo_vec"):  # spk_emb: data_v25.check_speaker_vector
+        if name in arrays and not np.isfinite(arrays[name]).all():
+            raise UserError(f"{where}: {name} {paths[name]} holds NaN or Inf values (one such input makes every "
+                            f"loss NaN); re-create it or drop the line")
 
 
 def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
@@ -371,12 +375,14 @@ class ManifestDataset(Dataset):
     """
 
     def __init__(self, index: ManifestIndex, *, model_dim: int | None = None, text_vocab: int | None = None,
-                 mel_codes: int | None = None, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE) -> None:
+                 mel_codes: int | None = None, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
+                 mel_specials: tuple[int, ...] = ()) -> None:
         self.index = index
         self.model_dim = model_dim
         self.text_vocab = text_vocab
         self.mel_codes = mel_codes
         self.text_source = text_source  # what text_vocab is and what to do past it, for the error line
+        self.mel_specials = mel_specials
 
     def __len__(self) -> int:
         return len(self.index)
@@ -389,7 +395,7 @@ class ManifestDataset(Dataset):
         arrays = _load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
                               max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
-                  fields, record["_source"], self.text_source)
+                  fields, record["_source"], self.text_source, self.mel_specials)
         features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
                      "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays
                     else {"condition": torch.from_numpy(arrays["condition"].astype(np.float32))})  # (32, D)
@@ -429,23 +435,17 @@ def collate(samples: list[dict]) -> Batch:
 # Loading (the order of training samples is sampling.py's)
 
 
-def _ignore_sigint_in_worker(worker_id: int) -> None:
-    # Ctrl+C reaches the whole process group; workers must survive it so the main process can
-    # finish its optimizer step and save.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def make_loader(dataset: Dataset, sampler: Sampler[list[int]] | Sequence[list[int]], num_workers: int,
-                pin_memory: bool = False) -> DataLoader:
+                pin_memory: bool = False, collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
     """A DataLoader whose batches depend only on the sampler (never on `num_workers`).
 
     The dataset draws no random numbers, and DataLoader returns batches in sampler order. It gets a
     private generator: DataLoader draws a base seed each time an iterator starts, and drawing it from
     the global RNG would shift the training dropout stream depending on where a run was resumed.
     """
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                      pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
-                      worker_init_fn=_ignore_sigint_in_worker if num_workers else None)
+    return StopSafeLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_fn or collate,
+                           pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
+                           worker_init_fn=ignore_stop_signals_in_worker if num_workers else None)
 
 
 def sequential_batches(indices: Sequence[int], size: int) -> list[list[int]]:
@@ -484,6 +484,7 @@ class _Limits:
     tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
     borrowed: dict[str, int] = field(default_factory=dict)
     text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
+    mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
 
 
 def _check_speakers(obj: dict, where: str) -> None:
@@ -500,20 +501,32 @@ def _check_speakers(obj: dict, where: str) -> None:
 
 
 def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
-              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE) -> None:
-    """The one id-range check (check-data, training, evaluate): ids the embedding lookups can take."""
+              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
+              mel_specials: tuple[int, ...] = ()) -> None:
+    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
+
+    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
+    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
+    """
     _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
     _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
                     "the codes were made for another codec or config")
+    special = np.isin(codes, mel_specials) if mel_specials else None
+    if special is not None and special.any():
+        position = int(np.argmax(special))
+        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
+                        f"position {position}; the codes of a target must not contain them (the model adds "
+                        "them): re-create the codes or drop the line")
 
 
 def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
-    if limit is None or not len(ids):
+    if not len(ids):
         return
     low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= limit:
-        bad = low if low < 0 else high
-        raise UserError(f"{where}: {what} holds id {bad}, outside [0, {limit}) ({limit_key}); {hint}")
+    if low < 0:
+        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
+    if limit is not None and high >= limit:
+        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
 
 
 def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
@@ -535,7 +548,7 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
                           max_mel=limits.max_mel, model_dim=limits.model_dim)
     text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
     check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
-              _text_vocab_source(limits.text_vocab_from_tokenizer))
+              _text_vocab_source(limits.text_vocab_from_tokenizer), limits.mel_specials)
     if lang_id is not None:
         data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
         obj.setdefault("language", data_v25.language_code(lang_id))
@@ -584,6 +597,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         family=gpt_cfg.family if gpt_cfg else None,
         borrowed=borrowed or {},
         text_vocab_from_tokenizer=vocab_size is not None,
+        mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
     )
     files = [str(p) for p in paths]
     stats = _CheckStats()
@@ -591,13 +605,17 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     bad_lines: list[list] = []
     for path in files:
         manifest_dir = os.path.dirname(os.path.abspath(path))
+        seen_lines = 0
         for line_no, _, raw in _iter_lines(path):
+            seen_lines += 1
             try:
                 _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
             except UserError as exc:
                 bad_lines.append([path, line_no])
                 if len(errors) < REPORT_ERRORS:
                     errors.append(str(exc))
+        if not seen_lines:
+            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
     lines_ok = len(stats.text_lengths)
     return {
         "files": files,

@@ -11,3 +11,12 @@ class UserError(Exception):
 
 class CheckpointError(UserError):
     """A checkpoint file that cannot be used: unreadable, truncated, corrupt, unsafe or unrepairable."""
+
+
+def user_line(exc: BaseException) -> str:
+    """The message of a UserError, also when a DataLoader worker re-raised it with its traceback inside."""
+    message = str(exc)
+    if "Original Traceback" in message:
+        last = [line for line in message.splitlines() if line.strip()][-1]
+        return last.split("UserError: ", 1)[-1]
+    return message

@@ -77,7 +77,8 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
     dataset = ManifestDataset(index, model_dim=config.gpt.model_dim, text_vocab=tokens,
                               mel_codes=config.gpt.number_mel_codes,
                               text_source=(f"the {tokens} text tokens of {checkpoint}", "evaluate a checkpoint "
-                                           "trained with the tokenizer the data was made with"))
+                                           "trained with the tokenizer the data was made with"),
+                              mel_specials=(config.gpt.start_mel_token, config.gpt.stop_mel_token))
     loader = make_loader(dataset, sequential_batches(range(len(index)), batch_size), num_workers=0)
     result = evaluate(model, loader, config, torch.device("cpu"))
     result.update(checkpoint=str(checkpoint), text_tokens=tokens, batch_size=batch_size)

@@ -16,6 +16,9 @@ import signal
 
 _TARGET = os.environ.get("INDEXTTS_TRAIN_CRASH_AT")
 _PAUSE = os.environ.get("INDEXTTS_TRAIN_PAUSE_AT")
+# Divergence tests: INDEXTTS_TRAIN_NAN_AT=3,4 makes the loss of those optimizer steps NaN, a bad step
+# at an exact place (a real divergence cannot be placed, nor made to recover).
+_NAN_STEPS = {int(s) for s in os.environ.get("INDEXTTS_TRAIN_NAN_AT", "").split(",") if s.strip()}
 
 
 def crash_armed(name: str, step: int) -> bool:
@@ -27,3 +30,7 @@ def crash_point(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if _PAUSE is not None and _PAUSE == f"{name}@{step}":
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def nan_loss_at(step: int) -> bool:
+    return step in _NAN_STEPS

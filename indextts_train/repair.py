@@ -10,6 +10,7 @@ COMPLETE checkpoint stay in checkpoint.py; the original file is kept as a backup
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from indextts_train.state import (
     OPTIMIZER_SET,
     History,
     Progress,
+    migrate,
     optimizer_params,
     optimizer_problems,
     rng_problem,
@@ -123,6 +125,9 @@ def _repair_optimizer(state: dict, unknown: list[str], notes: list[str]) -> None
     state.update({k: candidate[k] for k in keys})
 
 
+_COUNTERS = {f.name for f in dataclasses.fields(Progress) if f.metadata.get("filled_when_missing")}
+
+
 def _repair_progress(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
     """Stored values where valid; else derived (step from the scheduler) or a marked default."""
     stored = state.get("progress") if isinstance(state.get("progress"), dict) else {}
@@ -136,7 +141,8 @@ def _repair_progress(state: dict, config: dict | None, unknown: list[str], notes
             notes.append(f"step {value} taken from the scheduler")
         if not (is_int(value) and value >= 0):
             value = defaults.get(key, 0)
-            unknown.append(f"progress.{key}")
+            if key not in _COUNTERS:  # counters of events the old file predates: 0 is known, not a guess
+                unknown.append(f"progress.{key}")
         progress[key] = value
     if "progress.samples_in_epoch" in unknown:
         notes.append(f"position in the epoch unknown: training restarts epoch {progress['epoch']} "
@@ -255,7 +261,7 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
         state, notes = _repaired_state(raw, verdict.kind, config, base_vocab)
     except CheckpointError as exc:
         raise CheckpointError(f"cannot repair {path}: {exc}") from None
-    problems = validate(state)
+    problems = validate(migrate(state))  # migrate adds the parts a community file never had (data)
     if problems:
         raise CheckpointError(f"cannot repair {path}: {'; '.join(problems)}")
     target = Path(out) if out is not None else path

@@ -43,21 +43,47 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
                  "or repeated; dropout continues from the saved RNG")
 
 
-def select_checkpoint(output_dir: Path, resume: str | None, log: RunLogger) -> tuple[dict | None, Path | None]:
-    """Resolve --resume (None, "auto" or a path) into a loaded checkpoint, or None to start fresh."""
+def _what_to_do(path: Path, reason: str) -> str:
+    if "format_version" in reason and "newer" in reason:
+        return "written by a newer indextts-train: resume it with that version"
+    if "PARTIAL:" in reason:
+        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
+    return "it cannot be used; keep it, or remove it yourself if you do not need it"
+
+
+def refuse_fresh_start(output_dir: Path, skipped: list[tuple[Path, str]]) -> UserError:
+    """--resume auto found checkpoints but none resumes: starting fresh would rotate them away."""
+    lines = [f"--resume auto: {output_dir} holds checkpoints but none of them can resume this run, so nothing "
+             "was started and no file was changed:"]
+    for path, reason in skipped:
+        short = reason if len(reason) <= 200 else reason[:200] + "..."
+        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
+    lines.append("  or start a new run with another --output-dir")
+    return UserError("\n".join(lines))
+
+
+def select_checkpoint(output_dir: Path, resume: str | None,
+                      log: RunLogger) -> tuple[dict | None, Path | None, frozenset[str]]:
+    """Resolve --resume (None, "auto" or a path) into a loaded checkpoint, or None to start fresh.
+
+    Also returns the file names in `output_dir` that this run must never replace or delete.
+    """
     if resume is None:
         existing = ckpt_io.list_checkpoints(output_dir) if output_dir.is_dir() else []
         if existing:
             raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume auto "
                             "to continue that run, or choose another --output-dir")
-        return None, None
+        return None, None, frozenset()
+    skipped: list[tuple[Path, str]] = []
     if resume == "auto":
         path, skipped = ckpt_io.find_resume_checkpoint(output_dir) if output_dir.is_dir() else (None, [])
+        if path is None and skipped:
+            raise refuse_fresh_start(output_dir, skipped)
         for bad, reason in skipped:
-            log.warn(f"skipping {bad}: {reason} (left on disk)")
+            log.warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
         if path is None:
-            log.info(f"--resume auto: no complete checkpoint in {output_dir}; starting fresh")
-            return None, None
+            log.info(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
+            return None, None, frozenset()
     else:
         path = Path(resume)
         if not path.is_file():
@@ -69,8 +95,9 @@ def select_checkpoint(output_dir: Path, resume: str | None, log: RunLogger) -> t
             ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
             hint = "; `indextts-train repair` can convert it" if ours else ""
             raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
+    protected = untouchable_names(output_dir, [bad for bad, _ in skipped], path)
     log.info(f"resuming from {path}")
-    return ckpt_io.load_checkpoint(path, crc_checked=True), path  # verified just above
+    return ckpt_io.load_checkpoint(path, crc_checked=True), path, protected  # verified just above
 
 
 def remembered_oom_plan(plan: HardwarePlan, saved: dict, log: RunLogger) -> HardwarePlan:
@@ -107,3 +134,27 @@ def restore_rng_for_rank(ckpt: dict | None, dist_info: DistInfo, seed: int, log:
         log.warn(f"the checkpoint was written by {len(states)} process(es), this run has {dist_info.world_size}: "
                  "training continues from the same global sample with the same effective batch; "
                  "dropout streams of new ranks are freshly seeded")
+
+
+def _written_by_us(path: Path) -> bool:
+    """Cheap: the file loads (tensor data left on disk, no CRC pass) and says it is our format."""
+    try:
+        obj = ckpt_io.read_unchecked(path)
+    except ckpt_io.CheckpointError:
+        return False
+    return isinstance(obj, dict) and obj.get("format") == ckpt_io.FORMAT
+
+
+def untouchable_names(output_dir: Path, skipped: list[Path], verified: Path | None) -> frozenset[str]:
+    """Names in `output_dir` that no save or rotation of this run may replace or delete.
+
+    Those `--resume` skipped (they failed to load or verify) and every other checkpoint-named file that
+    is not ours (a community or foreign file placed there, best.pth included). `verified` is the one
+    being resumed.
+    """
+    names = {path.name for path in skipped}
+    best = output_dir / ckpt_io.BEST
+    for path in [*ckpt_io.list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
+        if path.name not in names and path != verified and not _written_by_us(path):
+            names.add(path.name)
+    return frozenset(names)

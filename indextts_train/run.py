@@ -8,16 +8,19 @@ place last, by `Run.start_rng`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from indextts_train import checkpoint as ckpt_io
 from indextts_train.accel import compile_blocks
+from indextts_train.async_save import BackgroundSaver
 from indextts_train.best import BestTracker, check_metric
 from indextts_train.checkpoint import BEST, ignored_by_base_checkpoint, load_checkpoint, publish, same_file
 from indextts_train.config import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
@@ -26,6 +29,8 @@ from indextts_train.data import ManifestDataset, ManifestIndex
 from indextts_train.data_v25 import parse_borrowed
 from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError
+from indextts_train.fingerprint import check_same_data, data_fingerprint
+from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
 from indextts_train.model import (
     UnifiedVoiceGPT,
@@ -43,6 +48,7 @@ from indextts_train.resume import (
     seed_everything,
     select_checkpoint,
 )
+from indextts_train.runlock import RunLock, claim_output_dir
 from indextts_train.sampling import (
     LEGACY_RULE,
     ManifestSpec,
@@ -55,7 +61,7 @@ from indextts_train.sampling import (
     parse_manifest_specs,
     sampler_spec,
 )
-from indextts_train.state import History, Progress, TrainingState, capture_rng
+from indextts_train.state import DataRecord, History, Progress, TrainingState, capture_rng
 from indextts_train.steps import LossModule
 from indextts_train.validation import check_limit_groups, group_lines, parse_forgetting_limit
 from indextts_train.vocab import (
@@ -126,13 +132,20 @@ class Run:
     optim: OptimizerSet
     progress: Progress
     history: History
-    dataset: ManifestDataset
+    dataset: ManifestDataset | SkippingDataset  # SkippingDataset under --skip-bad-lines
     val: Validation | None
     log: RunLogger
     resumed: dict | None  # the checkpoint resumed from (until start_rng has used its RNG states)
     wrapped: nn.Module | None = None  # the loss module, DDP-wrapped under torchrun
     freezer: RowFreezer | None = None
     _order: tuple[int, np.ndarray] | None = None  # (epoch, its order): computed once per epoch
+    data: DataRecord = field(default_factory=DataRecord)
+    guard: DivergenceGuard | None = None
+    lock: RunLock | None = None  # rank 0's hold on the output dir
+    protected: frozenset[str] = frozenset()  # names in output_dir this run never replaces or deletes
+    last_saved: Path | None = None  # the newest checkpoint of this run on disk, and its step
+    last_saved_step: int = -1
+    saver: BackgroundSaver | None = None  # --async-save: the thread that writes checkpoints
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The data order of `epoch` (sampling.epoch_order of the run's sampler)."""
@@ -167,7 +180,7 @@ class Run:
         self.progress.world_size = self.plan.world_size
         return TrainingState(
             weights=self.weights, optimizer_set=self.optim, progress=self.progress, history=self.history,
-            info={"hparams": self.hparams(), "config": config_to_dict(self.config),
+            data=self.data, info={"hparams": self.hparams(), "config": config_to_dict(self.config),
                   "vocab_plan": self.weights.vocab_plan.to_dict(), "hardware": self.plan.to_dict(),
                   "sampler": self.schedule.sampler.state_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
@@ -225,8 +238,12 @@ def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: Hi
 
 
 def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIndex, train: TrainConfig,
-             plan: HardwarePlan, log: RunLogger) -> SamplerSpec:
-    """The data order of the run: new runs take rule 2 and the flags' mix; a resumed run keeps its own."""
+             plan: HardwarePlan, log: RunLogger, *, data_changed: bool = False) -> SamplerSpec:
+    """The data order of the run: new runs take rule 2 and the flags' mix; a resumed run keeps its own.
+
+    `data_changed` (the data changed and --accept-data-change took it): the run's order settings
+    apply to the new data's line counts.
+    """
     lines = np.bincount(index.file_ids, minlength=len(index.files)).tolist()
     current = sampler_spec(manifests, lines, seed=train.seed, sort_window=train.sort_window,
                            step_samples=plan.effective_batch)
@@ -237,6 +254,8 @@ def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIn
         spec = legacy_spec(ckpt["progress"]["sampler_seed"], train.sort_window, plan.effective_batch, len(index))
     else:
         spec = SamplerSpec.from_state_dict(ckpt["sampler"])
+        if data_changed and [s.lines for s in spec.sources] != lines:
+            spec = _on_new_data(spec, current)
         if [s.lines for s in spec.sources] != lines:
             raise UserError(f"the training manifests now have {lines} usable lines per file, the run was made with "
                             f"{[s.lines for s in spec.sources]}; resume with the same data or start a new --output-dir")
@@ -247,10 +266,21 @@ def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIn
     return spec
 
 
+def _on_new_data(spec: SamplerSpec, current: SamplerSpec) -> SamplerSpec:
+    """The run's order settings (seed, window, step, mix) over the new data's line counts; with another
+    number of manifests, the flags' mix."""
+    if len(spec.sources) == len(current.sources):
+        sources = tuple(dataclasses.replace(old, lines=new.lines)
+                        for old, new in zip(spec.sources, current.sources, strict=True))
+    else:
+        sources = current.sources
+    return dataclasses.replace(spec, sources=sources)
+
+
 def _dataset(index: ManifestIndex, config: Config) -> ManifestDataset:
     gpt = config.gpt
     return ManifestDataset(index, model_dim=gpt.model_dim, text_vocab=gpt.number_text_tokens,
-                           mel_codes=gpt.number_mel_codes)
+                           mel_codes=gpt.number_mel_codes, mel_specials=(gpt.start_mel_token, gpt.stop_mel_token))
 
 
 def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> UnifiedVoiceGPT:
@@ -348,8 +378,25 @@ def _republish_best(run: Run, path: Path | None) -> None:
     best = run.options.output_dir / BEST
     if (run.dist.is_main and path is not None and tracker is not None and tracker.step == run.progress.step
             and not same_file(best, path)):
-        publish(run.options.output_dir, path, BEST)
+        publish(run.options.output_dir, path, BEST, run.protected)
         run.log.info(f"{best} now names {path.name}, the best checkpoint (its publication was interrupted)")
+
+
+def _check_data(ckpt: dict, path: Path, fingerprint: dict, options: TrainOptions, log: RunLogger) -> bool:
+    """Whether the training data is the one the checkpoint was trained on; refuses a change (exit 2)
+    unless --accept-data-change, then says how the stored position maps onto the new data."""
+    progress = ckpt["progress"]
+    saved = ckpt["data"]["fingerprint"]  # migrate() gave files older than the record None
+    return check_same_data(saved, fingerprint, accept=options.accept_data_change, checkpoint=str(path),
+                           position=f"sample {progress['samples_in_epoch']} of epoch {progress['epoch']}",
+                           info=log.info, warn=log.warn)
+
+
+def _restore_data(run: Run, ckpt: dict, path: Path) -> None:
+    """The skipped-sample record, and which file on disk holds the step resumed from."""
+    saved = ckpt["data"]
+    run.data.skipped_loads, run.data.skipped_lines = saved["skipped_loads"], list(saved["skipped_lines"])
+    run.last_saved, run.last_saved_step = ckpt_io.step_file_of(path) or path, run.progress.step
 
 
 def setup(options: TrainOptions, dist: DistInfo) -> Run:
@@ -359,11 +406,12 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
     startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
     plan, device = _hardware(config, options, dist)
+    lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     startup.info(plan.describe())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     seed_everything(train.seed + dist.rank)
-    ckpt, path = select_checkpoint(options.output_dir, options.resume, startup)
+    ckpt, path, protected = select_checkpoint(options.output_dir, options.resume, startup)
     if ckpt is not None and train.batch_size == 0:
         plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup)
     growth = VocabPlan(tokens, tokens)
@@ -377,15 +425,23 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
             part.require_family(config.gpt.family)
     weights.model.to(device)
     reset = bool(growth.new_ids) and options.on_vocab_change == "reset"  # the run starts over
-    schedule = Schedule(_sampler(None if reset else ckpt, train_specs, index, train, plan, startup), train.epochs,
-                        train.max_steps)
+    fingerprint = data_fingerprint(index)
+    changed = ckpt is not None and not reset and _check_data(ckpt, path, fingerprint, options, startup)
+    schedule = Schedule(_sampler(None if reset else ckpt, train_specs, index, train, plan, startup,
+                                 data_changed=changed), train.epochs, train.max_steps)
     if train.compile:
         compile_blocks(weights.model.gpt.h)
     optim = OptimizerSet.build(weights.model, train, plan, schedule.total_steps(plan.effective_batch))
+    dataset = _dataset(index, config)
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
-              History(), _dataset(index, config), None, startup, ckpt)
+              History(), SkippingDataset(dataset) if options.skip_bad_lines else dataset, None, startup, ckpt,
+              lock=lock, protected=protected)
+    run.data.fingerprint = fingerprint
     if ckpt is not None:
         _restore(run, ckpt, path, growth, train)
+    if run.resumed is not None:  # resumed, not reset by --on-vocab-change
+        _restore_data(run, ckpt, path)
+    run.guard = DivergenceGuard(run.progress, train.max_bad_steps)
     run.val = _validation(val_index, val_specs, run.history, config) if val_index else None
     _republish_best(run, None if reset else path)
     startup.info(weights.vocab_plan.describe())

@@ -8,17 +8,19 @@ only place that knows the layout:
 - `validate(state)`: what keeps a checkpoint from an exact resume (empty list: COMPLETE);
 - `migrate(state)`: the chain that brings an older `format_version` up to `FORMAT_VERSION`, so a
   file any earlier version wrote still resumes, verifies, repairs and exports;
-- `Progress` and `History` are dataclasses: a new field with a default is one edit here (its
-  value for older files is the default, unless a migration step says otherwise).
+- `Progress`, `History` and `DataRecord` are dataclasses: a new field with a default is one edit
+  here (its value for older files is the default, unless a migration step says otherwise); a new
+  part all of whose fields are `added_field`s (DataRecord) is created for older files the same way.
 
 Layout (a plain dict, loadable with torch.load(weights_only=True)):
     format, format_version, model {key: float32 Tensor} (full official gpt.pth layout),
     optimizer (AdamW state_dict), optimizer_param_names (param names in optimizer order),
     scheduler (LambdaLR state_dict), scaler (GradScaler state_dict or None),
-    progress (Progress), rng [one capture_rng() dict per rank], history (History),
-    hparams, config, vocab_plan, hardware, created, sampler (sampling.SamplerSpec: the data order rule
-    and mix; absent in files from before order rules, which resume with rule 1), and after a repair:
-    repaired.
+    progress (Progress), rng [one capture_rng() dict per rank], history (History), data (DataRecord:
+    the training data's fingerprint and the samples --skip-bad-lines left out; created empty for
+    files older than it), hparams, config, vocab_plan, hardware, created, sampler
+    (sampling.SamplerSpec: the data order rule and mix; absent in files from before order rules,
+    which resume with rule 1), and after a repair: repaired.
 A repaired checkpoint whose optimizer could not be matched to the weights holds None for
 optimizer, scheduler and scaler together (one matched set, reset together) and lists them in
 `repaired["unknown"]`; the trainer then starts a fresh optimizer at the stored step.
@@ -85,6 +87,11 @@ class Progress(Component):
     micro_batch: int = 0
     grad_accumulation: int = 0
     world_size: int = 1
+    # The divergence guard (guard.py): skipped non-finite steps, in all and in a row, and where the
+    # current streak began. A resume needs them to stop at exactly the same step.
+    bad_steps: int = added_field(0)
+    bad_streak: int = added_field(0)
+    bad_streak_start: int = added_field(0)
 
     @staticmethod
     def problems(state: Any) -> list[str]:
@@ -135,6 +142,39 @@ class History(Component):
         if missing:
             return [f"history: missing {', '.join(missing)}"]
         return [f"history.{k}: {p}" for k, t in types.items() if (p := type_problem(state[k], t))]
+
+
+@dataclass
+class DataRecord(Component):
+    """What the run knows about its training data: the fingerprint of the index it trains on
+    (fingerprint.py; None in files written before fingerprints existed) and the samples that
+    --skip-bad-lines left out at load time (how many loads, and the first few lines with why)."""
+
+    fingerprint: dict | None = added_field(None)
+    skipped_loads: int = added_field(0)
+    skipped_lines: list | tuple = added_field(())  # a tuple default: a field default must be immutable
+
+    def add_skipped(self, reasons: list[str], listed: int = 200) -> None:
+        for reason in reasons:
+            self.skipped_loads += 1
+            if reason not in self.skipped_lines and len(self.skipped_lines) < listed:
+                self.skipped_lines = [*self.skipped_lines, reason]
+
+    def skipped_summary(self) -> list[str]:
+        if not self.skipped_loads:
+            return []
+        return [f"skipped {self.skipped_loads} sample load(s) of {len(self.skipped_lines)} bad line(s) "
+                "(--skip-bad-lines):", *(f"  {line}" for line in self.skipped_lines)]
+
+    def state_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "skipped_lines": list(self.skipped_lines)}
+
+    @staticmethod
+    def problems(state: Any) -> list[str]:
+        if not isinstance(state, dict):
+            return ["data: expected a dict"]
+        types = field_types(DataRecord)
+        return [f"data.{k}: {p}" for k, t in types.items() if (p := type_problem(state.get(k), t))]
 
 
 # ----------------------------------------------------------------------------- RNG
@@ -242,6 +282,36 @@ def model_problem(model: Any) -> str | None:
     return f"model: {bad[0]!r} is not a named tensor" if bad else None
 
 
+def _first_nonfinite(tensors: Any, where: str) -> str | None:
+    """`where[key]` of the first floating tensor in a nested dict/list holding NaN or Inf, or None."""
+    if isinstance(tensors, torch.Tensor):
+        finite = not tensors.is_floating_point() or bool(torch.isfinite(tensors).all())
+        return None if finite else where
+    if isinstance(tensors, dict):
+        items = tensors.items()
+    else:
+        items = enumerate(tensors) if isinstance(tensors, (list, tuple)) else ()
+    for key, value in items:
+        found = _first_nonfinite(value, f"{where}[{key!r}]")
+        if found:
+            return found
+    return None
+
+
+def nonfinite_problem(model: Any, optimizer: Any) -> str | None:
+    """Why the weights or optimizer moments of a checkpoint are unusable (a NaN or Inf tensor), or None.
+
+    Such a file comes from a run that diverged; resuming or exporting it would spread the NaN.
+    """
+    found = _first_nonfinite(model, "model") if isinstance(model, dict) else None
+    if found is None and isinstance(optimizer, dict):
+        found = _first_nonfinite(optimizer.get("state"), "optimizer.state")
+    if found is None:
+        return None
+    return (f"{found} holds NaN or Inf values: the run had diverged when this was written; use an earlier "
+            "checkpoint (and a lower --learning-rate)")
+
+
 def optimizer_params(optimizer: dict) -> list:
     """The parameter ids of an optimizer state_dict, in optimizer order (groups flattened)."""
     return [p for group in optimizer["param_groups"] for p in group["params"]]
@@ -314,6 +384,7 @@ def validate(state: dict) -> list[str]:
     problems += optimizer_problems(state)
     progress = Progress.problems(state["progress"])
     problems += progress or _rng_problems(state)
+    problems += DataRecord.problems(state.get("data"))
     problems += [f"{k}: expected a dict" for k in ("hparams", "config", "vocab_plan") if not isinstance(state[k], dict)]
     if "sampler" in state:  # the data order record; files from before order rules have none (rule 1)
         problems += [p for p in (sampler_problem(state["sampler"]),) if p]
@@ -341,13 +412,14 @@ class TrainingState:
     optimizer_set: Stateful
     progress: Progress
     history: History
+    data: DataRecord
     info: dict[str, Any]
 
     def state_dict(self, rng: list[dict]) -> dict:
         """`rng`: one capture_rng() per rank, gathered on rank 0."""
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "model": self.weights.state_dict(),
                 **self.optimizer_set.state_dict(), "progress": self.progress.state_dict(), "rng": rng,
-                "history": self.history.state_dict(), **self.info}
+                "history": self.history.state_dict(), "data": self.data.state_dict(), **self.info}
 
 
 # ----------------------------------------------------------------------------- migrations
@@ -366,13 +438,16 @@ def _v1_to_v2(state: dict) -> None:
 MIGRATIONS: dict[int, Callable[[dict], None]] = {1: _v1_to_v2}
 
 
-# dataclass parts of a checkpoint
-COMPONENTS: dict[str, type] = {"progress": Progress, "history": History, "vocab_plan": VocabPlan}
+# Dataclass parts of a checkpoint. A part all of whose fields are `added_field`s is created for files
+# older than it (DataRecord), so the whole part is one edit too.
+COMPONENTS: dict[str, type] = {"progress": Progress, "history": History, "vocab_plan": VocabPlan, "data": DataRecord}
 
 
 def _fill_added_fields(state: dict) -> None:
     for key, cls in COMPONENTS.items():
         part = state.get(key)
+        if part is None and all(f.metadata.get("filled_when_missing") for f in dataclasses.fields(cls)):
+            part = state[key] = {}
         if isinstance(part, dict):
             for f in dataclasses.fields(cls):
                 if f.metadata.get("filled_when_missing") and f.name not in part:

@@ -4,39 +4,47 @@
 optimizer step per iteration. Exact resume rests on four rules kept here:
   1. Checkpoints are taken only at optimizer-step boundaries, after validation, and hold everything
      that decides what happens next (weights, the matched optimizer/scheduler/scaler set, the data
-     position in samples, every RNG).
+     position in samples, every RNG, the divergence guard's counters, the skipped samples).
   2. The data order is a pure function of (seed, epoch) and the position is counted in samples, so
      a resumed run slices the order where the killed one stopped (no replay).
   3. Nothing but the model's dropout draws from the global torch RNG during the loop (data loaders
      get a private generator), so restoring the RNG restores the dropout masks.
   4. Signals only set a flag; the loop saves at the next step boundary.
+Nothing is lost (issue 9): a non-finite step updates nothing and a streak of them stops the run
+(exit 3) naming the last good checkpoint; a bad sample found mid-run saves the last completed step
+before exit 2; no checkpoint with a NaN/Inf tensor is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from indextts_train.async_save import BackgroundSaver, cpu_snapshot
 from indextts_train.best import judge, verdict
-from indextts_train.checkpoint import save_checkpoint
+from indextts_train.checkpoint import NonFiniteStateError, protected_name_error, save_checkpoint
 from indextts_train.config import TrainOptions
 from indextts_train.console import RunLogger
 from indextts_train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
+from indextts_train.errors import UserError, user_line
 from indextts_train.faults import crash_point
+from indextts_train.guard import EXIT_DIVERGED
 from indextts_train.hardware import halve_for_oom
-from indextts_train.model import Batch
 from indextts_train.optim import lr_factor
 from indextts_train.run import Run, setup
 from indextts_train.sampling import epoch_length
-from indextts_train.steps import OutOfMemory, micro_batches, optimizer_step, validate
+from indextts_train.state import nonfinite_problem
+from indextts_train.steps import OutOfMemory, fetch_step, micro_batches, optimizer_step, validate
 from indextts_train.validation import describe, scalars
+from indextts_train.workers import reap_workers
 
 __all__ = ["SignalFlag", "TrainOptions", "lr_factor", "train"]
 
@@ -48,12 +56,18 @@ class SignalFlag:
     """First SIGINT/SIGTERM/SIGHUP: finish the step, save, exit. Second: exit at once.
 
     Exiting at once is safe because checkpoints are published atomically: the worst a second
-    Ctrl+C leaves behind is a temp file that the next save removes.
+    Ctrl+C leaves behind is a temp file that the next save removes. A SIGTERM or SIGHUP within
+    DUPLICATE_WINDOW_S of the first signal is the same stop delivered twice (to every process of the
+    job and again by a launcher such as torchrun that forwards it), not a request to hurry; a second
+    Ctrl+C is always one.
     """
+
+    DUPLICATE_WINDOW_S = 2.0
 
     def __init__(self, *, announce: bool = True) -> None:
         self.signum: int | None = None
         self.announce = announce  # rank 0 only: torchrun forwards a signal to every rank
+        self._first_at = 0.0
         self._previous = {signum: signal.signal(signum, self._handle) for signum in EXIT_BY_SIGNAL}
 
     def uninstall(self) -> None:
@@ -62,29 +76,49 @@ class SignalFlag:
 
     def _handle(self, signum: int, frame: object) -> None:
         name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
-        if self.signum is not None:
-            self._say(f"{name} again: exiting now without saving (exit {EXIT_BY_SIGNAL[signum]}); the last "
-                      "checkpoint is intact, rerun with --resume auto to continue from it")
-            os._exit(EXIT_BY_SIGNAL[signum])
-        self.signum = signum
-        self._say(f"{name}: stopping after this step with a checkpoint ({name} again exits at once, unsaved)")
+        if self.signum is None:
+            self.signum, self._first_at = signum, time.monotonic()
+            self._say(f"{name}: stopping after this step with a checkpoint ({name} again exits at once, unsaved)")
+            return
+        if signum != signal.SIGINT and time.monotonic() - self._first_at <= self.DUPLICATE_WINDOW_S:
+            return  # the same stop, delivered again
+        self._say(f"{name} again: exiting now without saving (exit {EXIT_BY_SIGNAL[signum]}); the last "
+                  "checkpoint is intact, rerun with --resume auto to continue from it")
+        os._exit(EXIT_BY_SIGNAL[signum])
 
     def _say(self, line: str) -> None:
         if self.announce:  # os.write: unbuffered, and safe while the status line or a print holds stdout
-            os.write(2, f"\n{line}\n".encode())
+            with contextlib.suppress(OSError):  # a closed terminal or pipe: the stop goes on unsaid
+                os.write(2, f"\n{line}\n".encode())
 
     @property
     def exit_code(self) -> int:
         return EXIT_BY_SIGNAL.get(self.signum, 0) if self.signum is not None else 0
 
 
+class Diverged(Exception):
+    """The run stops with EXIT_DIVERGED; the message names the last good checkpoint."""
+
+
 def train(options: TrainOptions) -> int:
-    """Run `train-gpt`. Returns the exit code: 0 done, 130/143/129 after a safe save on a signal."""
+    """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal."""
     signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0")
     dist = setup_distributed()
+    run: Run | None = None
     try:
-        return loop(setup(options, dist), signals)
+        run = setup(options, dist)
+        return loop(run, signals)
+    except Diverged as stop:
+        run.log.stop()
+        run.log.info(str(stop))
+        return EXIT_DIVERGED
     finally:
+        if run is not None and run.saver is not None:
+            with contextlib.suppress(Exception):  # an exception is on its way: a started save still ends
+                run.saver.wait()
+        reap_workers()
+        if run is not None and run.lock is not None:
+            run.lock.release()
         signals.uninstall()
         teardown_distributed(dist)
 
@@ -95,16 +129,19 @@ def loop(run: Run, signals: SignalFlag) -> int:
         return 0
     progress, train = run.progress, run.config.train
     clock = (time.perf_counter(), progress.samples_total)
-    batches: Iterator[Batch] | None = None
-    saver = BackgroundSaver() if train.async_save else None
-    exit_code = 0
+    batches: Iterator | None = None
+    run.saver = BackgroundSaver() if train.async_save else None
+    exit_code, save_pending = 0, False
     while progress.step < run.total_steps:
         if end_of_epoch(run):
             progress.epoch, progress.samples_in_epoch, batches = progress.epoch + 1, 0, None
         if batches is None:
             batches = micro_batches(run)
+        step_batches = fetch_step(run, batches)
+        if isinstance(step_batches, UserError):
+            raise stop_for_bad_data(run, step_batches)
         try:
-            metrics = optimizer_step(run, batches, step=progress.step + 1)
+            metrics, finite = optimizer_step(run, step_batches, step=progress.step + 1)
         except OutOfMemory as oom:
             retry_smaller(run, oom)
             batches = None
@@ -112,16 +149,16 @@ def loop(run: Run, signals: SignalFlag) -> int:
         progress.step += 1
         progress.samples_in_epoch += run.plan.effective_batch
         progress.samples_total += run.plan.effective_batch
-        run.history.pending.append(metrics)  # the steps since the last log line, on the device until read
-        if due(run, train.log_interval):
+        count_step(run, metrics, finite)  # a good step's metrics join history.pending, on the device until read
+        if run.history.pending and due(run, train.log_interval):
             clock = log_window(run, clock)
         elif run.log.interactive:  # the live line on a terminal: one device->host read per step, not per micro-batch
-            run.log.train_step(progress.step, progress.epoch, window_values(run, clock), print_line=False)
+            values = window_values(run, clock) if run.history.pending else None
+            run.log.train_step(progress.step, progress.epoch, values, print_line=False)
         crash_point("step_logged", progress.step)
         new_best, ending = validation(run) if run.val is not None and due(run, train.val_interval) else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
-        if due(run, train.save_interval) or stop or new_best or ending:
-            save(run, saver, best=new_best)
+        save_pending = save_when_due(run, stop, save_pending, best=new_best, ending=ending is not None)
         if ending:  # early stop or forgetting limit: a planned end, exit 0
             run.log.info(ending)
             break
@@ -131,10 +168,52 @@ def loop(run: Run, signals: SignalFlag) -> int:
             run.log.info(f"stopped by signal after step {progress.step}; rerun the same command with "
                          f"--resume auto to continue (exit {exit_code})")
             break
-    if saver is not None:
-        saver.wait()  # the last checkpoint is on disk before the run reports done or stopped
+    wait_for_save(run)  # the last checkpoint is on disk before the run reports done or stopped
     finish(run, exit_code)
     return exit_code
+
+
+def count_step(run: Run, metrics: torch.Tensor, finite: bool) -> None:
+    """A good step's metrics go to history.pending; a skipped one is counted, said, and may end the run."""
+    run.guard.record(finite)
+    if finite:
+        run.history.pending.append(metrics)
+        return
+    loss, grad_norm = metrics[[0, 4]].tolist()  # a skipped step is rare: its own read of the device
+    run.log.warn(run.guard.skipped_line(loss, grad_norm))
+    if run.guard.should_stop:
+        wait_for_save(run)  # the last good checkpoint named below is on disk
+        raise Diverged(run.guard.stop_message(run.last_saved, run.last_saved_step))
+
+
+def save_when_due(run: Run, stop: bool, pending: bool, *, best: bool = False, ending: bool = False) -> bool:
+    """Save at the interval, a new best, the last step, an early end and a stop. Returns whether a
+    periodic save waits.
+
+    A periodic save inside a streak of skipped steps waits for the next good step, so rotation never
+    trades the last checkpoint before a divergence for one written during it.
+    """
+    must = stop or ending or run.progress.step == run.total_steps
+    periodic = run.progress.step % run.config.train.save_interval == 0 or pending
+    if must or best or (periodic and not run.guard.in_streak):
+        save(run, must=must, best=best)
+        return False
+    return periodic
+
+
+def stop_for_bad_data(run: Run, error: UserError) -> UserError:
+    """Save the last completed step (unless it is on disk already); the error to exit 2 with."""
+    wait_for_save(run)
+    step = run.progress.step
+    if run.last_saved_step != step and step > 0:
+        run.log.stop()
+        save(run)
+        wait_for_save(run)
+    saved = run.last_saved if run.last_saved_step == step else None
+    kept = (f"step {step}, the last completed one, is saved in {saved}" if saved is not None
+            else "no step was completed, nothing to save")
+    return UserError(f"{user_line(error)}; {kept}; fix or remove the line (`indextts-train check-data` lists every "
+                     "bad line) or pass --skip-bad-lines, then rerun with --resume auto")
 
 
 def begin(run: Run) -> bool:
@@ -213,12 +292,20 @@ def log_window(run: Run, clock: tuple[float, int]) -> tuple[float, int]:
     return time.perf_counter(), run.progress.samples_total
 
 
+def checked_validate(run: Run) -> dict:
+    """validate(run); a bad validation sample stops the run (exit 2) with the completed steps saved."""
+    try:
+        return validate(run)
+    except UserError as exc:
+        raise stop_for_bad_data(run, exc) from None
+
+
 def baseline(run: Run) -> bool:
     """Validate the model before its first step (the base model: the forgetting report's reference), or on a
     resume say why there is nothing to do when the run already ended early. False: nothing to do."""
     history, val = run.history, run.val
     if run.progress.step == 0 and history.baseline is None:
-        history.baseline = validate(run)
+        history.baseline = checked_validate(run)
         run.log.scalars("val", scalars(history.baseline), 0)
         run.log.info(describe(0, history.baseline, None, " (before training)"))
         return True
@@ -240,7 +327,7 @@ def validation(run: Run) -> tuple[bool, str | None]:
 
     Returns (a new best: save and publish it now, why the run ends now or None).
     """
-    result = validate(run)
+    result = checked_validate(run)  # a bad validation sample: the step is done, keep it
     step, history, val = run.progress.step, run.history, run.val
     history.record_validation(step, result)
     run.log.scalars("val", scalars(result), step)
@@ -248,33 +335,84 @@ def validation(run: Run) -> tuple[bool, str | None]:
     return judge(val.tracker, result, step, baseline=history.baseline, limits=val.limits, patience=val.patience)
 
 
-def save(run: Run, saver: BackgroundSaver | None = None, *, best: bool = False) -> None:
-    """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG).
+def diverged(run: Run, problem: str) -> Diverged:
+    return Diverged(f"{problem}; the last good checkpoint is {run.last_saved} (step {run.last_saved_step}): "
+                    f"lower --learning-rate or check the data, then rerun with --resume auto (exit {EXIT_DIVERGED})")
 
-    With a `saver` (--async-save) the state is snapshotted to CPU memory here and written by a
-    background thread while training goes on (async_save.py); best.pth is published by that write too.
+
+def wait_for_save(run: Run) -> None:
+    """The background save in flight (--async-save) is on disk, or its error raised here."""
+    if run.saver is not None:
+        try:
+            run.saver.wait()
+        except NonFiniteStateError as exc:
+            raise diverged(run, str(exc)) from None
+
+
+def nonfinite_now(run: Run) -> str | None:
+    """Why the weights or optimizer moments hold a NaN/Inf, or None; one read of the device.
+
+    Every rank holds the same weights, so every rank reaches the same answer and stops together.
     """
+    tensors = [p.detach() for p in run.model.parameters()]
+    tensors += [v for slots in run.optim.optimizer.state.values() for v in slots.values()
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
+    if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+        return None
+    return nonfinite_problem(run.weights.state_dict(), run.optim.optimizer.state_dict())
+
+
+def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
+    """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG); `best` publishes
+    best.pth. Returns the file it writes (None on other ranks, or when it was skipped).
+
+    With `run.saver` (--async-save) the state is snapshotted to CPU memory here and written by a
+    background thread while training goes on (async_save.py); best.pth is published by that write too.
+    `must=False`: a periodic or best save, skipped with a warning when its file name belongs to a file
+    the run must not touch. A state with a NaN/Inf tensor is never written: the run stops instead.
+    """
+    progress, output_dir, train = run.progress, run.options.output_dir, run.config.train
+    step = progress.step
+    refused = protected_name_error(output_dir, step, run.protected)  # the same answer on every rank
+    if refused is not None:
+        if must:
+            raise refused
+        run.log.warn(f"{refused}; the next save goes on")
+        return None
+    problem = nonfinite_now(run)
+    if problem is not None:
+        wait_for_save(run)
+        raise diverged(run, f"not saving step {step}: {problem}")
     run.log.flush()  # TensorBoard holds everything up to this step before the checkpoint exists
     run.history.pending = host_rows(run.history.pending)  # the checkpoint stores plain floats
     state = run.checkpoint_state()
+    path = None
     if state is not None:
-        progress, output_dir, log, train = run.progress, run.options.output_dir, run.log, run.config.train
-        step, keep, keep_every = progress.step, train.keep_checkpoints, train.keep_every
+        log, keep, keep_every, protected = run.log, train.keep_checkpoints, train.keep_every, run.protected
         where = f"step {step}, epoch {progress.epoch}, sample {progress.samples_in_epoch}"
 
         def write(state: dict) -> None:
-            path = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best)
-            log.info(f"saved {path} ({where}){', best.pth' if best else ''}")
+            written = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best,
+                                      protected=protected)
+            run.last_saved, run.last_saved_step = written, step
+            log.info(f"saved {written} ({where}){', best.pth' if best else ''}")
 
-        if saver is None:
+        path = output_dir / f"model_step{step}.pth"
+        if run.saver is None:
             write(state)
         else:
-            saver.start(functools.partial(write, cpu_snapshot(state)))
+            wait_for_save(run)
+            run.saver.start(functools.partial(write, cpu_snapshot(state)))
     barrier(run.dist)
+    return path
 
 
 def finish(run: Run, exit_code: int) -> None:
     run.log.stop()
+    for line in run.data.skipped_summary():
+        run.log.info(line)
+    if run.progress.bad_steps:
+        run.log.info(f"{run.progress.bad_steps} step(s) had a non-finite loss or gradient norm and were skipped")
     if exit_code == 0:
         progress = run.progress
         best = run.val.tracker.describe() if run.val is not None else "no best.pth (no --val-manifest)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start, or resume when a checkpoint exists: the same command line every time.
 #   scripts/smart_start.sh OUTPUT_DIR [train-gpt flags...]
-# Retries after a crash (not after Ctrl+C/SIGTERM, exit 130/143, nor after bad input, exit 2).
+# Retries after a crash (not after Ctrl+C/SIGTERM/SIGHUP, exit 130/143/129, bad input, exit 2, nor divergence, exit 3).
 set -uo pipefail
 OUTPUT_DIR="${1:?usage: smart_start.sh OUTPUT_DIR [train-gpt flags...]}"; shift
 RETRIES="${RETRIES:-3}"
@@ -15,7 +15,7 @@ for attempt in $(seq 0 "$RETRIES"); do
     code=$?
     case "$code" in
         0) echo "[smart_start] training finished"; exit 0 ;;
-        2|129|130|143) echo "[smart_start] stopped with exit $code; not retrying"; exit "$code" ;;
+        2|3|129|130|143) echo "[smart_start] stopped with exit $code; not retrying"; exit "$code" ;;
         *) echo "[smart_start] exit $code (crash or OOM kill); resuming in 10 s"; sleep 10 ;;
     esac
 done

@@ -26,7 +26,9 @@ def make_state(step: int = 1) -> dict:
         "optimizer_param_names": [n for n, _ in model.named_parameters()],
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": {"step": step, "epoch": 0, "samples_in_epoch": 4 * step, "samples_total": 4 * step,
-                     "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1},
+                     "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1,
+                     "bad_steps": 0, "bad_streak": 0, "bad_streak_start": 0},
+        "data": {"fingerprint": None, "skipped_loads": 0, "skipped_lines": []},
         "rng": [capture_rng()],
         "history": {**History().state_dict(), "train": [{"step": step, "loss": 1.5}]},
         "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
@@ -101,7 +103,7 @@ def test_milestones_and_best_survive_rotation(tmp_path: Path) -> None:
 def test_rotation_never_deletes_what_latest_refers_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_steps(tmp_path, [1], keep=1)
     # latest.pth stays on step 1 (as when publishing it failed); rotation must still spare its target.
-    monkeypatch.setattr(ckpt, "publish", lambda output_dir, target, name: None)
+    monkeypatch.setattr(ckpt, "publish", lambda *args: None)
     save_steps(tmp_path, [2, 3], keep=1)
     assert names(tmp_path) == {"model_step1.pth", "model_step3.pth", "latest.pth"}
     assert os.path.samefile(tmp_path / "latest.pth", tmp_path / "model_step1.pth")

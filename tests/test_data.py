@@ -333,6 +333,37 @@ def test_check_manifests_finds_each_kind_of_bad_line(tmp_path: Path) -> None:
     assert "9 BAD" in summary and f"{manifest}:10: prompt and target speakers differ" in summary
 
 
+def test_nonfinite_features_negative_ids_and_mel_specials_are_bad_lines(tmp_path: Path) -> None:
+    """Each of these reached the model silently before: NaN/Inf made every loss NaN, a negative id
+    was an IndexError traceback, a start/stop code inside a target taught the model to stop early."""
+    manifest = write_dataset(tmp_path, 6)
+    cond = np.load(tmp_path / "arrays" / "cond1.npy")
+    cond[3, 2] = np.nan
+    np.save(tmp_path / "arrays" / "cond1.npy", cond)
+    emo = np.load(tmp_path / "arrays" / "emo2.npy")
+    emo[0] = np.inf
+    np.save(tmp_path / "arrays" / "emo2.npy", emo)
+    np.save(tmp_path / "arrays" / "text3.npy", np.array([2, -1, 4, 5, 6, 7], np.int32))
+    np.save(tmp_path / "arrays" / "codes4.npy", np.array([1, 2, 38, 3, 4, 5, 6, 7, 8, 9], np.int32))
+    np.save(tmp_path / "arrays" / "codes5.npy", np.array([1, 39, 3, 4, 5, 6, 7, 8], np.int32)[:4 + 15 % 7])
+    expected = {2: "cond1.npy holds NaN or Inf", 3: "emo2.npy holds NaN or Inf", 4: "holds id -1, which is negative",
+                5: "start/stop mel token 38 at position 2", 6: "start/stop mel token 39 at position 1"}
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    assert report["bad_lines"] == [[str(manifest), line] for line in sorted(expected)]
+    for error, (line, message) in zip(report["errors"], sorted(expected.items()), strict=True):
+        assert error.startswith(f"{manifest}:{line}: ") and message in error, error
+    dataset = ManifestDataset(ManifestIndex.build([manifest]), model_dim=DIM)  # training loads the same way
+    for i in (1, 2):
+        with pytest.raises(UserError, match=rf"^{re.escape(str(manifest))}:{i + 1}: .*NaN or Inf"):
+            dataset[i]
+
+
+def test_check_manifests_refuses_an_empty_manifest(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"empty\.jsonl: manifest is empty"):
+        check_manifests([write_dataset(tmp_path, 2), tmp_path / "empty.jsonl"], gpt_cfg=GPT)
+
+
 def test_check_manifests_statistics_and_extended_share(tmp_path: Path) -> None:
     manifest = write_dataset(tmp_path, 6)
     report = check_manifests([manifest], gpt_cfg=GPT, base_vocab=30)

@@ -1,0 +1,264 @@
+"""Nothing is ever lost (issue 9), the self-contained parts: the run lock, the output-dir preflight,
+metrics that cannot end a run, bad input lines and settings, the data fingerprint, and checkpoints
+with NaN weights. The whole-run cases (kills, signals, divergence, disk full) are in
+test_nothing_lost.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
+from indextts_train.cli import app
+from indextts_train.data import ManifestIndex
+from indextts_train.errors import UserError
+from indextts_train.fingerprint import data_fingerprint, describe_data_change
+from indextts_train.metrics import SafeWriter
+from indextts_train.runlock import LOCK_NAME, RunLock, holder_pid, preflight_output_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
+
+
+def python(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+
+def in_namespace(script: str) -> list[str]:
+    """A command run as root of a private user+mount namespace, where it can mount a tmpfs of its
+    own: a real read-only or really full filesystem, without touching the machine's mounts."""
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+
+
+# ----------------------------------------------------------------------------- the run lock
+
+
+HOLD = """
+import os, time
+from indextts_train.runlock import RunLock
+RunLock({out!r}).acquire()
+if {fork}:
+    if os.fork() == 0:  # a child like a data-loader worker, left behind when the parent is killed
+        time.sleep(60)
+        os._exit(0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_lock_names_the_holder_and_dies_with_it(tmp_path) -> None:
+    assert holder_pid(tmp_path) is None  # no lock file yet, and holder_pid creates none
+    assert not (tmp_path / LOCK_NAME).exists()
+    holder = python(HOLD.format(out=str(tmp_path), fork=True))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert holder_pid(tmp_path) == holder.pid
+        assert holder_pid(tmp_path) == holder.pid  # probing does not disturb the holder
+        with pytest.raises(UserError, match=rf"is in use by another training run \(PID {holder.pid}, started "):
+            RunLock(tmp_path).acquire()
+        holder.kill()  # SIGKILL: no cleanup runs; its forked child is still alive
+        holder.wait()
+        assert holder_pid(tmp_path) is None
+        with RunLock(tmp_path):
+            assert holder_pid(tmp_path) == os.getpid()
+        assert holder_pid(tmp_path) is None
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- preflight
+
+
+def test_preflight_refuses_a_file_or_a_path_under_a_file(tmp_path) -> None:
+    (tmp_path / "file").write_text("user data")
+    with pytest.raises(UserError, match=r"is a file, not a folder"):
+        preflight_output_dir(tmp_path / "file")
+    with pytest.raises(UserError, match=rf"{tmp_path / 'file'} is a file, so no folder can be made under it"):
+        preflight_output_dir(tmp_path / "file" / "run" / "am")
+    assert (tmp_path / "file").read_text() == "user data"
+    made = preflight_output_dir(tmp_path / "new" / "run")
+    assert made.is_dir() and list(made.iterdir()) == []  # the write probe leaves nothing behind
+
+
+@pytest.mark.parametrize("target", ["ro", "ro/missing/run"])
+def test_preflight_refuses_a_read_only_folder(tmp_path, target) -> None:
+    (tmp_path / "ro").mkdir()
+    script = (f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'} && exec {sys.executable} -c "
+              f"'from indextts_train.runlock import preflight_output_dir as p; p(\"{tmp_path / target}\")'")
+    done = subprocess.run(in_namespace(script), capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1 and "UserError" in done.stderr, done.stderr
+    wanted = "cannot write there" if target == "ro" else "cannot create the folder"
+    assert f"--output-dir {tmp_path / target}: {wanted} (Read-only file system)" in done.stderr
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+class FullDiskWriter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.calls += 1
+        if self.calls > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_metrics_failure_is_one_warning_then_silence() -> None:
+    warnings: list[str] = []
+    inner = FullDiskWriter()
+    writer = SafeWriter(lambda: inner, warnings.append, "runs/x/logs")
+    for step in range(5):
+        writer.add_scalar("train/loss", 1.0, step)
+    writer.flush()
+    writer.close()
+    assert inner.calls == 3 and writer.failed
+    assert warnings == ["TensorBoard logging stopped: could not write to runs/x/logs (no space left on device); "
+                        "training goes on and checkpoints are still saved"]
+    refused: list[str] = []
+    SafeWriter(lambda: (_ for _ in ()).throw(PermissionError(errno.EACCES, "Permission denied")),
+               refused.append, "logs").add_scalar("a", 1.0, 0)
+    assert len(refused) == 1 and "could not open logs (permission denied)" in refused[0]
+
+
+# ----------------------------------------------------------------------------- settings and input lines
+
+
+def train_args(tiny_data, out: Path, *extra: str) -> list[str]:
+    return ["train", "--train-manifest", str(tiny_data["train"]), "--config", str(TINY_CONFIG),
+            "--output-dir", str(out), "--max-steps", "2", *extra]
+
+
+def test_nonsense_setting_through_the_real_cli(tiny_data, tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "indextts_train", *train_args(tiny_data, tmp_path / "r"),
+                           "--grad-clip", "-1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr == "error: train: train.grad_clip (--grad-clip) must be > 0, got -1.0\n"
+    assert not (tmp_path / "r").exists()  # refused before any work
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--learning-rate", "nan", "must be a finite number, got nan"),
+    ("--learning-rate", "inf", "must be a finite number, got inf"),
+    ("--learning-rate", "0", "must be > 0, got 0.0"),
+    ("--weight-decay", "-0.1", "must be >= 0, got -0.1"),
+    ("--grad-clip", "inf", "must be a finite number, got inf"),
+    ("--dropout", "1", "must be in [0, 1), got 1.0"),
+    ("--max-bad-steps", "0", "must be > 0, got 0"),
+    ("--warmup-steps", "-1", "must be >= 0, got -1"),
+    ("--epochs", "0", "must be > 0, got 0"),
+    ("--max-steps", "-5", "must be >= 0, got -5"),
+    ("--text-loss-weight", "-1", "must be >= 0, got -1.0"),
+    ("--mel-loss-weight", "nan", "must be a finite number, got nan"),
+    ("--log-interval", "0", "must be > 0, got 0"),
+    ("--save-interval", "-2", "must be > 0, got -2"),
+    ("--keep-checkpoints", "0", "must be > 0, got 0"),
+    ("--seed", "-1", "must be >= 0, got -1"),
+    ("--effective-batch-size", "0", "must be > 0, got 0"),
+    ("--num-workers", "-1", "must be >= 0, got -1"),
+])
+def test_every_numeric_flag_is_range_checked(tiny_data, tmp_path, flag, value, message) -> None:
+    result = CliRunner().invoke(app, train_args(tiny_data, tmp_path / "r", flag, value))
+    assert result.exit_code == 2, result.output
+    key = flag[2:].replace("-", "_")
+    assert result.output.strip().splitlines() == [f"error: train: train.{key} ({flag}) {message}"]
+
+
+def test_both_loss_weights_zero_and_yaml_types_are_refused(tiny_data, tmp_path) -> None:
+    result = CliRunner().invoke(app, train_args(tiny_data, tmp_path / "r", "--text-loss-weight", "0",
+                                                "--mel-loss-weight", "0"))
+    assert result.exit_code == 2 and "both 0: nothing would be learned" in result.output, result.output
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_CONFIG.read_text().replace("epochs: 20", "epochs: twenty"))
+    result = CliRunner().invoke(app, ["train", "--train-manifest", str(tiny_data["train"]), "--config",
+                                      str(config), "--output-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert result.output == f"error: {config}: train.epochs: expected int, got 'twenty'\n"
+
+
+def test_check_data_cli_refuses_nan_features_and_empty_manifests(tiny_data, tmp_path) -> None:
+    folder = tmp_path / "data"
+    shutil.copytree(tiny_data["folder"], folder)
+    cond = np.load(folder / "train3_cond.npy")
+    cond[0, 0] = np.inf
+    np.save(folder / "train3_cond.npy", cond)
+    result = CliRunner().invoke(app, ["check-data", str(folder / "train.jsonl"), "--config", str(TINY_CONFIG)])
+    assert result.exit_code == 2
+    assert f"{folder / 'train.jsonl'}:4: condition {folder / 'train3_cond.npy'} holds NaN or Inf" \
+        in result.output, result.output
+    (folder / "empty.jsonl").write_text("")
+    result = CliRunner().invoke(app, ["check-data", str(folder / "empty.jsonl")])
+    assert result.exit_code == 2
+    assert result.output == f"error: {folder / 'empty.jsonl'}: manifest is empty; nothing to train on " \
+                            "(pass a manifest with at least one line)\n"
+
+
+# ----------------------------------------------------------------------------- data fingerprint
+
+
+def test_fingerprint_says_what_changed(tiny_data, tmp_path) -> None:
+    folder = tmp_path / "data"
+    shutil.copytree(tiny_data["folder"], folder)
+    manifest = folder / "train.jsonl"
+    lines = manifest.read_text().splitlines(keepends=True)
+    before = data_fingerprint(ManifestIndex.build([manifest]))
+    assert describe_data_change(before, data_fingerprint(ManifestIndex.build([manifest]))) == ([], [])
+    moved = folder / "moved.jsonl"
+    shutil.copy(manifest, moved)
+    assert describe_data_change(before, data_fingerprint(ManifestIndex.build([moved]))) == (
+        [], [f"{manifest} moved to {moved} (same lines)"])
+    manifest.write_text("".join(lines + lines[:3]))
+    assert describe_data_change(before, data_fingerprint(ManifestIndex.build([manifest])))[0] == [
+        f"{manifest}: 24 -> 27 usable lines (added)"]
+    manifest.write_text("".join(lines[1:]))
+    assert describe_data_change(before, data_fingerprint(ManifestIndex.build([manifest])))[0] == [
+        f"{manifest}: 24 -> 23 usable lines (removed)"]
+    manifest.write_text("".join([lines[1], lines[0], *lines[2:]]))
+    assert describe_data_change(before, data_fingerprint(ManifestIndex.build([manifest])))[0] == [
+        f"{manifest}: the same 24 lines count, but lines were edited, reordered or replaced"]
+
+
+# ----------------------------------------------------------------------------- non-finite checkpoints
+
+
+def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -> None:
+    from indextts_train.train import TrainOptions, train
+
+    out = tmp_path / "run"
+    assert train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=TINY_CONFIG,
+                              base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
+                              effective_batch_size=4, num_workers=0, max_steps=2, tensorboard=False)) == 0
+    state = load_checkpoint(out / "latest.pth")
+    for where in ("model", "optimizer"):
+        broken = load_checkpoint(out / "latest.pth")
+        if where == "model":
+            broken["model"]["final_norm.weight"][3] = float("nan")
+        else:
+            broken["optimizer"]["state"][0]["exp_avg_sq"].view(-1)[0] = float("inf")
+        path = tmp_path / f"{where}.pth"
+        torch.save(broken, path)
+        verdict = verify_checkpoint(path)
+        assert verdict.status == "INCOMPLETE" and "holds NaN or Inf values" in verdict.reasons[0], verdict
+        result = CliRunner().invoke(app, ["export", str(path), "-o", str(tmp_path / "gpt.pth")])
+        assert result.exit_code == 2 and "holds NaN or Inf values" in result.output
+        assert not (tmp_path / "gpt.pth").exists()
+    assert verify_checkpoint(out / "latest.pth").status == "COMPLETE"
+    assert state["progress"]["step"] == 2
