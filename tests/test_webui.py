@@ -16,11 +16,12 @@ import pytest
 import typer
 from helpers import ROOT
 
+from indextts_train.checkpoint import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
-from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log
+from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
 
 try:
     import tomllib
@@ -136,6 +137,38 @@ def test_a_run_lives_in_its_own_session_stops_with_sigint_and_is_found_again(tmp
         os.killpg(other.pid, 2)
         assert other.wait(timeout=60) == 130
     assert RunRegistry().find(out) is None
+
+
+def test_a_trainer_run_is_found_through_its_run_lock_after_a_server_restart(tiny_data, tmp_path) -> None:
+    """The real trainer holds OUTPUT_DIR/train.lock: a page that did not start the run (the web server
+    was restarted) shows it running with its PID, and Stop ends it the way Ctrl+C does."""
+    out = tmp_path / "run"
+    steps = 5000  # far more than the test waits for: the run is stopped mid-way
+    flags = ["--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
+             "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(out), "--batch-size", "4",
+             "--grad-accumulation", "2", "--num-workers", "0", "--max-steps", str(steps), "--epochs", str(steps),
+             "--log-interval", "1", "--save-interval", str(10 * steps)]
+    launch = RunRegistry().start(train_command(flags), out)  # the registry of the server before its restart
+    try:
+        wait_until(lambda: records.progress(read_log(launch, out)) is not None, "the first step", timeout=180)
+        registry = RunRegistry()  # the restarted server: no child of its own
+        found = registry.find(out)
+        assert found is not None and found is not launch and found.process is None
+        assert found.pid == launch.pid and found.running() and found.argv == launch.argv
+        assert records.status_line(found, read_log(found, out)).startswith(f"running (PID {launch.pid}) · step ")
+        registry.stop(out)
+        assert launch.process.wait(timeout=180) == 130  # finished its step and saved, as after Ctrl+C
+        text = read_log(found, out)
+        step = records.progress(text)[0]
+        saved = out / f"model_step{step}.pth"
+        assert not found.running() and registry.find(out) is found  # still shown, now as ended
+        assert records.status_line(found, text) == (f"ended (PID {launch.pid}) · step {step}/{steps} · "
+                                                    f"checkpoint {saved}")
+        assert verify_checkpoint(saved).status == "COMPLETE"
+    finally:
+        if launch.process.poll() is None:
+            os.killpg(launch.pid, 9)
+            launch.process.wait()
 
 
 LOG = """=== indextts-train webui 2026-01-01 00:00:00: python -m indextts_train train --resume auto

@@ -7,8 +7,10 @@ the web server with Ctrl+C leaves the run alone, and Stop can signal the child's
 `OUTPUT_DIR/train.log`, the file the tmux recipe tees into, so both kinds of runs are watched alike.
 
 A run is found again from the output dir: first among the children this server started (their exit
-code is known), then through the run lock's holder PID (a run started elsewhere, or by an earlier
-server). No module here imports Gradio.
+code is known), then through the run lock the trainer holds on `OUTPUT_DIR/train.lock`
+(`runlock.holder_pid`: the PID of the process holding it right now): a run started in a terminal or
+tmux, or by this page before the web server was restarted, shows as running with its PID, and Stop
+signals it. No module here imports Gradio.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
 
 LOG_NAME = "train.log"
-LOCK_NAME = "train.lock"
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
 
 
@@ -63,36 +65,6 @@ def train_command(flags: list[str]) -> list[str]:
 def cli_command(args: list[str]) -> list[str]:
     """Any other `indextts-train` command, through this interpreter."""
     return [sys.executable, "-m", "indextts_train", *args]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    return True
-
-
-def holder_pid(output_dir: Path) -> int | None:
-    """PID of the run holding OUTPUT_DIR/train.lock; None when free; -1 when held, PID not yet written.
-
-    The run lock (indextts_train.runlock) is an flock whose file holds `pid=<PID> started=<time>`.
-    Where that module is absent (an older trainer), the PID in the file counts while it is alive.
-    """
-    try:
-        from indextts_train.runlock import holder_pid as locked_by
-    except ImportError:
-        locked_by = None
-    if locked_by is not None:
-        return locked_by(Path(output_dir))
-    try:
-        words = (Path(output_dir) / LOCK_NAME).read_text().split()
-    except OSError:
-        return None
-    pids = [int(w.removeprefix("pid=")) for w in words if w.removeprefix("pid=").isdigit()]
-    return pids[0] if pids and _pid_alive(pids[0]) else None
 
 
 def _cmdline_of(pid: int) -> list[str]:
