@@ -96,7 +96,8 @@ def train_parameters() -> list[inspect.Parameter]:
 
 
 def train(**values: Any) -> None:
-    """Train the IndexTTS2 GPT. Exit 0 done, 2 bad input, 130/143 stopped by Ctrl+C/SIGTERM after a safe save."""
+    """Train the IndexTTS2 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by Ctrl+C/SIGTERM/SIGHUP
+    after a safe save."""
     from indextts_train.train import train as run_train
 
     plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -77,8 +78,26 @@ class SafeWriter:
         self._guard("close", self._writer.close)
 
 
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread keeps its error for the next call on the writer (which SafeWriter turns
+    into the one warning) and then re-raises it, so Python would also print that thread's traceback."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread
+        if type(thread).__name__ == "_AsyncWriterThread" and getattr(thread, "exception", None) is args.exc_value:
+            return  # kept by the thread, raised again in the writer's next call
+        previous(args)
+
+    hook.quiet_tensorboard = True
+    threading.excepthook = hook
+
+
 def open_tensorboard(log_dir: Path, warn: Callable[[str], None], **kwargs: object) -> SafeWriter:
     """A SafeWriter over torch's SummaryWriter in `log_dir` (extra kwargs go to SummaryWriter)."""
+    _quiet_writer_threads()
 
     def make() -> MetricsWriter:
         from torch.utils.tensorboard import SummaryWriter

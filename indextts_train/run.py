@@ -402,11 +402,21 @@ def _restore_data(run: Run, ckpt: dict, path: Path) -> None:
 def setup(options: TrainOptions, dist: DistInfo) -> Run:
     """Build the run: config + flags, hardware plan, data, weights, optimizer set, resume state."""
     config = options.load_config()
-    train = config.train
     settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
     startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
     plan, device = _hardware(config, options, dist)
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
+    try:
+        return _build(options, dist, config, plan, device, startup, lock)
+    except BaseException:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
+           startup: RunLogger, lock: RunLock | None) -> Run:
+    train = config.train
     startup.info(plan.describe())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens

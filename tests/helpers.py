@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
 import json
 import os
 import subprocess
@@ -95,3 +98,92 @@ def community_state(step: int = 3) -> dict:
 
 def names(output_dir: Path) -> set[str]:
     return {p.name for p in output_dir.iterdir()}
+
+
+# ---- file-system faults without privileges -----------------------------------------------------
+
+
+class _MeteredFile:
+    """A file opened for writing on a simulated disk: each write takes its bytes from the disk's free
+    space, and one that does not fit fails whole, as ENOSPC does."""
+
+    def __init__(self, handle, disk: FaultyFolder) -> None:
+        self._handle = handle
+        self._disk = disk
+
+    def write(self, data) -> int:
+        size = len(data) if isinstance(data, (bytes, bytearray, str)) else memoryview(data).nbytes
+        if size > self._disk.free:
+            self._disk.failures += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._disk.free -= size
+        return self._handle.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> _MeteredFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()
+
+    def __iter__(self):
+        return iter(self._handle)
+
+
+class FaultyFolder:
+    """A folder of this process that behaves as a full or a read-only file system, for tests that must
+    run anywhere: no mount, no user namespace, and root-proof (as root, chmod stops no write).
+
+    The fault sits in the calls every writer here goes through (`open` in builtins and io, which
+    pathlib, torch.save's file handle and TensorBoard's writer use; `os.open` and `os.mkdir`), for
+    paths inside `folder`, and raises the OSError the kernel would: ENOSPC once `capacity` bytes are
+    written (`capacity=None`: unlimited), EROFS for any write, create or mkdir when `read_only`.
+    Install with `install(monkeypatch)`; monkeypatch undoes it after the test.
+    """
+
+    def __init__(self, folder: Path, *, capacity: int | None = None, read_only: bool = False) -> None:
+        self.folder = os.path.abspath(folder)
+        self.free = capacity if capacity is not None else float("inf")
+        self.read_only = read_only
+        self.failures = 0  # writes refused as a full disk refuses them
+
+    def inside(self, path) -> bool:
+        if isinstance(path, int):  # a file descriptor, not a path
+            return False
+        return os.path.abspath(os.fsdecode(path)).startswith(self.folder + os.sep)  # TensorBoard passes bytes
+
+    def _refuse(self, path) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+    def install(self, monkeypatch) -> FaultyFolder:
+        real_open, real_os_open, real_mkdir = builtins.open, os.open, os.mkdir
+
+        def fault_open(file, mode="r", *args, **kwargs):
+            writes = any(flag in mode for flag in "wax+")
+            if writes and self.read_only and self.inside(file):
+                self._refuse(file)
+            handle = real_open(file, mode, *args, **kwargs)
+            return _MeteredFile(handle, self) if writes and self.inside(file) else handle
+
+        def fault_os_open(path, flags, *args, **kwargs):
+            writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+            if writes and self.read_only and self.inside(path):
+                self._refuse(path)
+            return real_os_open(path, flags, *args, **kwargs)
+
+        def fault_mkdir(path, *args, **kwargs):
+            if self.read_only and (self.inside(path) or os.path.abspath(os.fsdecode(path)) == self.folder):
+                if os.path.isdir(path):
+                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
+                if not os.path.isdir(os.path.dirname(os.path.abspath(path))):  # lookup fails first
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
+                self._refuse(path)
+            return real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", fault_open)
+        monkeypatch.setattr(io, "open", fault_open)
+        monkeypatch.setattr(os, "open", fault_os_open)
+        monkeypatch.setattr(os, "mkdir", fault_mkdir)
+        return self

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import FaultyFolder
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
@@ -34,12 +35,6 @@ TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 def python(code: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-
-
-def in_namespace(script: str) -> list[str]:
-    """A command run as root of a private user+mount namespace, where it can mount a tmpfs of its
-    own: a real read-only or really full filesystem, without touching the machine's mounts."""
-    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
 
 
 # ----------------------------------------------------------------------------- the run lock
@@ -93,14 +88,14 @@ def test_preflight_refuses_a_file_or_a_path_under_a_file(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("target", ["ro", "ro/missing/run"])
-def test_preflight_refuses_a_read_only_folder(tmp_path, target) -> None:
+def test_preflight_refuses_a_read_only_folder(tmp_path, monkeypatch, target) -> None:
     (tmp_path / "ro").mkdir()
-    script = (f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'} && exec {sys.executable} -c "
-              f"'from indextts_train.runlock import preflight_output_dir as p; p(\"{tmp_path / target}\")'")
-    done = subprocess.run(in_namespace(script), capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 1 and "UserError" in done.stderr, done.stderr
+    FaultyFolder(tmp_path / "ro", read_only=True).install(monkeypatch)  # a read-only file system, even for root
+    with pytest.raises(UserError) as refused:
+        preflight_output_dir(tmp_path / target)
     wanted = "cannot write there" if target == "ro" else "cannot create the folder"
-    assert f"--output-dir {tmp_path / target}: {wanted} (Read-only file system)" in done.stderr
+    assert str(refused.value).startswith(f"--output-dir {tmp_path / target}: {wanted} (Read-only file system)")
+    assert list((tmp_path / "ro").iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -147,12 +142,11 @@ def train_args(tiny_data, out: Path, *extra: str) -> list[str]:
             "--output-dir", str(out), "--max-steps", "2", *extra]
 
 
-def test_nonsense_setting_through_the_real_cli(tiny_data, tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "indextts_train", *train_args(tiny_data, tmp_path / "r"),
-                           "--grad-clip", "-1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert done.returncode == 2
-    assert done.stderr == "error: train: train.grad_clip (--grad-clip) must be > 0, got -1.0\n"
-    assert not (tmp_path / "r").exists()  # refused before any work
+def test_nonsense_setting_is_refused_before_any_work(tiny_data, tmp_path) -> None:
+    result = CliRunner().invoke(app, [*train_args(tiny_data, tmp_path / "r"), "--grad-clip", "-1"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: train: train.grad_clip (--grad-clip) must be > 0, got -1.0\n"
+    assert not (tmp_path / "r").exists()  # no output dir made, no lock taken
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [

@@ -12,18 +12,22 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import start, wait_for_training
 from test_logging import scalars as tensorboard_scalars
 from test_resume import assert_same_final_state, finish, run_to_end
+from typer.testing import CliRunner, Result
 
 from indextts_train.checkpoint import CheckpointError, load_checkpoint, verify_checkpoint
+from indextts_train.cli import app
 from indextts_train.config import config_to_dict, load_config
 from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.export import export_checkpoint
 from indextts_train.model import official_shapes
 from indextts_train.repair import repair_checkpoint
+from indextts_train.sampling import ManifestSpec, epoch_order, sampler_spec
 from indextts_train.tiktoken_vocab import extend_tiktoken, read_tiktoken
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,3 +224,48 @@ def test_a_language_without_a_tag_borrows_an_unused_row_and_the_export_says_so(t
                                 config_out=tmp_path / "out" / "c.yaml")
     assert any("call IndexTTS-2.5 inference with lang='am'" in note for note in summary["notes"])
     assert (tmp_path / "out" / "c.yaml").read_text().startswith("# indextts-train: language kab was trained")
+
+
+def test_bad_data_mid_run_and_changed_data_lose_nothing(tiny25_data, tmp_path):
+    """Issue 9 on IndexTTS-2.5 data, through the CLI in this process: a bad sample found mid-run (a stop
+    mel token inside a target's codes) ends the run with exit 2 after saving the steps done;
+    --skip-bad-lines leaves it out instead and lists it; a manifest changed since the checkpoint is
+    refused on resume."""
+    folder = tmp_path / "data"
+    shutil.copytree(tiny25_data["folder"], folder)
+    manifest = folder / Path(tiny25_data["train"]).name
+    lines = manifest.read_text().splitlines()
+    lengths = np.array([json.loads(line)["target_text_len"] + json.loads(line)["target_code_len"] for line in lines])
+    spec = sampler_spec([ManifestSpec(manifest)], [len(lines)], seed=11, sort_window=512, step_samples=4)
+    index = int(epoch_order(spec, lengths, 0)[9])  # a sample of step 3
+    codes_path = folder / json.loads(lines[index])["target_codes_path"]
+    codes = np.load(codes_path)
+    codes[1] = 65  # tiny_v25's stop_mel_token
+    np.save(codes_path, codes)
+
+    def train(out: Path, *extra: str, steps: int = 6) -> Result:
+        return CliRunner().invoke(app, [
+            "train", "--train-manifest", str(manifest), "--config", str(tiny25_data["config"]),
+            "--base-checkpoint", str(tiny25_data["base"]), "--tokenizer", str(folder / tiny25_data["tokenizer"].name),
+            "--output-dir", str(out), "--resume", "auto", "--batch-size", "2", "--grad-accumulation", "2",
+            "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", str(steps), "--epochs", "100",
+            "--seed", "11", "--save-interval", "100", *extra])
+
+    out = tmp_path / "stopped"
+    result = train(out)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {manifest}:{index + 1}: target_codes_path holds the start/stop mel "
+                                    "token 65 at position 1"), result.stderr
+    assert f"step 2, the last completed one, is saved in {out / 'model_step2.pth'}" in result.stderr
+    assert verify_checkpoint(out / "model_step2.pth").status == "COMPLETE"
+
+    out = tmp_path / "skipping"
+    result = train(out, "--skip-bad-lines")
+    assert result.exit_code == 0, result.output
+    assert f"sample load(s) of 1 bad line(s) (--skip-bad-lines):\n  {manifest}:{index + 1}: " in result.stdout
+    assert load_checkpoint(out / "latest.pth")["data"]["skipped_loads"] >= 1
+    manifest.write_text("".join(f"{line}\n" for line in lines[:-1]))
+    result = train(out, "--skip-bad-lines", steps=8)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: the training data changed since {out / 'latest.pth'} ({manifest}: "
+                                    f"{len(lines)} -> {len(lines) - 1} usable lines (removed))"), result.stderr
