@@ -45,9 +45,12 @@ import os, time
 from indextts_train.runlock import RunLock
 RunLock({out!r}).acquire()
 if {fork}:
+    ready, told = os.pipe()
     if os.fork() == 0:  # a child like a data-loader worker, left behind when the parent is killed
+        os.write(told, b"x")  # its fork hooks have run (as before a worker's first instruction)
         time.sleep(60)
         os._exit(0)
+    os.read(ready, 1)
 print("held", flush=True)
 time.sleep(60)
 """
