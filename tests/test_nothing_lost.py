@@ -188,9 +188,12 @@ def test_skipped_files_stay_byte_identical_while_the_run_goes_on(data, reference
 # ----------------------------------------------------------------------------- 2. divergence
 
 
-def test_a_diverging_run_stops_with_exit_3_and_keeps_the_last_good_checkpoint(data, reference, tmp_path) -> None:
+@pytest.mark.parametrize("saving", ["--no-async-save", "--async-save"])
+def test_a_diverging_run_stops_with_exit_3_and_keeps_the_last_good_checkpoint(data, reference, tmp_path,
+                                                                              saving) -> None:
     out = run_at(reference, 4, tmp_path / "run")
-    code, stdout, stderr = cli(train_args(data, out, "--learning-rate", "1e30", "--max-bad-steps", "3", steps=40))
+    code, stdout, stderr = cli(train_args(data, out, "--learning-rate", "1e30", "--max-bad-steps", "3", saving,
+                                          steps=40))
     assert code == 3, stdout + stderr
     assert "step 6: loss nan, gradient norm nan: not finite, so the weights were not updated" in stdout
     assert stdout.strip().splitlines()[-1] == (
@@ -230,13 +233,15 @@ def break_sample_at(folder: Path, position: int) -> tuple[int, int]:
     return index + 1, position // 4 + 1
 
 
-def test_a_bad_sample_at_step_k_leaves_a_checkpoint_at_step_k_minus_1(data, reference, tmp_path) -> None:
+@pytest.mark.parametrize(("saving", "workers"), [("--no-async-save", 2), ("--async-save", 0)])
+def test_a_bad_sample_at_step_k_leaves_a_checkpoint_at_step_k_minus_1(data, reference, tmp_path, saving,
+                                                                      workers) -> None:
     folder = tmp_path / "data"
     shutil.copytree(data, folder)
     line, step = break_sample_at(folder, 9)
     assert step == 3
     out = tmp_path / "run"
-    code, stdout, stderr = cli(train_args(folder, out, "--save-interval", "100", workers=2))
+    code, stdout, stderr = cli(train_args(folder, out, "--save-interval", "100", saving, workers=workers))
     assert code == 2, stdout + stderr
     assert stderr == (f"error: {folder / 'train.jsonl'}:{line}: target_text_ids_path holds id -3, which is "
                       f"negative; re-create the array or drop the line; step 2, the last completed one, is saved in "
