@@ -214,7 +214,7 @@ def check_data(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
-    from indextts_train.data import check_manifests, render_check_report, write_clean_manifest
+    from indextts_train.checkdata import check_manifests, render_check_report, write_clean_manifest
 
     require_positive(base_vocab, "--base-vocab")
 

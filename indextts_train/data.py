@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 from array import array
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from indextts_train import data_v25
-from indextts_train.atomic import atomic_write_bytes
-from indextts_train.config import FAMILY_V25, GPTConfig
+from indextts_train.config import FAMILY_V25
 from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
 from indextts_train.model import Batch
@@ -82,7 +80,7 @@ FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad 
 TEXT_VOCAB_SOURCE = ("text vocabulary size", "pass the --tokenizer the data was made with")
 
 
-def _iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
     """(line number from 1, byte offset, raw bytes) of every non-blank line.
 
     Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
@@ -138,7 +136,7 @@ def array_keys(fields: dict[str, str]) -> tuple[str, ...]:
     return ("text_ids", "codes", "spk_emb" if "spk_emb" in fields else "condition", "emo_vec")
 
 
-def _parse_line(
+def parse_line(
     raw: bytes, where: str, max_text: int | None, max_mel: int | None, family: str | None = None
 ) -> tuple[dict, dict[str, str], int, int]:
     """(object, field names, text_len, code_len) of one manifest line, or UserError."""
@@ -161,7 +159,7 @@ def _parse_line(
     return obj, fields, text_len, code_len
 
 
-def _resolve_paths(obj: dict, manifest_dir: str) -> dict:
+def resolve_paths(obj: dict, manifest_dir: str) -> dict:
     """Copy of `obj` with every relative `*_path` string made absolute against the manifest folder."""
     out = dict(obj)
     for key, value in obj.items():
@@ -222,10 +220,10 @@ class ManifestIndex:
         skipped_count = 0
         for file_id, path in enumerate(files):
             seen_lines = 0
-            for line_no, offset, raw in _iter_lines(path):
+            for line_no, offset, raw in iter_lines(path):
                 seen_lines += 1
                 try:
-                    obj, fields, text_len, code_len = _parse_line(
+                    obj, fields, text_len, code_len = parse_line(
                         raw, f"{path}:{line_no}", max_text_tokens, max_mel_tokens, family
                     )
                     lang_id = (data_v25.lang_id_of(obj, f"{path}:{line_no}", borrowed or {})
@@ -287,8 +285,8 @@ class ManifestIndex:
         except OSError as exc:
             raise UserError(f"{path}: manifest cannot be read any more ({exc}); was it moved?") from None
         where = self.source(i)
-        obj, _, _, _ = _parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens, self.family)
-        out = _resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
+        obj, _, _, _ = parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens, self.family)
+        out = resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
         out["_source"] = where
         return out
 
@@ -349,7 +347,7 @@ def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where:
                             f"loss NaN); re-create it or drop the line")
 
 
-def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
+def load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
                  max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
     """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
     where = record["_source"]
@@ -361,6 +359,35 @@ def _load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: 
     _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
     _check_features(arrays, model_dim, where, paths)
     return arrays
+
+
+def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
+              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
+              mel_specials: tuple[int, ...] = ()) -> None:
+    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
+
+    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
+    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
+    """
+    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
+    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
+                    "the codes were made for another codec or config")
+    special = np.isin(codes, mel_specials) if mel_specials else None
+    if special is not None and special.any():
+        position = int(np.argmax(special))
+        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
+                        f"position {position}; the codes of a target must not contain them (the model adds "
+                        "them): re-create the codes or drop the line")
+
+
+def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
+    if not len(ids):
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0:
+        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
+    if limit is not None and high >= limit:
+        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +419,7 @@ class ManifestDataset(Dataset):
         fields = _form(record, record["_source"], self.index.family)
         text_len = int(self.index.text_lengths[i])
         code_len = int(self.index.code_lengths[i])
-        arrays = _load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
+        arrays = load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
                               max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
                   fields, record["_source"], self.text_source, self.mel_specials)
@@ -451,273 +478,3 @@ def make_loader(dataset: Dataset, sampler: Sampler[list[int]] | Sequence[list[in
 def sequential_batches(indices: Sequence[int], size: int) -> list[list[int]]:
     """`indices` in order, `size` at a time (evaluation keeps manifest order; the last batch may be short)."""
     return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
-
-
-# ---------------------------------------------------------------------------------------------
-# check-data
-
-
-@dataclass
-class _CheckStats:
-    """What check_manifests accumulates over the good lines."""
-
-    text_lengths: array = field(default_factory=lambda: array("i"))
-    code_lengths: array = field(default_factory=lambda: array("i"))
-    speakers: Counter = field(default_factory=Counter)
-    languages: Counter = field(default_factory=Counter)
-    durations: dict[str, float] = field(default_factory=dict)
-    text_tokens: int = 0
-    extended_tokens: int = 0
-
-
-@dataclass
-class _Limits:
-    """What a line is checked against (None = not known, not checked)."""
-
-    max_text: int | None
-    max_mel: int | None
-    model_dim: int | None
-    text_vocab: int | None
-    mel_codes: int | None
-    base_vocab: int | None
-    family: str | None = None
-    tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
-    borrowed: dict[str, int] = field(default_factory=dict)
-    text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
-    mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
-
-
-def _check_speakers(obj: dict, where: str) -> None:
-    """Prompt and target must be the same speaker wherever the line says who both are.
-
-    Any two of `speaker`, `prompt_speaker`, `target_speaker` that are present must agree (the
-    IndexTTS2 prompt carries the voice; a cross-speaker pair teaches the wrong voice).
-    """
-    named = {name: obj[name] for name in SPEAKER_FIELDS if obj.get(name) is not None}
-    if len({json.dumps(value) for value in named.values()}) > 1:
-        listed = ", ".join(f"{name}={value!r}" for name, value in named.items())
-        raise UserError(f"{where}: prompt and target speakers differ ({listed}); pair each target "
-                        "with a prompt of the same speaker")
-
-
-def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
-              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
-              mel_specials: tuple[int, ...] = ()) -> None:
-    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
-
-    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
-    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
-    """
-    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
-    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
-                    "the codes were made for another codec or config")
-    special = np.isin(codes, mel_specials) if mel_specials else None
-    if special is not None and special.any():
-        position = int(np.argmax(special))
-        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
-                        f"position {position}; the codes of a target must not contain them (the model adds "
-                        "them): re-create the codes or drop the line")
-
-
-def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
-    if not len(ids):
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0:
-        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
-    if limit is not None and high >= limit:
-        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
-
-
-def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
-    """What the text-id limit is, and what to do when an id is beyond it."""
-    if from_tokenizer:
-        return "size of --tokenizer", "the data was made with another tokenizer; pass that one as --tokenizer"
-    return ("gpt.number_text_tokens of --config",
-            "pass the tokenizer the data was made with as --tokenizer (without it the config's size is the limit)")
-
-
-def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
-    """Every check on one line; adds it to `stats` when it passes."""
-    obj, fields, text_len, code_len = _parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
-    lang_id = data_v25.lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
-    _check_speakers(obj, where)
-    record = _resolve_paths(obj, manifest_dir)
-    record["_source"] = where
-    arrays = _load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
-                          max_mel=limits.max_mel, model_dim=limits.model_dim)
-    text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
-    check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
-              _text_vocab_source(limits.text_vocab_from_tokenizer), limits.mel_specials)
-    if lang_id is not None:
-        data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
-        obj.setdefault("language", data_v25.language_code(lang_id))
-    stats.text_lengths.append(text_len)
-    stats.code_lengths.append(code_len)
-    speaker = obj.get("target_speaker", obj.get("speaker"))
-    if speaker is not None:
-        stats.speakers[str(speaker)] += 1
-    language = next((obj[name] for name in LANGUAGE_FIELDS if obj.get(name) is not None), None)
-    if language is not None:
-        stats.languages[str(language)] += 1
-    for name in DURATION_FIELDS:
-        if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
-            stats.durations[name] = stats.durations.get(name, 0.0) + float(obj[name])
-    stats.text_tokens += text_len
-    if limits.base_vocab is not None:
-        stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
-
-
-def _distribution(values: array) -> dict[str, float] | None:
-    if not values:
-        return None
-    arr = np.frombuffer(values, dtype=np.int32)
-    return {"min": int(arr.min()), "mean": round(float(arr.mean()), 3), "p50": float(np.percentile(arr, 50)),
-            "p95": float(np.percentile(arr, 95)), "max": int(arr.max())}
-
-
-def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
-                    vocab_size: int | None = None, base_vocab: int | None = None,
-                    borrowed: dict[str, int] | None = None) -> dict:
-    """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
-
-    Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
-    the good lines. Text ids are checked against `vocab_size`, else gpt_cfg.number_text_tokens.
-    IndexTTS-2.5 lines also: the 192-d speaker vector, the language row, no 0/1 text ids, and the
-    language tag first (when the vocabulary is a full tiktoken one).
-    """
-    text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
-    limits = _Limits(
-        max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
-        max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
-        model_dim=gpt_cfg.model_dim if gpt_cfg else None,
-        text_vocab=text_vocab,
-        mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
-        base_vocab=base_vocab,
-        family=gpt_cfg.family if gpt_cfg else None,
-        borrowed=borrowed or {},
-        text_vocab_from_tokenizer=vocab_size is not None,
-        mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
-    )
-    files = [str(p) for p in paths]
-    stats = _CheckStats()
-    errors: list[str] = []
-    bad_lines: list[list] = []
-    for path in files:
-        manifest_dir = os.path.dirname(os.path.abspath(path))
-        seen_lines = 0
-        for line_no, _, raw in _iter_lines(path):
-            seen_lines += 1
-            try:
-                _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
-            except UserError as exc:
-                bad_lines.append([path, line_no])
-                if len(errors) < REPORT_ERRORS:
-                    errors.append(str(exc))
-        if not seen_lines:
-            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
-    lines_ok = len(stats.text_lengths)
-    return {
-        "files": files,
-        "lines_ok": lines_ok,
-        "lines_bad": len(bad_lines),
-        "errors": errors,
-        "bad_lines": bad_lines,
-        "checked_against": {"max_text_tokens": limits.max_text, "max_mel_tokens": limits.max_mel,
-                            "model_dim": limits.model_dim, "text_vocab": limits.text_vocab,
-                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab,
-                            "family": limits.family, "language_tag_base": data_v25.tag_base(limits.text_vocab)},
-        "speakers": {"count": len(stats.speakers), "top": stats.speakers.most_common(10)},
-        "languages": dict(stats.languages.most_common()),
-        "text_len": _distribution(stats.text_lengths),
-        "code_len": _distribution(stats.code_lengths),
-        "durations_s": {name: round(total, 3) for name, total in stats.durations.items()},
-        "extended_token_share": (stats.extended_tokens / stats.text_tokens
-                                 if base_vocab is not None and stats.text_tokens else None),
-    }
-
-
-def _render_distribution(name: str, dist: dict | None) -> str:
-    if dist is None:
-        return f"{name}: -"
-    return (f"{name}: min {dist['min']}, mean {dist['mean']:.1f}, p50 {dist['p50']:g}, "
-            f"p95 {dist['p95']:g}, max {dist['max']}")
-
-
-def render_check_report(report: dict) -> str:
-    """The human summary of a check_manifests report."""
-    total = report["lines_ok"] + report["lines_bad"]
-    verdict = "OK" if report["lines_bad"] == 0 else f"{report['lines_bad']} BAD"
-    lines = [f"{total} lines in {len(report['files'])} manifest(s): {report['lines_ok']} ok, {verdict}",
-             _render_distribution("text_len", report["text_len"]),
-             _render_distribution("code_len", report["code_len"])]
-    speakers = report["speakers"]
-    if speakers["count"]:
-        top = ", ".join(f"{name} {count}" for name, count in speakers["top"])
-        lines.append(f"speakers: {speakers['count']} (top: {top})")
-    if report["languages"]:
-        lines.append("languages: " + ", ".join(f"{k} {v}" for k, v in report["languages"].items()))
-    for name, seconds in report["durations_s"].items():
-        lines.append(f"{name}: {seconds / 3600:.2f} h total ({seconds:.0f} s)")
-    share = report["extended_token_share"]
-    if share is not None:
-        lines.append(f"extended-vocabulary tokens (id >= {report['checked_against']['base_vocab']}): "
-                     f"{100 * share:.1f}% of text tokens")
-    if report["errors"]:
-        shown = len(report["errors"])
-        lines.append(f"errors (first {shown} of {report['lines_bad']}):")
-        lines.extend(f"  {error}" for error in report["errors"])
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# Clean manifest
-
-
-def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
-    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
-    obj = json.loads(raw)
-    for key, value in obj.items():
-        if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value):
-            target = os.path.normpath(os.path.join(from_dir, value))
-            try:
-                obj[key] = os.path.relpath(target, to_dir)
-            except ValueError:  # another drive on Windows: no relative path exists
-                obj[key] = target
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def _good_lines(report: dict, bad: set, out_dir: str) -> list[bytes]:
-    lines = []
-    for path in report["files"]:
-        from_dir = os.path.dirname(os.path.abspath(path))
-        for line_no, _, raw in _iter_lines(path):
-            if (path, line_no) in bad:
-                continue
-            if from_dir != out_dir:
-                raw = _relocated_line(raw, from_dir, out_dir)
-            lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
-    return lines
-
-
-def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Path, *,
-                         gpt_cfg: GPTConfig | None = None, vocab_size: int | None = None) -> int:
-    """Write only the good lines of a check report (or of `check_manifests(source, ...)`) to `out_path`.
-
-    Lines stay byte-for-byte when `out_path` sits in the manifest's folder; elsewhere relative
-    paths are rewritten to stay valid from the new folder. Returns the number of lines written.
-    """
-    report = source if isinstance(source, dict) else check_manifests(source, gpt_cfg=gpt_cfg,
-                                                                      vocab_size=vocab_size)
-    out = os.path.realpath(out_path)
-    if any(os.path.realpath(path) == out for path in report["files"]):
-        raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
-    bad = {(path, line) for path, line in report["bad_lines"]}
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    lines = _good_lines(report, bad, out_dir)
-    try:
-        atomic_write_bytes(Path(out), b"".join(lines))  # never a half-written manifest under the final name
-    except OSError as exc:
-        raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
-    return len(lines)
-

@@ -10,16 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from indextts_train.checkdata import check_manifests, render_check_report, write_clean_manifest
 from indextts_train.config import GPTConfig
-from indextts_train.data import (
-    ManifestDataset,
-    ManifestIndex,
-    check_manifests,
-    collate,
-    make_loader,
-    render_check_report,
-    write_clean_manifest,
-)
+from indextts_train.data import ManifestDataset, ManifestIndex, collate, make_loader
 from indextts_train.errors import UserError
 from indextts_train.sampling import ResumableBatchSampler, SamplerSpec, Source, epoch_order
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from test_model_v25 import EXPECTED, TINY, v25_batch
 
+from indextts_train.checkdata import check_manifests
 from indextts_train.config import FAMILY_V2, FAMILY_V25
-from indextts_train.data import ManifestDataset, ManifestIndex, check_manifests, collate
+from indextts_train.data import ManifestDataset, ManifestIndex, collate
 from indextts_train.data_v25 import parse_borrowed
 from indextts_train.errors import UserError
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from indextts_train.checkdata import check_manifests
 from indextts_train.config import load_config
-from indextts_train.data import check_manifests
 from indextts_train.demo_data_v25 import EXTRA_RANKS, make_demo_dataset_v25
 from indextts_train.tiktoken_vocab import check_tiktoken, read_tiktoken
 
