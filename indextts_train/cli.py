@@ -329,11 +329,13 @@ def hardware(
     assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4.")] = None,
     effective_batch_size: Annotated[int | None, typer.Option(help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
+    train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (gradients and AdamW state only for those tensors).")] = "full",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
     from indextts_train.config import load_config
     from indextts_train.hardware import assume_device, choose_plan, detect_device
+    from indextts_train.scope import ScopeSettings
 
     require_positive(effective_batch_size, "--effective-batch-size")
 
@@ -342,7 +344,9 @@ def hardware(
         device = assume_device(assume) if assume else detect_device()
         checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
         effective = cfg.train.effective_batch_size if effective_batch_size is None else effective_batch_size
-        return choose_plan(device, cfg.gpt, effective_batch=effective, activation_checkpointing=checkpointing)
+        scope = ScopeSettings(train_scope=train_scope)
+        return choose_plan(device, cfg.gpt, effective_batch=effective, activation_checkpointing=checkpointing,
+                           scope=scope)
 
     plan = run_guarded(run)
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())

@@ -14,9 +14,11 @@ memory-efficient kernels, so no S x S matrix is kept), fused tanh-GELU, bool dro
 IndexTTS-2.5 is the same sum with its own P (spk_emb_proj and lang_embedding instead of speed_emb,
 60,510 text rows) and a 3-row prefix instead of 34 rows.
 
-- fixed: 16 P (fp32 weight + fp32 grad + AdamW exp_avg + exp_avg_sq), 4 P more for DDP's gradient
-  buckets when world_size > 1, and a 1 GiB reserve for the CUDA context, cuBLAS workspaces and the
-  allocator's slack. Only the trained tensors live on the GPU; the conditioning encoders stay on CPU.
+- fixed: 4 P for the fp32 weights of every tensor on the GPU, 12 T for the T *trainable* ones (fp32
+  grad + AdamW exp_avg + exp_avg_sq; `--train-scope` decides T: all of P for full, less for
+  partial/lora, whose LoRA adapters add their own 4 bytes each), 4 T more for DDP's gradient buckets
+  when world_size > 1, and a 1 GiB reserve for the CUDA context, cuBLAS workspaces and the
+  allocator's slack. Only the trained module lives on the GPU; the conditioning encoders stay on CPU.
 - one block, per position: 8D (two fp32 LayerNorm inputs) + 2D (two dropout masks)
   + aD * (2 matmul inputs + 3 qkv + 1 attention output + 1 merged heads + 4 c_fc output
   + 4 GELU output) + 4H (attention log-sum-exp) = 10D + 15aD + 4H.
@@ -28,9 +30,15 @@ IndexTTS-2.5 is the same sum with its own P (spk_emb_proj and lang_embedding ins
   time, each costing a (head output) + 4 (fp32 copy) + 4 (log-softmax or softmax) + 4 (its
   gradient), plus one head's weight in the autocast dtype, its (C, D) gradient temporary in that
   dtype and in fp32 (2a + 4 bytes per weight). None of it grows with the micro-batch.
+- LoRA, per position and adapted layer: the rank-r product x A^T kept for B's gradient (a r), and
+  a bool dropout mask over the layer's input when lora_dropout > 0. The adapted layer's own input
+  is saved for A's gradient instead of the frozen weight's, so it is not counted twice.
+- Frozen tensors save nothing for their own gradient, but the gradient still crosses every block
+  to reach the adapters and the new text rows, so the block terms above stay as they are for
+  partial and lora: an upper bound there (partial without new text rows saves about half).
 - peak = fixed + max(micro_batch * per_sample + the loss's chunk + autocast's half copies of the
-  weights (2 P), AdamW's one whole-model temporary in `step()` (4 P)): activations are gone before
-  the step.
+  weights (2 P), AdamW's one temporary over the trainable tensors in `step()` (4 T)): activations
+  are gone before the step.
 
 The model is for CUDA. On CPU it only informs (the CPU micro-batch is a fixed cap): CPU dropout
 keeps float masks and CPU SDPA with dropout falls back to the S x S math path.
@@ -51,13 +59,15 @@ from indextts_train.config import GPTConfig
 from indextts_train.constants import LANG_ROWS, PREFIX_LEN, PREFIX_LEN_V25, SPK_EMB_DIM
 from indextts_train.errors import UserError
 from indextts_train.losses import CHUNK_LOGITS
+from indextts_train.scope import ScopeSettings, scope_counts
 
 GIB = 1024**3
 CUDA_RESERVE_BYTES = 1 * GIB
-TRAINED_STATE_BYTES_PER_PARAM = 16  # fp32 weight, fp32 grad, two fp32 AdamW moments
+WEIGHT_BYTES_PER_PARAM = 4  # fp32 weight, trainable or frozen
+TRAINED_STATE_BYTES_PER_PARAM = 12  # fp32 grad, two fp32 AdamW moments: trainable tensors only
 DDP_BUCKET_BYTES_PER_PARAM = 4  # DDP's flat gradient buckets duplicate the fp32 grads
 AUTOCAST_COPY_BYTES_PER_PARAM = 2  # autocast keeps a half copy of each weight a matmul saved
-OPTIMIZER_STEP_BYTES_PER_PARAM = 4  # foreach AdamW builds sqrt(exp_avg_sq) for the whole model
+OPTIMIZER_STEP_BYTES_PER_PARAM = 4  # foreach AdamW builds sqrt(exp_avg_sq) over what it steps
 CE_BYTES_PER_LOGIT = 12  # fp32 copy + log-softmax + its gradient (plus the head's output)
 CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a step short
 MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light
@@ -164,9 +174,41 @@ def _block_bytes_per_position(cfg: GPTConfig, act: int) -> int:
     return 10 * D + 15 * act * D + 4 * cfg.heads
 
 
-def _activation_bytes_per_sample(cfg: GPTConfig, act: int, activation_checkpointing: bool) -> int:
+@dataclass(frozen=True)
+class ParamCounts:
+    """What the memory model needs to know about the parameters under a `--train-scope`."""
+
+    model: int  # every parameter of the trained module (on the GPU, fp32)
+    trainable: int  # what gets gradients and AdamW state, adapters included
+    adapters: int  # LoRA numbers (extra weights beyond `model`)
+
+
+FULL_SCOPE = ScopeSettings()
+
+
+def param_counts(cfg: GPTConfig, scope: ScopeSettings = FULL_SCOPE) -> ParamCounts:
+    """Counts for `scope`; partial/lora assume the text embedding trains (new rows, the usual case)."""
+    if scope.train_scope == "full":
+        params = trained_parameter_count(cfg)
+        return ParamCounts(params, params, 0)
+    counts = scope_counts(cfg, scope, text_rows_train=True)
+    return ParamCounts(counts["model"], counts["trainable"], counts["adapters"])
+
+
+def _lora_bytes_per_position(cfg: GPTConfig, act: int, scope: ScopeSettings) -> int:
+    """Saved for backward by the adapters of one block, per position (see the module docstring)."""
+    if scope.train_scope != "lora":
+        return 0
+    D, spec = cfg.model_dim, scope.lora
+    inputs = {"qkv": D, "attn_out": D, "mlp_in": D, "mlp_out": 4 * D}
+    mask = sum(inputs[t] for t in spec.targets) if spec.dropout > 0 else 0
+    return len(spec.targets) * act * spec.rank + mask
+
+
+def _activation_bytes_per_sample(cfg: GPTConfig, act: int, activation_checkpointing: bool,
+                                 scope: ScopeSettings = FULL_SCOPE) -> int:
     D = cfg.model_dim
-    block = _block_bytes_per_position(cfg, act)
+    block = _block_bytes_per_position(cfg, act) + _lora_bytes_per_position(cfg, act, scope)
     if activation_checkpointing:
         kept = cfg.layers * 4 * D + block  # every block's fp32 input + the one being recomputed
     else:
@@ -182,24 +224,28 @@ def loss_working_bytes(cfg: GPTConfig, act: int) -> int:
     return CHUNK_LOGITS * (act + CE_BYTES_PER_LOGIT) + head_rows * cfg.model_dim * (2 * act + 4)
 
 
-def _fixed_bytes(params: int, world_size: int) -> int:
-    per_param = TRAINED_STATE_BYTES_PER_PARAM + (DDP_BUCKET_BYTES_PER_PARAM if world_size > 1 else 0)
-    return params * per_param + CUDA_RESERVE_BYTES
+def _state_bytes_per_trainable(world_size: int) -> int:
+    return TRAINED_STATE_BYTES_PER_PARAM + (DDP_BUCKET_BYTES_PER_PARAM if world_size > 1 else 0)
+
+
+def _fixed_bytes(counts: ParamCounts, world_size: int) -> int:
+    weights = WEIGHT_BYTES_PER_PARAM * (counts.model + counts.adapters)
+    return weights + counts.trainable * _state_bytes_per_trainable(world_size) + CUDA_RESERVE_BYTES
 
 
 def estimate_memory(cfg: GPTConfig, micro_batch: int, *, precision: str, activation_checkpointing: bool,
-                    world_size: int = 1) -> int:
+                    world_size: int = 1, scope: ScopeSettings = FULL_SCOPE) -> int:
     """Peak device bytes of one training step at `micro_batch` samples of maximum length."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     act = 4 if precision == "fp32" else 2
-    params = trained_parameter_count(cfg)
-    autocast_copies = 0 if precision == "fp32" else AUTOCAST_COPY_BYTES_PER_PARAM * params
-    activations = (micro_batch * _activation_bytes_per_sample(cfg, act, activation_checkpointing)
+    counts = param_counts(cfg, scope)
+    copies = 0 if precision == "fp32" else AUTOCAST_COPY_BYTES_PER_PARAM * (counts.model + counts.adapters)
+    activations = (micro_batch * _activation_bytes_per_sample(cfg, act, activation_checkpointing, scope)
                    + loss_working_bytes(cfg, act))
-    backward = activations + autocast_copies
-    step = OPTIMIZER_STEP_BYTES_PER_PARAM * params
-    return _fixed_bytes(params, world_size) + max(backward, step)
+    backward = activations + copies
+    step = OPTIMIZER_STEP_BYTES_PER_PARAM * counts.trainable
+    return _fixed_bytes(counts, world_size) + max(backward, step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,16 +378,27 @@ def _batch_sentence(micro: int, accum: int, world_size: int, effective: int, ask
     return f"Effective batch is NOT the one asked for: {product}, asked {asked}."
 
 
+def _params_phrase(counts: ParamCounts, scope: ScopeSettings, world_size: int) -> str:
+    state = "gradients and AdamW state" + (", DDP buckets" if world_size > 1 else "")
+    extra = _state_bytes_per_trainable(world_size)
+    if scope.train_scope == "full":
+        return f"{counts.model:,} trained parameters at {WEIGHT_BYTES_PER_PARAM + extra} bytes for weights, {state}"
+    adapters = f" ({counts.adapters:,} of them LoRA adapters)" if counts.adapters else ""
+    return (f"train scope {scope.describe()}: {counts.model + counts.adapters:,} parameters at "
+            f"{WEIGHT_BYTES_PER_PARAM} bytes for weights, of which {counts.trainable:,} trainable{adapters} "
+            f"at {extra} more for {state}")
+
+
 def _memory_sentence(device: DeviceInfo, cfg: GPTConfig, micro: int, estimate: int, budget: int,
-                     share: float, precision: str, activation_checkpointing: bool, world_size: int) -> str:
+                     share: float, precision: str, activation_checkpointing: bool, world_size: int,
+                     scope: ScopeSettings) -> str:
     ckpt = "on" if activation_checkpointing else "off"
-    params = trained_parameter_count(cfg)
-    state = "weights, gradients and AdamW state" + (", DDP buckets" if world_size > 1 else "")
-    per_sample = _activation_bytes_per_sample(cfg, 4 if precision == "fp32" else 2, activation_checkpointing)
+    act = 4 if precision == "fp32" else 2
+    per_sample = _activation_bytes_per_sample(cfg, act, activation_checkpointing, scope)
     text = (f"Memory budget {_gib(budget)} = {share:g} of {_gib(device.total_memory)}; estimate for "
             f"micro-batch {micro} at the longest sample ({max_sequence_positions(cfg)} positions), "
-            f"activation checkpointing {ckpt}: {_gib(estimate)} ({params:,} trained parameters at "
-            f"{_fixed_bytes(1, world_size) - CUDA_RESERVE_BYTES} bytes for {state}, a "
+            f"activation checkpointing {ckpt}: {_gib(estimate)} "
+            f"({_params_phrase(param_counts(cfg, scope), scope, world_size)}, a "
             f"{_gib(CUDA_RESERVE_BYTES)} reserve, {_gib(per_sample)} per sample).")
     if estimate <= budget:
         return text
@@ -383,8 +440,11 @@ def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int,
 def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int, batch_size: int = 0,
                 grad_accumulation: int = 0, num_workers: int = 0, amp: bool | None = None,
                 activation_checkpointing: bool = False, world_size: int = 1,
-                memory_share: float = DEFAULT_MEMORY_SHARE) -> HardwarePlan:
-    """What to run with on `device`. 0 for batch_size/grad_accumulation/num_workers means auto."""
+                memory_share: float = DEFAULT_MEMORY_SHARE, scope: ScopeSettings = FULL_SCOPE) -> HardwarePlan:
+    """What to run with on `device`. 0 for batch_size/grad_accumulation/num_workers means auto.
+
+    `scope` (--train-scope) decides which tensors carry gradients and AdamW state in the estimate.
+    """
     _check_inputs(effective_batch, batch_size, grad_accumulation, num_workers, world_size, memory_share)
     cc = f", compute capability {_cc(device)}" if device.kind == "cuda" else ""
     assumed = (" (assumed: a typical rented single-GPU box; the data workers follow the real count when "
@@ -400,7 +460,8 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
 
     def estimate(micro: int) -> int:
         return estimate_memory(gpt_cfg, micro, precision=precision,
-                               activation_checkpointing=activation_checkpointing, world_size=world_size)
+                               activation_checkpointing=activation_checkpointing, world_size=world_size,
+                               scope=scope)
 
     per_rank, notes = _per_rank_batch(effective_batch, world_size)
     reasons += notes
@@ -410,7 +471,7 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
     reasons.append(_batch_sentence(micro, accum, world_size, effective, effective_batch))
     estimated = estimate(micro)
     reasons.append(_memory_sentence(device, gpt_cfg, micro, estimated, budget, memory_share, precision,
-                                    activation_checkpointing, world_size))
+                                    activation_checkpointing, world_size, scope))
     workers, why = _choose_workers(device.cpu_count, world_size, num_workers, device.kind)
     reasons.append(why)
     return HardwarePlan(
@@ -458,23 +519,29 @@ def halve_for_oom(plan: HardwarePlan, error: BaseException | None = None) -> Har
 # The docs table
 
 
+TABLE_SCOPES = (ScopeSettings("full"), ScopeSettings("partial"), ScopeSettings("lora"))
+
+
 def gpu_table(gpt_cfg: GPTConfig, *, effective_batch: int = 64) -> str:
-    """Markdown: what auto mode picks on each KNOWN_GPUS entry, activation checkpointing off and on."""
+    """Markdown: what auto mode picks on each KNOWN_GPUS entry, activation checkpointing off and on,
+    for each --train-scope at its default settings (partial: last 4 blocks; lora: rank 16, all targets)."""
     rows = [
-        "| GPU | reports | precision | activation checkpointing | micro-batch | accumulation | "
-        "effective batch | estimate / budget |",
+        "| GPU | reports | precision | activation checkpointing | full: micro-batch x accumulation "
+        "| partial | lora | estimate full / partial / lora, budget |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, device in KNOWN_GPUS.items():
         for ckpt in (False, True):
-            plan = choose_plan(device, gpt_cfg, effective_batch=effective_batch,
-                               activation_checkpointing=ckpt)
-            over = " (over: may run out of memory)" if plan.estimated_bytes > plan.budget_bytes else ""
+            plans = [choose_plan(device, gpt_cfg, effective_batch=effective_batch, activation_checkpointing=ckpt,
+                                 scope=scope) for scope in TABLE_SCOPES]
+            cells = [f"{p.micro_batch} x {p.grad_accumulation}" + (" (over)" if p.estimated_bytes > p.budget_bytes
+                                                                    else "") for p in plans]
+            estimates = " / ".join(f"{p.estimated_bytes / GIB:.1f}" for p in plans)
+            plan = plans[0]
             rows.append(
                 f"| {key} | {device.total_memory / GIB:.2f} GiB, cc {_cc(device)} "
                 f"| {plan.precision}{' + GradScaler' if plan.use_grad_scaler else ''} "
-                f"| {'on' if ckpt else 'off'} | {plan.micro_batch} | {plan.grad_accumulation} "
-                f"| {plan.effective_batch} "
-                f"| {plan.estimated_bytes / GIB:.1f} / {plan.budget_bytes / GIB:.1f} GiB{over} |"
+                f"| {'on' if ckpt else 'off'} | {' | '.join(cells)} "
+                f"| {estimates}, {plan.budget_bytes / GIB:.1f} GiB |"
             )
     return "\n".join(rows) + "\n"

@@ -31,6 +31,7 @@ from indextts_train.cli import app
 from indextts_train.config import load_config
 from indextts_train.demo_data import AMHARIC, ENGLISH
 from indextts_train.model import trained_keys
+from indextts_train.scope import ScopeSettings, scope_counts
 from indextts_train.train import TrainOptions, train
 
 TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
@@ -645,9 +646,21 @@ def test_hardware_for_an_assumed_gpu(gpu, precision, scaler) -> None:
     assert "8 CPU core(s) (assumed: a typical rented single-GPU box" in human.stdout.splitlines()[1]
 
 
-@pytest.mark.parametrize("case", ["unknown gpu", "missing config", "zero batch"])
+def test_hardware_train_scope_lora_plans_a_bigger_micro_batch_on_l4() -> None:
+    real = ROOT / "configs" / "indextts2.yaml"
+    plans = {scope: json.loads(cli("hardware", "--config", real, "--assume", "L4", "--train-scope", scope,
+                                   "--json").stdout) for scope in ("full", "lora")}
+    assert plans["lora"]["micro_batch"] > plans["full"]["micro_batch"]
+    assert plans["lora"]["estimated_bytes"] <= plans["lora"]["budget_bytes"]
+    human = cli("hardware", "--config", real, "--assume", "L4", "--train-scope", "lora").stdout
+    trainable = scope_counts(load_config(real).gpt, ScopeSettings("lora"))["trainable"]
+    assert "train scope lora (rank 16" in human and f"{trainable:,} trainable" in human
+
+
+@pytest.mark.parametrize("case", ["unknown gpu", "missing config", "zero batch", "unknown scope"])
 def test_hardware_refusals(tmp_path, case) -> None:
     args, needles = {
+        "unknown scope": (["--config", TINY_CONFIG, "--train-scope", "half"], ["'half'", "full, partial, lora"]),
         "unknown gpu": (["--config", TINY_CONFIG, "--assume", "Z80"], ["'Z80'", "A100-80GB"]),
         "missing config": (["--config", tmp_path / "nope.yaml"], ["nope.yaml", "not found"]),
         "zero batch": (["--config", TINY_CONFIG, "--effective-batch-size", 0], ["--effective-batch-size"]),

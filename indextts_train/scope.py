@@ -1,0 +1,143 @@
+"""`--train-scope full | partial | lora`: which tensors train, and everything else frozen bit-identically.
+
+- full: every tensor of the model trains (the base text rows still follow the row freezer).
+- partial: the last `partial_layers` trunk blocks, the trunk's closing `gpt.ln_f`, `final_norm`, the
+  two heads and the text embedding when it has rows to learn.
+- lora: low-rank adapters on the trunk (lora.py), the two heads and the text embedding when it has
+  rows to learn; every base trunk weight frozen.
+
+"Rows to learn" means the vocabulary grew (new rows; the base rows stay frozen by the row freezer)
+or the user unfroze the base vocabulary. Frozen tensors get `requires_grad=False`: no gradient, no
+optimizer state, nothing AdamW's decay could move, so they stay bit-identical by construction. A
+trainable tensor is trained whole (its optimizer state covers every row); the row freezer keeps the
+base rows of the three text tensors as they were, for every scope.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from indextts_train.config import GPTConfig
+from indextts_train.errors import UserError
+from indextts_train.lora import LoraAdapters, LoraSpec, adapted_layer_names, attach_lora
+from indextts_train.model import official_shapes, trained_keys
+
+TRAIN_SCOPES = ("full", "partial", "lora")
+HEAD_PREFIXES = ("text_head.", "mel_head.")
+PARTIAL_EXTRA_PREFIXES = ("gpt.ln_f.", "final_norm.")
+_BLOCK = re.compile(r"^gpt\.h\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ScopeSettings:
+    """The scope and its settings, named as the config's `train:` keys."""
+
+    train_scope: str = "full"
+    partial_layers: int = 4
+    lora: LoraSpec = field(default_factory=LoraSpec)
+
+    def __post_init__(self) -> None:
+        if self.train_scope not in TRAIN_SCOPES:
+            raise UserError(f"train.train_scope {self.train_scope!r}: choose one of {', '.join(TRAIN_SCOPES)}")
+        if isinstance(self.partial_layers, bool) or not isinstance(self.partial_layers, int) \
+                or self.partial_layers < 1:
+            raise UserError(f"train.partial_layers must be an integer >= 1, got {self.partial_layers!r}")
+
+    def check_fits(self, cfg: GPTConfig) -> None:
+        if self.train_scope == "partial" and self.partial_layers > cfg.layers:
+            raise UserError(f"train.partial_layers {self.partial_layers} is more than the model's "
+                            f"{cfg.layers} trunk blocks (gpt.layers); use at most {cfg.layers}, or --train-scope full")
+
+    def to_dict(self) -> dict:
+        """What a checkpoint records (plain types): only the settings that shape this scope."""
+        out: dict = {"train_scope": self.train_scope}
+        if self.train_scope == "partial":
+            out["partial_layers"] = self.partial_layers
+        if self.train_scope == "lora":
+            spec = self.lora
+            out.update(lora_rank=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                       lora_targets=list(spec.targets))
+        return out
+
+    def describe(self) -> str:
+        if self.train_scope == "partial":
+            return f"partial (last {self.partial_layers} trunk block(s), final norms, heads, text rows)"
+        if self.train_scope == "lora":
+            spec = self.lora
+            return (f"lora (rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, "
+                    f"targets {','.join(spec.targets)}; heads, text rows)")
+        return "full (every tensor)"
+
+
+def parse_targets(value: str | list | tuple) -> tuple[str, ...]:
+    """`qkv,attn_out` (CLI) or a YAML list -> ('qkv', 'attn_out'); LoraSpec checks the names."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def text_rows_trainable(new_rows: bool, freeze_base: bool) -> bool:
+    """Whether the text embedding trains in partial/lora: it does when it has rows to learn."""
+    return new_rows or not freeze_base
+
+
+def is_trainable(name: str, settings: ScopeSettings, layers: int, text_rows_train: bool) -> bool:
+    """Whether the model parameter `name` (an official key) trains under `settings`."""
+    if settings.train_scope == "full":
+        return True
+    if name.startswith(HEAD_PREFIXES):
+        return True
+    if name == "text_embedding.weight":
+        return text_rows_train
+    if settings.train_scope == "partial":
+        if name.startswith(PARTIAL_EXTRA_PREFIXES):
+            return True
+        block = _BLOCK.match(name)
+        return block is not None and int(block.group(1)) >= layers - settings.partial_layers
+    return False
+
+
+def apply_scope(model: nn.Module, settings: ScopeSettings, *, text_rows_train: bool,
+                generator: torch.Generator | None) -> LoraAdapters | None:
+    """Freeze what the scope does not train; for lora, attach adapters (A drawn from `generator`).
+
+    Returns the adapters (lora) or None. Call before building the optimizer.
+    """
+    settings.check_fits(model.cfg)
+    layers = model.cfg.layers
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_trainable(name, settings, layers, text_rows_train))
+    if settings.train_scope != "lora":
+        return None
+    return attach_lora(model, settings.lora, generator)
+
+
+def trainable_parameters(model: nn.Module, adapters: LoraAdapters | None) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of everything that trains: the model's unfrozen tensors, then the adapters."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if adapters is not None:
+        named += list(adapters.named_parameters())
+    return named
+
+
+def scope_counts(cfg: GPTConfig, settings: ScopeSettings, *, text_rows_train: bool = True) -> dict[str, int]:
+    """Parameter counts of `cfg` under `settings`, from the official shapes (no model, no memory).
+
+    {"model": every parameter of the trained module, "trainable": what gets gradients and AdamW state
+    (adapters included), "frozen": model parameters that do not train, "adapters": LoRA numbers}.
+    """
+    settings.check_fits(cfg)
+    shapes = official_shapes(cfg)
+    sizes = {key: math.prod(shapes[key]) for key in trained_keys(cfg)}
+    frozen = sum(n for key, n in sizes.items() if not is_trainable(key, settings, cfg.layers, text_rows_train))
+    adapters = 0
+    if settings.train_scope == "lora":
+        for layer in adapted_layer_names(cfg.layers, settings.lora):
+            n_in, n_out = shapes[f"{layer}.weight"]  # Conv1D [in, out]
+            adapters += settings.lora.rank * (n_in + n_out)
+    total = sum(sizes.values())
+    return {"model": total, "trainable": total - frozen + adapters, "frozen": frozen, "adapters": adapters}
