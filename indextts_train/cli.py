@@ -303,13 +303,15 @@ def export(
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="IndexTTS-2.5: the .tiktoken the run trained with; copied beside the export as multilingual_zh_ja_yue_char_del.tiktoken.")] = None,
+    adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
 ) -> None:
-    """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows)."""
+    """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows, LoRA merged)."""
     from indextts_train.export import export_checkpoint, export_source, provenance
 
     source = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
-                          tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer)
+                          tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer,
+                          adapters_out=adapters_out)
     origin = run_guarded(provenance, source)
     typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
     family = f" ({summary['family']} layout)" if summary["family"] != "IndexTTS2" else ""
@@ -319,8 +321,9 @@ def export(
         typer.echo(f"wrote {summary['tokenizer']}")
     for note in summary["notes"]:
         typer.echo(f"note: {note}")
-    if config_out:
-        typer.echo(f"wrote {config_out}")
+    for extra in (config_out, adapters_out):
+        if extra:
+            typer.echo(f"wrote {extra}")
 
 
 @app.command()
@@ -329,13 +332,13 @@ def hardware(
     assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4.")] = None,
     effective_batch_size: Annotated[int | None, typer.Option(help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
-    train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (gradients and AdamW state only for those tensors).")] = "full",
+    train_scope: Annotated[str | None, typer.Option(help="What trains: full, partial or lora; gradients and AdamW state count only for those tensors (default: the config's train.train_scope).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
     from indextts_train.config import load_config
     from indextts_train.hardware import assume_device, choose_plan, detect_device
-    from indextts_train.scope import ScopeSettings
+    from indextts_train.scope import scope_settings
 
     require_positive(effective_batch_size, "--effective-batch-size")
 
@@ -344,7 +347,8 @@ def hardware(
         device = assume_device(assume) if assume else detect_device()
         checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
         effective = cfg.train.effective_batch_size if effective_batch_size is None else effective_batch_size
-        scope = ScopeSettings(train_scope=train_scope)
+        train = dataclasses.replace(cfg.train, train_scope=train_scope) if train_scope else cfg.train
+        scope = scope_settings(train)
         return choose_plan(device, cfg.gpt, effective_batch=effective, activation_checkpointing=checkpointing,
                            scope=scope)
 

@@ -163,6 +163,17 @@ class TrainConfig:
                               flag="--async-save/--no-async-save")
     max_bad_steps: int = option(20, "Stop (exit 3) after this many steps in a row with a non-finite loss or "
                                     "gradient norm; each is skipped, weights untouched.")
+    train_scope: str = field(default="full", metadata={
+        "help": "What trains: full (everything), partial (last --partial-layers trunk blocks, final norms, heads, "
+                "new text rows) or lora (adapters on the trunk, heads, new text rows). Fixed for a run.",
+        "flag": None, "choices": ("full", "partial", "lora")})
+    partial_layers: int = option(4, "--train-scope partial: how many of the last trunk blocks train.")
+    lora_rank: int = option(16, "--train-scope lora: rank of each adapter.")
+    lora_alpha: float = option(32.0, "--train-scope lora: adapter scale = alpha / rank.")
+    lora_dropout: float = option(0.0, "--train-scope lora: dropout on each adapter's input.")
+    lora_targets: str = option("qkv,attn_out,mlp_in,mlp_out",
+                               "--train-scope lora: adapted layers of every trunk block, comma-separated: "
+                               "qkv, attn_out, mlp_in, mlp_out.")
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
@@ -176,6 +187,9 @@ class TrainConfig:
             raise UserError("train.text_loss_weight and train.mel_loss_weight (--text-loss-weight, "
                             "--mel-loss-weight) are both 0: nothing would be learned; set at least one > 0")
         self._check_best_settings()
+        from indextts_train.scope import scope_settings  # scope.py builds on this module's types
+
+        scope_settings(self)  # names the bad train_scope / partial_layers / lora_* key
 
     def _check_best_settings(self) -> None:
         from indextts_train.validation import LOSS_KEYS, parse_forgetting_limit  # validation imports config

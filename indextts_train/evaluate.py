@@ -8,10 +8,11 @@ from pathlib import Path
 
 import torch
 
-from indextts_train.checkpoint import config_for
+from indextts_train.checkpoint import config_for, load_checkpoint
 from indextts_train.config import DEFAULT_CONFIG, Config
 from indextts_train.data import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
+from indextts_train.lora import attach_lora, load_adapters, record_spec
 from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint
 
 SUM_NAMES = ("text_ce", "text_count", "mel_ce", "mel_count", "mel_correct", "samples")
@@ -68,10 +69,15 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
     Without `config_path`, the config stored in the checkpoint (ours), else configs/indextts2.yaml.
     """
     config = config_for(checkpoint, config_path, fallback=DEFAULT_CONFIG)
-    trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
+    # A --train-scope lora checkpoint runs as it trained: the frozen base with the adapters hooked in.
+    stored = load_checkpoint(checkpoint, mmap=True)
+    record = stored.get("lora") if isinstance(stored, dict) else None
+    trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt, merge_adapters=False)
     config.gpt.number_text_tokens = tokens  # the checkpoint's rows decide, minus the extra row
     model = UnifiedVoiceGPT(config.gpt, dropout=0.0)
     model.load_state_dict(trained, strict=True)
+    if isinstance(record, dict):
+        load_adapters(attach_lora(model, record_spec(record), None), record, str(checkpoint))
     index = ManifestIndex.build(manifests, max_text_tokens=config.gpt.max_text_tokens,
                                 max_mel_tokens=config.gpt.max_mel_tokens, family=config.gpt.family)
     dataset = ManifestDataset(index, model_dim=config.gpt.model_dim, text_vocab=tokens,

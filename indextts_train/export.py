@@ -6,7 +6,9 @@ file must hold exactly the official keys in their shapes, and the shipped config
 strict: a misnamed tensor would load silently as random weights, so the file holds exactly the 2.5
 key set of `layout.official_shapes`. Stock 2.5 inference reads its vocabulary from
 `<model_dir>/multilingual_zh_ja_yue_char_del.tiktoken`, so a grown `.tiktoken` is written beside the
-export under that name.
+export under that name. A --train-scope lora checkpoint is exported with its adapters merged into
+the plain weights (model.load_base_checkpoint); `adapters_out` also writes the adapters alone, with
+what they apply to.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import yaml
 
 from indextts_train.atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from indextts_train.checkpoint import BEST, LATEST, config_for, load_checkpoint, verify_checkpoint
-from indextts_train.config import Config, gpt_to_dict, version_of_family
+from indextts_train.config import Config, config_from_dict, gpt_to_dict, version_of_family
 from indextts_train.data_v25 import borrow_notes
 from indextts_train.errors import UserError
-from indextts_train.model import load_base_checkpoint, official_shapes
+from indextts_train.lora import adapter_file, record_spec
+from indextts_train.model import load_base_checkpoint, official_shapes, trained_keys
+from indextts_train.scope import is_trainable, scope_settings, text_rows_trainable
 from indextts_train.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
+from indextts_train.vocab import VocabPlan
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TIKTOKEN_NAME = "multilingual_zh_ja_yue_char_del.tiktoken"  # the name stock 2.5 inference opens
@@ -61,8 +66,9 @@ def provenance(checkpoint: Path) -> str:
 
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
                       base_config: Path | None = None, tokenizer_name: str = "bpe.model",
-                      dtype: str = "float32", tokenizer: Path | None = None) -> dict:
-    """Write `output` (official key order, dtype asked for) and optionally `config_out`.
+                      dtype: str = "float32", tokenizer: Path | None = None,
+                      adapters_out: Path | None = None) -> dict:
+    """Write `output` (official key order, dtype asked for) and optionally `config_out`, `adapters_out`.
 
     `tokenizer`, a .tiktoken file, is checked against the exported text rows and copied beside
     `output` as TIKTOKEN_NAME (IndexTTS-2.5). Notes (borrowed language rows) go into the summary and
@@ -72,10 +78,16 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     vocab_copy = output.parent / TIKTOKEN_NAME if tokenizer is not None and is_tiktoken(tokenizer) else None
     _check_targets(checkpoint, base_config, output, config_out, vocab_copy)
+    if adapters_out is not None:
+        _check_targets(checkpoint, base_config, adapters_out, None)
+        if adapters_out.resolve() in {p.resolve() for p in (output, config_out, vocab_copy) if p is not None}:
+            raise UserError(f"{adapters_out}: --adapters-out must be its own file, not -o or --config-out")
     verdict = verify_checkpoint(checkpoint)  # missing/damaged/unsafe: the checkpoint module's own words
     if verdict.status == "INCOMPLETE":
         reason = verdict.reasons[0]
         raise UserError(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
+    if adapters_out is not None:
+        payload = _adapter_payload(checkpoint, load_checkpoint(checkpoint))  # refused before anything is written
     config = config_for(checkpoint, base_config)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
     stored = load_checkpoint(checkpoint, mmap=True)  # its settings name borrowed language rows
@@ -95,8 +107,31 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         raise UserError(f"could not write {output}: {exc.strerror or exc}") from None
     if config_out is not None:
         _write_config(config, config_out, base_config, output.name, tokenizer_name, notes)
+    if adapters_out is not None:
+        try:
+            atomic_write(adapters_out, lambda handle: torch.save(payload, handle))
+        except OSError as exc:
+            raise UserError(f"could not write {adapters_out}: {exc.strerror or exc}") from None
     return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family_name,
             "numel": sum(t.numel() for t in state.values()), "tokenizer": vocab_copy, "notes": notes}
+
+
+def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
+    """The adapters-only file of a --train-scope lora checkpoint: adapters, the other tensors the run
+    trained (heads, text rows) and the fingerprint of the base weights they apply to."""
+    record = loaded.get("lora") if isinstance(loaded, dict) else None
+    if not isinstance(record, dict):
+        raise UserError(f"{checkpoint}: has no LoRA adapters (not a --train-scope lora checkpoint); "
+                        "drop --adapters-out")
+    config = config_from_dict(loaded["config"], f"{checkpoint} (stored config)")
+    plan = VocabPlan.from_dict(loaded["vocab_plan"])
+    rows = text_rows_trainable(bool(plan.new_ids), plan.freeze_base)
+    settings = scope_settings(config.train)
+    model = loaded["model"]
+    tensors = {k: model[k] for k in trained_keys(config.gpt) if is_trainable(k, settings, config.gpt.layers, rows)}
+    applies_to = {"family": config.gpt.family, "model_dim": config.gpt.model_dim, "layers": config.gpt.layers,
+                  "text_rows": plan.rows, "base_text_rows": plan.base_tokens + 1, "checkpoint": checkpoint.name}
+    return adapter_file(record["adapters"], record_spec(record), model, tensors, applies_to)
 
 
 def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> TiktokenVocab:

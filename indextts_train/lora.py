@@ -62,6 +62,11 @@ class LoraSpec:
         return self.alpha / self.rank
 
 
+def parse_targets(value: str) -> tuple[str, ...]:
+    """`qkv, attn_out` (flag or config) -> ('qkv', 'attn_out'); LoraSpec checks the names."""
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
 class LoraLinear(nn.Module):
     """The low-rank update of one Conv1D layer; `forward(x)` is the delta added to its output."""
 
@@ -108,9 +113,10 @@ class LoraAdapters(nn.Module):
     (with the heads and new text rows); the base layers it adapts stay frozen.
     """
 
-    def __init__(self, spec: LoraSpec) -> None:
+    def __init__(self, spec: LoraSpec, blocks: int) -> None:
         super().__init__()
         self.spec = spec
+        self.blocks = blocks  # trunk blocks of the adapted model
         self.layers: dict[str, LoraLinear] = {}  # official layer name -> adapter
         self._handles: list[RemovableHandle] = []
 
@@ -142,8 +148,8 @@ def attach_lora(model: nn.Module, spec: LoraSpec, generator: torch.Generator | N
     `generator` draws the A matrices; None leaves them zero (to be loaded from a checkpoint).
     The model's own parameters are not touched: freezing them is the scope's decision.
     """
-    adapters = LoraAdapters(spec)
-    for name in adapted_layer_names(len(model.gpt.h), spec):
+    adapters = LoraAdapters(spec, len(model.gpt.h))
+    for name in adapted_layer_names(adapters.blocks, spec):
         layer = model.get_submodule(name)
         n_in, n_out = layer.weight.shape  # Conv1D: [in, out]
         adapter = LoraLinear(n_in, n_out, spec, device=layer.weight.device)
@@ -180,6 +186,52 @@ def merge_lora(weights: Mapping[str, Tensor], adapters: Mapping[str, Tensor], sp
                             f"fit weight {list(base.shape)} at rank {spec.rank}")
         merged[f"{name}.weight"] = (base.float() + (a.T @ b.T) * spec.scale).to(base.dtype)
     return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# In a checkpoint: `lora` = {rank, alpha, dropout, targets, adapters}, so a merge never depends on a
+# config passed later
+
+
+def adapter_record(adapters: LoraAdapters) -> dict:
+    """The checkpoint's `lora` entry: the spec and float32 CPU copies of the adapters."""
+    spec = adapters.spec
+    return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
+            "adapters": {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in adapters.state_dict().items()}}
+
+
+def record_spec(record: dict) -> LoraSpec:
+    return LoraSpec(rank=record["rank"], alpha=record["alpha"], dropout=record["dropout"],
+                    targets=tuple(record["targets"]))
+
+
+def record_problem(record: object, layers: object) -> str | None:
+    """Why a checkpoint's `lora` entry cannot rebuild the adapters of a `layers`-block model, or None."""
+    if not isinstance(record, dict) or not isinstance(record.get("adapters"), dict):
+        return "lora: expected {rank, alpha, dropout, targets, adapters}"
+    if not isinstance(layers, int):
+        return "lora: the stored config has no gpt.layers to check the adapters against"
+    try:
+        spec = record_spec(record)
+    except (KeyError, TypeError, UserError) as exc:
+        return f"lora: bad adapter settings ({exc})"
+    want = {f"{layer}{suffix}" for layer in adapted_layer_names(layers, spec) for suffix in ADAPTER_SUFFIXES}
+    got = record["adapters"]
+    if set(got) != want or not all(isinstance(v, Tensor) and v.dtype == torch.float32 for v in got.values()):
+        return f"lora: adapters do not match rank {spec.rank} on {','.join(spec.targets)} of {layers} blocks"
+    return None
+
+
+def load_adapters(adapters: LoraAdapters, record: dict, source: str) -> None:
+    """Put a checkpoint's adapters into `adapters` (same spec, same layers), exactly."""
+    problem = record_problem(record, adapters.blocks)
+    if problem is None and record_spec(record) != adapters.spec:
+        problem = f"lora: saved settings {record_spec(record)} differ from the run's {adapters.spec}"
+    if problem:
+        raise UserError(f"{source}: {problem}")
+    with torch.no_grad():
+        for name, param in adapters.named_parameters():
+            param.copy_(record["adapters"][name])
 
 
 # ---------------------------------------------------------------------------------------------

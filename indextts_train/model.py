@@ -39,6 +39,7 @@ from indextts_train.constants import (
     WRAPPER_PREFIXES,
 )
 from indextts_train.errors import UserError
+from indextts_train.lora import merge_lora, record_spec
 from indextts_train.losses import CHUNK_LOGITS, chunked_head_ce
 
 # Sizes UnifiedVoice hard-codes rather than reading from the config.
@@ -561,13 +562,20 @@ def _preview(names: list[str]) -> str:
     return f"{shown} (+{more} more)" if more > 0 else shown
 
 
-def _read_state(path: Path) -> dict[str, Tensor]:
-    """torch.load without pickled code; accepts a plain state dict or {'model': state_dict}."""
+def _read_state(path: Path, merge_adapters: bool) -> dict[str, Tensor]:
+    """torch.load without pickled code; accepts a plain state dict or {'model': state_dict}.
+
+    A --train-scope lora checkpoint of ours keeps the frozen base in `model` and the adapters in
+    `lora`; its weights are the two merged (unless `merge_adapters` is False: the caller hooks them).
+    """
     from indextts_train.checkpoint import load_checkpoint  # safe load: CRC check, no pickled code
 
     obj = load_checkpoint(path)
+    record = obj.get("lora") if isinstance(obj, Mapping) else None
     if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
         obj = obj["model"]
+        if merge_adapters and isinstance(record, Mapping):
+            obj = merge_lora(obj, record["adapters"], record_spec(record))
     if not isinstance(obj, Mapping) or not obj:
         raise UserError(f"{path}: not a gpt.pth state dict (expected a mapping of key -> tensor)")
     not_tensors = [str(k) for k, v in obj.items() if not isinstance(v, Tensor)]
@@ -661,7 +669,7 @@ def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
 
 
 def load_base_checkpoint(
-    path: str | Path, cfg: GPTConfig
+    path: str | Path, cfg: GPTConfig, *, merge_adapters: bool = True
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
     """Read an official (or community / our own) gpt.pth and check it against `cfg`.
 
@@ -671,7 +679,7 @@ def load_base_checkpoint(
     the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
     """
     path = Path(path)
-    state = clean_keys(_read_state(path)).state
+    state = clean_keys(_read_state(path, merge_adapters)).state
     resolve_family(cfg, state, path)
     problems = _layout_problems(state, cfg)
     if problems:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from indextts_train.accel import adamw_options
 from indextts_train.config import TrainConfig
@@ -20,7 +21,6 @@ from indextts_train.console import RunLogger
 from indextts_train.constants import TEXT_ROW_KEYS
 from indextts_train.errors import UserError
 from indextts_train.hardware import HardwarePlan
-from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.vocab import VocabPlan, remap_optimizer_rows
 
 
@@ -32,21 +32,22 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_adamw(model: UnifiedVoiceGPT, train: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
-    """AdamW; no weight decay on biases, norms and the speed embedding (1-D or tiny tensors).
+def build_adamw(named: list[tuple[str, nn.Parameter]], train: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
+    """AdamW over `named` (the trainable tensors of the scope: frozen ones get no state); no weight
+    decay on biases, norms and the speed embedding (1-D or tiny tensors).
 
     Returns the optimizer and the parameter names in optimizer order, which the checkpoint stores
     so optimizer state can be remapped by name when the vocabulary grows. Fused on CUDA (accel.py):
     the same state_dict format, so a checkpoint resumes across implementations.
     """
     decay, no_decay = [], []
-    for name, param in model.named_parameters():
+    for name, param in named:
         (decay if param.dim() >= 2 and not name.startswith("speed_emb") else no_decay).append((name, param))
     groups = [
         {"params": [p for _, p in decay], "weight_decay": train.weight_decay},
         {"params": [p for _, p in no_decay], "weight_decay": 0.0},
     ]
-    device = next(model.parameters()).device
+    device = named[0][1].device
     optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps,
                                   **adamw_options(device))
     return optimizer, [n for n, _ in decay] + [n for n, _ in no_decay]
@@ -70,8 +71,9 @@ class OptimizerSet:
     scaler: torch.amp.GradScaler
 
     @classmethod
-    def build(cls, model: UnifiedVoiceGPT, train: TrainConfig, plan: HardwarePlan, total_steps: int) -> OptimizerSet:
-        optimizer, names = build_adamw(model, train)
+    def build(cls, named: list[tuple[str, nn.Parameter]], train: TrainConfig, plan: HardwarePlan,
+              total_steps: int) -> OptimizerSet:
+        optimizer, names = build_adamw(named, train)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_factor(s, train.warmup_steps, total_steps, train.min_lr_ratio))
         return cls(optimizer, names, scheduler, torch.amp.GradScaler("cuda", enabled=plan.use_grad_scaler))

@@ -32,6 +32,7 @@ from indextts_train.errors import UserError
 from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
+from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model import (
     UnifiedVoiceGPT,
     full_state_dict,
@@ -60,6 +61,13 @@ from indextts_train.sampling import (
     mix_change,
     parse_manifest_specs,
     sampler_spec,
+)
+from indextts_train.scope import (
+    apply_scope,
+    check_resume_scope,
+    scope_settings,
+    text_rows_trainable,
+    trainable_parameters,
 )
 from indextts_train.state import DataRecord, History, Progress, TrainingState, capture_rng
 from indextts_train.steps import LossModule
@@ -108,14 +116,40 @@ def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
 
 @dataclass
 class Weights:
-    """The model and the carried (untrained) encoder tensors: the checkpoint's `model`, official layout."""
+    """The model and the carried (untrained) encoder tensors: the checkpoint's `model`, official layout.
+
+    Under --train-scope lora also the adapters (the checkpoint's `lora`); the model's own tensors
+    are then the frozen base.
+    """
 
     model: UnifiedVoiceGPT
     carried: dict[str, Tensor]
     vocab_plan: VocabPlan
+    adapters: LoraAdapters | None = None
 
     def state_dict(self) -> dict[str, Tensor]:
         return full_state_dict(self.model, self.carried)
+
+    def adapter_record(self) -> dict | None:
+        return adapter_record(self.adapters) if self.adapters is not None else None
+
+    def trainable(self) -> list[tuple[str, nn.Parameter]]:
+        """What the optimizer steps and clipping measures, in a fixed order."""
+        return trainable_parameters(self.model, self.adapters)
+
+    def apply_scope(self, train: TrainConfig, record: dict | None, source: str) -> None:
+        """Freeze what the scope does not train; lora: new adapters (seeded) or the checkpoint's `record`."""
+        plan = self.vocab_plan
+        rows = text_rows_trainable(bool(plan.new_ids), plan.freeze_base)
+        generator = torch.Generator().manual_seed(train.seed + 1) if record is None else None
+        self.adapters = apply_scope(self.model, scope_settings(train), text_rows_train=rows, generator=generator)
+        if self.adapters is not None and record is not None:
+            load_adapters(self.adapters, record, source)
+
+    def to(self, device: torch.device) -> None:
+        self.model.to(device)
+        if self.adapters is not None:
+            self.adapters.to(device)
 
 
 @dataclass
@@ -182,7 +216,8 @@ class Run:
             weights=self.weights, optimizer_set=self.optim, progress=self.progress, history=self.history,
             data=self.data, info={"hparams": self.hparams(), "config": config_to_dict(self.config),
                   "vocab_plan": self.weights.vocab_plan.to_dict(), "hardware": self.plan.to_dict(),
-                  "sampler": self.schedule.sampler.state_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                  "sampler": self.schedule.sampler.state_dict(), "lora": self.weights.adapter_record(),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     def checkpoint_state(self) -> dict | None:
         """The checkpoint dict on rank 0; other ranks send their RNG state and get None."""
@@ -201,7 +236,8 @@ def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[Ha
     plan = choose_plan(device_info, config.gpt, effective_batch=train.effective_batch_size,
                        batch_size=train.batch_size, grad_accumulation=train.grad_accumulation,
                        num_workers=train.num_workers, amp=options.amp,
-                       activation_checkpointing=train.activation_checkpointing, world_size=dist.world_size)
+                       activation_checkpointing=train.activation_checkpointing, world_size=dist.world_size,
+                       scope=scope_settings(train))
     if plan.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -422,6 +458,8 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     seed_everything(train.seed + dist.rank)
     ckpt, path, protected = select_checkpoint(options.output_dir, options.resume, startup)
+    if ckpt is not None:
+        check_resume_scope(ckpt["config"].get("train") or {}, scope_settings(train), path)
     if ckpt is not None and train.batch_size == 0:
         plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup)
     growth = VocabPlan(tokens, tokens)
@@ -433,7 +471,8 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
     for part in (index, val_index):
         if part is not None:
             part.require_family(config.gpt.family)
-    weights.model.to(device)
+    weights.apply_scope(train, ckpt.get("lora") if ckpt is not None else None, str(path))
+    weights.to(device)
     reset = bool(growth.new_ids) and options.on_vocab_change == "reset"  # the run starts over
     fingerprint = data_fingerprint(index)
     changed = ckpt is not None and not reset and _check_data(ckpt, path, fingerprint, options, startup)
@@ -441,7 +480,7 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
                                  data_changed=changed), train.epochs, train.max_steps)
     if train.compile:
         compile_blocks(weights.model.gpt.h)
-    optim = OptimizerSet.build(weights.model, train, plan, schedule.total_steps(plan.effective_batch))
+    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.total_steps(plan.effective_batch))
     dataset = _dataset(index, config)
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
               History(), SkippingDataset(dataset) if options.skip_bad_lines else dataset, None, startup, ckpt,
@@ -455,8 +494,10 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
     run.val = _validation(val_index, val_specs, run.history, config) if val_index else None
     _republish_best(run, None if reset else path)
     startup.info(weights.vocab_plan.describe())
+    startup.info(f"train scope: {scope_settings(train).describe()}; "
+                 f"{sum(p.numel() for _, p in weights.trainable()):,} trainable parameters")
     run.freezer = family_freezer(weights.model, weights.vocab_plan, config.gpt, train, index.lang_ids, startup.info)
-    run.wrapped = LossModule(weights.model)
+    run.wrapped = LossModule(weights.model, weights.adapters)
     if dist.enabled:
         run.wrapped = nn.parallel.DistributedDataParallel(
             run.wrapped, device_ids=[device.index] if device.type == "cuda" else None)

@@ -15,22 +15,27 @@ base rows of the three text tensors as they were, for every scope.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
 
-from indextts_train.config import GPTConfig
+from indextts_train.config import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
-from indextts_train.lora import LoraAdapters, LoraSpec, adapted_layer_names, attach_lora
+from indextts_train.lora import LoraAdapters, LoraSpec, adapted_layer_names, attach_lora, parse_targets
 from indextts_train.model import official_shapes, trained_keys
 
 TRAIN_SCOPES = ("full", "partial", "lora")
 HEAD_PREFIXES = ("text_head.", "mel_head.")
 PARTIAL_EXTRA_PREFIXES = ("gpt.ln_f.", "final_norm.")
 _BLOCK = re.compile(r"^gpt\.h\.(\d+)\.")
+SCOPE_KEYS = ("train_scope", "partial_layers", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
 
 @dataclass(frozen=True)
@@ -74,10 +79,27 @@ class ScopeSettings:
         return "full (every tensor)"
 
 
-def parse_targets(value: str | list | tuple) -> tuple[str, ...]:
-    """`qkv,attn_out` (CLI) or a YAML list -> ('qkv', 'attn_out'); LoraSpec checks the names."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(str(item).strip() for item in items if str(item).strip())
+def scope_settings(train: Any) -> ScopeSettings:
+    """The scope settings of a TrainConfig (its train_scope, partial_layers and lora_* fields)."""
+    return ScopeSettings(train_scope=train.train_scope, partial_layers=train.partial_layers,
+                         lora=LoraSpec(rank=train.lora_rank, alpha=train.lora_alpha, dropout=train.lora_dropout,
+                                       targets=parse_targets(train.lora_targets)))
+
+
+def check_resume_scope(saved_train: dict, current: ScopeSettings, path: Path) -> None:
+    """Refuse a resume under another scope or other scope settings, naming both.
+
+    Switching in place would change which tensors the optimizer holds (and, for lora, the model
+    itself); the supported way is export (merged) and a new run from it as --base-checkpoint.
+    """
+    defaults = dataclasses.asdict(TrainConfig())
+    saved = scope_settings(SimpleNamespace(**{k: saved_train.get(k, defaults[k]) for k in SCOPE_KEYS}))
+    if saved.to_dict() == current.to_dict():
+        return
+    raise UserError(f"{path} was trained with --train-scope {saved.describe()}; this run asks for "
+                    f"{current.describe()}; a scope cannot change on resume: resume with the checkpoint's "
+                    "settings, or `indextts-train export` it (adapters merged) and start a new --output-dir "
+                    "with the export as --base-checkpoint")
 
 
 def text_rows_trainable(new_rows: bool, freeze_base: bool) -> bool:

@@ -20,7 +20,8 @@ Layout (a plain dict, loadable with torch.load(weights_only=True)):
     the training data's fingerprint and the samples --skip-bad-lines left out; created empty for
     files older than it), hparams, config, vocab_plan, hardware, created, sampler
     (sampling.SamplerSpec: the data order rule and mix; absent in files from before order rules,
-    which resume with rule 1), and after a repair: repaired.
+    which resume with rule 1), lora (the adapters and their settings of a --train-scope lora run, else
+    None or absent), and after a repair: repaired.
 A repaired checkpoint whose optimizer could not be matched to the weights holds None for
 optimizer, scheduler and scaler together (one matched set, reset together) and lists them in
 `repaired["unknown"]`; the trainer then starts a fresh optimizer at the stored step.
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from indextts_train.errors import CheckpointError
+from indextts_train.lora import record_problem
 from indextts_train.sampling import sampler_problem
 from indextts_train.schema import field_types, is_int, type_problem
 from indextts_train.vocab import VocabPlan
@@ -341,13 +343,34 @@ def optimizer_problems(state: dict) -> list[str]:
     elif len(names) != len(optimizer_params(optimizer)):
         problems.append(f"optimizer_param_names has {len(names)} names but the optimizer holds "
                         f"{len(optimizer_params(optimizer))} parameters")
-    elif isinstance(state["model"], dict) and set(names) - set(state["model"]):
-        problems.append(f"optimizer_param_names: {sorted(set(names) - set(state['model']))[0]!r} is not in model")
+    elif isinstance(state["model"], dict) and set(names) - set(state["model"]) - _adapter_names(state):
+        stray = sorted(set(names) - set(state["model"]) - _adapter_names(state))
+        problems.append(f"optimizer_param_names: {stray[0]!r} is not in model")
     if not isinstance(state["scheduler"], dict):
         problems.append("scheduler: expected a scheduler state_dict")
     if state["scaler"] is not None and not isinstance(state["scaler"], dict):
         problems.append("scaler: expected a GradScaler state_dict or None")
     return problems
+
+
+def _adapter_names(state: dict) -> set[str]:
+    record = state.get("lora")
+    adapters = record.get("adapters") if isinstance(record, dict) else None
+    return set(adapters) if isinstance(adapters, dict) else set()
+
+
+def lora_problems(state: dict) -> list[str]:
+    """`lora` (optional key): the adapters of a --train-scope lora run, and only of one."""
+    config = state["config"] if isinstance(state["config"], dict) else {}
+    train, gpt = config.get("train") or {}, config.get("gpt") or {}
+    lora_run = isinstance(train, dict) and train.get("train_scope") == "lora"
+    record = state.get("lora")
+    if not lora_run:
+        return [] if record is None else ["lora: adapters stored, but config.train.train_scope is not lora"]
+    if record is None:
+        return ["lora: missing; a --train-scope lora checkpoint needs its adapters"]
+    problem = record_problem(record, gpt.get("layers") if isinstance(gpt, dict) else None)
+    return [problem] if problem else []
 
 
 def _rng_problems(state: dict) -> list[str]:
@@ -381,7 +404,7 @@ def validate(state: dict) -> list[str]:
         if not_fp32:
             problems.append(f"model: {not_fp32[0]!r} is {model[not_fp32[0]].dtype}; "
                             "an exact resume needs float32 weights")
-    problems += optimizer_problems(state)
+    problems += optimizer_problems(state) + lora_problems(state)
     progress = Progress.problems(state["progress"])
     problems += progress or _rng_problems(state)
     problems += DataRecord.problems(state.get("data"))

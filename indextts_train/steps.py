@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 
 
 class LossModule(nn.Module):
-    """DDP only syncs gradients through `forward`, so the loss computation is the forward here."""
+    """DDP only syncs gradients through `forward`, so the loss computation is the forward here.
 
-    def __init__(self, model: UnifiedVoiceGPT) -> None:
+    It owns the LoRA adapters too (when the scope has them), so DDP syncs their gradients.
+    """
+
+    def __init__(self, model: UnifiedVoiceGPT, adapters: nn.Module | None = None) -> None:
         super().__init__()
         self.model = model
+        self.adapters = adapters
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, ...]:
         out = self.model.compute_losses(batch)
@@ -145,7 +149,7 @@ def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torc
         run.data.add_skipped(skipped)
     run.freezer.mask_grads()  # frozen rows: no update, and no weight in the clipping norm
     optim.scaler.unscale_(optim.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.train.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in run.weights.trainable()], run.config.train.grad_clip)
     finite = not any_rank(not step_is_finite(sums[0], grad_norm, scaled=optim.scaler.is_enabled()), run.dist,
                           run.device)
     if finite:
