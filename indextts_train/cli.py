@@ -116,11 +116,13 @@ def demo(
     max_steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 150,
     resume: Annotated[str | None, typer.Option(help="'auto' to continue an interrupted demo run.")] = "auto",
     family: Annotated[str, typer.Option(help="Model family: 2 (IndexTTS2, SentencePiece) or 2.5 (IndexTTS-2.5, tiktoken).")] = "2",
+    train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
     """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), then train on it and export."""
     from indextts_train.demo import run_demo
 
-    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family) or 0)
+    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
+                                 train_scope=train_scope) or 0)
 
 
 @app.command()

@@ -34,7 +34,8 @@ def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
     atomic_write(path, lambda handle: torch.save(state, handle))
 
 
-def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto", family: str = "2") -> int:
+def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto", family: str = "2",
+             train_scope: str = "full") -> int:
     from indextts_train.demo_data import make_demo_dataset
     from indextts_train.demo_data_v25 import make_demo_dataset_v25
 
@@ -63,6 +64,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
         train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],
         output_dir=run_dir, config=config_path, tokenizer=Path(paths["tokenizer"]), base_checkpoint=base,
         resume=resume, max_steps=max_steps, epochs=10_000, val_interval=50, save_interval=50, log_interval=10,
+        train_scope=train_scope,
     ))
     if code != 0:
         return code

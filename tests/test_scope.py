@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from indextts_train.config import GPTConfig
+from indextts_train.config import GPTConfig, config_from_dict
 from indextts_train.errors import UserError
 from indextts_train.lora import (
     LORA_TARGETS,
@@ -16,9 +16,10 @@ from indextts_train.lora import (
     adapter_file,
     apply_adapter_file,
     merge_lora,
+    parse_targets,
 )
 from indextts_train.model import Batch, UnifiedVoiceGPT, official_shapes, trained_keys
-from indextts_train.scope import ScopeSettings, apply_scope, parse_targets, scope_counts, trainable_parameters
+from indextts_train.scope import ScopeSettings, apply_scope, scope_counts, scope_settings, trainable_parameters
 from indextts_train.vocab import RowFreezer, VocabPlan
 
 BASE_TOKENS, TOKENS = 16, 20  # the vocabulary grew by 4 rows
@@ -259,6 +260,23 @@ def test_partial_layers_beyond_the_model_is_refused():
         apply_scope(_model(), ScopeSettings("partial", partial_layers=5), text_rows_train=True, generator=None)
 
 
-def test_targets_parse_from_the_cli_and_from_yaml():
+def test_targets_parse_from_a_flag_or_a_config_value():
     assert parse_targets("qkv, mlp_out") == ("qkv", "mlp_out")
-    assert parse_targets(["attn_out"]) == ("attn_out",)
+    assert parse_targets("attn_out") == ("attn_out",)
+
+
+@pytest.mark.parametrize(("train", "message"), [
+    ({"train_scope": "half"}, "train.train_scope 'half'"),
+    ({"train_scope": "lora", "lora_targets": "qkv,ffn"}, "train.lora_targets qkv,ffn"),
+    ({"lora_rank": 0}, "train.lora_rank must be an integer >= 1"),
+    ({"lora_rank": "8"}, "train.lora_rank: expected int"),
+])
+def test_config_train_section_checks_the_scope_keys(train, message):
+    with pytest.raises(UserError, match=message):
+        config_from_dict({"gpt": {}, "train": train}, "my.yaml")
+
+
+def test_config_scope_keys_become_settings():
+    train = config_from_dict({"gpt": {}, "train": {"train_scope": "lora", "lora_rank": 8, "lora_alpha": 8,
+                                                     "lora_targets": "qkv, mlp_in"}}).train
+    assert scope_settings(train) == ScopeSettings("lora", 4, LoraSpec(8, 8.0, 0.0, ("qkv", "mlp_in")))
