@@ -20,8 +20,8 @@ from indextts_train.cli import app
 from indextts_train.config import load_config
 from indextts_train.demo import run_demo
 from indextts_train.evaluate import evaluate_checkpoint
-from indextts_train.layout import official_shapes
 from indextts_train.lora import apply_adapter_file
+from indextts_train.model import official_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = load_config(ROOT / "configs" / "tiny.yaml").gpt
