@@ -1,9 +1,10 @@
 """What each --train-scope trains: parameter counts and gradient + AdamW bytes on the real configs,
 and the CPU time of one optimizer step per scope on a small config.
 
-Counts. The real IndexTTS2 GPT (configs/indextts2.yaml) is built on the meta device (shapes only, no
-memory, no weights), the scope is applied to it as training applies it (text rows trainable: the
-vocabulary grew), and the parameters that keep `requires_grad` (plus the LoRA adapters) are summed.
+Counts. The real IndexTTS2 and IndexTTS-2.5 GPTs (configs/indextts2.yaml, configs/indextts2_5.yaml)
+are built on the meta device (shapes only, no memory, no weights), the scope is applied to each as
+training applies it (text rows trainable: the vocabulary grew), and the parameters that keep
+`requires_grad` (plus the LoRA adapters) are summed.
 Gradient + AdamW state is 12 bytes per trainable number in fp32 (grad, exp_avg, exp_avg_sq); the
 weights themselves are 4 bytes per number for every scope. The figures are checked against
 `scope.scope_counts` (what hardware.py plans with).
@@ -41,7 +42,8 @@ from indextts_train.vocab import RowFreezer, VocabPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "scope.json"
-REAL_CONFIGS = {"indextts2": ROOT / "configs" / "indextts2.yaml"}
+REAL_CONFIGS = {"indextts2": ROOT / "configs" / "indextts2.yaml",
+                "indextts2.5": ROOT / "configs" / "indextts2_5.yaml"}
 SMALL = {"model_dim": 256, "layers": 6, "heads": 4, "max_mel_tokens": 120}
 SMALL_PARTIAL_LAYERS = 2
 BASE_TOKENS, TOKENS = 90, 100  # the small model's vocabulary grew by 10 rows

@@ -6,6 +6,12 @@
 - lora: low-rank adapters on the trunk (lora.py), the two heads and the text embedding when it has
   rows to learn; every base trunk weight frozen.
 
+IndexTTS-2.5's `lang_embedding` and `spk_emb_proj` (small: 107 and 193 rows) stay trainable in
+every scope and the row freezer decides what of them moves, as in full training: the rows of the
+languages the data has (the rest bit-identical), and `spk_emb_proj` only with --train-speaker-proj.
+So a new language learns its row under partial and lora too, and --train-speaker-proj may still
+change on resume (the optimizer's parameter set does not depend on it).
+
 "Rows to learn" means the vocabulary grew (new rows; the base rows stay frozen by the row freezer)
 or the user unfroze the base vocabulary. Frozen tensors get `requires_grad=False`: no gradient, no
 optimizer state, nothing AdamW's decay could move, so they stay bit-identical by construction. A
@@ -34,6 +40,7 @@ from indextts_train.model import official_shapes, trained_keys
 TRAIN_SCOPES = ("full", "partial", "lora")
 HEAD_PREFIXES = ("text_head.", "mel_head.")
 PARTIAL_EXTRA_PREFIXES = ("gpt.ln_f.", "final_norm.")
+ROW_FROZEN_PREFIXES = ("lang_embedding.", "spk_emb_proj.")  # IndexTTS-2.5: the row freezer decides
 _BLOCK = re.compile(r"^gpt\.h\.(\d+)\.")
 SCOPE_KEYS = ("train_scope", "partial_layers", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
@@ -111,7 +118,7 @@ def is_trainable(name: str, settings: ScopeSettings, layers: int, text_rows_trai
     """Whether the model parameter `name` (an official key) trains under `settings`."""
     if settings.train_scope == "full":
         return True
-    if name.startswith(HEAD_PREFIXES):
+    if name.startswith(HEAD_PREFIXES + ROW_FROZEN_PREFIXES):
         return True
     if name == "text_embedding.weight":
         return text_rows_train

@@ -646,8 +646,9 @@ def test_hardware_for_an_assumed_gpu(gpu, precision, scaler) -> None:
     assert "8 CPU core(s) (assumed: a typical rented single-GPU box" in human.stdout.splitlines()[1]
 
 
-def test_hardware_train_scope_lora_plans_a_bigger_micro_batch_on_l4() -> None:
-    real = ROOT / "configs" / "indextts2.yaml"
+@pytest.mark.parametrize("config", ["indextts2.yaml", "indextts2_5.yaml"])
+def test_hardware_train_scope_lora_plans_a_bigger_micro_batch_on_l4(config) -> None:
+    real = ROOT / "configs" / config
     plans = {scope: json.loads(cli("hardware", "--config", real, "--assume", "L4", "--train-scope", scope,
                                    "--json").stdout) for scope in ("full", "lora")}
     assert plans["lora"]["micro_batch"] > plans["full"]["micro_batch"]

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from indextts_train.config import GPTConfig, config_from_dict
+from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig, config_from_dict
+from indextts_train.constants import SPK_EMB_DIM
 from indextts_train.errors import UserError
 from indextts_train.lora import (
     LORA_TARGETS,
@@ -25,22 +26,30 @@ from indextts_train.vocab import RowFreezer, VocabPlan
 BASE_TOKENS, TOKENS = 16, 20  # the vocabulary grew by 4 rows
 
 
-def _cfg(layers: int = 3) -> GPTConfig:
+FAMILIES = [FAMILY_V2, FAMILY_V25]
+
+
+def _cfg(layers: int = 3, family: str = FAMILY_V2) -> GPTConfig:
     return GPTConfig(model_dim=32, heads=4, layers=layers, max_text_tokens=12, max_mel_tokens=16,
-                     number_text_tokens=TOKENS, number_mel_codes=18, start_mel_token=16, stop_mel_token=17)
+                     number_text_tokens=TOKENS, number_mel_codes=18, start_mel_token=16, stop_mel_token=17,
+                     family=family)
 
 
-def _batch(seed: int, size: int = 3) -> Batch:
+def _batch(seed: int, size: int = 3, family: str = FAMILY_V2) -> Batch:
     g = torch.Generator().manual_seed(seed)
+    v25 = family == FAMILY_V25  # speaker vector and language rows instead of the 32-row condition
     return Batch(text_ids=torch.randint(2, TOKENS, (size, 10), generator=g),
                  codes=torch.randint(0, 16, (size, 14), generator=g),
                  text_lengths=torch.tensor([10, 7, 4][:size]), code_lengths=torch.tensor([14, 9, 12][:size]),
-                 condition=torch.randn(size, 32, 32, generator=g), emo_vec=torch.randn(size, 32, generator=g))
+                 condition=None if v25 else torch.randn(size, 32, 32, generator=g),
+                 emo_vec=torch.randn(size, 32, generator=g),
+                 spk_emb=torch.randn(size, SPK_EMB_DIM, generator=g) if v25 else None,
+                 lang_ids=torch.tensor([0, 75, 0][:size]) if v25 else None)
 
 
-def _model(seed: int = 0, dropout: float = 0.0, layers: int = 3) -> UnifiedVoiceGPT:
+def _model(seed: int = 0, dropout: float = 0.0, layers: int = 3, family: str = FAMILY_V2) -> UnifiedVoiceGPT:
     torch.manual_seed(seed)
-    return UnifiedVoiceGPT(_cfg(layers), dropout=dropout)
+    return UnifiedVoiceGPT(_cfg(layers, family), dropout=dropout)
 
 
 def _settings(scope: str, **lora) -> ScopeSettings:
@@ -54,7 +63,7 @@ def _train(model, adapters, steps: int, plan: VocabPlan | None = None) -> torch.
     freezer = RowFreezer(model, plan or VocabPlan(BASE_TOKENS, TOKENS))
     model.train()
     for step in range(steps):
-        out = model.compute_losses(_batch(step))
+        out = model.compute_losses(_batch(step, family=model.cfg.family))
         (out.text_loss + out.mel_loss).backward()
         freezer.mask_grads()
         optimizer.step()
@@ -88,6 +97,20 @@ def test_lora_trains_adapters_heads_and_text_rows_only():
     assert len(layers) == 3 * len(LORA_TARGETS)
 
 
+@pytest.mark.parametrize("scope", ["partial", "lora"])
+def test_25_language_rows_and_speaker_projection_stay_with_the_row_freezer(scope):
+    """IndexTTS-2.5: lang_embedding and spk_emb_proj train in every scope; the row freezer (not the
+    scope) keeps the other languages' rows and, without --train-speaker-proj, spk_emb_proj as they were."""
+    model = _model(family=FAMILY_V25)
+    adapters = apply_scope(model, _settings(scope), text_rows_train=True, generator=torch.Generator())
+    trainable = {n for n, _ in trainable_parameters(model, adapters)}
+    assert {"spk_emb_proj.weight", "spk_emb_proj.bias", "lang_embedding.weight"} <= trainable
+    v2 = _model()
+    v2_adapters = apply_scope(v2, _settings(scope), text_rows_train=True, generator=torch.Generator())
+    shared = {n for n, _ in trainable_parameters(v2, v2_adapters)}
+    assert trainable - shared == {"spk_emb_proj.weight", "spk_emb_proj.bias", "lang_embedding.weight"}
+
+
 def test_without_rows_to_learn_the_text_embedding_freezes():
     model = _model()
     apply_scope(model, _settings("lora"), text_rows_train=False, generator=torch.Generator())
@@ -101,10 +124,11 @@ def test_full_trains_everything():
     assert all(p.requires_grad for p in model.parameters())
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("scope", ["full", "partial", "lora"])
 @pytest.mark.parametrize("rows", [True, False])
-def test_counts_from_shapes_equal_the_built_model(scope, rows):
-    model = _model()
+def test_counts_from_shapes_equal_the_built_model(scope, rows, family):
+    model = _model(family=family)
     adapters = apply_scope(model, _settings(scope), text_rows_train=rows, generator=None)
     counts = scope_counts(model.cfg, _settings(scope), text_rows_train=rows)
     assert counts["model"] == sum(p.numel() for p in model.parameters())
@@ -127,9 +151,10 @@ def test_real_config_lora_adapter_count_follows_the_layer_shapes():
 # ---- frozen stays frozen ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("scope", ["full", "partial", "lora"])
-def test_frozen_tensors_and_base_rows_stay_bit_identical_and_get_no_optimizer_state(scope):
-    model = _model(dropout=0.1)
+def test_frozen_tensors_and_base_rows_stay_bit_identical_and_get_no_optimizer_state(scope, family):
+    model = _model(dropout=0.1, family=family)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     adapters = apply_scope(model, _settings(scope, dropout=0.1), text_rows_train=True,
                            generator=torch.Generator().manual_seed(1))
@@ -188,8 +213,9 @@ def test_lora_gradients_equal_with_activation_checkpointing():
 # ---- merge --------------------------------------------------------------------------------------
 
 
-def test_merged_weights_give_the_adapter_models_logits():
-    model = _model(dropout=0.1)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_merged_weights_give_the_adapter_models_logits(family):
+    model = _model(dropout=0.1, family=family)
     adapters = apply_scope(model, _settings("lora", rank=4, alpha=8.0, dropout=0.1), text_rows_train=True,
                            generator=torch.Generator().manual_seed(2))
     _train(model, adapters, steps=4)
@@ -197,7 +223,7 @@ def test_merged_weights_give_the_adapter_models_logits():
     assert list(merged) == trained_keys(model.cfg)  # plain official keys, same order
     plain = UnifiedVoiceGPT(model.cfg, dropout=0.0)
     plain.load_state_dict(merged, strict=True)
-    batch = _batch(9)
+    batch = _batch(9, family=family)
     for got, want in zip(plain.eval()(batch), model.eval()(batch), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     adapters.detach_hooks()  # the adapted model without its adapters: the base trunk, which differs

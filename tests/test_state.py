@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
 from indextts_train.cli import app
+from indextts_train.errors import UserError
 from indextts_train.state import FORMAT_VERSION, History, Progress, migrate, validate
 from indextts_train.train import TrainOptions, train
 
@@ -59,6 +60,20 @@ def test_format_1_run_resumes_and_saves_the_current_format(format1, tmp_path) ->
     state = load_checkpoint(format1.parent / "latest.pth")
     assert state["format_version"] == FORMAT_VERSION and state["progress"]["step"] == 6
     assert [row[0] for row in state["history"]["train"]][:4] == [1, 2, 3, 4]  # format-1 history carried on
+
+
+def test_format_1_run_was_trained_full_and_refuses_another_scope(format1, tmp_path) -> None:
+    """A file from before --train-scope records none: it was a full run, and resumes only as one."""
+    from make_fixtures import CONFIG, write_dataset
+
+    train_manifest = write_dataset(tmp_path / "data", 24, seed=1, name="train.jsonl")
+    before = format1.read_bytes()
+    with pytest.raises(UserError) as refused:
+        train(TrainOptions(train_manifests=[train_manifest], output_dir=format1.parent, config=CONFIG,
+                           resume="auto", max_steps=6, train_scope="lora", tensorboard=False))
+    message = str(refused.value)
+    assert "\n" not in message and "was trained with --train-scope full" in message and "asks for lora" in message
+    assert format1.read_bytes() == before
 
 
 def test_format_1_exports(format1, tmp_path) -> None:

@@ -87,6 +87,10 @@ def test_the_form_becomes_flags_the_cli_accepts(tmp_path) -> None:
     assert context.params["max_steps"] == 7 and context.params["resume"] == "auto"
     assert str(context.params["tokenizer"]) == "bpe.model" and str(context.params["base_checkpoint"]) == "gpt.pth"
 
+    scoped = forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--train-scope lora --lora-rank 8"))
+    context = command.make_context("train", scoped)  # a train: setting without a field of its own: Other flags
+    assert context.params["train_scope"].value == "lora" and context.params["lora_rank"] == 8
+
     with pytest.raises(UserError, match="--max-steps must be a whole number"):
         forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}))
     with pytest.raises(UserError, match="Training manifests"):
