@@ -38,9 +38,9 @@ STEPS = 8  # 24 samples / effective batch 4: 6 steps an epoch, so a run crosses 
 SCOPE_FLAGS = {"partial": ("--train-scope", "partial"),  # the tiny configs: partial_layers 1 of 2 blocks
                "lora": ("--train-scope", "lora", "--lora-rank", "4", "--lora-dropout", "0.1")}
 CASES = [("2", "lora"), ("2", "partial"), ("2.5", "lora"), ("2.5", "partial")]
-# (family, scope) -> where the one kill lands: mid-save, past the epoch boundary, mid-step. IndexTTS2
-# partial is left out to keep the file short: its freezing is 2.5 partial's, and test_resume kills
-# IndexTTS2 runs at every point.
+# (family, scope) -> where the one kill lands: mid-save, past the epoch boundary (with adapter dropout),
+# mid-step. IndexTTS2 partial is left out to keep the file short (a kill costs a fresh process): its
+# freezing is 2.5 partial's, and test_resume kills IndexTTS2 runs at every point.
 KILLS = {("2", "lora"): "save_before_latest@4", ("2.5", "lora"): "accumulation@7",
          ("2.5", "partial"): "accumulation@3"}
 R, K = 320, 50  # IndexTTS-2.5 tiny: base tiktoken ranks and the ranks the grown vocabulary adds
