@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -294,11 +295,14 @@ def test_targets_parse_from_a_flag_or_a_config_value():
 @pytest.mark.parametrize(("train", "message"), [
     ({"train_scope": "half"}, "train.train_scope 'half'"),
     ({"train_scope": "lora", "lora_targets": "qkv,ffn"}, "train.lora_targets qkv,ffn"),
-    ({"lora_rank": 0}, "train.lora_rank must be an integer >= 1"),
+    ({"lora_rank": 0}, "train.lora_rank (--lora-rank) must be > 0, got 0"),
     ({"lora_rank": "8"}, "train.lora_rank: expected int"),
+    ({"partial_layers": -1}, "train.partial_layers (--partial-layers) must be > 0, got -1"),
+    ({"lora_alpha": float("nan")}, "train.lora_alpha (--lora-alpha) must be a finite number, got nan"),
+    ({"lora_dropout": 1.0}, "train.lora_dropout (--lora-dropout) must be in [0, 1), got 1.0"),
 ])
 def test_config_train_section_checks_the_scope_keys(train, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(UserError, match=re.escape(message)):
         config_from_dict({"gpt": {}, "train": train}, "my.yaml")
 
 

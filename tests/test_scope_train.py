@@ -195,7 +195,7 @@ def test_the_scope_cannot_change_on_resume(family_data, reference, tmp_path, fam
     out = tmp_path / "run"
     shutil.copytree(reference(family, "lora"), out, ignore=shutil.ignore_patterns("logs"))
     args = scoped_args(family_data[family], family, out, "lora")[3:-len(SCOPE_FLAGS["lora"])]
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.pth")}  # checkpoints untouched (the lock aside)
     for flags, needle in ((["--train-scope", "full"], "this run asks for full"),
                           (["--train-scope", "lora", "--lora-rank", "8"], "asks for lora (rank 8")):
         result = CliRunner().invoke(app, args + flags)
@@ -203,7 +203,7 @@ def test_the_scope_cannot_change_on_resume(family_data, reference, tmp_path, fam
         line = result.stderr.strip()
         assert "\n" not in line and "was trained with --train-scope lora (rank 4" in line and needle in line
         assert "export" in line  # says how to switch
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.pth")} == before
     state = load_checkpoint(out / "latest.pth")  # a lora checkpoint without its adapters cannot resume
     del state["lora"]
     torch.save(state, tmp_path / "no_adapters.pth")
