@@ -37,7 +37,8 @@ import torch
 
 from indextts_train.accel import adamw_options, compile_blocks
 from indextts_train.config import GPTConfig, load_config
-from indextts_train.hardware import choose_plan, detect_device, estimate_memory, is_oom_error
+from indextts_train.hardware import choose_plan, detect_device, is_oom_error
+from indextts_train.memory import estimate_memory
 from indextts_train.model import Batch, UnifiedVoiceGPT, losses_from_logits
 
 ROOT = Path(__file__).resolve().parents[1]

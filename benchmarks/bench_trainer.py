@@ -44,7 +44,8 @@ import yaml
 from indextts_train.config import load_config
 from indextts_train.data import ManifestDataset, ManifestIndex, collate
 from indextts_train.demo import make_base_checkpoint
-from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -227,7 +227,10 @@ def _summary(obj: dict, kind: str, path: Path) -> dict:
     tensors = list(weights.values()) if isinstance(weights, dict) else []
     sizes = {"file_bytes": path.stat().st_size, "tensors": len(tensors),
              "params": sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))}
-    from indextts_train.model import clean_keys, family_of_keys  # not at the top: model imports this module
+    from indextts_train.layout import (
+        clean_keys,
+        family_of_keys,  # not at the top: layout imports this module
+    )
 
     found = family_of_keys(clean_keys(weights).state) if isinstance(weights, dict) else None
     family = FAMILY_NAMES.get(found, "unknown")  # IndexTTS2 or IndexTTS-2.5, from the weights' keys

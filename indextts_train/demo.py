@@ -17,7 +17,8 @@ from indextts_train.atomic import atomic_write, atomic_write_bytes
 from indextts_train.config import load_config
 from indextts_train.errors import UserError
 from indextts_train.export import export_checkpoint
-from indextts_train.model import UnifiedVoiceGPT, full_state_dict, init_carried
+from indextts_train.layout import full_state_dict, init_carried
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.train import TrainOptions, train
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"

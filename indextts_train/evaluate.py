@@ -12,8 +12,9 @@ from indextts_train.checkpoint import config_for, load_checkpoint
 from indextts_train.config import DEFAULT_CONFIG, Config
 from indextts_train.data import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
+from indextts_train.layout import load_base_checkpoint
 from indextts_train.lora import attach_lora, load_adapters, record_spec
-from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.model import Batch, UnifiedVoiceGPT
 
 SUM_NAMES = ("text_ce", "text_count", "mel_ce", "mel_count", "mel_correct", "samples")
 

@@ -7,7 +7,7 @@ strict: a misnamed tensor would load silently as random weights, so the file hol
 key set of `layout.official_shapes`. Stock 2.5 inference reads its vocabulary from
 `<model_dir>/multilingual_zh_ja_yue_char_del.tiktoken`, so a grown `.tiktoken` is written beside the
 export under that name. A --train-scope lora checkpoint is exported with its adapters merged into
-the plain weights (model.load_base_checkpoint); `adapters_out` also writes the adapters alone, with
+the plain weights (layout.load_base_checkpoint); `adapters_out` also writes the adapters alone, with
 what they apply to.
 """
 
@@ -24,8 +24,8 @@ from indextts_train.checkpoint import BEST, LATEST, config_for, load_checkpoint,
 from indextts_train.config import Config, config_from_dict, gpt_to_dict, version_of_family
 from indextts_train.data_v25 import borrow_notes
 from indextts_train.errors import UserError
+from indextts_train.layout import load_base_checkpoint, official_shapes, trained_keys
 from indextts_train.lora import adapter_file, record_spec
-from indextts_train.model import load_base_checkpoint, official_shapes, trained_keys
 from indextts_train.scope import is_trainable, scope_settings, text_rows_trainable
 from indextts_train.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
 from indextts_train.vocab import VocabPlan

@@ -28,7 +28,7 @@ from indextts_train.checkpoint import (
 )
 from indextts_train.config import FAMILY_V25, TrainConfig
 from indextts_train.errors import UserError
-from indextts_train.model import clean_keys, family_of_keys
+from indextts_train.layout import clean_keys, family_of_keys
 from indextts_train.schema import field_types, is_int
 from indextts_train.state import (
     FORMAT,

@@ -32,15 +32,9 @@ from indextts_train.errors import UserError
 from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
+from indextts_train.layout import full_state_dict, init_carried, load_base_checkpoint, resolve_family, settle_family
 from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
-from indextts_train.model import (
-    UnifiedVoiceGPT,
-    full_state_dict,
-    init_carried,
-    load_base_checkpoint,
-    resolve_family,
-    settle_family,
-)
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.optim import OptimizerSet
 from indextts_train.resume import (
     remembered_oom_plan,
@@ -353,7 +347,7 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
 def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
                     tokenizer: Path | None) -> tuple[Weights, VocabPlan]:
     """The checkpoint's weights, text rows grown when the tokenizer grew; also that growth (saved -> now)."""
-    from indextts_train.model import split_state_dict
+    from indextts_train.layout import split_state_dict
 
     train = config.train
     resolve_family(config.gpt, ckpt["model"], path)

@@ -34,8 +34,8 @@ from torch import nn
 
 from indextts_train.config import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
+from indextts_train.layout import official_shapes, trained_keys
 from indextts_train.lora import LoraAdapters, LoraSpec, adapted_layer_names, attach_lora, parse_targets
-from indextts_train.model import official_shapes, trained_keys
 
 TRAIN_SCOPES = ("full", "partial", "lora")
 HEAD_PREFIXES = ("text_head.", "mel_head.")

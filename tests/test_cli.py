@@ -30,7 +30,7 @@ from indextts_train.checkpoint import load_checkpoint
 from indextts_train.cli import app
 from indextts_train.config import load_config
 from indextts_train.demo_data import AMHARIC, ENGLISH
-from indextts_train.model import trained_keys
+from indextts_train.layout import trained_keys
 from indextts_train.scope import ScopeSettings, scope_counts
 from indextts_train.train import TrainOptions, train
 

@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint import load_checkpoint
 from indextts_train.cli import app
 from indextts_train.config import load_config
-from indextts_train.model import UnifiedVoiceGPT, official_shapes, split_state_dict
+from indextts_train.layout import official_shapes, split_state_dict
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.train import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,24 +10,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from indextts_train import hardware
+from indextts_train import hardware, memory
 from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.hardware import (
-    GIB,
     KNOWN_GPUS,
     HardwarePlan,
     assume_device,
     choose_plan,
     detect_device,
-    estimate_memory,
     gpu_table,
     halve_for_oom,
     is_oom_error,
-    max_sequence_positions,
-    trained_parameter_count,
 )
 from indextts_train.lora import LoraSpec
+from indextts_train.memory import GIB, estimate_memory, max_sequence_positions, trained_parameter_count
 from indextts_train.scope import ScopeSettings, scope_counts
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -356,8 +353,8 @@ def test_gradients_and_adamw_state_are_counted_for_trainable_tensors_only(scope,
     # stepped number) and the chunked loss's working set
     fixed = estimate_memory(cfg, 0, precision="fp32", activation_checkpointing=True, scope=scope)
     weights = 4 * (counts["model"] + counts["adapters"])
-    transient = max(4 * counts["trainable"], hardware.loss_working_bytes(cfg, 4))
-    assert fixed == weights + 12 * counts["trainable"] + transient + hardware.CUDA_RESERVE_BYTES
+    transient = max(4 * counts["trainable"], memory.loss_working_bytes(cfg, 4))
+    assert fixed == weights + 12 * counts["trainable"] + transient + memory.CUDA_RESERVE_BYTES
     ddp = estimate_memory(cfg, 0, precision="fp32", activation_checkpointing=True, scope=scope, world_size=2)
     assert ddp - fixed == 4 * counts["trainable"]
 

@@ -11,8 +11,9 @@ from helpers import reference_batch
 from test_model_v25 import v25_batch
 
 from indextts_train.config import load_config
+from indextts_train.layout import load_base_checkpoint
 from indextts_train.losses import chunked_head_ce
-from indextts_train.model import Batch, UnifiedVoiceGPT, load_base_checkpoint, losses_from_hidden, losses_from_logits
+from indextts_train.model import Batch, UnifiedVoiceGPT, losses_from_hidden, losses_from_logits
 
 REF = Path(__file__).resolve().parent / "data" / "reference"
 CASES = {"indextts2": (REF / "tiny", reference_batch), "indextts2.5": (REF / "v2_5" / "tiny", v25_batch)}

@@ -12,17 +12,15 @@ from helpers import reference_batch
 
 from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
-from indextts_train.model import (
-    UnifiedVoiceGPT,
-    aligned_sequences,
+from indextts_train.layout import (
     full_state_dict,
     init_carried,
     load_base_checkpoint,
-    masked_token_ce,
     official_shapes,
     split_state_dict,
     trained_keys,
 )
+from indextts_train.model import UnifiedVoiceGPT, aligned_sequences, masked_token_ce
 
 REF = Path(__file__).resolve().parent / "data" / "reference"
 TINY = REF / "tiny"
@@ -284,7 +282,7 @@ def test_unreadable_or_absent_checkpoint_is_a_user_error_naming_the_path(cfg, tm
 
 @pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod."])
 def test_ddp_and_compiled_prefixes_load_as_base_checkpoint(cfg, reference_sd, tmp_path, prefix):
-    """The same key cleanup as `repair` (model.clean_keys): wrapped weights are usable as --base-checkpoint."""
+    """The same key cleanup as `repair` (layout.clean_keys): wrapped weights are usable as --base-checkpoint."""
     path = tmp_path / "wrapped.pth"
     torch.save({f"{prefix}{k}": v for k, v in reference_sd.items()}, path)
     trained, carried, _ = load_base_checkpoint(path, cfg)

@@ -13,15 +13,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig, load_config
 from indextts_train.errors import UserError
-from indextts_train.model import (
-    Batch,
-    UnifiedVoiceGPT,
-    full_state_dict,
-    init_carried,
-    load_base_checkpoint,
-    official_shapes,
-    trained_keys,
-)
+from indextts_train.layout import full_state_dict, init_carried, load_base_checkpoint, official_shapes, trained_keys
+from indextts_train.model import Batch, UnifiedVoiceGPT
 
 REF = Path(__file__).resolve().parent / "data" / "reference"
 V25 = REF / "v2_5"

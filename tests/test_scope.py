@@ -11,6 +11,7 @@ import torch
 from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig, config_from_dict
 from indextts_train.constants import SPK_EMB_DIM
 from indextts_train.errors import UserError
+from indextts_train.layout import official_shapes, trained_keys
 from indextts_train.lora import (
     LORA_TARGETS,
     LoraSpec,
@@ -20,7 +21,7 @@ from indextts_train.lora import (
     merge_lora,
     parse_targets,
 )
-from indextts_train.model import Batch, UnifiedVoiceGPT, official_shapes, trained_keys
+from indextts_train.model import Batch, UnifiedVoiceGPT
 from indextts_train.scope import ScopeSettings, apply_scope, scope_counts, scope_settings, trainable_parameters
 from indextts_train.vocab import RowFreezer, VocabPlan
 

@@ -29,8 +29,8 @@ from indextts_train.config import load_config
 from indextts_train.constants import TEXT_ROW_KEYS
 from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.export import TIKTOKEN_NAME, export_checkpoint
+from indextts_train.layout import official_shapes
 from indextts_train.lora import apply_adapter_file
-from indextts_train.model import official_shapes
 from indextts_train.scope import ScopeSettings
 
 ROOT = Path(__file__).resolve().parents[1]

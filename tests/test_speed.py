@@ -15,7 +15,8 @@ from indextts_train.accel import adamw_options, compile_blocks
 from indextts_train.async_save import BackgroundSaver, cpu_snapshot
 from indextts_train.checkpoint import load_checkpoint
 from indextts_train.config import load_config
-from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.train import TrainOptions, train
 
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"

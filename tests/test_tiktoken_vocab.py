@@ -10,7 +10,8 @@ import torch
 
 from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
-from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.state import FORMAT_VERSION, migrate
 from indextts_train.tiktoken_vocab import (
     LANGUAGE_CODES,

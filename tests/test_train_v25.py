@@ -25,7 +25,7 @@ from indextts_train.cli import app
 from indextts_train.config import config_to_dict, load_config
 from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.export import export_checkpoint
-from indextts_train.model import official_shapes
+from indextts_train.layout import official_shapes
 from indextts_train.repair import repair_checkpoint
 from indextts_train.sampling import ManifestSpec, epoch_order, sampler_spec
 from indextts_train.tiktoken_vocab import extend_tiktoken, read_tiktoken

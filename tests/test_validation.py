@@ -15,7 +15,8 @@ from indextts_train.config import load_config
 from indextts_train.data import ManifestDataset, ManifestIndex
 from indextts_train.errors import UserError
 from indextts_train.evaluate import evaluate_checkpoint
-from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.sampling import parse_manifest_spec
 from indextts_train.validation import (
     check_limit_groups,

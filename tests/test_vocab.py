@@ -12,7 +12,8 @@ from helpers import reference_batch
 from indextts_train.config import GPTConfig, load_config
 from indextts_train.constants import TEXT_ROW_KEYS
 from indextts_train.errors import UserError
-from indextts_train.model import UnifiedVoiceGPT, load_base_checkpoint
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.vocab import (
     RowFreezer,
     VocabPlan,
