@@ -18,7 +18,6 @@ benchmarks/results/async_save.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import write_result
 
 from indextts_train import checkpoint as ckpt
 from indextts_train.async_save import BackgroundSaver, cpu_snapshot
@@ -115,9 +115,7 @@ def main() -> None:
         "torch": torch.__version__, "machine": f"{platform.machine()} {platform.system()}",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(RESULT, result)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Writes benchmarks/results/checkpoint.json and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from report import write_result
 
 from indextts_train import checkpoint as ckpt
 from indextts_train.state import History, Progress
@@ -112,9 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         result = measure(args.mb, args.repeats, Path(tmp))
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(RESULT, result)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import write_result
 
 from indextts_train.config import GPTConfig
 from indextts_train.model import Batch, losses_from_hidden, losses_from_logits
@@ -103,9 +104,7 @@ def main() -> None:
         "torch": torch.__version__, "machine": f"{platform.machine()} {platform.system()}",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(RESULT, result)
 
 
 if __name__ == "__main__":

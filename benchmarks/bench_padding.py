@@ -19,11 +19,11 @@ Writes benchmarks/results/padding.json and prints a table. Rerun it after changi
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
+from report import write_result
 
 from indextts_train.config import TrainConfig
 from indextts_train.constants import PREFIX_LEN
@@ -85,8 +85,7 @@ def main() -> None:
         "default": [r for r in rows if r["sort_window"] == default_window],
         "all": rows, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULT, result, echo=False)
     print(f"{'sort_window':>11} {'micro_batch':>11} {'padding':>8} {'text':>6} {'codes':>6}")
     for r in rows:
         print(f"{r['sort_window']:>11} {r['micro_batch']:>11} {r['padding_share']:>8.1%} "

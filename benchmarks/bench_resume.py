@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from report import write_result
 
 from indextts_train.checkpoint import verify_checkpoint
 from indextts_train.demo import make_base_checkpoint
@@ -134,9 +135,7 @@ def main() -> None:
         parser.error("need 0 <= --early < --late <= --lines - 8 (rounded down to whole steps of 8)")
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(Path(tmp), args.lines, {"early": args.early, "late": args.late}, args.repeats)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
+    write_result(RESULT, result)
 
 
 if __name__ == "__main__":

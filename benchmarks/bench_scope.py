@@ -25,7 +25,6 @@ Writes benchmarks/results/scope.json and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import write_result
 
 from indextts_train.config import GPTConfig, load_config
 from indextts_train.lora import LoraSpec
@@ -150,9 +150,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
+    write_result(RESULT, result)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ Writes benchmarks/results/trainer.json and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from report import write_result
 
 from indextts_train.config import load_config
 from indextts_train.data import ManifestDataset, ManifestIndex, collate
@@ -259,9 +259,7 @@ def main() -> None:
                      "with 0 < warmup < steps")
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(Path(tmp), args.steps, args.warmup, args.samples, args.save_interval, args.rounds)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
+    write_result(RESULT, result)
 
 
 if __name__ == "__main__":
