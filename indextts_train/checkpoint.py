@@ -153,15 +153,17 @@ def load_checkpoint(path: Path, *, mmap: bool = False, crc_checked: bool = False
     return migrate(obj) if obj.get("format") == FORMAT else obj
 
 
-def config_for(path: Path, explicit: Path | None, *, fallback: Path | None = None) -> Config:
+def config_for(path: Path, explicit: Path | None, *, fallback: Path | None = None,
+               loaded: dict | None = None) -> Config:
     """The config a checkpoint was trained with: `explicit` if given, else the one stored in it.
 
-    Read by mmap: only the small config is touched, not the tensors. `fallback` serves files that
-    store none (a bare gpt.pth); without one, such a file is a one-line error.
+    `loaded` is the file's contents when the caller has read it already (load_verified); otherwise
+    it is read by mmap: only the small config is touched, not the tensors. `fallback` serves files
+    that store none (a bare gpt.pth); without one, such a file is a one-line error.
     """
     if explicit is not None:
         return load_config(explicit)
-    state = load_checkpoint(path, mmap=True)
+    state = loaded if loaded is not None else load_checkpoint(path, mmap=True)
     stored = state.get("config")
     if isinstance(stored, dict) and "gpt" in stored:
         return config_from_dict(stored, f"{path} (stored config)")
@@ -256,11 +258,35 @@ def _community_reasons(obj: dict) -> list[str]:
 
 def verify_checkpoint(path: Path) -> Verdict:
     """COMPLETE (exact resume possible), PARTIAL (weights usable, resume state missing) or INCOMPLETE."""
+    return _read_and_verify(Path(path))[1]
+
+
+def load_verified(path: Path) -> dict:
+    """The one read of a checkpoint whose weights a command uses (export, evaluate).
+
+    verify_checkpoint's checks (CRC, no pickled code, usable finite weights), an INCOMPLETE file
+    refused with its one-line reason, then what `load_checkpoint(path, mmap=True)` returns: tensor
+    data stays on disk until touched, so the callers share it without reading the file again.
+    """
     path = Path(path)
+    obj, verdict = _read_and_verify(path)
+    if verdict.status == "INCOMPLETE":
+        reason = verdict.reasons[0]
+        raise CheckpointError(reason if str(path) in reason else f"{path}: {reason}")
+    return migrate(obj) if obj.get("format") == FORMAT else obj  # not INCOMPLETE: a dict
+
+
+def _read_and_verify(path: Path) -> tuple[Any, Verdict]:
+    """The file's objects (None when unreadable) and verify_checkpoint's verdict on them."""
     try:
         obj = _read(path, mmap=True)  # mmap: shapes and types are enough, tensor data stays on disk
     except CheckpointError as exc:
-        return Verdict("INCOMPLETE", "unknown", [str(exc)])
+        return None, Verdict("INCOMPLETE", "unknown", [str(exc)])
+    return obj, _verdict(obj, path)
+
+
+def _verdict(obj: Any, path: Path) -> Verdict:
+    """verify_checkpoint's verdict on what `path` held."""
     kind = _kind(obj)
     if kind == "unknown":
         what = f"a dict with keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"

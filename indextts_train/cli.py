@@ -41,19 +41,6 @@ def run_guarded(fn, *args, **kwargs):
         fail(user_line(exc))
 
 
-def require_weights(checkpoint: Path) -> None:
-    """Stop with the checkpoint module's one-line reason when a file is missing, damaged or unsafe.
-
-    Loaders further down only know "a base checkpoint", so their wording would mislead here.
-    """
-    from indextts_train.checkpoint import verify_checkpoint
-
-    verdict = verify_checkpoint(checkpoint)
-    if verdict.status == "INCOMPLETE":
-        reason = verdict.reasons[0]
-        fail(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
-
-
 def require_positive(value: int | None, flag: str) -> None:
     """Flags that count things: 0 or less is a typo, never a request."""
     if value is not None and value < 1:
@@ -134,13 +121,17 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
+    from indextts_train.checkpoint import load_verified
     from indextts_train.evaluate import evaluate_checkpoint
     from indextts_train.sampling import parse_manifest_specs
 
     require_positive(batch_size, "--batch-size")
-    require_weights(checkpoint)
+    # The one read; a missing, damaged or unsafe file stops here, in the checkpoint module's words
+    # (loaders further down only know "a base checkpoint", so their wording would mislead).
+    loaded = run_guarded(load_verified, checkpoint)
     specs = run_guarded(parse_manifest_specs, manifest, "--manifest", weights=False)
-    result = run_guarded(evaluate_checkpoint, checkpoint, [s.path for s in specs], config, batch_size=batch_size)
+    result = run_guarded(evaluate_checkpoint, checkpoint, [s.path for s in specs], config, batch_size=batch_size,
+                         loaded=loaded)
     if as_json:
         typer.echo(json.dumps(result, indent=1))
     else:
@@ -308,13 +299,13 @@ def export(
     adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
 ) -> None:
     """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows, LoRA merged)."""
-    from indextts_train.export import export_checkpoint, export_source, provenance
+    from indextts_train.export import export_checkpoint, export_source
 
     source = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
                           tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer,
                           adapters_out=adapters_out)
-    origin = run_guarded(provenance, source)
+    origin = summary["provenance"]
     typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
     family = f" ({summary['family']} layout)" if summary["family"] != "IndexTTS2" else ""
     typer.echo(f"wrote {output}: {summary['tensors']} tensors, text rows {summary['text_rows']} "

@@ -64,16 +64,18 @@ def evaluate(model: UnifiedVoiceGPT, loader: Iterable[Batch], config: Config, de
 
 
 def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path: Path | None = None, *,
-                        batch_size: int = 8) -> dict:
+                        batch_size: int = 8, loaded: dict | None = None) -> dict:
     """Evaluate any checkpoint (ours, community, gpt.pth) on manifests, batches in manifest order.
 
     Without `config_path`, the config stored in the checkpoint (ours), else configs/indextts2.yaml.
+    The file is read once: `loaded` when the caller has read it already (the CLI's load_verified).
     """
-    config = config_for(checkpoint, config_path, fallback=DEFAULT_CONFIG)
+    if loaded is None:
+        loaded = load_checkpoint(checkpoint, mmap=True)  # tensor data stays on disk until the model copies it
+    config = config_for(checkpoint, config_path, fallback=DEFAULT_CONFIG, loaded=loaded)
     # A --train-scope lora checkpoint runs as it trained: the frozen base with the adapters hooked in.
-    stored = load_checkpoint(checkpoint, mmap=True)
-    record = stored.get("lora") if isinstance(stored, dict) else None
-    trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt, merge_adapters=False)
+    record = loaded.get("lora")
+    trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt, merge_adapters=False, loaded=loaded)
     config.gpt.number_text_tokens = tokens  # the checkpoint's rows decide, minus the extra row
     model = UnifiedVoiceGPT(config.gpt, dropout=0.0)
     model.load_state_dict(trained, strict=True)

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from indextts_train.atomic import atomic_write, atomic_write_bytes, atomic_write_text
-from indextts_train.checkpoint import BEST, LATEST, config_for, load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint import BEST, LATEST, config_for, load_verified
 from indextts_train.config import Config, config_from_dict, gpt_to_dict, version_of_family
 from indextts_train.data_v25 import borrow_notes
 from indextts_train.errors import UserError
@@ -52,9 +52,8 @@ def export_source(checkpoint: Path, pick: str | None) -> Path:
     return found
 
 
-def provenance(checkpoint: Path) -> str:
-    """'step N, val loss X' for one of our checkpoints (read by mmap), '' for other files."""
-    state = load_checkpoint(checkpoint, mmap=True)
+def provenance(state: dict) -> str:
+    """'step N, val loss X' for one of our checkpoints (`state`: what load_verified read), '' for other files."""
     progress, history = state.get("progress"), state.get("history")
     if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
         return ""
@@ -82,18 +81,16 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         _check_targets(checkpoint, base_config, adapters_out, None)
         if adapters_out.resolve() in {p.resolve() for p in (output, config_out, vocab_copy) if p is not None}:
             raise UserError(f"{adapters_out}: --adapters-out must be its own file, not -o or --config-out")
-    verdict = verify_checkpoint(checkpoint)  # missing/damaged/unsafe: the checkpoint module's own words
-    if verdict.status == "INCOMPLETE":
-        reason = verdict.reasons[0]
-        raise UserError(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
+    # The one read of the checkpoint (several GB): missing/damaged/unsafe/unusable files are refused in
+    # the checkpoint module's own words, and everything below uses what it read.
+    loaded = load_verified(checkpoint)
     if adapters_out is not None:
-        payload = _adapter_payload(checkpoint, load_checkpoint(checkpoint))  # refused before anything is written
-    config = config_for(checkpoint, base_config)
-    trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt)
-    stored = load_checkpoint(checkpoint, mmap=True)  # its settings name borrowed language rows
+        payload = _adapter_payload(checkpoint, loaded)  # refused before anything is written
+    config = config_for(checkpoint, base_config, loaded=loaded)
+    trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
     config.gpt.number_text_tokens = tokens
     vocab = _checked_vocabulary(tokenizer, tokens, config) if vocab_copy is not None else None
-    hparams = stored.get("hparams") if isinstance(stored.get("hparams"), dict) else {}
+    hparams = loaded.get("hparams") if isinstance(loaded.get("hparams"), dict) else {}  # borrowed language rows
     notes = borrow_notes(hparams.get("borrow_languages"))
     merged = {**carried, **trained}
     state = {key: merged[key].to(DTYPES[dtype]) if merged[key].is_floating_point() else merged[key]
@@ -113,7 +110,8 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         except OSError as exc:
             raise UserError(f"could not write {adapters_out}: {exc.strerror or exc}") from None
     return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family_name,
-            "numel": sum(t.numel() for t in state.values()), "tokenizer": vocab_copy, "notes": notes}
+            "numel": sum(t.numel() for t in state.values()), "tokenizer": vocab_copy, "notes": notes,
+            "provenance": provenance(loaded)}
 
 
 def _adapter_payload(checkpoint: Path, loaded: object) -> dict:

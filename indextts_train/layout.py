@@ -232,15 +232,16 @@ def _preview(names: list[str]) -> str:
     return f"{shown} (+{more} more)" if more > 0 else shown
 
 
-def _read_state(path: Path, merge_adapters: bool) -> dict[str, Tensor]:
+def _read_state(path: Path, merge_adapters: bool, loaded: object | None = None) -> dict[str, Tensor]:
     """torch.load without pickled code; accepts a plain state dict or {'model': state_dict}.
 
+    `loaded` is what the checkpoint module's loader returned when the caller has read `path` already.
     A --train-scope lora checkpoint of ours keeps the frozen base in `model` and the adapters in
     `lora`; its weights are the two merged (unless `merge_adapters` is False: the caller hooks them).
     """
     from indextts_train.checkpoint import load_checkpoint  # safe load: CRC check, no pickled code
 
-    obj = load_checkpoint(path)
+    obj = load_checkpoint(path) if loaded is None else loaded
     record = obj.get("lora") if isinstance(obj, Mapping) else None
     if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
         obj = obj["model"]
@@ -339,9 +340,12 @@ def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
 
 
 def load_base_checkpoint(
-    path: str | Path, cfg: GPTConfig, *, merge_adapters: bool = True
+    path: str | Path, cfg: GPTConfig, *, merge_adapters: bool = True, loaded: object | None = None
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
     """Read an official (or community / our own) gpt.pth and check it against `cfg`.
+
+    `loaded`: the file as `checkpoint.load_verified` / `load_checkpoint` returned it, when the
+    caller has read it already (`path` then only names it in messages).
 
     Sets cfg.family from the checkpoint's keys when the config does not state it (and refuses a
     config whose `version:` names the other family).
@@ -349,7 +353,7 @@ def load_base_checkpoint(
     the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
     """
     path = Path(path)
-    state = clean_keys(_read_state(path, merge_adapters)).state
+    state = clean_keys(_read_state(path, merge_adapters, loaded)).state
     resolve_family(cfg, state, path)
     problems = _layout_problems(state, cfg)
     if problems:

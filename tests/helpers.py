@@ -100,6 +100,36 @@ def names(output_dir: Path) -> set[str]:
     return {p.name for p in output_dir.iterdir()}
 
 
+class CheckpointReads:
+    """How often one checkpoint file is read: unpickled (`torch.load`) and CRC-checked (the pass over
+    every byte), counted from `install(monkeypatch)` on. Hard links of the file count as the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.loads = 0
+        self.crc_passes = 0
+
+    def _is_it(self, file) -> bool:
+        return isinstance(file, (str, os.PathLike)) and os.path.isfile(file) and os.path.samefile(file, self.path)
+
+    def install(self, monkeypatch) -> CheckpointReads:
+        import indextts_train.checkpoint as ckpt
+
+        real_load, real_crc = torch.load, ckpt._check_zip_crc
+
+        def load(file, *args, **kwargs):
+            self.loads += self._is_it(file)
+            return real_load(file, *args, **kwargs)
+
+        def crc(path):
+            self.crc_passes += self._is_it(path)
+            return real_crc(path)
+
+        monkeypatch.setattr(torch, "load", load)
+        monkeypatch.setattr(ckpt, "_check_zip_crc", crc)
+        return self
+
+
 # ---- file-system faults without privileges -----------------------------------------------------
 
 

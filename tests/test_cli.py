@@ -24,6 +24,7 @@ import sentencepiece as spm
 import torch
 import yaml
 from conftest import write_dataset
+from helpers import CheckpointReads
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint import load_checkpoint
@@ -587,6 +588,14 @@ def test_evaluate_uses_the_config_stored_in_the_checkpoint(complete, tiny_data, 
     assert result.exit_code == 2
     line = error_line(result.stderr, "val.jsonl:", "outside [0, 20)", "tokenizer")
     assert len(line) < 300
+
+
+def test_evaluate_reads_the_checkpoint_once(complete, tiny_data, monkeypatch) -> None:
+    """One CRC pass and one load serve the checks, the stored config and the weights (checkpoints are GBs)."""
+    reads = CheckpointReads(complete).install(monkeypatch)
+    result = cli("evaluate", "--checkpoint", complete, "--manifest", tiny_data["val"], "--json")
+    assert result.exit_code == 0, result.output
+    assert (reads.loads, reads.crc_passes) == (1, 1)
 
 
 @pytest.mark.parametrize("case", ["vocabulary smaller than the data", "code beyond the codec", "negative id"])

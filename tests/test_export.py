@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import CheckpointReads
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint import load_checkpoint
@@ -162,6 +163,17 @@ def test_export_into_an_indextts2_config_keeps_its_other_sections(grown_run, tmp
     assert written["version"] == base["version"] and written["gpt_checkpoint"] == "gpt_am.pth"
     assert written["gpt"] == {**base["gpt"], "number_text_tokens": 150}
     assert list(torch.load(out, weights_only=True)) == list(official_shapes(load_config(config_out).gpt))
+
+
+def test_export_reads_the_checkpoint_once(grown_run, tmp_path, monkeypatch) -> None:
+    """A real checkpoint is several GB: one CRC pass and one load serve the checks, the stored config,
+    the weights, the borrowed-rows notes and the provenance line."""
+    reads = CheckpointReads(grown_run["checkpoint"]).install(monkeypatch)
+    result = cli("export", grown_run["checkpoint"], "-o", tmp_path / "gpt.pth", "--config-out",
+                 tmp_path / "config.yaml")
+    assert result.exit_code == 0, result.output
+    assert f"exported {grown_run['checkpoint']} (step 2" in result.stdout  # the provenance, from that read
+    assert (reads.loads, reads.crc_passes) == (1, 1)
 
 
 @pytest.mark.parametrize("case", ["onto the checkpoint", "onto its hard link", "config onto gpt.pth",
