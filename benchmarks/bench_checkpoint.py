@@ -27,7 +27,7 @@ import torch
 from report import write_result
 
 from indextts_train import checkpoint as ckpt
-from indextts_train.state import History, Progress
+from indextts_train.state import DataRecord, History, Progress
 
 RESULT = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 TENSOR_NUMEL = 2**20  # 4 MiB float32 tensors
@@ -49,7 +49,7 @@ def build_state(total_mb: int) -> dict:
         "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": Progress(sampler_seed=1, micro_batch=1, grad_accumulation=1).state_dict(),
-        "rng": [ckpt.capture_rng()], "history": History().state_dict(),  # every field of the current format
+        "rng": [ckpt.capture_rng()], "history": History().state_dict(), "data": DataRecord().state_dict(),
         "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True},
     }
 

@@ -287,7 +287,11 @@ def model_problem(model: Any) -> str | None:
 def _first_nonfinite(tensors: Any, where: str) -> str | None:
     """`where[key]` of the first floating tensor in a nested dict/list holding NaN or Inf, or None."""
     if isinstance(tensors, torch.Tensor):
-        finite = not tensors.is_floating_point() or bool(torch.isfinite(tensors).all())
+        # A NaN or Inf anywhere makes the sum NaN or Inf, so a finite sum proves the tensor finite
+        # with one reduction and no bool copy (saves check every tensor of a multi-GB state); only
+        # a non-finite sum, which an overflow can also give, needs the element-wise check.
+        finite = (not tensors.is_floating_point() or bool(torch.isfinite(tensors.sum()))
+                  or bool(torch.isfinite(tensors).all()))
         return None if finite else where
     if isinstance(tensors, dict):
         items = tensors.items()

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
-from indextts_train.state import FORMAT_VERSION, History, Progress, migrate, validate
+from indextts_train.state import FORMAT_VERSION, History, Progress, migrate, nonfinite_problem, validate
 from indextts_train.train import TrainOptions, train
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures"
@@ -115,3 +115,18 @@ def test_components_round_trip_and_name_bad_fields() -> None:
         "progress: step missing or not a non-negative int"]
     assert History.problems({**history.state_dict(), "best_val_step": "five"}) == [
         "history.best_val_step: expected int or None, got 'five'"]
+
+
+def test_nonfinite_check_finds_nan_and_inf_but_not_a_large_finite_tensor() -> None:
+    """The check sums each tensor first (one reduction); a sum that overflows must not be taken for
+    a NaN, and a NaN or Inf anywhere, in weights or optimizer moments, must be found and named."""
+    large = torch.full((8,), 3e38)  # every element finite, the sum is inf
+    assert nonfinite_problem({"w": large}, {"state": {0: {"exp_avg": large}}}) is None
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        weights = torch.zeros(4, 3)
+        weights[2, 1] = bad
+        assert "model['w']" in nonfinite_problem({"w": weights, "n": torch.zeros(2)}, {"state": {}})
+        moments = torch.zeros(5)
+        moments[4] = bad
+        found = nonfinite_problem({"w": torch.zeros(2)}, {"state": {0: {"exp_avg_sq": moments}}})
+        assert "optimizer.state[0]['exp_avg_sq']" in found
