@@ -154,7 +154,9 @@ class TrainConfig:
     borrow_languages: list[str] = field(default_factory=list, metadata={
         "help": "IndexTTS-2.5: NEW=CODE lets language NEW (no tag of its own) train the unused row and tag of "
                 "CODE; repeatable.", "flag": "--borrow-language"})
-    sort_window: int = option(512, "Samples sorted by length together, so batches pad little.")
+    # 4096 = 64 steps of the usual effective batch 64: each step then spans 1/64 of a window's lengths,
+    # so even one micro-batch per step pads about 7% (benchmarks/bench_padding.py); 512 padded 22%.
+    sort_window: int = option(4096, "Samples sorted by length together, so batches pad little.")
     compile: bool = option(False, "torch.compile each GPT block: faster steps on a GPU after a minute of "
                                   "compiling; results equal to eager within float rounding.",
                            flag="--compile/--no-compile")

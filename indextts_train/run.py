@@ -281,7 +281,8 @@ def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIn
         spec = current
     elif ckpt.get("sampler", {}).get("rule", LEGACY_RULE) == LEGACY_RULE:  # no record: written before rules
         log.info("this run started before data order rule 2: it keeps the order it started with (rule 1)")
-        spec = legacy_spec(ckpt["progress"]["sampler_seed"], train.sort_window, plan.effective_batch, len(index))
+        spec = legacy_spec(ckpt["progress"]["sampler_seed"], _legacy_window(ckpt, train), plan.effective_batch,
+                           len(index))
     else:
         spec = SamplerSpec.from_state_dict(ckpt["sampler"])
         if data_changed and [s.lines for s in spec.sources] != lines:
@@ -294,6 +295,13 @@ def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIn
             log.warn(change)
     log.info(describe_epoch(spec))
     return spec
+
+
+def _legacy_window(ckpt: dict, train: TrainConfig) -> int:
+    """The sort window a rule-1 run was started with: the one in its stored config (rule 1 recorded no
+    sampler part), else the flag. Its order depends on it, and the default has changed since (512)."""
+    stored = (ckpt.get("config") or {}).get("train", {}).get("sort_window")
+    return stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else train.sort_window
 
 
 def _on_new_data(spec: SamplerSpec, current: SamplerSpec) -> SamplerSpec:

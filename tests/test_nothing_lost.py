@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 from indextts_train import faults
 from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
 from indextts_train.cli import app
+from indextts_train.config import TrainConfig
 from indextts_train.sampling import ManifestSpec, epoch_order, sampler_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,8 +218,8 @@ def load_lengths(folder: Path) -> np.ndarray:
 def order_of(folder: Path, epoch: int) -> np.ndarray:
     """The line indices of `epoch` in the order the reference run's settings draw them (order rule 2)."""
     lengths = load_lengths(folder)
-    spec = sampler_spec([ManifestSpec(folder / "train.jsonl")], [len(lengths)], seed=SEED, sort_window=512,
-                        step_samples=4)
+    spec = sampler_spec([ManifestSpec(folder / "train.jsonl")], [len(lengths)], seed=SEED,
+                        sort_window=TrainConfig().sort_window, step_samples=4)
     return epoch_order(spec, lengths, epoch)
 
 

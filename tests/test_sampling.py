@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from indextts_train.errors import UserError
 from indextts_train.sampling import (
@@ -235,3 +237,15 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
     assert seen == [(legacy_epoch_order(lengths, 11, 0, 512).tolist(), 16),
                     (legacy_epoch_order(lengths, 11, 1, 512).tolist(), 0)]
     assert load_checkpoint(out / "latest.pth")["sampler"]["rule"] == LEGACY_RULE
+
+
+def test_a_rule_1_run_keeps_the_sort_window_it_started_with() -> None:
+    """The default window grew (512 -> 4096) after rule 1; a rule-1 run's order depends on its window,
+    so its resume takes the one in its stored config, not today's default."""
+    from indextts_train.config import TrainConfig
+    from indextts_train.run import _legacy_window
+
+    with gzip.open(FIXTURES / "format1_step4.pth.gz", "rb") as f:
+        fixture = torch.load(io.BytesIO(f.read()), weights_only=True)
+    assert TrainConfig().sort_window == 4096 and _legacy_window(fixture, TrainConfig()) == 512
+    assert _legacy_window({"config": {}}, TrainConfig(sort_window=64)) == 64  # nothing stored: the flag

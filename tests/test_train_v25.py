@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 
 from indextts_train.checkpoint import CheckpointError, load_checkpoint, verify_checkpoint
 from indextts_train.cli import app
-from indextts_train.config import config_to_dict, load_config
+from indextts_train.config import TrainConfig, config_to_dict, load_config
 from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.export import export_checkpoint
 from indextts_train.layout import official_shapes
@@ -240,7 +240,8 @@ def test_bad_data_mid_run_and_changed_data_lose_nothing(tiny25_data, tmp_path):
     manifest = folder / Path(tiny25_data["train"]).name
     lines = manifest.read_text().splitlines()
     lengths = np.array([json.loads(line)["target_text_len"] + json.loads(line)["target_code_len"] for line in lines])
-    spec = sampler_spec([ManifestSpec(manifest)], [len(lines)], seed=11, sort_window=512, step_samples=4)
+    spec = sampler_spec([ManifestSpec(manifest)], [len(lines)], seed=11, sort_window=TrainConfig().sort_window,
+                        step_samples=4)
     index = int(epoch_order(spec, lengths, 0)[9])  # a sample of step 3
     codes_path = folder / json.loads(lines[index])["target_codes_path"]
     codes = np.load(codes_path)
