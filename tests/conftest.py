@@ -71,3 +71,19 @@ def tiny25_data(tmp_path_factory) -> dict:
     return {"train": paths["train_manifest"], "val": paths["val_manifest"], "base": base, "config": config,
             "tokenizer": paths["tokenizer"], "base_tokenizer": paths["base_tokenizer"], "folder": folder,
             "base_ranks": paths["base_ranks"], "added": paths["added"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_reference_cfg():
+    """The GPT config of the official tiny IndexTTS2 reference (tests/data/reference/tiny)."""
+    from indextts_train.config import load_config
+
+    return load_config(REFERENCE / "tiny" / "config.yaml").gpt
+
+
+@pytest.fixture(scope="module")
+def tiny_reference_sd() -> dict:
+    """The official tiny reference's gpt.pth, every tensor (trained and carried)."""
+    import torch
+
+    return torch.load(REFERENCE / "tiny" / "gpt.pth", weights_only=True)

@@ -15,7 +15,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from indextts_train.model import Batch
+from indextts_train.config import load_config
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.model import Batch, UnifiedVoiceGPT
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_REFERENCE = ROOT / "tests" / "data" / "reference" / "tiny"
@@ -37,6 +39,15 @@ def reference_batch(lines: list[dict] | None = None) -> Batch:
         condition=torch.stack([load(x, "prompt_condition_path") for x in lines]),
         emo_vec=torch.stack([load(x, "prompt_emo_vec_path") for x in lines]),
     )
+
+
+def reference_model(folder: Path) -> UnifiedVoiceGPT:
+    """The trained part of a reference folder's gpt.pth, sized by its config.yaml, in eval mode."""
+    cfg = load_config(folder / "config.yaml").gpt
+    trained_weights, _, _ = load_base_checkpoint(folder / "gpt.pth", cfg)
+    net = UnifiedVoiceGPT(cfg)
+    net.load_state_dict(trained_weights)
+    return net.eval()
 
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:

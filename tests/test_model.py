@@ -7,13 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import reference_batch
+from helpers import reference_batch, reference_model
 
 from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
-from indextts_train.layout import (
-    load_base_checkpoint,
-)
 from indextts_train.model import UnifiedVoiceGPT, aligned_sequences, masked_token_ce
 
 REF = Path(__file__).resolve().parent / "data" / "reference"
@@ -36,11 +33,8 @@ def reference_sd() -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture()
-def model(cfg: GPTConfig) -> UnifiedVoiceGPT:
-    trained, _, _ = load_base_checkpoint(TINY / "gpt.pth", cfg)
-    net = UnifiedVoiceGPT(cfg)
-    net.load_state_dict(trained)
-    return net.eval()
+def model() -> UnifiedVoiceGPT:
+    return reference_model(TINY)
 
 
 def test_fresh_init_follows_the_official_rules(cfg):

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import reference_model
 from torch.nn.utils.rnn import pad_sequence
 
 from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig, load_config
@@ -52,11 +53,8 @@ def cfg() -> GPTConfig:
 
 
 @pytest.fixture()
-def model(cfg: GPTConfig) -> UnifiedVoiceGPT:
-    trained, _, _ = load_base_checkpoint(TINY / "gpt.pth", cfg)
-    net = UnifiedVoiceGPT(cfg)
-    net.load_state_dict(trained)
-    return net.eval()
+def model() -> UnifiedVoiceGPT:
+    return reference_model(TINY)
 
 
 def test_the_config_version_selects_the_family(cfg):
