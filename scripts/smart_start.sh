@@ -5,6 +5,7 @@
 set -uo pipefail
 OUTPUT_DIR="${1:?usage: smart_start.sh OUTPUT_DIR [train-gpt flags...]}"; shift
 RETRIES="${RETRIES:-3}"
+RETRY_DELAY="${RETRY_DELAY:-10}"  # seconds before a retry: time for a crashed GPU process to let go
 for attempt in $(seq 0 "$RETRIES"); do
     if ls "$OUTPUT_DIR"/latest.pth "$OUTPUT_DIR"/model_step*.pth >/dev/null 2>&1; then
         echo "[smart_start] checkpoints found in $OUTPUT_DIR: resuming (attempt $attempt)"
@@ -16,7 +17,7 @@ for attempt in $(seq 0 "$RETRIES"); do
     case "$code" in
         0) echo "[smart_start] training finished"; exit 0 ;;
         2|3|129|130|143) echo "[smart_start] stopped with exit $code; not retrying"; exit "$code" ;;
-        *) echo "[smart_start] exit $code (crash or OOM kill); resuming in 10 s"; sleep 10 ;;
+        *) echo "[smart_start] exit $code (crash or OOM kill); resuming in $RETRY_DELAY s"; sleep "$RETRY_DELAY" ;;
     esac
 done
 echo "[smart_start] giving up after $RETRIES retries"; exit 1

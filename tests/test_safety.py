@@ -259,3 +259,19 @@ def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -
         assert not (tmp_path / "gpt.pth").exists()
     assert verify_checkpoint(out / "latest.pth").status == "COMPLETE"
     assert state["progress"]["step"] == 2
+
+
+def test_a_killed_tee_does_not_end_the_run(tiny_data, tmp_path) -> None:
+    """`train-gpt ... | tee`: the reader goes away after the first line; the run must still train to the
+    end, save and exit 0 (not 120 from a failed flush at exit, not EPIPE at the next print)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "indextts_train", "train", "--train-manifest", str(tiny_data["train"]),
+         "--config", str(tiny_data["config"]), "--base-checkpoint", str(tiny_data["base"]), "--output-dir",
+         str(out), "--batch-size", "2", "--effective-batch-size", "4", "--max-steps", "6", "--log-interval", "1",
+         "--num-workers", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout.readline()  # the reader saw the run start ...
+    proc.stdout.close()  # ... and died: every later write to the pipe fails with EPIPE
+    assert proc.wait(timeout=300) == 0
+    assert load_checkpoint(out / "latest.pth")["progress"]["step"] == 6

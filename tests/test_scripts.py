@@ -32,6 +32,29 @@ def test_smart_start_starts_then_resumes(tiny_data, tmp_path) -> None:
     assert "checkpoints found" in second and "resuming from" in second and "starting at step 2" in second
 
 
+def test_smart_start_retries_a_crash_but_not_bad_input_or_a_stop(tiny_data, tmp_path) -> None:
+    """A fake train-gpt first on PATH replays exit codes: a crash (1) is retried with the same command,
+    bad input (2) and a signal stop (130) end the script with that code."""
+    fake = tmp_path / "bin" / "train-gpt"
+    fake.parent.mkdir()
+    codes = tmp_path / "codes"
+    fake.write_text('#!/usr/bin/env bash\necho "train-gpt $*" >> "$CALLS"\n'
+                    'code=$(head -n1 "$CODES"); sed -i 1d "$CODES"; exit "$code"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "RETRY_DELAY": "0",
+           "CODES": str(codes), "CALLS": str(tmp_path / "calls")}
+    for replay, want, said in [("1\n0\n", 0, "exit 1 (crash or OOM kill); resuming in 0 s"),
+                               ("2\n", 2, "stopped with exit 2; not retrying"),
+                               ("130\n", 130, "stopped with exit 130; not retrying")]:
+        codes.write_text(replay)
+        (tmp_path / "calls").write_text("")
+        result = subprocess.run(["bash", str(ROOT / "scripts" / "smart_start.sh"), str(tmp_path / "run"), "--x", "1"],
+                                capture_output=True, text=True, env=env, timeout=60)
+        assert result.returncode == want and said in result.stdout, result.stdout + result.stderr
+        calls = (tmp_path / "calls").read_text().splitlines()
+        assert calls == [f"train-gpt --output-dir {tmp_path / 'run'} --resume auto --x 1"] * len(replay.split())
+
+
 def test_tmux_recipe_runs_the_same_command_in_a_detached_session(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     session = f"indextts-test-{os.getpid()}"

@@ -131,7 +131,7 @@ def test_existing_checkpoints_without_resume_are_not_overwritten(tiny_data, tmp_
     out = tmp_path / "run"
     assert train(options(tiny_data, out, max_steps=6)) == 0
     before = (out / "latest.pth").read_bytes()
-    with pytest.raises(UserError, match="--resume auto"):
+    with pytest.raises(UserError, match="already holds checkpoints .*; pass --resume auto"):
         train(options(tiny_data, out, max_steps=12))
     assert (out / "latest.pth").read_bytes() == before
 
