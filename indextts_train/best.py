@@ -78,10 +78,14 @@ class BestTracker:
         return f"{BEST} is step {self.step} ({self.metric} {self.value:.4f})"
 
 
+def breaches_of(result: dict, baseline: dict | None, limits: dict[str | None, float]) -> list[str]:
+    return forgetting_breaches(result, baseline, limits) if limits and baseline is not None else []
+
+
 def verdict(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
-            limits: dict[str | None, float], patience: int) -> str | None:
+            limits: dict[str | None, float], patience: int, breaches: list[str] | None = None) -> str | None:
     """Why the run ends at this validation (forgetting limit, early stop), or None. Changes nothing."""
-    breaches = forgetting_breaches(result, baseline, limits) if limits and baseline is not None else []
+    breaches = breaches_of(result, baseline, limits) if breaches is None else breaches
     if breaches:
         return (f"forgetting limit reached at step {step}: {'; '.join(breaches)}; the best checkpoint within "
                 f"the limit: {tracker.describe()}")
@@ -94,6 +98,7 @@ def verdict(tracker: BestTracker, result: dict, step: int, *, baseline: dict | N
 def judge(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
           limits: dict[str | None, float], patience: int) -> tuple[bool, str | None]:
     """Record a validation: (is it a new best, why the run ends now or None)."""
-    over = bool(limits and baseline is not None and forgetting_breaches(result, baseline, limits))
-    new_best = tracker.update(metric_value(result, tracker.metric), step, eligible=not over)
-    return new_best, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience)
+    breaches = breaches_of(result, baseline, limits)
+    new_best = tracker.update(metric_value(result, tracker.metric), step, eligible=not breaches)
+    return new_best, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience,
+                             breaches=breaches)

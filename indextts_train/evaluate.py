@@ -28,16 +28,18 @@ def loss_sums(model: UnifiedVoiceGPT, loader: Iterable[Batch], device: torch.dev
     """
     was_training = model.training
     model.eval()
-    sums = [0.0] * len(SUM_NAMES)
+    # Summed on the device in float64 (the same additions as Python floats) and read once at the end:
+    # a read per batch would wait for the GPU at every batch.
+    sums = torch.zeros(len(SUM_NAMES) - 1, dtype=torch.float64, device=device)
+    samples = 0
     for batch in loader:
         with autocast() if autocast else contextlib.nullcontext():
             out = model.compute_losses(batch.to(device))
-        for i, value in enumerate((out.text_ce_sum, out.text_count, out.mel_ce_sum, out.mel_count,
-                                   out.mel_correct)):
-            sums[i] += float(value)
-        sums[5] += len(batch)
+        sums += torch.stack([out.text_ce_sum.double(), out.text_count.double(), out.mel_ce_sum.double(),
+                             out.mel_count.double(), out.mel_correct.double()])
+        samples += len(batch)
     model.train(was_training)
-    return sums
+    return [*sums.tolist(), float(samples)]
 
 
 def losses_from_sums(sums: Sequence[float], config: Config) -> dict:

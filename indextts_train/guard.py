@@ -61,11 +61,17 @@ class DivergenceGuard:
 
     def stop_message(self, last_good: Path | None, last_good_step: int) -> str:
         progress = self.progress
-        where = (f"the last good checkpoint is {last_good} (step {last_good_step})" if last_good is not None
-                 else "no checkpoint was written before it")
-        return (f"stopped: the last {progress.bad_streak} steps ({progress.bad_streak_start}-{progress.step}) all "
-                f"had a non-finite loss or gradient norm (the run diverged) and were not saved; {where}: lower "
-                f"--learning-rate or check the data, then rerun with --resume auto (exit {EXIT_DIVERGED})")
+        return diverged_message(f"stopped: the last {progress.bad_streak} steps ({progress.bad_streak_start}-"
+                                f"{progress.step}) all had a non-finite loss or gradient norm (the run diverged) "
+                                "and were not saved", last_good, last_good_step)
+
+
+def diverged_message(problem: str, last_good: Path | None, last_good_step: int) -> str:
+    """`problem`, where the last good checkpoint is, and what to do: the one line of exit 3."""
+    where = (f"the last good checkpoint is {last_good} (step {last_good_step})" if last_good is not None
+             else "no checkpoint was written before it")
+    return (f"{problem}; {where}: lower --learning-rate or check the data, then rerun with --resume auto "
+            f"(exit {EXIT_DIVERGED})")
 
 
 class SkippingDataset(Dataset):

@@ -155,6 +155,6 @@ def untouchable_names(output_dir: Path, skipped: list[Path], verified: Path | No
     names = {path.name for path in skipped}
     best = output_dir / ckpt_io.BEST
     for path in [*ckpt_io.list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
-        if path.name not in names and path != verified and not _written_by_us(path):
+        if path.name not in names and not ckpt_io.same_file(path, verified) and not _written_by_us(path):
             names.add(path.name)
     return frozenset(names)

@@ -56,6 +56,7 @@ from indextts_train.sampling import (
     parse_manifest_specs,
     sampler_spec,
 )
+from indextts_train.schema import is_int
 from indextts_train.scope import (
     apply_scope,
     check_resume_scope,
@@ -301,7 +302,7 @@ def _legacy_window(ckpt: dict, train: TrainConfig) -> int:
     """The sort window a rule-1 run was started with: the one in its stored config (rule 1 recorded no
     sampler part), else the flag. Its order depends on it, and the default has changed since (512)."""
     stored = (ckpt.get("config") or {}).get("train", {}).get("sort_window")
-    return stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else train.sort_window
+    return stored if is_int(stored) and stored > 0 else train.sort_window
 
 
 def _on_new_data(spec: SamplerSpec, current: SamplerSpec) -> SamplerSpec:
@@ -339,11 +340,12 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
         config.gpt.number_text_tokens = tokens
         return Weights(_new_model(config), init_carried(config.gpt, generator),
                        VocabPlan(tokens, tokens, train.freeze_base_vocab))
-    # mmap: what kind of file it is needs its keys, not its tensor data
-    ignored = ignored_by_base_checkpoint(options.base_checkpoint, load_checkpoint(options.base_checkpoint, mmap=True))
+    # One read (mmap) serves both: what kind of file it is (its keys) and its weights.
+    loaded = load_checkpoint(options.base_checkpoint, mmap=True)
+    ignored = ignored_by_base_checkpoint(options.base_checkpoint, loaded)
     if ignored:
         log.warn(ignored)
-    trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt)
+    trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt, loaded=loaded)
     plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab,
                      insert_at=growth_point(options.tokenizer, base_tokens))
     if tokens != base_tokens:

@@ -29,6 +29,7 @@ micro-batch or world size continues from the same sample.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -238,6 +239,7 @@ def epoch_counts(spec: SamplerSpec) -> np.ndarray:
     return _apportion(epoch, raw) if epoch else np.zeros(len(raw), dtype=np.int64)
 
 
+@functools.lru_cache(maxsize=16)  # the loop asks several times a step; a spec is frozen, its length fixed
 def epoch_length(spec: SamplerSpec) -> int:
     """Samples in one epoch: a whole number of steps of `spec.step_samples` (0: fewer than one step)."""
     return int(epoch_counts(spec).sum())

@@ -154,22 +154,19 @@ class DataRecord(Component):
 
     fingerprint: dict | None = added_field(None)
     skipped_loads: int = added_field(0)
-    skipped_lines: list | tuple = added_field(())  # a tuple default: a field default must be immutable
+    skipped_lines: list = added_field(factory=list)
 
     def add_skipped(self, reasons: list[str], listed: int = 200) -> None:
         for reason in reasons:
             self.skipped_loads += 1
             if reason not in self.skipped_lines and len(self.skipped_lines) < listed:
-                self.skipped_lines = [*self.skipped_lines, reason]
+                self.skipped_lines.append(reason)
 
     def skipped_summary(self) -> list[str]:
         if not self.skipped_loads:
             return []
         return [f"skipped {self.skipped_loads} sample load(s) of {len(self.skipped_lines)} bad line(s) "
                 "(--skip-bad-lines):", *(f"  {line}" for line in self.skipped_lines)]
-
-    def state_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "skipped_lines": list(self.skipped_lines)}
 
     @staticmethod
     def problems(state: Any) -> list[str]:

@@ -36,7 +36,7 @@ from indextts_train.console import RunLogger
 from indextts_train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError, user_line
 from indextts_train.faults import crash_point
-from indextts_train.guard import EXIT_DIVERGED
+from indextts_train.guard import EXIT_DIVERGED, diverged_message
 from indextts_train.hardware import halve_for_oom
 from indextts_train.optim import lr_factor
 from indextts_train.run import Run, setup
@@ -336,8 +336,7 @@ def validation(run: Run) -> tuple[bool, str | None]:
 
 
 def diverged(run: Run, problem: str) -> Diverged:
-    return Diverged(f"{problem}; the last good checkpoint is {run.last_saved} (step {run.last_saved_step}): "
-                    f"lower --learning-rate or check the data, then rerun with --resume auto (exit {EXIT_DIVERGED})")
+    return Diverged(diverged_message(problem, run.last_saved, run.last_saved_step))
 
 
 def wait_for_save(run: Run) -> None:
