@@ -35,9 +35,9 @@ import torch
 from report import write_result
 
 from indextts_train.config import GPTConfig, load_config
-from indextts_train.lora import LoraSpec
 from indextts_train.model import Batch, UnifiedVoiceGPT
-from indextts_train.scope import TRAIN_SCOPES, ScopeSettings, apply_scope, scope_counts, trainable_parameters
+from indextts_train.scope import apply_scope, scope_counts, trainable_parameters
+from indextts_train.scope_settings import TRAIN_SCOPES, LoraSpec, ScopeSettings
 from indextts_train.vocab import RowFreezer, VocabPlan
 
 ROOT = Path(__file__).resolve().parents[1]

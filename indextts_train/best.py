@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from indextts_train.checkpoint import BEST
 from indextts_train.errors import UserError
-from indextts_train.validation import LOSS_KEYS, forgetting_breaches, losses_of
+from indextts_train.metric_names import LOSS_KEYS
+from indextts_train.validation import forgetting_breaches, losses_of
 
 
 def check_metric(metric: str, groups: Sequence[str]) -> None:

@@ -331,7 +331,7 @@ def hardware(
     """What auto mode picks on this machine (or an assumed GPU), and why."""
     from indextts_train.config import load_config
     from indextts_train.hardware import assume_device, choose_plan, detect_device
-    from indextts_train.scope import scope_settings
+    from indextts_train.scope_settings import scope_settings
 
     require_positive(effective_batch_size, "--effective-batch-size")
 

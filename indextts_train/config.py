@@ -17,7 +17,9 @@ from typing import Any
 import yaml
 
 from indextts_train.errors import UserError
+from indextts_train.metric_names import LOSS_KEYS, parse_forgetting_limit
 from indextts_train.schema import build
+from indextts_train.scope_settings import scope_settings
 
 # Model families. The official config.yaml names its family with a top-level `version:` key
 # (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
@@ -189,13 +191,9 @@ class TrainConfig:
             raise UserError("train.text_loss_weight and train.mel_loss_weight (--text-loss-weight, "
                             "--mel-loss-weight) are both 0: nothing would be learned; set at least one > 0")
         self._check_best_settings()
-        from indextts_train.scope import scope_settings  # scope.py builds on this module's types
-
         scope_settings(self)  # names the bad train_scope / partial_layers / lora_* key
 
     def _check_best_settings(self) -> None:
-        from indextts_train.validation import LOSS_KEYS, parse_forgetting_limit  # validation imports config
-
         if self.best_metric.rpartition("/")[2] not in LOSS_KEYS:
             raise UserError(f"train.best_metric (--best-metric) {self.best_metric!r}: expected "
                             f"{', '.join(LOSS_KEYS)}, or LANG/loss for one validation language")

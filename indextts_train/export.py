@@ -26,7 +26,8 @@ from indextts_train.data_v25 import borrow_notes
 from indextts_train.errors import UserError
 from indextts_train.layout import load_base_checkpoint, official_shapes, trained_keys
 from indextts_train.lora import adapter_file, record_spec
-from indextts_train.scope import is_trainable, scope_settings, text_rows_trainable
+from indextts_train.scope import is_trainable, text_rows_trainable
+from indextts_train.scope_settings import scope_settings
 from indextts_train.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
 from indextts_train.vocab import VocabPlan
 

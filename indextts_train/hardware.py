@@ -33,7 +33,7 @@ from indextts_train.memory import (
     param_counts,
     state_bytes_per_trainable,
 )
-from indextts_train.scope import ScopeSettings
+from indextts_train.scope_settings import ScopeSettings
 
 CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a step short
 MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,44 +26,9 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from indextts_train.errors import UserError
+from indextts_train.scope_settings import LORA_TARGETS, LoraSpec
 
-# --train-scope lora targets -> the Conv1D layer they adapt in every trunk block.
-LORA_TARGETS = {"qkv": "attn.c_attn", "attn_out": "attn.c_proj", "mlp_in": "mlp.c_fc", "mlp_out": "mlp.c_proj"}
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """Shape of the adapters: rank, alpha, dropout and which Conv1D layers of each block."""
-
-    rank: int = 16
-    alpha: float = 32.0
-    # 0: a dropout before every adapter keeps a mask over each adapted input, ~0.5 GiB per sample of
-    # maximum length on the real config without activation checkpointing, and the trunk's own
-    # dropout (train.dropout, 0.1) already sits on the same paths.
-    dropout: float = 0.0
-    targets: tuple[str, ...] = tuple(LORA_TARGETS)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise UserError(f"train.lora_rank must be an integer >= 1, got {self.rank!r}")
-        if not self.alpha > 0:
-            raise UserError(f"train.lora_alpha must be > 0, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"train.lora_dropout must be in [0, 1), got {self.dropout!r}")
-        unknown = [t for t in self.targets if t not in LORA_TARGETS]
-        if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
-            raise UserError(f"train.lora_targets {','.join(self.targets) or '(empty)'}: choose one or more of "
-                            f"{', '.join(LORA_TARGETS)} (comma-separated), each once")
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-
-def parse_targets(value: str) -> tuple[str, ...]:
-    """`qkv, attn_out` (flag or config) -> ('qkv', 'attn_out'); LoraSpec checks the names."""
-    return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 class LoraLinear(nn.Module):

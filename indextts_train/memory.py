@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from indextts_train.config import GPTConfig
 from indextts_train.constants import LANG_ROWS, PREFIX_LEN, PREFIX_LEN_V25, SPK_EMB_DIM
 from indextts_train.losses import CHUNK_LOGITS
-from indextts_train.scope import ScopeSettings, scope_counts
+from indextts_train.scope import scope_counts
+from indextts_train.scope_settings import ScopeSettings
 
 GIB = 1024**3
 CUDA_RESERVE_BYTES = 1 * GIB

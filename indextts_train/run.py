@@ -34,6 +34,8 @@ from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
 from indextts_train.layout import full_state_dict, init_carried, load_base_checkpoint, resolve_family, settle_family
 from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
+from indextts_train.loss_module import LossModule
+from indextts_train.metric_names import parse_forgetting_limit
 from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.optim import OptimizerSet
 from indextts_train.resume import (
@@ -57,16 +59,10 @@ from indextts_train.sampling import (
     sampler_spec,
 )
 from indextts_train.schema import is_int
-from indextts_train.scope import (
-    apply_scope,
-    check_resume_scope,
-    scope_settings,
-    text_rows_trainable,
-    trainable_parameters,
-)
+from indextts_train.scope import apply_scope, check_resume_scope, text_rows_trainable, trainable_parameters
+from indextts_train.scope_settings import scope_settings
 from indextts_train.state import DataRecord, History, Progress, TrainingState, capture_rng
-from indextts_train.steps import LossModule
-from indextts_train.validation import check_limit_groups, group_lines, parse_forgetting_limit
+from indextts_train.validation import check_limit_groups, group_lines
 from indextts_train.vocab import (
     RowFreezer,
     VocabPlan,

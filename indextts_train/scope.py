@@ -24,10 +24,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 from torch import nn
@@ -35,62 +33,14 @@ from torch import nn
 from indextts_train.config import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.layout import official_shapes, trained_keys
-from indextts_train.lora import LoraAdapters, LoraSpec, adapted_layer_names, attach_lora, parse_targets
+from indextts_train.lora import LoraAdapters, adapted_layer_names, attach_lora
+from indextts_train.scope_settings import SCOPE_KEYS, ScopeSettings, scope_settings
 
-TRAIN_SCOPES = ("full", "partial", "lora")
 HEAD_PREFIXES = ("text_head.", "mel_head.")
 PARTIAL_EXTRA_PREFIXES = ("gpt.ln_f.", "final_norm.")
 ROW_FROZEN_PREFIXES = ("lang_embedding.", "spk_emb_proj.")  # IndexTTS-2.5: the row freezer decides
 _BLOCK = re.compile(r"^gpt\.h\.(\d+)\.")
-SCOPE_KEYS = ("train_scope", "partial_layers", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
-
-@dataclass(frozen=True)
-class ScopeSettings:
-    """The scope and its settings, named as the config's `train:` keys."""
-
-    train_scope: str = "full"
-    partial_layers: int = 4
-    lora: LoraSpec = field(default_factory=LoraSpec)
-
-    def __post_init__(self) -> None:
-        if self.train_scope not in TRAIN_SCOPES:
-            raise UserError(f"train.train_scope {self.train_scope!r}: choose one of {', '.join(TRAIN_SCOPES)}")
-        if isinstance(self.partial_layers, bool) or not isinstance(self.partial_layers, int) \
-                or self.partial_layers < 1:
-            raise UserError(f"train.partial_layers must be an integer >= 1, got {self.partial_layers!r}")
-
-    def check_fits(self, cfg: GPTConfig) -> None:
-        if self.train_scope == "partial" and self.partial_layers > cfg.layers:
-            raise UserError(f"train.partial_layers {self.partial_layers} is more than the model's "
-                            f"{cfg.layers} trunk blocks (gpt.layers); use at most {cfg.layers}, or --train-scope full")
-
-    def to_dict(self) -> dict:
-        """What a checkpoint records (plain types): only the settings that shape this scope."""
-        out: dict = {"train_scope": self.train_scope}
-        if self.train_scope == "partial":
-            out["partial_layers"] = self.partial_layers
-        if self.train_scope == "lora":
-            spec = self.lora
-            out.update(lora_rank=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                       lora_targets=list(spec.targets))
-        return out
-
-    def describe(self) -> str:
-        if self.train_scope == "partial":
-            return f"partial (last {self.partial_layers} trunk block(s), final norms, heads, text rows)"
-        if self.train_scope == "lora":
-            spec = self.lora
-            return (f"lora (rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, "
-                    f"targets {','.join(spec.targets)}; heads, text rows)")
-        return "full (every tensor)"
-
-
-def scope_settings(train: Any) -> ScopeSettings:
-    """The scope settings of a TrainConfig (its train_scope, partial_layers and lora_* fields)."""
-    return ScopeSettings(train_scope=train.train_scope, partial_layers=train.partial_layers,
-                         lora=LoraSpec(rank=train.lora_rank, alpha=train.lora_alpha, dropout=train.lora_dropout,
-                                       targets=parse_targets(train.lora_targets)))
 
 
 def check_resume_scope(saved_train: dict, current: ScopeSettings, path: Path) -> None:
@@ -136,7 +86,7 @@ def apply_scope(model: nn.Module, settings: ScopeSettings, *, text_rows_train: b
 
     Returns the adapters (lora) or None. Call before building the optimizer.
     """
-    settings.check_fits(model.cfg)
+    settings.check_fits(model.cfg.layers)
     layers = model.cfg.layers
     for name, param in model.named_parameters():
         param.requires_grad_(is_trainable(name, settings, layers, text_rows_train))
@@ -159,7 +109,7 @@ def scope_counts(cfg: GPTConfig, settings: ScopeSettings, *, text_rows_train: bo
     {"model": every parameter of the trained module, "trainable": what gets gradients and AdamW state
     (adapters included), "frozen": model parameters that do not train, "adapters": LoRA numbers}.
     """
-    settings.check_fits(cfg)
+    settings.check_fits(cfg.layers)
     shapes = official_shapes(cfg)
     sizes = {key: math.prod(shapes[key]) for key in trained_keys(cfg)}
     frozen = sum(n for key, n in sizes.items() if not is_trainable(key, settings, cfg.layers, text_rows_train))

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from indextts_train.data import make_loader
 from indextts_train.distributed import all_reduce_sum, any_rank
@@ -19,29 +18,12 @@ from indextts_train.errors import UserError
 from indextts_train.faults import crash_point, nan_loss_at
 from indextts_train.guard import collate_skipping
 from indextts_train.hardware import halve_for_oom, is_oom_error
-from indextts_train.model import Batch, UnifiedVoiceGPT
+from indextts_train.model import Batch
 from indextts_train.sampling import ResumableBatchSampler
 from indextts_train.validation import evaluate_groups
 
 if TYPE_CHECKING:
     from indextts_train.run import Run
-
-
-class LossModule(nn.Module):
-    """DDP only syncs gradients through `forward`, so the loss computation is the forward here.
-
-    It owns the LoRA adapters too (when the scope has them), so DDP syncs their gradients.
-    """
-
-    def __init__(self, model: UnifiedVoiceGPT, adapters: nn.Module | None = None) -> None:
-        super().__init__()
-        self.model = model
-        self.adapters = adapters
-
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, ...]:
-        out = self.model.compute_losses(batch)
-        return (out.text_loss, out.mel_loss, out.text_ce_sum, out.text_count, out.mel_ce_sum,
-                out.mel_count, out.mel_correct)
 
 
 class OutOfMemory(Exception):

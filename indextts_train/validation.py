@@ -12,7 +12,6 @@ the two agree bit for bit. The total adds the groups' token sums (token-weighted
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,16 +23,9 @@ from indextts_train.data import LANGUAGE_FIELDS, ManifestDataset, ManifestIndex,
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.errors import UserError
 from indextts_train.evaluate import SUM_NAMES, loss_sums, losses_from_sums
+from indextts_train.metric_names import group_name
 from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.sampling import ManifestSpec
-
-LOSS_KEYS = ("loss", "text_loss", "mel_loss")  # lower is better; what a limit or the best metric may name
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def _group_name(text: str) -> str:
-    """A name that is safe as a TensorBoard tag part and a JSON key: `val/<name>/loss`."""
-    return _UNSAFE.sub("_", text).strip("_") or "unnamed"
 
 
 def _line_language(index: ManifestIndex, i: int) -> str | None:
@@ -49,7 +41,7 @@ def group_lines(index: ManifestIndex, manifests: Sequence[ManifestSpec]) -> dict
     for i in range(len(index)):
         spec = manifests[int(index.file_ids[i])]
         name = spec.lang or _line_language(index, i) or Path(spec.path).name.removesuffix(".jsonl")
-        names.append(_group_name(name))
+        names.append(group_name(name))
     groups: dict[str, list[int]] = {}
     for i, name in enumerate(names):
         groups.setdefault(name, []).append(i)
@@ -92,22 +84,6 @@ def losses_of(result: dict, group: str | None) -> dict | None:
 def change_vs_base(value: float, base: float) -> float:
     """Relative change in percent (+ = worse for a loss)."""
     return 100.0 * (value - base) / base if base else math.inf
-
-
-def parse_forgetting_limit(text: str) -> dict[str | None, float]:
-    """`5` (every group, and the total when there are no groups) or `zh=5,en=3` (percent, per group)."""
-    limits: dict[str | None, float] = {}
-    for part in text.split(","):
-        name, sep, number = part.strip().rpartition("=")
-        try:
-            value = float(number)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (sep and not name):
-            raise UserError(f"--forgetting-limit {text}: expected a percentage (e.g. 5) or LANG=PCT pairs "
-                            "(e.g. zh=5,en=5)")
-        limits[_group_name(name) if sep else None] = value
-    return limits
 
 
 def forgetting_breaches(result: dict, baseline: dict, limits: dict[str | None, float]) -> list[str]:

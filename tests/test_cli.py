@@ -32,7 +32,8 @@ from indextts_train.cli import app
 from indextts_train.config import load_config
 from indextts_train.demo_data import AMHARIC, ENGLISH
 from indextts_train.layout import trained_keys
-from indextts_train.scope import ScopeSettings, scope_counts
+from indextts_train.scope import scope_counts
+from indextts_train.scope_settings import ScopeSettings
 from indextts_train.train import TrainOptions, train
 
 TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")

@@ -23,9 +23,9 @@ from indextts_train.hardware import (
     halve_for_oom,
     is_oom_error,
 )
-from indextts_train.lora import LoraSpec
 from indextts_train.memory import GIB, estimate_memory, max_sequence_positions, trained_parameter_count
-from indextts_train.scope import ScopeSettings, scope_counts
+from indextts_train.scope import scope_counts
+from indextts_train.scope_settings import LoraSpec, ScopeSettings
 
 PROJECT = Path(__file__).resolve().parents[1]
 REFERENCE = Path(__file__).resolve().parent / "data" / "reference"

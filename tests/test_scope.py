@@ -12,17 +12,10 @@ from indextts_train.config import FAMILY_V2, FAMILY_V25, GPTConfig, config_from_
 from indextts_train.constants import SPK_EMB_DIM
 from indextts_train.errors import UserError
 from indextts_train.layout import official_shapes, trained_keys
-from indextts_train.lora import (
-    LORA_TARGETS,
-    LoraSpec,
-    adapted_layer_names,
-    adapter_file,
-    apply_adapter_file,
-    merge_lora,
-    parse_targets,
-)
+from indextts_train.lora import adapted_layer_names, adapter_file, apply_adapter_file, merge_lora
 from indextts_train.model import Batch, UnifiedVoiceGPT
-from indextts_train.scope import ScopeSettings, apply_scope, scope_counts, scope_settings, trainable_parameters
+from indextts_train.scope import apply_scope, scope_counts, trainable_parameters
+from indextts_train.scope_settings import LORA_TARGETS, LoraSpec, ScopeSettings, parse_targets, scope_settings
 from indextts_train.vocab import RowFreezer, VocabPlan
 
 BASE_TOKENS, TOKENS = 16, 20  # the vocabulary grew by 4 rows

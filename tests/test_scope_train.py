@@ -31,7 +31,7 @@ from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.export import TIKTOKEN_NAME, export_checkpoint
 from indextts_train.layout import official_shapes
 from indextts_train.lora import apply_adapter_file
-from indextts_train.scope import ScopeSettings
+from indextts_train.scope_settings import ScopeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8  # 24 samples / effective batch 4: 6 steps an epoch, so a run crosses into epoch 1

@@ -16,6 +16,7 @@ from indextts_train.data import ManifestDataset, ManifestIndex
 from indextts_train.errors import UserError
 from indextts_train.evaluate import evaluate_checkpoint
 from indextts_train.layout import load_base_checkpoint
+from indextts_train.metric_names import parse_forgetting_limit
 from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.sampling import parse_manifest_spec
 from indextts_train.validation import (
@@ -24,7 +25,6 @@ from indextts_train.validation import (
     evaluate_groups,
     forgetting_breaches,
     group_lines,
-    parse_forgetting_limit,
     scalars,
 )
 
