@@ -1,6 +1,6 @@
 """Manifests → index → dataset → resumable sampler → collate.
 
-A manifest is JSONL, one example a line, in one of two forms (DESIGN.md §4):
+A manifest is JSONL, one example a line, in one of two forms (README, "Data"):
 
 - paired (what the community preprocessing writes): `prompt_condition_path`,
   `prompt_emo_vec_path`, `target_text_ids_path`, `target_codes_path`, `target_text_len`,

@@ -1,7 +1,7 @@
 """The training state: one owner of the checkpoint format.
 
 Every part of a run that an exact resume needs gives its own `state_dict()` / `load_state_dict()`
-(progress, history, each rank's RNG here; model, optimizer set and vocab plan in train_state.py), and
+(progress, history, each rank's RNG here; model weights, optimizer set and vocab plan where they live), and
 `TrainingState` gathers them into the one plain dict that checkpoint.py stores. This module is the
 only place that knows the layout:
 

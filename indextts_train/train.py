@@ -10,7 +10,7 @@ optimizer step per iteration. Exact resume rests on four rules kept here:
   3. Nothing but the model's dropout draws from the global torch RNG during the loop (data loaders
      get a private generator), so restoring the RNG restores the dropout masks.
   4. Signals only set a flag; the loop saves at the next step boundary.
-Nothing is lost (issue 9): a non-finite step updates nothing and a streak of them stops the run
+Nothing is lost: a non-finite step updates nothing and a streak of them stops the run
 (exit 3) naming the last good checkpoint; a bad sample found mid-run saves the last completed step
 before exit 2; no checkpoint with a NaN/Inf tensor is written.
 """

@@ -1,4 +1,4 @@
-"""Nothing is ever lost (issue 9), case by case, through the real CLI.
+"""Nothing is ever lost, case by case, through the real CLI.
 
 What needs a process of its own runs as one: a SIGKILL mid-step, signals to the whole process group
 (data workers included), torchrun, a second run while another process holds the output dir, a

@@ -1,4 +1,4 @@
-"""Nothing is ever lost (issue 9), the self-contained parts: the run lock, the output-dir preflight,
+"""Nothing is ever lost, the self-contained parts: the run lock, the output-dir preflight,
 metrics that cannot end a run, bad input lines and settings, the data fingerprint, and checkpoints
 with NaN weights. The whole-run cases (kills, signals, divergence, disk full) are in
 test_nothing_lost.py.

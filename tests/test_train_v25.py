@@ -159,7 +159,7 @@ def test_corrupt_latest_is_skipped_and_left_on_disk(tiny25_data, trained, tmp_pa
     damaged = {name: (out / name).read_bytes() for name in ("latest.pth", "model_step12.pth")}
     output = run_to_end(cli_args(tiny25_data, out, max_steps=14))
     assert "skipping" in output and "resuming from" in output and "model_step10.pth" in output
-    # Never overwritten, renamed over or deleted (issue 9): the step-12 save is skipped with a warning.
+    # Never overwritten, renamed over or deleted: the step-12 save is skipped with a warning.
     assert {name: (out / name).read_bytes() for name in damaged} == damaged
     assert f"not saving step 12: {out / 'model_step12.pth'} is a file this run could not verify" in output
     assert load_checkpoint(out / "model_step14.pth")["progress"]["step"] == 14
