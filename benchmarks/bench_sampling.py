@@ -1,7 +1,7 @@
 """Data order and mixing: what each rule draws, and what computing an epoch's order costs.
 
-- the small case that showed rule 1's repeats: 20 samples, effective batch 8 (16 a step-rounded epoch), 10 epochs: how often each
-  sample is drawn under rule 1 (before) and rule 2 (now);
+- the small case that showed rule 1's repeats: 20 samples, effective batch 8 (16 a step-rounded
+  epoch), 10 epochs: how often each sample is drawn under rule 1 (before) and rule 2 (now);
 - replay: 85,000 lines of a new language + a 200,000-line manifest @0.15, effective batch 64, 10
   epochs: each epoch's share, and how much of the replay manifest has been drawn and how often;
 - padding: mean padded positions per step (max length in the step x step size / real lengths);
