@@ -213,7 +213,7 @@ def check_data(
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
-        from indextts_train.data.manifest_v25 import parse_borrowed
+        from indextts_train.text.languages import parse_borrowed
         from indextts_train.text.vocab import tokenizer_size
 
         gpt_cfg = load_config(config).gpt if config else None

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
-from indextts_train.model.layout import load_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_REFERENCE = ROOT / "tests" / "data" / "reference" / "tiny"

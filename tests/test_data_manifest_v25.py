@@ -16,8 +16,8 @@ from test_model_gpt_v25 import EXPECTED, TINY, v25_batch
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
 from indextts_train.data.checkdata import check_manifests
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, collate
-from indextts_train.data.manifest_v25 import parse_borrowed
 from indextts_train.errors import UserError
+from indextts_train.text.languages import parse_borrowed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,16 +12,11 @@ import torch
 from helpers import reference_model
 from torch.nn.utils.rnn import pad_sequence
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
-from indextts_train.model.layout import (
-    full_state_dict,
-    init_carried,
-    load_base_checkpoint,
-    official_shapes,
-    trained_keys,
-)
+from indextts_train.model.layout import full_state_dict, init_carried, official_shapes, trained_keys
 
 REF = Path(__file__).resolve().parent / "data" / "reference"
 V25 = REF / "v2_5"

@@ -9,17 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import (
-    full_state_dict,
-    init_carried,
-    load_base_checkpoint,
-    official_shapes,
-    split_state_dict,
-    trained_keys,
-)
+from indextts_train.model.layout import full_state_dict, init_carried, official_shapes, split_state_dict, trained_keys
 
 REF = Path(__file__).resolve().parent / "data" / "reference"
 TINY = REF / "tiny"

@@ -10,9 +10,9 @@ import torch
 from helpers import reference_batch
 from test_model_gpt_v25 import v25_batch
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT, losses_from_hidden, losses_from_logits
-from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.model.losses import chunked_head_ce
 
 REF = Path(__file__).resolve().parent / "data" / "reference"

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.state import FORMAT_VERSION, migrate
 from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.text.tiktoken_vocab import (
     LANGUAGE_CODES,
     SPECIAL_TOKENS,

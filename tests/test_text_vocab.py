@@ -9,11 +9,11 @@ import pytest
 import torch
 from helpers import reference_batch
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.constants import TEXT_ROW_KEYS
 from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.text.vocab import (
     RowFreezer,
     VocabPlan,

@@ -12,10 +12,10 @@ import torch
 from helpers import reference_batch
 
 from indextts_train.checkpoint.async_save import BackgroundSaver, cpu_snapshot
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.train.accel import adamw_options, compile_blocks
 from indextts_train.train.loop import TrainOptions, train
 

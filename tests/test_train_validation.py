@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import write_dataset
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import is_milestone
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.settings import load_config
@@ -16,7 +17,6 @@ from indextts_train.data.manifest import ManifestDataset, ManifestIndex
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.train.best import BestTracker, check_metric, metric_value
 from indextts_train.train.evaluate import evaluate_checkpoint
 from indextts_train.train.validation import (

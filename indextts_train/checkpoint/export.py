@@ -7,7 +7,7 @@ strict: a misnamed tensor would load silently as random weights, so the file hol
 key set of `layout.official_shapes`. Stock 2.5 inference reads its vocabulary from
 `<model_dir>/multilingual_zh_ja_yue_char_del.tiktoken`, so a grown `.tiktoken` is written beside the
 export under that name. A --train-scope lora checkpoint is exported with its adapters merged into
-the plain weights (layout.load_base_checkpoint); `adapters_out` also writes the adapters alone, with
+the plain weights (base.load_base_checkpoint); `adapters_out` also writes the adapters alone, with
 what they apply to.
 """
 
@@ -19,15 +19,16 @@ from pathlib import Path
 import torch
 import yaml
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import BEST, LATEST, config_for, load_verified
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
-from indextts_train.data.manifest_v25 import borrow_notes
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
-from indextts_train.model.layout import load_base_checkpoint, official_shapes, trained_keys
+from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
+from indextts_train.text.languages import borrow_notes
 from indextts_train.text.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
 from indextts_train.text.vocab import VocabPlan
 

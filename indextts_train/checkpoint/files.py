@@ -48,6 +48,7 @@ from indextts_train.files.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.files.faults import crash_armed, crash_point
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 from indextts_train.files.numpy_pickle import load_weights_only
+from indextts_train.model.layout import clean_keys, family_of_keys
 
 LATEST = "latest.pth"
 BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
@@ -229,11 +230,6 @@ def _summary(obj: dict, kind: str, path: Path) -> dict:
     tensors = list(weights.values()) if isinstance(weights, dict) else []
     sizes = {"file_bytes": path.stat().st_size, "tensors": len(tensors),
              "params": sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))}
-    from indextts_train.model.layout import (
-        clean_keys,
-        family_of_keys,  # not at the top: layout imports this module
-    )
-
     found = family_of_keys(clean_keys(weights).state) if isinstance(weights, dict) else None
     family = FAMILY_NAMES.get(found, "unknown")  # IndexTTS2 or IndexTTS-2.5, from the weights' keys
     if kind == "community":

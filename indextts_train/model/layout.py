@@ -25,7 +25,6 @@ from indextts_train.config.constants import (
 from indextts_train.config.settings import FAMILY_NAMES, FAMILY_V2, FAMILY_V25, ConditionModuleConfig, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT, check_supported, mel_positions, text_positions
-from indextts_train.model.lora import merge_lora, record_spec
 
 # Sizes UnifiedVoice hard-codes rather than reading from the config.
 CONFORMER_INPUT_SIZE = 1024
@@ -193,7 +192,8 @@ def full_state_dict(model: UnifiedVoiceGPT, carried: Mapping[str, Tensor]) -> di
     have = set(own) | set(carried)
     if have != set(order):
         missing, extra = sorted(set(order) - have), sorted(have - set(order))
-        raise ValueError(f"cannot assemble gpt.pth: missing {_preview(missing)}; unexpected {_preview(extra)}")
+        raise ValueError(f"cannot assemble gpt.pth: missing {preview_names(missing)}; "
+                         f"unexpected {preview_names(extra)}")
     return {k: (own[k] if k in own else carried[k]).detach().to("cpu", torch.float32, copy=True) for k in order}
 
 
@@ -226,33 +226,10 @@ def init_carried(cfg: GPTConfig, generator: torch.Generator) -> dict[str, Tensor
     return {k: _plausible(k, shape, generator) for k, shape in official_shapes(cfg).items() if not _is_trained(k)}
 
 
-def _preview(names: list[str]) -> str:
+def preview_names(names: list[str]) -> str:
     shown = ", ".join(names[:_LIST_LIMIT])
     more = len(names) - _LIST_LIMIT
     return f"{shown} (+{more} more)" if more > 0 else shown
-
-
-def _read_state(path: Path, merge_adapters: bool, loaded: object | None = None) -> dict[str, Tensor]:
-    """torch.load without pickled code; accepts a plain state dict or {'model': state_dict}.
-
-    `loaded` is what the checkpoint module's loader returned when the caller has read `path` already.
-    A --train-scope lora checkpoint of ours keeps the frozen base in `model` and the adapters in
-    `lora`; its weights are the two merged (unless `merge_adapters` is False: the caller hooks them).
-    """
-    from indextts_train.checkpoint.files import load_checkpoint  # safe load: CRC check, no pickled code
-
-    obj = load_checkpoint(path) if loaded is None else loaded
-    record = obj.get("lora") if isinstance(obj, Mapping) else None
-    if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
-        obj = obj["model"]
-        if merge_adapters and isinstance(record, Mapping):
-            obj = merge_lora(obj, record["adapters"], record_spec(record))
-    if not isinstance(obj, Mapping) or not obj:
-        raise UserError(f"{path}: not a gpt.pth state dict (expected a mapping of key -> tensor)")
-    not_tensors = [str(k) for k, v in obj.items() if not isinstance(v, Tensor)]
-    if not_tensors:
-        raise UserError(f"{path}: not a gpt.pth state dict; non-tensor entries: {_preview(not_tensors)}")
-    return dict(obj)
 
 
 @dataclass
@@ -303,21 +280,7 @@ def resolve_family(cfg: GPTConfig, state: Mapping[str, Tensor], source: Path | s
         )
 
 
-def settle_family(cfg: GPTConfig, path: Path | None) -> None:
-    """cfg.family from a checkpoint file's keys when the config does not state it (before anything is sized)."""
-    if cfg.family is not None or path is None or not Path(path).is_file():
-        return
-    from indextts_train.checkpoint.files import load_checkpoint
-
-    try:
-        obj = load_checkpoint(Path(path), mmap=True)  # keys only; tensor data stays on disk
-    except UserError:
-        return  # load_base_checkpoint reports it in its own words
-    weights = obj["model"] if isinstance(obj.get("model"), Mapping) else obj
-    resolve_family(cfg, weights, path)
-
-
-def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
+def layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
     """Missing, unexpected and mis-shaped keys; text rows may differ from cfg but must agree."""
     expected = official_shapes(cfg)
     missing = [k for k in expected if k not in state]
@@ -335,38 +298,5 @@ def _layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
     problems = []
     for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
         if names:
-            problems.append(f"{len(names)} {label}: {_preview(names)}")
+            problems.append(f"{len(names)} {label}: {preview_names(names)}")
     return problems
-
-
-def load_base_checkpoint(
-    path: str | Path, cfg: GPTConfig, *, merge_adapters: bool = True, loaded: object | None = None
-) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
-    """Read an official (or community / our own) gpt.pth and check it against `cfg`.
-
-    `loaded`: the file as `checkpoint.load_verified` / `load_checkpoint` returned it, when the
-    caller has read it already (`path` then only names it in messages).
-
-    Sets cfg.family from the checkpoint's keys when the config does not state it (and refuses a
-    config whose `version:` names the other family).
-    Returns (trained, carried, base_text_tokens), all float32 in release order; base_text_tokens is
-    the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
-    """
-    path = Path(path)
-    state = clean_keys(_read_state(path, merge_adapters, loaded)).state
-    resolve_family(cfg, state, path)
-    problems = _layout_problems(state, cfg)
-    if problems:
-        raise UserError(
-            f"{path}: does not match the {cfg.family_name} GPT layout of the config (model_dim {cfg.model_dim}, "
-            f"layers {cfg.layers}): {'; '.join(problems)}; check that --config matches the checkpoint"
-        )
-    if cfg.family is None:
-        cfg.family = FAMILY_V2
-    ordered = {k: state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
-    base_text_tokens = ordered["text_embedding.weight"].shape[0] - 1
-    if base_text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):
-        raise UserError(f"{path}: text_embedding.weight has only {base_text_tokens + 1} rows; "
-                        "it cannot hold the start/stop text tokens")
-    trained, carried = split_state_dict(ordered, cfg)
-    return trained, carried, base_text_tokens

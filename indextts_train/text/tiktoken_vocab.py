@@ -28,6 +28,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.text.tokenizer import iter_text_lines
 
 # indextts/utils/tokenizer.py LANGUAGES order: the index is the lang_embedding row (LANGUAGE_DICT).
 LANGUAGE_CODES = (
@@ -230,8 +231,6 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
 
     target_size is the new number_text_tokens (ranks + 1673 specials). Returns a summary.
     """
-    from indextts_train.text.tokenizer import iter_text_lines
-
     vocab = read_tiktoken(base)
     if target_size < vocab.n_vocab:
         raise UserError(f"--target-size {target_size} is below the base's {vocab.n_vocab} tokens "
@@ -300,8 +299,6 @@ def _check_tiktoken_base(vocab: TiktokenVocab, base: Path, report: dict) -> int:
 
 def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None) -> dict:
     """Tokens per line, the share of characters only byte pieces cover, and the share of new ranks."""
-    from indextts_train.text.tokenizer import iter_text_lines
-
     encoding = vocab.encoding()
     lines = tokens = chars = byte_chars = new_tokens = 0
     for text in iter_text_lines(path):

@@ -24,9 +24,8 @@ from torch import Tensor, nn
 
 from indextts_train.config.constants import LANG_ROWS, TEXT_ROW_KEYS
 from indextts_train.config.settings import GPTConfig, TrainConfig
-from indextts_train.data.manifest_v25 import borrow_notes
 from indextts_train.errors import UserError
-from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.text.languages import borrow_notes
 from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, SPECIAL_TOKENS, is_tiktoken, read_tiktoken
 
 NEW_ROW_NOISE = 0.01  # noise std of a new row, as a fraction of the base rows' per-column std
@@ -207,7 +206,7 @@ class RowFreezer:
     is frozen, so a resume may change these choices.
     """
 
-    def __init__(self, model: UnifiedVoiceGPT, plan: VocabPlan, *, language_rows: Tensor | None = None,
+    def __init__(self, model: nn.Module, plan: VocabPlan, *, language_rows: Tensor | None = None,
                  freeze_speaker_proj: bool = False) -> None:
         text = model.get_parameter(TEXT_ROW_KEYS[0])
         if text.shape[0] != plan.rows:
@@ -248,7 +247,7 @@ class RowFreezer:
                 param[rows] = saved.to(param.dtype)
 
 
-def family_freezer(model: UnifiedVoiceGPT, plan: VocabPlan, gpt: GPTConfig, train: TrainConfig,
+def family_freezer(model: nn.Module, plan: VocabPlan, gpt: GPTConfig, train: TrainConfig,
                    lang_ids: Iterable[int], say: Callable[[str], None]) -> RowFreezer:
     """The run's RowFreezer; for IndexTTS-2.5 also the language rows the data does not train and,
     unless --train-speaker-proj, spk_emb_proj. `say` gets one line describing it."""

@@ -15,6 +15,8 @@ import torch
 
 from indextts_train.checkpoint.export import export_checkpoint
 from indextts_train.config.settings import load_config
+from indextts_train.data.demo_data import make_demo_dataset
+from indextts_train.data.demo_data_v25 import make_demo_dataset_v25
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -37,9 +39,6 @@ def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
 
 def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto", family: str = "2",
              train_scope: str = "full") -> int:
-    from indextts_train.data.demo_data import make_demo_dataset
-    from indextts_train.data.demo_data_v25 import make_demo_dataset_v25
-
     if family not in FAMILIES:
         raise UserError(f"--family {family}: choose 2 (IndexTTS2) or 2.5 (IndexTTS-2.5)")
     tiny = TINY_CONFIG_V25 if family == "2.5" else TINY_CONFIG

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import config_for, load_checkpoint
 from indextts_train.config.settings import DEFAULT_CONFIG, Config
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
-from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.model.lora import attach_lora, load_adapters, record_spec
 from indextts_train.train.distributed import DistInfo, sum_across_ranks
 

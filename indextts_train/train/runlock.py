@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from indextts_train.errors import UserError
+from indextts_train.train.distributed import DistInfo, any_rank
 
 if TYPE_CHECKING:  # torch only for a run's claim: a process that only asks holder_pid() stays light
     import torch
-
-    from indextts_train.train.distributed import DistInfo
 
 LOCK_NAME = "train.lock"
 
@@ -190,8 +189,6 @@ def claim_output_dir(output_dir: Path, dist_info: DistInfo, device: torch.device
 
     Returns the held lock on rank 0, None on the other ranks.
     """
-    from indextts_train.train.distributed import any_rank
-
     error, lock = None, None
     if dist_info.is_main:
         try:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from indextts_train.checkpoint import files as ckpt_io
 from indextts_train.checkpoint.async_save import BackgroundSaver
+from indextts_train.checkpoint.base import load_base_checkpoint, settle_family
 from indextts_train.checkpoint.files import BEST, ignored_by_base_checkpoint, load_checkpoint, publish, same_file
 from indextts_train.checkpoint.state import DataRecord, History, Progress, TrainingState, capture_rng
 from indextts_train.config.metric_names import parse_forgetting_limit
@@ -28,7 +29,6 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.data.fingerprint import check_same_data, data_fingerprint
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
-from indextts_train.data.manifest_v25 import parse_borrowed
 from indextts_train.data.sampling import (
     LEGACY_RULE,
     ManifestSpec,
@@ -43,15 +43,10 @@ from indextts_train.data.sampling import (
 )
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import (
-    full_state_dict,
-    init_carried,
-    load_base_checkpoint,
-    resolve_family,
-    settle_family,
-)
+from indextts_train.model.layout import full_state_dict, init_carried, resolve_family, split_state_dict
 from indextts_train.model.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model.scope import apply_scope, check_resume_scope, text_rows_trainable, trainable_parameters
+from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import (
     RowFreezer,
     VocabPlan,
@@ -359,8 +354,6 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
 def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
                     tokenizer: Path | None) -> tuple[Weights, VocabPlan]:
     """The checkpoint's weights, text rows grown when the tokenizer grew; also that growth (saved -> now)."""
-    from indextts_train.model.layout import split_state_dict
-
     train = config.train
     resolve_family(config.gpt, ckpt["model"], path)
     trained, carried = split_state_dict(ckpt["model"], config.gpt)

@@ -2,17 +2,20 @@
 
 Only `page.py` imports Gradio, and only when the page is served, so the trainer and every other
 command work without it.
+
+Imports: `train` and every layer below it (it starts runs and reads their checkpoints); above it
+only `cli`.
 """
 
 from __future__ import annotations
+
+from indextts_train.errors import UserError
 
 INSTALL_HINT = "the web page needs Gradio: pip install 'indextts-train[webui]' (or: pip install 'gradio>=5,<7')"
 
 
 def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
     """--auth USER:PASS; required with --share (a public link to a machine that runs commands)."""
-    from indextts_train.errors import UserError
-
     if auth is None:
         if share:
             raise UserError("--share makes the page public: add --auth USER:PASS so only you can start runs")
@@ -25,8 +28,6 @@ def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
 
 def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, auth: str | None = None) -> int:
     """Serve the page until Ctrl+C. Runs started from it keep running after it stops."""
-    from indextts_train.errors import UserError
-
     credentials = parse_auth(auth, share)
     if credentials is None and host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: --host {host} without --auth: anyone who can reach this port can start runs", flush=True)
