@@ -15,6 +15,7 @@ from indextts_train.prepare.codecs import (
     SemanticCodec,
     codec_config,
     codec_shapes,
+    exact_float32,
     valid_code_count,
     write_tiny_codec,
 )
@@ -196,3 +197,14 @@ def test_tiny_codec_is_seeded_loadable_and_never_overwrites(tmp_path, family: st
     assert codes.shape == (valid_code_count(40, codec.frames_per_code),)
     assert len(set(codes.tolist())) > 3  # a working codec spreads over its codebook
     assert torch.equal(codec.codes_batch(torch.stack([feat, feat]))[1], codes)
+
+
+def test_exact_float32_switches_tf32_off_and_restores_the_callers_settings() -> None:
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with exact_float32():
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -13,7 +13,8 @@ batch-size-1 inference gets. Weights load strictly: every expected key with its 
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -81,6 +82,21 @@ def _backbone_shapes(prefix: str, cfg: CodecConfig) -> dict[str, tuple[int, ...]
     return shapes
 
 
+@contextmanager
+def exact_float32() -> Iterator[None]:
+    """Run CUDA matmuls and convolutions in true float32, not TF32, then restore the settings.
+
+    TF32 keeps 10 mantissa bits (~1e-3 relative): enough to move layer-17 features past their 1e-4
+    tolerance and codes past their 1e-3 score margin. No effect on the CPU.
+    """
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def codec_shapes(cfg: CodecConfig) -> dict[str, tuple[int, ...]]:
     """Every key and shape of the official codec's state dict (RepCodec / EnhancedCodec)."""
     hidden, code_dim = cfg.hidden_size, cfg.codebook_dim
@@ -122,7 +138,7 @@ def valid_code_count(n_valid_frames: int, frames_per_code: int) -> int:
 
 
 class _Codec:
-    """The quantize path of both official codecs, on plain tensors, in inference mode."""
+    """The quantize path of both official codecs, on plain tensors, without autograd."""
 
     frames_per_code = 1
     what = "a codec"
@@ -174,7 +190,7 @@ class _Codec:
         padding a shorter clip changes its last codes (see the module docstring)."""
         if feats.dim() != 3 or feats.shape[-1] != self.cfg.hidden_size or feats.shape[1] == 0:
             raise ValueError(f"codec input must be (B, T>0, {self.cfg.hidden_size}), got {tuple(feats.shape)}")
-        with torch.inference_mode():
+        with torch.no_grad(), exact_float32():  # not inference_mode: callers may edit the codes in place
             x = feats.to(device=self.device, dtype=torch.float32)
             return self._nearest(self._backbone(self._front(x))).to("cpu", torch.int64)
 
@@ -214,6 +230,9 @@ class EnhancedCodec(_Codec):
         # quantize() keeps an odd last frame: its code sees the conv's zero padding, as official
         x = F.conv1d(x.transpose(1, 2), self.weights["down.weight"], self.weights["down.bias"], stride=2, padding=1)
         return F.gelu(x)  # (B, H, ceil(T / 2))
+
+
+CODECS = {FAMILY_V2: SemanticCodec, FAMILY_V25: EnhancedCodec}  # the codec whose codes each family's GPT reads
 
 
 def _read_safetensors(path: Path, expected: Mapping[str, tuple[int, ...]], what: str) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ import torch
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.audio import W2V_RATE, AudioError
-from indextts_train.prepare.codecs import check_state, write_new_bytes
+from indextts_train.prepare.codecs import check_state, exact_float32, write_new_bytes
 
 LAYER = 17  # IndexTTS2 get_emb: hidden_states[17], the output of the 17th conformer layer
 STATS_FILE = "wav2vec2bert_stats.pt"
@@ -184,7 +184,7 @@ class W2vBert:
         if not waves:
             return []
         batch = self.input_features(waves)
-        with torch.inference_mode():
+        with torch.no_grad(), exact_float32():  # not inference_mode: the features go on to other models
             values = batch.values.to(self.device, self.dtype)  # (B, T, 160)
             mask = batch.mask.to(self.device)  # (B, T)
             hidden, _ = self.model.feature_projection(values)  # (B, T, H)
