@@ -157,3 +157,12 @@ def test_tiny_w2vbert_is_seeded_loadable_and_never_overwrites(tmp_path) -> None:
     [(feat, n_valid)] = tiny.layer17([_wave("b_22k05_mono_float")])
     assert feat.shape == (49, 16) and n_valid == 49 and torch.isfinite(feat).all()
     assert float(feat.std()) > 0.1  # perturbed weights: features vary
+
+
+def test_a_truncated_weights_file_is_one_line(tmp_path) -> None:
+    folder = _model_copy(tmp_path)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError) as caught:
+        W2vBert.load(folder, folder / "wav2vec2bert_stats.pt", CPU)
+    assert "not a readable safetensors file" in str(caught.value) and "\n" not in str(caught.value)

@@ -248,7 +248,7 @@ def _read_safetensors(path: Path, expected: Mapping[str, tuple[int, ...]], what:
     except UserError:
         raise
     except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
-        raise UserError(f"{path}: not a readable safetensors file ({_first_line(exc)}); expected {what}") from exc
+        raise UserError(f"{path}: not a readable safetensors file ({first_line(exc)}); expected {what}") from exc
 
 
 def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: str) -> dict[str, torch.Tensor]:
@@ -257,7 +257,7 @@ def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: s
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)  # no pickled code from a downloaded file
     except Exception as exc:
-        raise UserError(f"{path}: cannot be read as a weights-only torch file ({_first_line(exc)}); "
+        raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
                         f"expected {what}") from exc
     state = obj.get("model") if isinstance(obj, Mapping) else None
     if not isinstance(state, Mapping):
@@ -269,7 +269,8 @@ def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: s
     return dict(state)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line, for one-line errors."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 

@@ -26,7 +26,7 @@ import torch
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.audio import W2V_RATE, AudioError
-from indextts_train.prepare.codecs import check_state, exact_float32, write_new_bytes
+from indextts_train.prepare.codecs import check_state, exact_float32, first_line, write_new_bytes
 
 LAYER = 17  # IndexTTS2 get_emb: hidden_states[17], the output of the 17th conformer layer
 STATS_FILE = "wav2vec2bert_stats.pt"
@@ -63,7 +63,8 @@ def _read_stats(path: Path, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         stats = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"{path}: cannot be read as a weights-only torch file ({exc}); expected {STATS_FILE}") from exc
+        raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
+                        f"expected {STATS_FILE}") from exc
     for key in ("mean", "var"):
         value = stats.get(key) if isinstance(stats, dict) else None
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (width,):
@@ -84,28 +85,33 @@ def _weight_files(model_dir: Path) -> list[Path]:
         try:
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"{index}: not a safetensors index ({exc})") from exc
+            raise UserError(f"{index}: not a safetensors index ({first_line(exc)})") from exc
         return [model_dir / name for name in shards]
     raise UserError(f"{model_dir}: no model.safetensors; expected the Hugging Face folder of facebook/w2v-bert-2.0")
 
 
-def _read_weights(model_dir: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors file(s), after a strict check of keys and shapes."""
+def _read_weights(model_dir: Path, expected: dict[str, tuple[int, ...]], needed: set[str]) -> dict[str, torch.Tensor]:
+    """The `needed` tensors of the folder's safetensors file(s), after a strict check of every key and shape."""
     from safetensors import safe_open
 
-    state: dict[str, torch.Tensor] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
     files = _weight_files(model_dir)
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                shapes.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
-        except Exception as exc:
-            raise UserError(f"{path}: not a readable safetensors file ({exc}); expected w2v-BERT weights") from exc
-    check_state(files[0] if len(files) == 1 else model_dir, shapes, expected, "a Wav2Vec2BertModel of config.json")
-    for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            state.update({key: handle.get_tensor(key) for key in handle.keys()})
+    shapes: dict[str, tuple[int, ...]] = {}
+    state: dict[str, torch.Tensor] = {}
+    for reading in (False, True):  # all headers are checked before any tensor is read
+        if reading:
+            check_state(files[0] if len(files) == 1 else model_dir, shapes, expected,
+                        "a Wav2Vec2BertModel of config.json")
+        for path in files:
+            try:
+                with safe_open(str(path), framework="pt") as handle:
+                    for key in handle.keys():
+                        if not reading:
+                            shapes[key] = tuple(handle.get_slice(key).get_shape())
+                        elif key in needed:
+                            state[key] = handle.get_tensor(key)
+            except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
+                raise UserError(f"{path}: not a readable safetensors file ({first_line(exc)}); "
+                                "expected w2v-BERT weights") from exc
     return state
 
 
@@ -115,15 +121,15 @@ def _build_model(model_dir: Path) -> torch.nn.Module:
     try:
         config = Wav2Vec2BertConfig.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:
-        raise UserError(f"{model_dir}: no readable w2v-BERT config.json ({str(exc).splitlines()[0]})") from exc
+        raise UserError(f"{model_dir}: no readable w2v-BERT config.json ({first_line(exc)})") from exc
     if config.num_hidden_layers < LAYER:
         raise UserError(f"{model_dir}/config.json: num_hidden_layers is {config.num_hidden_layers}; "
                         f"layer {LAYER} features need at least {LAYER}")
     with torch.device("meta"):  # no random init: every tensor comes from the file
         model = Wav2Vec2BertModel(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    model.load_state_dict(_read_weights(model_dir, expected), strict=True, assign=True)
-    model.encoder.layers = model.encoder.layers[:LAYER]  # later layers never reach layer 17
+    model.encoder.layers = model.encoder.layers[:LAYER]  # later layers never reach layer 17: not even read
+    model.load_state_dict(_read_weights(model_dir, expected, set(model.state_dict())), strict=True, assign=True)
     return model.eval()
 
 
@@ -134,7 +140,7 @@ def _build_extractor(model_dir: Path):
         try:
             return SeamlessM4TFeatureExtractor.from_pretrained(str(model_dir), local_files_only=True)
         except Exception as exc:
-            raise UserError(f"{model_dir}/preprocessor_config.json: unreadable ({str(exc).splitlines()[0]})") from exc
+            raise UserError(f"{model_dir}/preprocessor_config.json: unreadable ({first_line(exc)})") from exc
     settings = {k: v for k, v in EXTRACTOR_CONFIG.items() if k not in ("feature_extractor_type", "processor_class")}
     return SeamlessM4TFeatureExtractor(**settings)
 
