@@ -156,6 +156,12 @@ class _Codec:
         self.in_bias = self.weights[f"{quantizer}.in_project.bias"]
         self.codebook = F.normalize(self.weights[f"{quantizer}.codebook.weight"])  # (K, code_dim)
 
+    def require_width(self, width: int, source: str) -> None:
+        """One line, before any clip runs, when the features' width (w2v-BERT's) is not the codec's input."""
+        if width != self.cfg.hidden_size:
+            raise UserError(f"{source}: w2v-BERT features are {width} wide but the codec's {SECTION}.hidden_size "
+                            f"is {self.cfg.hidden_size}; the codec and the w2v-BERT model do not belong together")
+
     def _backbone(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, T) -> (B, T, H): Vocos ConvNeXt encoder, then its Linear back to H."""
         w, dim = self.weights, self.cfg.vocos_dim
