@@ -213,7 +213,7 @@ def test_exact_float32_switches_tf32_off_and_restores_the_callers_settings() -> 
 def test_a_feature_width_other_than_the_codecs_is_one_line_before_any_clip(codec_and_folder) -> None:
     codec, _ = codec_and_folder
     codec.require_width(32, "w2v-bert-2.0")
-    with pytest.raises(UserError, match="w2v-bert-2.0: w2v-BERT features are 1024 wide .* hidden_size is 32"):
+    with pytest.raises(UserError, match="w2v-bert-2.0: w2v-BERT features are 1024 wide .*hidden_size is 32"):
         codec.require_width(1024, "w2v-bert-2.0")
     with pytest.raises(ValueError):
         codec.codes(torch.zeros(0, 32))
