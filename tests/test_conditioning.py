@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from indextts_train.conditioning import ConditioningEncoders, official_lengths
+from indextts_train.conditioning import ConditioningEncoders, full_float32, official_lengths
 from indextts_train.config import load_config
 from indextts_train.errors import UserError
 from indextts_train.layout import load_base_checkpoint
@@ -171,3 +171,41 @@ def test_missing_encoders_are_one_line(v2) -> None:
     without = {k: v for k, v in carried.items() if not k.startswith("perceiver_encoder.")}
     with pytest.raises(UserError, match="has no perceiver_encoder"):
         ConditioningEncoders.from_gpt(without, cfg, CPU)
+
+
+def _record_tf32(monkeypatch) -> list[tuple[bool, bool]]:
+    """Wraps F.conv1d to record the TF32 flags each call runs under."""
+    seen: list[tuple[bool, bool]] = []
+    conv1d = torch.nn.functional.conv1d
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return conv1d(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", spy)
+    return seen
+
+
+@pytest.fixture
+def tf32_on():
+    """Both TF32 flags on, as a training run on an Ampere GPU leaves them; restored after."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_encoders_run_without_tf32(encoders: ConditioningEncoders, monkeypatch, tf32_on) -> None:
+    """A GPU would otherwise run the convolutions in TF32 (cuDNN's default, and training turns it on)."""
+    seen = _record_tf32(monkeypatch)
+    encoders.emo_vec(_feat(23))
+    encoders.condition(_feat(23))
+    assert seen and set(seen) == {(False, False)}
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32  # restored
+
+
+def test_full_float32_restores_after_an_error(tf32_on) -> None:
+    with pytest.raises(RuntimeError, match="boom"), full_float32():
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        raise RuntimeError("boom")
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32

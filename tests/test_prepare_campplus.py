@@ -120,3 +120,19 @@ def test_tiny_weights_are_seeded_and_load(tmp_path) -> None:
     assert vectors[0].shape == (192,) and np.isfinite(vectors[0]).all()
     np.testing.assert_array_equal(vectors[0], vectors[1])
     assert not np.array_equal(vectors[0], vectors[2])
+
+
+def test_campplus_runs_without_tf32(campplus: CampPlus, monkeypatch) -> None:
+    """cuDNN runs fp32 convolutions in TF32 by default, above the 1e-4 tolerance."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    seen: list[bool] = []
+    conv1d = torch.nn.functional.conv1d
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cudnn.allow_tf32)
+        return conv1d(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", spy)
+    campplus.speaker_vector(_spk16k(CLIPS[2]))
+    assert seen and not any(seen)
+    assert torch.backends.cudnn.allow_tf32

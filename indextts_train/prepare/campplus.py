@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from indextts_train.conditioning import full_float32
 from indextts_train.errors import UserError
 
 # Kaldi fbank settings (the torchaudio defaults that matter, at 16 kHz).
@@ -301,7 +302,8 @@ class CampPlus:
                              f"(a waveform of at least {MIN_SAMPLES} samples); got {tuple(fbank.shape)}")
         feat = fbank.to(self.device, torch.float32)
         feat = feat - feat.mean(dim=0, keepdim=True)  # per-utterance mean of each bin, as 2.5 inference
-        embedding = _xvector(_head(feat.T[None], self.weights), self.weights)  # (1, 192)
+        with full_float32():
+            embedding = _xvector(_head(feat.T[None], self.weights), self.weights)  # (1, 192)
         return embedding[0].float().cpu().numpy()
 
     def speaker_vector(self, wave16k: np.ndarray) -> np.ndarray:
