@@ -18,6 +18,15 @@ CPU = torch.device("cpu")
 EMO_KEYS = ("emo_conditioning_encoder.", "emo_perceiver_encoder.", "emovec_layer.", "emo_layer.")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small ops on a busy shared CPU: thread hand-offs cost more than they save."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _carried(folder: str) -> tuple[dict, object]:
     cfg = load_config(REFERENCE / folder / "config.yaml").gpt
     _, carried, _ = load_base_checkpoint(REFERENCE / folder / "gpt.pth", cfg)
