@@ -118,6 +118,12 @@ def test_load_is_strict(tmp_path) -> None:
         CampPlus.load(tmp_path / "absent.bin", CPU)
 
 
+def test_load_bounds_the_file_size(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("indextts_train.prepare.campplus.MAX_WEIGHTS_BYTES", WEIGHTS.stat().st_size - 1)
+    with pytest.raises(UserError, match="too large for the CAMPPlus weights"):
+        CampPlus.load(WEIGHTS, CPU)
+
+
 def test_tiny_weights_are_seeded_and_load(tmp_path) -> None:
     write_tiny_campplus(tmp_path / "a.pth", seed=5)
     write_tiny_campplus(tmp_path / "b.pth", seed=5)

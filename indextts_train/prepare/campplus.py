@@ -52,6 +52,7 @@ BN_EPS = 1e-5
 # frames, i.e. 720 samples. Shorter input would give NaN (the official code does not check).
 MIN_FBANK_FRAMES = 3
 MIN_SAMPLES = FRAME_LENGTH + (MIN_FBANK_FRAMES - 1) * FRAME_SHIFT
+MAX_WEIGHTS_BYTES = 1 << 30  # campplus_cn_common.bin is 28 MB; a larger file is not a speaker encoder
 
 
 def _mel(hz: Tensor | float) -> Tensor | float:
@@ -205,9 +206,11 @@ def read_state_dict(path: Path, what: str) -> dict[str, Tensor]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file ({what})")
+    if path.stat().st_size > MAX_WEIGHTS_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size} bytes is too large for the {what}; check the path")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's to replace, with the reason
+    except Exception as exc:  # any unreadable file is the user's to replace: say why, no traceback
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: cannot read the {what} ({reason}); download it again") from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
