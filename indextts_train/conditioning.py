@@ -210,6 +210,12 @@ class ConditioningEncoders:
                             "widths; it is not a UnifiedVoice checkpoint")
         return cls(weights, cond, emo, torch.device(device))
 
+    def require_width(self, width: int, source: str) -> None:
+        """One line (UserError) when the features of `source` (the w2v-BERT model) will not fit these encoders."""
+        if (width - 1) // 2 != self.input_bins:
+            raise UserError(f"{source} gives {width}-wide features but the GPT's speaker/emotion encoders take "
+                            f"{self.width}-wide ones; use the w2v-BERT model that belongs to this gpt.pth")
+
     def _inputs(self, feats: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
         if feats.dim() != 3 or (feats.shape[-1] - 1) // 2 != self.input_bins:
             raise ValueError(f"expected features (B, T, {self.width}), got {tuple(feats.shape)}")

@@ -69,6 +69,9 @@ def test_single_clip_equals_official(encoders: ConditioningEncoders, frames: int
 
 def test_width_read_from_the_weights(encoders: ConditioningEncoders) -> None:
     assert encoders.width == 1024
+    encoders.require_width(1024, "w2v-bert-2.0")
+    with pytest.raises(UserError, match="tiny-w2v gives 32-wide features .* take 1024-wide"):
+        encoders.require_width(32, "tiny-w2v")
     with pytest.raises(ValueError, match=r"\(B, T, 1024\)"):
         encoders.condition(torch.zeros(23, 32))
 
