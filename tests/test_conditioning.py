@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from indextts_train.conditioning import ConditioningEncoders, full_float32, official_lengths
-from indextts_train.config import load_config
+from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.layout import load_base_checkpoint
 from tests.conftest import REFERENCE
@@ -27,14 +27,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _carried(folder: str) -> tuple[dict, object]:
+def _carried(folder: str) -> tuple[dict, GPTConfig]:
     cfg = load_config(REFERENCE / folder / "config.yaml").gpt
     _, carried, _ = load_base_checkpoint(REFERENCE / folder / "gpt.pth", cfg)
     return carried, cfg
 
 
 @pytest.fixture(scope="module")
-def v2() -> tuple[dict, object]:
+def v2() -> tuple[dict, GPTConfig]:
     return _carried("tiny")
 
 
