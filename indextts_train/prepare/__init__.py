@@ -1,1 +1,7 @@
-"""From audio clips and transcripts to the arrays train-gpt reads: audio paths, w2v-BERT, codecs, pipeline."""
+"""From audio clips and transcripts to the arrays and manifests the trainer reads (`indextts-train prepare`):
+corpus readers, the two official audio paths, w2v-BERT layer 17, the codecs, CAMPPlus, pairs, the
+resumable pipeline. Its third-party libraries (transformers, soundfile, soxr, ...) are the
+`[prepare]` extra, imported only here.
+
+Imports: `data`, `model`, `text`, `config`, `files`, `errors` (never `checkpoint` or above).
+"""
