@@ -299,13 +299,22 @@ class TextPath:
 
     def _present_v25(self, text: str, language: str | None) -> str:
         self.lang_id(language)  # refuses or counts an unknown code
+        return language_prefix(self._inference_code(language)) + self.present_body(text, language)
+
+    def present_body(self, text: str, language: str | None = None) -> str:
+        """2.5: the presented text without its `<|lang|> ` prefix (what pieces are learned from).
+
+        IndexTTS2: the same as present(). A 2.5 text without a language gets the character map and
+        keeps its case, as inference does for every language without a case rule.
+        """
+        if self.family != FAMILY_V25:
+            return self.present(text, language)
         code = self._inference_code(language)
         text = character_map(text)
         if code in V25_NORMALISED:
             self._count_digits(text)
             text = self.normalize(text)
-        text = control_tokens_upper(pronunciation_marks(case_rule(text, code)))
-        return language_prefix(code) + text
+        return control_tokens_upper(pronunciation_marks(case_rule(text, code)))
 
     def _count_digits(self, text: str) -> None:
         if self.normalizer_name == CHARMAP_ONLY and has_digits(text):
