@@ -225,9 +225,8 @@ def render_check_report(report: dict) -> str:
 # Clean manifest
 
 
-def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
-    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
-    obj = json.loads(raw)
+def relocate_paths(obj: dict, from_dir: str, to_dir: str) -> dict:
+    """`obj` with its relative `*_path` values re-written to point at the same files from `to_dir`."""
     for key, value in obj.items():
         if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value):
             target = os.path.normpath(os.path.join(from_dir, value))
@@ -235,6 +234,12 @@ def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
                 obj[key] = os.path.relpath(target, to_dir)
             except ValueError:  # another drive on Windows: no relative path exists
                 obj[key] = target
+    return obj
+
+
+def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
+    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
+    obj = relocate_paths(json.loads(raw), from_dir, to_dir)
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 

@@ -318,6 +318,29 @@ def extend_tokenizer(
     say_text_path(summary["normalizer"], summary["warnings"])
 
 
+@app.command()
+def tokenize(
+    manifest: Annotated[list[Path], typer.Argument(help="Manifest JSONL file(s) whose lines carry their text (text / target_text / prompt_text).")],
+    tokenizer: Annotated[Path, typer.Option(help="SentencePiece .model (IndexTTS2) or .tiktoken (IndexTTS-2.5) to encode with.")],
+    out: Annotated[Path, typer.Option(help="New folder for the re-encoded manifests and text-id arrays (the originals stay untouched).")],
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
+    borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE encodes language NEW with the tag of CODE; repeatable.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Re-encode the text of manifest lines as inference does (run it after extend-tokenizer). Exit 1 when some lines cannot be encoded, 2 when none can."""
+    from indextts_train.data_v25 import parse_borrowed
+    from indextts_train.retokenize import render_tokenize_report, tokenize_exit_code, tokenize_manifests
+
+    borrowed = run_guarded(parse_borrowed, borrow_language)
+    report = run_guarded(tokenize_manifests, manifest, tokenizer, out, normalizer=normalizer,
+                         strict_language=strict_language, borrowed=borrowed)
+    typer.echo(json.dumps(report, indent=1) if as_json else render_tokenize_report(report))
+    if not as_json:
+        say_text_path(report["normalizer"], report["notes"])
+    raise typer.Exit(tokenize_exit_code(report))
+
+
 class Pick(str, Enum):
     best = "best"
     latest = "latest"

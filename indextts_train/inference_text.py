@@ -241,6 +241,7 @@ class TextPath:
     borrowed: dict[str, int] = field(default_factory=dict)
     digit_lines: int = 0
     unknown_languages: dict[str, int] = field(default_factory=dict)
+    missing_bytes: frozenset[int] = frozenset()  # 2.5: single bytes the ranks lack (tiktoken panics on them)
 
     @classmethod
     def open(cls, tokenizer: Path, *, normalizer: str = "auto", strict_language: bool = False,
@@ -252,7 +253,8 @@ class TextPath:
                   "strict_language": strict_language, "borrowed": dict(borrowed or {})}
         if is_tiktoken(tokenizer):
             vocab = read_tiktoken(tokenizer)
-            return cls(family=FAMILY_V25, vocab=vocab, encoding=vocab.encoding(), **common)
+            missing = frozenset(range(256)) - {piece[0] for piece in vocab.ranks if len(piece) == 1}
+            return cls(family=FAMILY_V25, vocab=vocab, encoding=vocab.encoding(), missing_bytes=missing, **common)
         return cls(family=FAMILY_V2, processor=_load_spm(tokenizer), **common)
 
     @property
@@ -328,6 +330,9 @@ class TextPath:
         """(id, piece) pairs; SentencePiece gives an unknown run's own text as its piece."""
         presented = self.present(text, language)
         if self.family == FAMILY_V25:
+            if self.missing_bytes and not self.missing_bytes.isdisjoint(presented.encode("utf-8")):
+                raise UserError(f"{text!r}: has bytes {self.tokenizer} has no rank for (a cut-down vocabulary); "
+                                "use a vocabulary with all 256 single bytes")
             ids = self.encoding.encode(presented, allowed_special="all")
             return [(i, self.encoding.decode_single_token_bytes(i).decode("utf-8", "replace"))
                     for i in ids if i not in START_STOP_IDS]
