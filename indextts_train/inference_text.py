@@ -299,6 +299,15 @@ class TextPath:
         self._count_digits(text)
         return cjk_split_upper(self.normalize(text))
 
+    def inexact(self, text: str, language: str | None = None) -> bool:
+        """True when official inference would spell out digits of `text` that only the character map saw
+        here: its presented form (and ids) then differ from inference's."""
+        if self.normalizer_name != CHARMAP_ONLY or not has_digits(text):
+            return False
+        if self.family == FAMILY_V25:
+            return self._inference_code(language) in V25_NORMALISED
+        return not single_character(text)
+
     def _present_v25(self, text: str, language: str | None) -> str:
         self.lang_id(language)  # refuses or counts an unknown code
         return language_prefix(self._inference_code(language)) + self.present_body(text, language)
