@@ -187,6 +187,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     tokenizer's official text path), a line that carries its text (`text` / `target_text`) must hold
     that text's presented encoding as its text ids.
     """
+    if vocab_size is None and text_path is not None:
+        vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
     limits = _Limits(
         max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
