@@ -265,9 +265,12 @@ class TextPath:
     # -- IndexTTS-2.5 languages ----------------------------------------------------------------
 
     def lang_id(self, language: str | None) -> int:
-        """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict."""
+        """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict.
+
+        IndexTTS2 has no language rows: -1, as ManifestIndex records its lines.
+        """
         if self.family != FAMILY_V25:
-            return 0
+            return -1
         if language is None or not language.strip():
             raise UserError("IndexTTS-2.5 text needs a language code (the line's `language`, or --language)")
         code = language.strip().lower()
