@@ -29,7 +29,7 @@ from indextts_train.config import FAMILY_V25
 from indextts_train.data import iter_lines
 from indextts_train.data_v25 import language_code
 from indextts_train.errors import UserError
-from indextts_train.inference_text import TextPath
+from indextts_train.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
 # (text field, ids path field, length field)
 TEXT_SLOTS = (("text", "text_ids_path", "text_len"),
@@ -88,6 +88,9 @@ def _language(obj: dict, text_path: TextPath, where: str) -> str | None:
 def _encode_slot(text: object, text_path: TextPath, language: str | None, where: str, name: str) -> np.ndarray:
     if not isinstance(text, str) or not text.strip():
         raise UserError(f"{where}: {name} must be a non-empty string, got {text!r}; fix or drop the line")
+    if text_path.inexact(text, language):
+        raise UserError(f"{where}: {name} has digits, which official inference spells out with {WETEXT_PACKAGE} "
+                        f"(here: {CHARMAP_ONLY}); {WETEXT_INSTALL}, or write the numbers in words")
     try:
         pieces = text_path.encode_pieces(text, language)
     except UserError as exc:  # its language or bytes: the line is what the user fixes

@@ -44,7 +44,7 @@ def test_tokenize_indextts2_end_to_end(tmp_path: Path):
         {"target_text": V2_CASES["en_plain"]["text"], "prompt_text": V2_CASES["single_char_cjk"]["text"],
          "prompt_text_ids_path": "text_ids/tgt0.npy", "prompt_text_len": 7},
         {"target_text": "The quick brown fox jumps over the lazy dog near the river bank..."},
-        {"target_text": "Hello 3"},  # `3` is not in the tiny vocabulary: this line cannot be encoded
+        {"target_text": "Hello 3"},  # digits: only WeTextProcessing spells them as inference does
     ])
     before = _snapshot(manifest.parent)
     out = tmp_path / "out"
@@ -52,7 +52,8 @@ def test_tokenize_indextts2_end_to_end(tmp_path: Path):
                   "--normalizer", "none")
     assert result.exit_code == 1, result.output
     assert "normaliser: character map only" in result.stdout
-    assert f"{manifest}:3: target_text has 1 run(s) the tokenizer cannot encode ('3')" in result.stdout
+    assert f"{manifest}:3: target_text has digits, which official inference spells out with WeTextProcessing" \
+        in result.stdout
     assert _snapshot(manifest.parent) == before  # originals untouched
     new = [json.loads(line) for line in (out / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [line["id"] for line in new] == ["tgt0__prm0", "tgt1__prm1"]
@@ -70,13 +71,16 @@ def test_tokenize_indextts2_end_to_end(tmp_path: Path):
 
 
 def test_tokenize_refuses_an_old_output_and_reports_nothing_usable(tmp_path: Path):
-    manifest = _copy(REFERENCE / "tiny", tmp_path, [{"target_text": "3"}, {"target_text": "4 5"}, {"id": "x"}])
+    texts = [{"target_text": "3"}, {"target_text": "é ü"}, {"target_text": None}]
+    manifest = _copy(REFERENCE / "tiny", tmp_path, texts)
     out = tmp_path / "out"
     result = _run(str(manifest), "--tokenizer", str(TEXT / "bpe_tiny.model"), "--out", str(out),
                   "--normalizer", "none")
     assert result.exit_code == 2, result.output
     assert not (out / "pairs.jsonl").exists() and not (out / "text_ids" / "pairs").exists()
     assert "0 line(s) written, 3 could not be encoded" in result.stdout
+    assert "pairs.jsonl:2: target_text has 2 run(s) the tokenizer cannot encode ('É', 'Ü')" in result.stdout
+    assert "pairs.jsonl:3: target_text must be a non-empty string, got None" in result.stdout
     (out / "pairs.jsonl").write_text("mine\n")
     again = _run(str(manifest), "--tokenizer", str(TEXT / "bpe_tiny.model"), "--out", str(out))
     assert again.exit_code == 2 and "already exists" in again.stderr
