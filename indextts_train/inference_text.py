@@ -299,7 +299,7 @@ class TextPath:
             return self._present_v25(text, language)
         if not text or single_character(text):
             return text
-        self._count_digits(text)
+        self.digit_lines += self.inexact(text)
         return cjk_split_upper(self.normalize(text))
 
     def inexact(self, text: str, language: str | None = None) -> bool:
@@ -326,13 +326,9 @@ class TextPath:
         code = self._inference_code(language)
         text = character_map(text)
         if code in V25_NORMALISED:
-            self._count_digits(text)
+            self.digit_lines += self.inexact(text, language)
             text = self.normalize(text)
         return control_tokens_upper(pronunciation_marks(case_rule(text, code)))
-
-    def _count_digits(self, text: str) -> None:
-        if self.normalizer_name == CHARMAP_ONLY and has_digits(text):
-            self.digit_lines += 1
 
     def encode(self, text: str, language: str | None = None) -> list[int]:
         """Ids as the GPT sees them (2.5: language tag first, every 0 and 1 dropped)."""
