@@ -47,6 +47,16 @@ def require_positive(value: int | None, flag: str) -> None:
         fail(f"{flag} must be >= 1, got {value}")
 
 
+NORMALIZER_HELP = "Text normaliser: auto (WeTextProcessing when installed, else the character map alone), wetext (required) or none (the character map alone)."
+
+
+def say_text_path(normalizer_name: str, notes: list[str]) -> None:
+    """Every command that turns text into ids says which normaliser it used, and what that means."""
+    typer.echo(f"text presented as official inference does; normaliser: {normalizer_name}")
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -203,6 +213,8 @@ def check_data(
     tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece .model or .tiktoken: text ids must be below its size (2.5: and start with the language tag).")] = None,
     base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, to report the share of extended tokens.")] = None,
     borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP + " With --tokenizer, a line's text_ids must be its text (text / target_text) as inference encodes it.")] = "auto",
+    strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -213,13 +225,15 @@ def check_data(
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
+        from indextts_train.text.inference_text import TextPath
         from indextts_train.text.languages import parse_borrowed
-        from indextts_train.text.vocab import tokenizer_size
 
         gpt_cfg = load_config(config).gpt if config else None
-        vocab = tokenizer_size(tokenizer) if tokenizer else None
-        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=vocab, base_vocab=base_vocab,
-                                 borrowed=parse_borrowed(borrow_language))
+        borrowed = parse_borrowed(borrow_language)
+        text_path = (TextPath.open(tokenizer, normalizer=normalizer, strict_language=strict_language,
+                                   borrowed=borrowed) if tokenizer else None)
+        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=text_path.size if text_path else None,
+                                 base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:
             write_clean.parent.mkdir(parents=True, exist_ok=True)  # as export does for its outputs
             write_clean_manifest(report, write_clean)
@@ -229,6 +243,9 @@ def check_data(
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_check_report(report))
     if write_clean is not None and not as_json:
         typer.echo(f"clean manifest: {write_clean}")
+    if report["text"] and not as_json:
+        for note in report["text"]["notes"]:
+            typer.echo(f"warning: {note}", err=True)
     raise typer.Exit(2 if report["lines_bad"] else 0)
 
 
@@ -237,10 +254,13 @@ def check_tokenizer(
     model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
     base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
     base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
-    sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on.")] = None,
+    sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on (as official inference presents it).")] = None,
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: language of --sample-text (its tag and case rule).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
+    from indextts_train.text.inference_text import TextPath
     from indextts_train.text.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
     from indextts_train.text.tokenizer import check_tokenizer as run_check
     from indextts_train.text.tokenizer import render_tokenizer_report, tokenizer_exit_code
@@ -248,10 +268,21 @@ def check_tokenizer(
     if is_tiktoken(model):
         if base_vocab is not None:
             fail("--base-vocab is for SentencePiece models; for a .tiktoken file pass --base BASE.tiktoken")
-        report = run_guarded(check_tiktoken, model, base=base, sample_text=sample_text)
+        text_path = run_guarded(TextPath.open, model, normalizer=normalizer)
+
+        def present(text: str) -> str:
+            return text_path.present(text, language) if language else text_path.present_body(text)
+
+        report = run_guarded(check_tiktoken, model, base=base, sample_text=sample_text, present=present)
+        if sample_text is not None:
+            report["normalizer"] = text_path.normalizer_name
+            report["warnings"] += text_path.notes()
         render = render_tiktoken_report
     else:
-        report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text)
+        if language is not None:
+            fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 text has no language tag")
+        report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text,
+                             normalizer=normalizer)
         render = render_tokenizer_report
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render(report))
     raise typer.Exit(tokenizer_exit_code(report))
@@ -263,22 +294,58 @@ def extend_tokenizer(
     corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
     target_size: Annotated[int, typer.Option(help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: the corpus language; its case rule applies (zh/en/ja lower, es upper, others kept).")] = None,
 ) -> None:
-    """Learn new pieces (tiktoken: byte-pair merges) from a corpus and append them to the base."""
+    """Learn new pieces (tiktoken: byte-pair merges) from the corpus as inference presents it, and append them to the base."""
+    from indextts_train.text.inference_text import TextPath
     from indextts_train.text.tiktoken_vocab import extend_tiktoken, is_tiktoken
     from indextts_train.text.tokenizer import extend_tokenizer as run_extend
 
     if is_tiktoken(base) != is_tiktoken(output):
         fail(f"--output {output} must have the base's kind ({base.suffix}); a .tiktoken grows into a .tiktoken")
     if is_tiktoken(base):
-        summary = run_guarded(extend_tiktoken, base, corpus, target_size, output)
+        text_path = run_guarded(TextPath.open, base, normalizer=normalizer)
+        summary = run_guarded(extend_tiktoken, base, corpus, target_size, output,
+                              lambda text: text_path.present_body(text, language))
         short = f"; the corpus gave only {summary['added']} merges" if summary["short_by"] else ""
         typer.echo(f"wrote {output} ({summary['base_ranks']} base ranks + {summary['added']} new = "
                    f"{summary['new_ranks']} ranks, {summary['new_size']} tokens with the specials{short}; "
                    f"special ids move up by {summary['added']})")
+        notes = text_path.notes()
+        if language is None:
+            notes.append("no --language: the corpus kept its case; inference lower-cases zh/en/ja and upper-cases "
+                         "es, so pass --language CODE for those")
+        say_text_path(text_path.normalizer_name, notes)
         return
-    summary = run_guarded(run_extend, base, corpus, target_size, output)
+    if language is not None:
+        fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 upper-cases every language")
+    summary = run_guarded(run_extend, base, corpus, target_size, output, normalizer=normalizer)
     typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
+    say_text_path(summary["normalizer"], summary["warnings"])
+
+
+@app.command()
+def tokenize(
+    manifest: Annotated[list[Path], typer.Argument(help="Manifest JSONL file(s) whose lines carry their text (text / target_text / prompt_text).")],
+    tokenizer: Annotated[Path, typer.Option(help="SentencePiece .model (IndexTTS2) or .tiktoken (IndexTTS-2.5) to encode with.")],
+    out: Annotated[Path, typer.Option(help="New folder for the re-encoded manifests and text-id arrays (the originals stay untouched).")],
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
+    borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE encodes language NEW with the tag of CODE; repeatable.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Re-encode the text of manifest lines as inference does (run it after extend-tokenizer). Exit 1 when some lines cannot be encoded, 2 when none can."""
+    from indextts_train.data.retokenize import render_tokenize_report, tokenize_exit_code, tokenize_manifests
+    from indextts_train.text.languages import parse_borrowed
+
+    borrowed = run_guarded(parse_borrowed, borrow_language)
+    report = run_guarded(tokenize_manifests, manifest, tokenizer, out, normalizer=normalizer,
+                         strict_language=strict_language, borrowed=borrowed)
+    typer.echo(json.dumps(report, indent=1) if as_json else render_tokenize_report(report))
+    if not as_json:
+        say_text_path(report["normalizer"], report["notes"])
+    raise typer.Exit(tokenize_exit_code(report))
 
 
 class Pick(str, Enum):

@@ -21,6 +21,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried
+from indextts_train.text.inference_text import CHARMAP_ONLY
 from indextts_train.train.loop import TrainOptions, train
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
@@ -58,7 +59,8 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     if not base.exists():
         make_base_checkpoint(config_path, base)
     print(f"demo data in {data_dir}: base tokenizer {paths['base_tokenizer']}, "
-          f"extended tokenizer {paths['tokenizer']}, base checkpoint {base}")
+          f"extended tokenizer {paths['tokenizer']}, base checkpoint {base}; text presented as official "
+          f"inference does; normaliser: {CHARMAP_ONLY} (the demo sentences have no digits)")
     run_dir = out_dir / "run"
     code = train(TrainOptions(
         train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],
