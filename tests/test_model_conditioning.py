@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.conditioning import ConditioningEncoders, full_float32, official_lengths
-from indextts_train.model.layout import load_base_checkpoint
 from tests.conftest import REFERENCE
 
 PREPARE = REFERENCE / "prepare"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
-from indextts_train.text.tokenizer import iter_text_lines
+from indextts_train.text.corpus_lines import iter_text_lines
 
 # indextts/utils/tokenizer.py LANGUAGES order: the index is the lang_embedding row (LANGUAGE_DICT).
 LANGUAGE_CODES = (

@@ -11,17 +11,17 @@ so the base's own preferences win wherever a base piece applies.
 from __future__ import annotations
 
 import io
-import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
 from indextts_train.errors import UserError
+from indextts_train.text.corpus_lines import iter_text_lines
 from indextts_train.text.inference_text import TextPath
 from indextts_train.text.spm_model import (
     BPE,
@@ -56,52 +56,6 @@ _SHOW = 10  # how many examples a report lists
 # A tokenizer made for a language leaves well under 1% of its characters unknown; past this share
 # the text of the sample cannot be spoken, so check-tokenizer warns and exits 1.
 UNK_CHAR_WARN = 0.05
-
-
-# ---------------------------------------------------------------------------------------------
-# corpus
-
-
-def iter_text_lines(path: Path) -> Iterator[str]:
-    """Non-empty texts of a plain text file (one a line) or a JSONL file (its "text" field).
-
-    The format is decided per file from the first non-empty line: a JSON object means JSONL.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: text file not found")
-    jsonl = None
-    try:
-        with path.open(encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                if jsonl is None:
-                    jsonl = line.startswith("{") and _is_json_object(line)
-                text = _jsonl_text(line, path, lineno) if jsonl else line
-                if text:
-                    yield text
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); convert it to UTF-8") from None
-
-
-def _is_json_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except json.JSONDecodeError:
-        return False
-
-
-def _jsonl_text(line: str, path: Path, lineno: int) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix the line or remove it") from None
-    text = record.get("text") if isinstance(record, dict) else None
-    if not isinstance(text, str):
-        raise UserError(f'{path}:{lineno}: no "text" string field; JSONL corpora need one on every line')
-    return text.strip()
 
 
 def _write_training_text(corpus: Sequence[Path], dest: Path, text_path: TextPath) -> tuple[int, int]:

@@ -1,0 +1,51 @@
+"""Reading a text corpus: one text a line, or JSONL with a "text" field (decided per file)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from indextts_train.errors import UserError
+
+
+def iter_text_lines(path: Path) -> Iterator[str]:
+    """Non-empty texts of a plain text file (one a line) or a JSONL file (its "text" field).
+
+    The format is decided per file from the first non-empty line: a JSON object means JSONL.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: text file not found")
+    jsonl = None
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for lineno, line in enumerate(handle, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                if jsonl is None:
+                    jsonl = line.startswith("{") and _is_json_object(line)
+                text = _jsonl_text(line, path, lineno) if jsonl else line
+                if text:
+                    yield text
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); convert it to UTF-8") from None
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _jsonl_text(line: str, path: Path, lineno: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix the line or remove it") from None
+    text = record.get("text") if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise UserError(f'{path}:{lineno}: no "text" string field; JSONL corpora need one on every line')
+    return text.strip()
