@@ -19,6 +19,7 @@ from indextts_train.console import RunLogger
 from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
 from indextts_train.hardware import HardwarePlan
+from indextts_train.lineage import resume_order
 from indextts_train.state import restore_rng
 
 
@@ -76,7 +77,9 @@ def select_checkpoint(output_dir: Path, resume: str | None,
         return None, None, frozenset()
     skipped: list[tuple[Path, str]] = []
     if resume == "auto":
-        path, skipped = ckpt_io.find_resume_checkpoint(output_dir) if output_dir.is_dir() else (None, [])
+        # Newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
+        path, skipped = (ckpt_io.find_resume_checkpoint(output_dir, resume_order(output_dir))
+                         if output_dir.is_dir() else (None, []))
         if path is None and skipped:
             raise refuse_fresh_start(output_dir, skipped)
         for bad, reason in skipped:

@@ -33,6 +33,7 @@ from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
 from indextts_train.layout import full_state_dict, init_carried, load_base_checkpoint, resolve_family, settle_family
+from indextts_train.lineage import run_lineage
 from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.optim import OptimizerSet
@@ -64,7 +65,7 @@ from indextts_train.scope import (
     text_rows_trainable,
     trainable_parameters,
 )
-from indextts_train.state import DataRecord, History, Progress, TrainingState, capture_rng
+from indextts_train.state import DataRecord, History, Lineage, Progress, TrainingState, capture_rng
 from indextts_train.steps import LossModule
 from indextts_train.validation import check_limit_groups, group_lines, parse_forgetting_limit
 from indextts_train.vocab import (
@@ -172,6 +173,8 @@ class Run:
     guard: DivergenceGuard | None = None
     lock: RunLock | None = None  # rank 0's hold on the output dir
     protected: frozenset[str] = frozenset()  # names in output_dir this run never replaces or deletes
+    lineage: Lineage = field(default_factory=Lineage)  # the branch this run's checkpoints belong to
+    new_branch: bool = False  # set the abandoned branch's files aside before the first save (lineage.py)
     last_saved: Path | None = None  # the newest checkpoint of this run on disk, and its step
     last_saved_step: int = -1
     saver: BackgroundSaver | None = None  # --async-save: the thread that writes checkpoints
@@ -212,7 +215,7 @@ class Run:
             data=self.data, info={"hparams": self.hparams(), "config": config_to_dict(self.config),
                   "vocab_plan": self.weights.vocab_plan.to_dict(), "hardware": self.plan.to_dict(),
                   "sampler": self.schedule.sampler.state_dict(), "lora": self.weights.adapter_record(),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, lineage=self.lineage)
 
     def checkpoint_state(self) -> dict | None:
         """The checkpoint dict on rank 0; other ranks send their RNG state and get None."""
@@ -490,6 +493,8 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
               History(), SkippingDataset(dataset) if options.skip_bad_lines else dataset, None, startup, ckpt,
               lock=lock, protected=protected)
     run.data.fingerprint = fingerprint
+    run.lineage, run.new_branch = run_lineage(ckpt, path, options.output_dir, auto=options.resume == "auto",
+                                              reset=reset)
     if ckpt is not None:
         _restore(run, ckpt, path, growth, train)
     if run.resumed is not None:  # resumed, not reset by --on-vocab-change

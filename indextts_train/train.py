@@ -38,6 +38,7 @@ from indextts_train.errors import UserError, user_line
 from indextts_train.faults import crash_point
 from indextts_train.guard import EXIT_DIVERGED, diverged_message
 from indextts_train.hardware import halve_for_oom
+from indextts_train.lineage import describe_set_aside, owned_by, set_aside
 from indextts_train.optim import lr_factor
 from indextts_train.run import Run, setup
 from indextts_train.sampling import epoch_length
@@ -388,11 +389,14 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
     path = None
     if state is not None:
         log, keep, keep_every, protected = run.log, train.keep_checkpoints, train.keep_every, run.protected
+        own = owned_by(run.lineage)
+        if run.new_branch:  # before its first file: the abandoned branch's names must not be clobbered
+            set_aside_abandoned(run)
         where = f"step {step}, epoch {progress.epoch}, sample {progress.samples_in_epoch}"
 
         def write(state: dict) -> None:
             written = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best,
-                                      protected=protected)
+                                      protected=protected, own=own)
             run.last_saved, run.last_saved_step = written, step
             log.info(f"saved {written} ({where}){', best.pth' if best else ''}")
 
@@ -404,6 +408,14 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
             run.saver.start(functools.partial(write, cpu_snapshot(state)))
     barrier(run.dist)
     return path
+
+
+def set_aside_abandoned(run: Run) -> None:
+    """A new branch's first save: the files of the branch it left go under abandoned/ (lineage.py)."""
+    moved = set_aside(run.options.output_dir, run.lineage, run.protected)
+    if moved:
+        run.log.info(describe_set_aside(moved, run.lineage))
+    run.new_branch = False
 
 
 def finish(run: Run, exit_code: int) -> None:

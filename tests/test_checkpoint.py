@@ -15,7 +15,7 @@ from helpers import community_state, names, trained
 
 from indextts_train import checkpoint as ckpt
 from indextts_train.checkpoint import CheckpointError, CheckpointSaveError
-from indextts_train.state import History, capture_rng, restore_rng
+from indextts_train.state import History, Lineage, capture_rng, restore_rng
 
 
 def make_state(step: int = 1) -> dict:
@@ -29,6 +29,7 @@ def make_state(step: int = 1) -> dict:
                      "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1,
                      "bad_steps": 0, "bad_streak": 0, "bad_streak_start": 0},
         "data": {"fingerprint": None, "skipped_loads": 0, "skipped_lines": []},
+        "lineage": Lineage().state_dict(),
         "rng": [capture_rng()],
         "history": {**History().state_dict(), "train": [{"step": step, "loss": 1.5}]},
         "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
