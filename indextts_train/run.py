@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError
 from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
-from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
+from indextts_train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
 from indextts_train.layout import full_state_dict, init_carried, load_base_checkpoint, resolve_family, settle_family
 from indextts_train.lineage import run_lineage
 from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
@@ -239,6 +240,9 @@ def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[Ha
     if plan.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if apply_determinism(plan):
+        plan.reasons.append("Deterministic CUDA algorithms (CUBLAS_WORKSPACE_CONFIG="
+                            f"{os.environ['CUBLAS_WORKSPACE_CONFIG']}): a resumed run stays bit-identical.")
     return plan, torch.device(f"cuda:{dist.local_rank}" if device_info.kind == "cuda" else "cpu")
 
 
