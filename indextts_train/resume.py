@@ -33,8 +33,9 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
     for key, (old, new) in changed.items():
         log.info(f"  {key}: {old} -> {new}")
     if "effective_batch" in changed:
-        log.warn("the effective batch changed: steps now consume a different number of samples; "
-                 "training continues from the same sample")
+        log.warn("the effective batch changed: steps now consume a different number of samples; training "
+                 "continues from the same sample, and the epochs and the learning-rate schedule follow the "
+                 "samples seen (--max-steps still counts steps)")
     elif {"micro_batch", "grad_accumulation", "world_size"} & changed.keys():
         log.info("  same effective batch: training continues from the same sample")
     if "learning_rate" in changed:

@@ -66,7 +66,7 @@ from indextts_train.scope import (
     text_rows_trainable,
     trainable_parameters,
 )
-from indextts_train.state import DataRecord, History, Lineage, Progress, TrainingState, capture_rng
+from indextts_train.state import DataRecord, History, Lineage, Progress, TrainingState, capture_rng, repaired_unknown
 from indextts_train.steps import LossModule
 from indextts_train.validation import check_limit_groups, group_lines, parse_forgetting_limit
 from indextts_train.vocab import (
@@ -84,7 +84,11 @@ Autocast = Callable[[], contextlib.AbstractContextManager]
 
 @dataclass
 class Schedule:
-    """How many optimizer steps the run has: full epochs of the data, cut at max_steps."""
+    """How many optimizer steps the run has: full epochs of the data, cut at max_steps (a step number).
+
+    The epochs are counted in samples (progress.epoch and samples_in_epoch), so a resume at another
+    effective batch finishes the same epochs: no "nothing to do" and no extra epoch.
+    """
 
     sampler: SamplerSpec  # decides the epoch's length (sampling.py)
     epochs: int
@@ -98,9 +102,19 @@ class Schedule:
                             "lower --effective-batch-size or add data")
         return steps
 
-    def total_steps(self, effective_batch: int) -> int:
-        total = self.epochs * self.steps_per_epoch(effective_batch)
-        return min(total, self.max_steps) if self.max_steps else total
+    def end_step(self, progress: Progress, effective_batch: int) -> int:
+        """The step the run ends at: the rest of the current epoch, then the epochs left, at `effective_batch`.
+
+        With one effective batch from the start this is epochs x steps an epoch, at every step of the run.
+        """
+        per_epoch = self.steps_per_epoch(effective_batch)
+        if progress.epoch >= self.epochs:
+            end = progress.step
+        else:
+            # The loop's rule (train.end_of_epoch): a step that would run past the epoch starts the next one.
+            left_in_epoch = max(0, (per_epoch * effective_batch - progress.samples_in_epoch) // effective_batch)
+            end = progress.step + left_in_epoch + (self.epochs - 1 - progress.epoch) * per_epoch
+        return min(end, self.max_steps) if self.max_steps else end
 
 
 def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
@@ -192,7 +206,7 @@ class Run:
 
     @property
     def total_steps(self) -> int:
-        return self.schedule.total_steps(self.plan.effective_batch)
+        return self.schedule.end_step(self.progress, self.plan.effective_batch)
 
     @property
     def autocast(self) -> Autocast:
@@ -398,6 +412,7 @@ def _restore(run: Run, ckpt: dict, path: Path, growth: VocabPlan, train: TrainCo
         return
     run.progress.load_state_dict(ckpt["progress"])
     run.history.load_state_dict(ckpt["history"])
+    _anchor_schedule(run, ckpt)
     run.optim.load_from(ckpt, path, growth, train, run.total_steps, run.log)
     if growth.new_ids:
         run.log.info(run.optim.vocab_change_block(growth, reset=False))
@@ -405,6 +420,18 @@ def _restore(run: Run, ckpt: dict, path: Path, growth: VocabPlan, train: TrainCo
         report_changed_hparams(ckpt["hparams"], run.hparams(), run.log)
     else:
         run.log.info("the checkpoint was repaired and records no settings: the current ones apply")
+
+
+def _anchor_schedule(run: Run, ckpt: dict) -> None:
+    """The LR schedule goes on from the samples seen, and ends with the run at this effective batch.
+
+    A repaired file whose sample count is not known counts the steps at this batch (as before).
+    """
+    progress, clock = run.progress, run.optim.clock
+    known = "progress.samples_total" not in repaired_unknown(ckpt)
+    clock.anchor_step = progress.step
+    clock.anchor_samples = progress.samples_total if known else progress.step * clock.effective_batch
+    clock.total_samples = clock.anchor_samples + (run.total_steps - progress.step) * clock.effective_batch
 
 
 def _data(options: TrainOptions, config: Config, log: RunLogger) -> tuple:
@@ -491,7 +518,7 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
                                  data_changed=changed), train.epochs, train.max_steps)
     if train.compile:
         compile_blocks(weights.model.gpt.h)
-    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.total_steps(plan.effective_batch))
+    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.end_step(Progress(), plan.effective_batch))
     dataset = _dataset(index, config)
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
               History(), SkippingDataset(dataset) if options.skip_bad_lines else dataset, None, startup, ckpt,
