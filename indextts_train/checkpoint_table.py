@@ -15,7 +15,7 @@ from indextts_train.checkpoint import BEST, LATEST, is_milestone, load_checkpoin
 from indextts_train.errors import UserError
 from indextts_train.lineage import ABANDONED, OLD_BRANCH, lineage_of
 
-_STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
+_STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second abandoned file of one name
 VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
 
 

@@ -45,6 +45,7 @@ class FileLineage:
     step: int
 
 
+_CACHE_ENTRIES = 1024
 _cache: dict[tuple, FileLineage | None] = {}  # (path, inode, mtime, size) -> its lineage: files are read once
 
 
@@ -72,6 +73,8 @@ def lineage_of(path: Path) -> FileLineage | None:
         return None
     key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
     if key not in _cache:
+        if len(_cache) >= _CACHE_ENTRIES:  # a long run's saves: forget the old files' entries
+            _cache.clear()
         _cache[key] = _read_lineage(Path(path))
     return _cache[key]
 

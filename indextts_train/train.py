@@ -30,7 +30,7 @@ import torch
 
 from indextts_train.async_save import BackgroundSaver, cpu_snapshot
 from indextts_train.best import judge, verdict
-from indextts_train.checkpoint import NonFiniteStateError, protected_name_error, save_checkpoint
+from indextts_train.checkpoint import BEST, NonFiniteStateError, protected_name_error, publish, save_checkpoint
 from indextts_train.config import TrainOptions
 from indextts_train.console import RunLogger
 from indextts_train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
@@ -440,10 +440,16 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
 
 def set_aside_abandoned(run: Run) -> None:
     """A new branch's first save: the files of the branch it left go under abandoned/ (lineage.py)."""
-    moved = set_aside(run.options.output_dir, run.lineage, run.protected)
+    output_dir = run.options.output_dir
+    moved = set_aside(output_dir, run.lineage, run.protected)
     if moved:
         run.log.info(describe_set_aside(moved, run.lineage))
     run.new_branch = False
+    # best.pth named an abandoned file: it names this branch's best again, if that file is still here.
+    tracker = run.val.tracker if run.val is not None else None
+    kept = output_dir / f"model_step{tracker.step}.pth" if tracker is not None and tracker.step is not None else None
+    if kept is not None and kept.is_file() and not (output_dir / BEST).exists():
+        publish(output_dir, kept, BEST, run.protected)
 
 
 def finish(run: Run, exit_code: int) -> None:

@@ -18,8 +18,8 @@ from helpers import start
 from test_nothing_lost import assert_same_state, cli, finish, train_args
 
 from indextts_train.checkpoint import load_checkpoint, save_checkpoint
-from indextts_train.lineage import ABANDONED, lineage_of
-from indextts_train.state import FORMAT, migrate
+from indextts_train.lineage import ABANDONED, lineage_of, set_aside
+from indextts_train.state import FORMAT, Lineage, migrate
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +105,19 @@ def test_rotation_deletes_only_this_branchs_files_and_milestones_do_not_count(re
     assert {name: (out / name).read_bytes() for name in others} == others
     assert torch.equal(load_checkpoint(out / "model_step16.pth")["model"]["text_embedding.weight"],
                        state["model"]["text_embedding.weight"])
+
+
+def test_set_aside_keeps_ancestors_and_never_overwrites_an_abandoned_file(reference, tmp_path) -> None:
+    out = copy_run(reference, tmp_path / "run")
+    old = lineage_of(out / "model_step8.pth").branch
+    step8 = (out / "model_step8.pth").read_bytes()
+    folder = out / ABANDONED / old
+    folder.mkdir(parents=True)
+    (folder / "model_step8.pth").write_bytes(b"an earlier abandoned file of that name")
+    branch = Lineage(branch="new", parent=old, parent_step=4, born=2, forks=[[old, 4]])
+    moved = set_aside(out, branch, protected=frozenset())
+    assert sorted(p.name for p in out.glob("*.pth")) == ["model_step2.pth", "model_step4.pth"]
+    assert (folder / "model_step8.pth").read_bytes() == b"an earlier abandoned file of that name"
+    assert (folder / "model_step8.1.pth").read_bytes() == step8 == (folder / "latest.pth").read_bytes()
+    assert {dest.name for _, dest in moved} == {"latest.pth", "model_step8.1.pth", "model_step6.pth"}
+    assert set_aside(out, branch, protected=frozenset()) == []  # done once: nothing left to move

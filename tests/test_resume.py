@@ -243,9 +243,10 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
     out = tmp_path / "run"
     assert train(options(tiny_data, grown, out, max_steps=12)) == 0
     before = load_checkpoint(out / "latest.pth")
+    first_run = {name: (out / name).read_bytes() for name in ("model_step6.pth", "model_step12.pth")}
     capsys.readouterr()
     assert train(options(tiny_data, bigger_vocab(grown, tmp_path, 170), out, max_steps=36,
-                         on_vocab_change=mode)) == 0
+                         on_vocab_change=mode, keep_checkpoints=1)) == 0
     printed = capsys.readouterr().out
     assert "vocabulary changed: 150 -> 170" in printed
     after = load_checkpoint(out / "latest.pth")
@@ -262,6 +263,11 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
     else:
         assert "reset together" in printed
         assert after["history"]["train"][0][0] == 1 and len(after["history"]["train"]) == 36
+        # The reset run is a new branch from step 0: the first run's files were set aside, not
+        # overwritten by its model_step6/12 nor rotated away (issue 23).
+        assert after["lineage"]["parent"] == before["lineage"]["branch"] and after["lineage"]["forks"] == []
+        kept = out / "abandoned" / before["lineage"]["branch"]
+        assert {name: (kept / name).read_bytes() for name in first_run} == first_run
 
 
 def test_smaller_micro_batch_on_resume_continues_from_the_same_sample(tiny_data, grown, tmp_path, capsys) -> None:
