@@ -425,12 +425,13 @@ def _restore(run: Run, ckpt: dict, path: Path, growth: VocabPlan, train: TrainCo
 def _anchor_schedule(run: Run, ckpt: dict) -> None:
     """The LR schedule goes on from the samples seen, and ends with the run at this effective batch.
 
-    A repaired file whose sample count is not known counts the steps at this batch (as before).
+    A repaired file whose sample count is not known gets the steps times this batch, as its count from
+    now on (the files this run writes no longer say they were repaired).
     """
     progress, clock = run.progress, run.optim.clock
-    known = "progress.samples_total" not in repaired_unknown(ckpt)
-    clock.anchor_step = progress.step
-    clock.anchor_samples = progress.samples_total if known else progress.step * clock.effective_batch
+    if "progress.samples_total" in repaired_unknown(ckpt):
+        progress.samples_total = progress.step * clock.effective_batch
+    clock.anchor_step, clock.anchor_samples = progress.step, progress.samples_total
     clock.total_samples = clock.anchor_samples + (run.total_steps - progress.step) * clock.effective_batch
 
 
