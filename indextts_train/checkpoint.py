@@ -519,17 +519,15 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
 # ----------------------------------------------------------------------------- find
 
 
-def find_resume_checkpoint(output_dir: Path, ordered: list[Path] | None = None,
-                           ) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint that verifies COMPLETE (latest.pth first) and what was skipped, with why.
+def find_resume_checkpoint(ordered: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The first of `ordered` that verifies COMPLETE, and what was skipped before it, with why.
 
-    `ordered`: the files to try, in order (lineage.resume_order: newest branch first); by default
-    latest.pth and then the step files, newest first. Skipped files stay on disk untouched.
+    `ordered` is lineage.resume_order's: the newest branch first, its highest step first (latest.pth
+    before its twin), files that cannot be read first of all. Skipped files stay on disk untouched.
     """
-    candidates = _newest_first(output_dir) if ordered is None else ordered
     skipped: list[tuple[Path, str]] = []
     failures: dict[Path, str] = {}
-    for path in candidates:
+    for path in ordered:
         twin = next((bad for bad in failures if same_file(path, bad)), None)
         if twin is not None:  # a hard link of a file that already failed
             skipped.append((path, f"same file as {twin.name}, {failures[twin]}"))
@@ -540,15 +538,3 @@ def find_resume_checkpoint(output_dir: Path, ordered: list[Path] | None = None,
         failures[path] = reason = f"{verdict.status}: {'; '.join(verdict.reasons)}"
         skipped.append((path, reason))
     return None, skipped
-
-
-def _newest_first(output_dir: Path) -> list[Path]:
-    files = list_checkpoints(output_dir)
-    # latest.pth first, then step files newest first. A kill between publishing model_step{N}.pth and
-    # moving latest.pth leaves a complete step file newer than latest.pth: prefer it.
-    latest = [p for p in files if p.name == LATEST]
-    steps = sorted((p for p in files if p.name != LATEST), key=_step_of, reverse=True)
-    newer = [p for p in steps if latest and same_file(p, latest[0])]
-    if newer:
-        steps = steps[: steps.index(newer[0])] + latest + steps[steps.index(newer[0]):]
-    return steps if newer else latest + steps

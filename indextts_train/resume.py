@@ -79,8 +79,7 @@ def select_checkpoint(output_dir: Path, resume: str | None,
     skipped: list[tuple[Path, str]] = []
     if resume == "auto":
         # Newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
-        path, skipped = (ckpt_io.find_resume_checkpoint(output_dir, resume_order(output_dir))
-                         if output_dir.is_dir() else (None, []))
+        path, skipped = ckpt_io.find_resume_checkpoint(resume_order(output_dir))
         if path is None and skipped:
             raise refuse_fresh_start(output_dir, skipped)
         for bad, reason in skipped:
