@@ -121,3 +121,20 @@ def test_set_aside_keeps_ancestors_and_never_overwrites_an_abandoned_file(refere
     assert (folder / "model_step8.1.pth").read_bytes() == step8 == (folder / "latest.pth").read_bytes()
     assert {dest.name for _, dest in moved} == {"latest.pth", "model_step8.1.pth", "model_step6.pth"}
     assert set_aside(out, branch, protected=frozenset()) == []  # done once: nothing left to move
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_lineage_resumes_exactly(data, reference, tmp_path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    for step in (2, 4):  # the reference run's first files, as a version before lineage wrote them
+        state = torch.load(reference / f"model_step{step}.pth", weights_only=True)
+        del state["lineage"]
+        del state["progress"]["save_pending"]
+        torch.save(state, out / f"model_step{step}.pth")
+    (out / "latest.pth").hardlink_to(out / "model_step4.pth")
+    code, stdout, stderr = cli(train_args(data, out))
+    assert code == 0, stdout + stderr
+    assert_same_state(out / "latest.pth", reference / "latest.pth")
+    assert lineage_of(out / "latest.pth").branch is None  # it goes on as the old branch
+    assert not (out / ABANDONED).exists()
