@@ -88,6 +88,7 @@ def test_a_checkpoint_without_lineage_is_migrated_to_an_unknown_branch() -> None
     assert migrated["lineage"] == {"branch": None, "parent": None, "parent_step": None, "born": 0, "forks": []}
 
 
+@pytest.mark.slow
 def test_rotation_deletes_only_this_branchs_files_and_milestones_do_not_count(reference, tmp_path) -> None:
     out = copy_run(reference, tmp_path / "run")
     state = load_checkpoint(out / "model_step8.pth")
@@ -107,6 +108,7 @@ def test_rotation_deletes_only_this_branchs_files_and_milestones_do_not_count(re
                        state["model"]["text_embedding.weight"])
 
 
+@pytest.mark.slow
 def test_set_aside_keeps_ancestors_and_never_overwrites_an_abandoned_file(reference, tmp_path) -> None:
     out = copy_run(reference, tmp_path / "run")
     old = lineage_of(out / "model_step8.pth").branch

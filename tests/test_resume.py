@@ -298,6 +298,7 @@ def test_changed_effective_batch_is_allowed_with_a_warning(tiny_data, grown, tmp
     assert load_checkpoint(out / "latest.pth")["progress"]["samples_total"] == 6 * 4 + 2 * 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("first", "then"), [((2, 2, 4), (2, 4, 8)), ((2, 4, 8), (2, 2, 4))],
                          ids=["larger", "smaller"])
 def test_a_changed_effective_batch_keeps_the_epochs_and_the_schedule_in_samples(tiny_data, grown, tmp_path,

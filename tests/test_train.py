@@ -192,6 +192,7 @@ def test_signals_only_set_a_flag_and_map_to_exit_codes() -> None:
 # ---- the loop's loose ends (issue 23) --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_oom_at_micro_batch_1_saves_the_steps_since_the_last_checkpoint(tiny_data, tmp_path, monkeypatch) -> None:
     original, calls = UnifiedVoiceGPT.compute_losses, []
 
@@ -224,6 +225,7 @@ class RecordingWriter:
         self.closed = True
 
 
+@pytest.mark.slow
 def test_an_error_exit_closes_tensorboard_and_the_status_line(tiny_data, tmp_path, monkeypatch) -> None:
     from indextts_train import console
 
@@ -246,6 +248,7 @@ def test_an_error_exit_closes_tensorboard_and_the_status_line(tiny_data, tmp_pat
     assert stopped  # RunLogger.close stops the live status line
 
 
+@pytest.mark.slow
 def test_a_save_deferred_by_a_streak_survives_a_stop_inside_it(tiny_data, tmp_path, monkeypatch) -> None:
     import os
     import signal
