@@ -9,7 +9,8 @@ highest step on disk is then not the run's present: the present is the newest br
 - before a new branch writes its first checkpoint, every file of ours that is not one of its
   ancestors is moved under `OUT/abandoned/<branch>/` (`set_aside`): kept, never deleted, and never
   overwritten by the new branch's files of the same step names. Until that first save nothing
-  moves, so a rollback killed before it saved leaves the run as it was.
+  moves, so a rollback killed before it saved leaves the run as it was; a kill during the move
+  leaves each file whole, in one place or the other (a hard link, then the old name removed).
 
 Files this run must not touch (`protected`: not ours, or unreadable) are never moved.
 """
@@ -170,21 +171,27 @@ def _move_keeping(src: Path, folder: Path) -> Path:
 
 def set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> list[tuple[Path, Path]]:
     """Move every checkpoint of ours in `output_dir` that is not an ancestor of `lineage` under
-    abandoned/<its branch>/. Returns (from, to) pairs. latest.pth and best.pth go first, so a kill
-    midway leaves no name pointing at a file whose twin was moved."""
+    abandoned/<its branch>/. Returns (from, to) pairs.
+
+    A latest.pth or best.pth that is a hard link of a moved step file is only unlinked (its twin keeps
+    the bytes, and an abandoned folder holds no name that looks current); one that is a file of its
+    own is moved like the step files.
+    """
     best = output_dir / BEST
     paths = [p for p in [*reversed(list_checkpoints(output_dir)), *([best] if best.is_file() else [])]
              if p.name not in protected]
-    paths.sort(key=lambda p: p.name not in (LATEST, BEST))
-    moved = []
+    paths.sort(key=lambda p: p.name in (LATEST, BEST))  # step files first: the names' twins are moved by then
+    moved: list[tuple[Path, Path]] = []
     for path in paths:
         info = lineage_of(path)
         if info is None or is_ancestor(info, lineage):
             continue
-        dest = _move_keeping(path, output_dir / ABANDONED / (info.branch or OLD_BRANCH))
-        moved.append((path, dest))
-    if moved:
-        fsync_dir(output_dir)
+        twin = next((dest for _, dest in moved if same_file(dest, path)), None)
+        if twin is not None:
+            path.unlink()
+            continue
+        moved.append((path, _move_keeping(path, output_dir / ABANDONED / (info.branch or OLD_BRANCH))))
+    fsync_dir(output_dir)
     return moved
 
 
@@ -192,5 +199,5 @@ def describe_set_aside(moved: list[tuple[Path, Path]], lineage: Lineage) -> str:
     """The log line of a set-aside."""
     folders = sorted({str(dest.parent) for _, dest in moved})
     return (f"new branch {lineage.branch} (from {lineage.parent or OLD_BRANCH} at step {lineage.parent_step}): "
-            f"{len(moved)} checkpoint file(s) of the abandoned branch moved to {', '.join(folders)} "
+            f"{len(moved)} checkpoint(s) of the abandoned branch moved to {', '.join(folders)} "
             "(kept, never deleted)")
