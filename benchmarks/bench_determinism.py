@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from report import write_result
 
-from indextts_train.config import load_config
-from indextts_train.model import Batch, UnifiedVoiceGPT
+from indextts_train.config.settings import load_config
+from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 
 ROOT = Path(__file__).resolve().parents[1]
 
