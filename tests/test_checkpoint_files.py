@@ -15,7 +15,8 @@ from helpers import community_state, names, trained
 
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.files import CheckpointError, CheckpointSaveError
-from indextts_train.checkpoint.state import History, capture_rng, restore_rng
+from indextts_train.checkpoint.lineage import resume_order
+from indextts_train.checkpoint.state import History, Lineage, capture_rng, restore_rng
 
 
 def make_state(step: int = 1) -> dict:
@@ -27,8 +28,9 @@ def make_state(step: int = 1) -> dict:
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": {"step": step, "epoch": 0, "samples_in_epoch": 4 * step, "samples_total": 4 * step,
                      "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1,
-                     "bad_steps": 0, "bad_streak": 0, "bad_streak_start": 0},
+                     "bad_steps": 0, "bad_streak": 0, "bad_streak_start": 0, "save_pending": 0},
         "data": {"fingerprint": None, "skipped_loads": 0, "skipped_lines": []},
+        "lineage": Lineage().state_dict(),
         "rng": [capture_rng()],
         "history": {**History().state_dict(), "train": [{"step": step, "loss": 1.5}]},
         "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
@@ -145,7 +147,7 @@ def test_disk_full_leaves_previous_checkpoint_and_latest(tmp_path: Path, monkeyp
     assert "could not save checkpoint step 2" in message and "disk full" in message
     assert "model_step1.pth is intact" in message and "\n" not in message
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file left either
-    assert ckpt.find_resume_checkpoint(tmp_path)[0] == tmp_path / "latest.pth"
+    assert ckpt.find_resume_checkpoint(resume_order(tmp_path))[0] == tmp_path / "latest.pth"
 
 
 def test_save_refuses_a_state_weights_only_cannot_load(tmp_path: Path) -> None:
@@ -197,7 +199,7 @@ def test_truncated_latest_is_skipped_and_left_on_disk(tmp_path: Path) -> None:
         replacement = tmp_path / "cut.tmp"
         replacement.write_bytes(data[:cut])  # a non-atomic writer killed mid-write (new inode)
         os.replace(replacement, latest)
-        chosen, skipped = ckpt.find_resume_checkpoint(tmp_path)
+        chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
         assert chosen == tmp_path / "model_step2.pth", cut
         assert [p for p, _ in skipped] == [latest]
         assert "INCOMPLETE" in skipped[0][1] and "\n" not in skipped[0][1]
@@ -210,7 +212,7 @@ def test_truncated_in_place_skips_its_hard_link_too(tmp_path: Path) -> None:
     save_steps(tmp_path, [1, 2])
     with open(tmp_path / "latest.pth", "r+b") as f:  # damage to the inode shared with model_step2.pth
         f.truncate(f.seek(0, os.SEEK_END) // 2)
-    chosen, skipped = ckpt.find_resume_checkpoint(tmp_path)
+    chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
     assert chosen == tmp_path / "model_step1.pth"
     assert [p.name for p, _ in skipped] == ["latest.pth", "model_step2.pth"]
     assert skipped[1][1].startswith("same file as latest.pth")
@@ -226,7 +228,7 @@ def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
     replacement.write_bytes(bytes(flipped))
     os.replace(replacement, latest)
     torch.load(latest, weights_only=True)  # control: torch alone loads the damaged tensor silently
-    chosen, skipped = ckpt.find_resume_checkpoint(tmp_path)
+    chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
     assert chosen == tmp_path / "model_step2.pth"
     assert "CRC-32" in skipped[0][1]
     assert latest.read_bytes() == bytes(flipped)
@@ -234,8 +236,8 @@ def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
 
 def test_no_complete_checkpoint_means_none(tmp_path: Path) -> None:
     (tmp_path / "model_step5.pth").write_bytes(b"garbage")
-    assert ckpt.find_resume_checkpoint(tmp_path)[0] is None
-    assert ckpt.find_resume_checkpoint(tmp_path / "missing") == (None, [])
+    assert ckpt.find_resume_checkpoint(resume_order(tmp_path))[0] is None
+    assert ckpt.find_resume_checkpoint(resume_order(tmp_path / "missing")) == (None, [])
     assert (tmp_path / "model_step5.pth").read_bytes() == b"garbage"
 
 

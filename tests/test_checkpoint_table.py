@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     # A learning rate below float32 resolution: validation never improves, so best.pth stays at step 2,
-    # whose step file rotation removes; step 4 is a milestone.
+    # whose step file rotation removes; steps 4 and 8 are milestones (kept aside: they do not count toward 2).
     options = TrainOptions(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
                            config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
-                           grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=6, epochs=100,
+                           grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=10, epochs=100,
                            learning_rate=1e-30, log_interval=2, val_interval=2, save_interval=2, keep_checkpoints=2,
                            keep_every=4, tensorboard=False)
     assert train(options) == 0
@@ -33,9 +33,13 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["file", "step", "epoch", "val", "loss", "status", "size", "marks"]
-    rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ")}
-    assert set(rows) == {"model_step1.pth", "model_step4.pth", "model_step6.pth", "best.pth"}
-    assert rows["model_step6.pth"].split()[1:3] == ["6", "0"] and rows["model_step6.pth"].endswith("latest")
+    headings = [line for line in lines[1:] if line.endswith(":")]
+    assert headings[0] == "not written by this program, or unreadable:" and headings[1].startswith("branch ")
+    rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ") and line not in headings}
+    assert set(rows) == {"model_step1.pth", "model_step4.pth", "model_step6.pth", "model_step8.pth",
+                         "model_step10.pth", "best.pth"}
+    assert rows["model_step10.pth"].split()[1:3] == ["10", "1"] and rows["model_step10.pth"].endswith("latest")
+    assert rows["model_step8.pth"].endswith("milestone") and " COMPLETE " in rows["model_step6.pth"]
     assert rows["model_step4.pth"].endswith("milestone") and " COMPLETE " in rows["model_step4.pth"]
     assert rows["best.pth"].split()[1] == "2" and rows["best.pth"].endswith("best")
     assert " INCOMPLETE " in rows["model_step1.pth"]
@@ -43,8 +47,11 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
 
     rows = json.loads(CliRunner().invoke(app, ["checkpoints", str(out), "--json"]).stdout)
     by_file = {row["file"]: row for row in rows}
-    assert [row["file"] for row in rows] == ["model_step1.pth", "model_step4.pth", "model_step6.pth", "best.pth"]
-    assert by_file["model_step6.pth"]["also"] == ["latest.pth"] and by_file["model_step6.pth"]["latest"]
+    assert [row["file"] for row in rows] == ["model_step1.pth", "model_step4.pth", "model_step6.pth",
+                                             "model_step8.pth", "model_step10.pth", "best.pth"]
+    assert by_file["model_step10.pth"]["also"] == ["latest.pth"] and by_file["model_step10.pth"]["latest"]
+    assert by_file["model_step10.pth"]["branch"] == by_file["best.pth"]["branch"] is not None
+    assert by_file["model_step1.pth"]["branch"] is None and not by_file["model_step10.pth"]["abandoned"]
     assert by_file["best.pth"]["best"] and by_file["model_step4.pth"]["milestone"]
     history = torch.load(out / "latest.pth", weights_only=True)["history"]
     assert by_file["best.pth"]["val"]["loss"] == next(row[1] for row in history["val"] if row[0] == 2)

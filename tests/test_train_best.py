@@ -101,9 +101,10 @@ def test_mixing_resumes_bit_identically_and_keeps_best_and_milestones(mixed_run)
     best_step = min(val, key=lambda row: row[1])[0]
     assert [row[0] for row in val] == [2, 4, 6, 8, 10, 12]
     assert load_checkpoint(killed / "best.pth")["progress"]["step"] == best_step
-    # --keep-checkpoints 1: only latest survives rotation, besides the milestones (every 4 steps) and best.pth.
-    assert sorted(p.name for p in killed.glob("model_step*.pth")) == ["model_step12.pth", "model_step4.pth",
-                                                                      "model_step8.pth"]
+    # --keep-checkpoints 1: the newest checkpoint that is not a milestone survives rotation (milestones, every
+    # 4 steps, do not count toward it), besides the milestones and best.pth.
+    assert sorted(p.name for p in killed.glob("model_step*.pth")) == ["model_step10.pth", "model_step12.pth",
+                                                                      "model_step4.pth", "model_step8.pth"]
     rows = json.loads(cli("checkpoints", killed, "--json").stdout)
     assert {row["step"] for row in rows if row["milestone"]} == {4, 8, 12}
     assert [row["step"] for row in rows if row["best"]] == [best_step]

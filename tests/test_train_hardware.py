@@ -411,3 +411,32 @@ def test_estimate_covers_what_partial_and_lora_save_for_backward(scope):
     est = [estimate_memory(cfg, m, precision="fp32", activation_checkpointing=False, scope=scope) for m in (2, 4)]
     per_sample = (est[1] - est[0]) / 2
     assert measured <= per_sample < 2 * measured
+
+
+# ---- exact resume on CUDA (issue 23) ------------------------------------------------------------
+
+
+def test_a_cuda_plan_asks_for_deterministic_algorithms_and_a_cpu_plan_does_not(monkeypatch) -> None:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cpu = hardware.DeviceInfo("cpu", "cpu", 16 * GIB, (0, 0), False, 4)
+    cpu_plan = choose_plan(cpu, _small_cfg(), effective_batch=8)
+    assert not hardware.apply_determinism(cpu_plan)
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    cuda_plan = choose_plan(assume_device("A100-80GB"), REAL, effective_batch=64)  # a fake plan: no GPU here
+    try:
+        assert hardware.apply_determinism(cuda_plan)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+
+
+def test_a_cublas_setting_of_the_user_is_kept() -> None:
+    environ = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    hardware.prepare_exact_resume_env(environ)
+    assert environ == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    fresh: dict = {}
+    hardware.prepare_exact_resume_env(fresh)
+    assert fresh == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}

@@ -187,3 +187,103 @@ def test_signals_only_set_a_flag_and_map_to_exit_codes() -> None:
         assert flag.exit_code == code
         flag.uninstall()
         assert signal.getsignal(signum) == before
+
+
+# ---- the loop's loose ends (issue 23) --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_oom_at_micro_batch_1_saves_the_steps_since_the_last_checkpoint(tiny_data, tmp_path, monkeypatch) -> None:
+    original, calls = UnifiedVoiceGPT.compute_losses, []
+
+    def full_after_step_3(self, batch):
+        calls.append(1)
+        if len(calls) > 3 * 4:  # 4 micro-batches a step: step 4 "does not fit", even at micro-batch 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, batch)
+
+    monkeypatch.setattr(UnifiedVoiceGPT, "compute_losses", full_after_step_3)
+    out = tmp_path / "run"
+    with pytest.raises(UserError) as raised:
+        train(options(tiny_data, out, batch_size=1, grad_accumulation=4, val_manifests=[], save_interval=6))
+    message = str(raised.value)
+    assert "out of memory at micro-batch 1" in message and "step 3, the last completed one, is saved" in message
+    assert load_checkpoint(out / "latest.pth")["progress"]["step"] == 3
+
+
+class RecordingWriter:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.slow
+def test_an_error_exit_closes_tensorboard_and_the_status_line(tiny_data, tmp_path, monkeypatch) -> None:
+    from indextts_train.ui import console
+
+    writers: list[RecordingWriter] = []
+    monkeypatch.setattr(console, "open_tensorboard", lambda *args, **kwargs: writers.append(RecordingWriter())
+                        or writers[-1])
+    stopped: list[int] = []
+    monkeypatch.setattr(console.RunLogger, "stop", lambda self: stopped.append(1))
+    original = train_mod.optimizer_step
+
+    def broken_at_step_3(run, step_batches, step):
+        if step == 3:
+            raise RuntimeError("a bug")
+        return original(run, step_batches, step)
+
+    monkeypatch.setattr(train_mod, "optimizer_step", broken_at_step_3)
+    with pytest.raises(RuntimeError, match="a bug"):
+        train(options(tiny_data, tmp_path / "run", tensorboard=True, val_manifests=[]))
+    assert len(writers) == 1 and writers[0].closed
+    assert stopped  # RunLogger.close stops the live status line
+
+
+@pytest.mark.slow
+def test_a_save_deferred_by_a_streak_survives_a_stop_inside_it(tiny_data, tmp_path, monkeypatch) -> None:
+    import os
+    import signal
+
+    from indextts_train.files import faults
+
+    monkeypatch.setattr(faults, "_NAN_STEPS", {4})  # step 4 is skipped: its periodic save waits for step 5
+    settings = dict(val_manifests=[], save_interval=2, max_steps=6, log_interval=1, keep_checkpoints=10)
+    whole = tmp_path / "whole"
+    assert train(options(tiny_data, whole, **settings)) == 0
+    original = train_mod.crash_point
+
+    def stop_at_step_4(name: str, step: int) -> None:
+        if (name, step) == ("step_logged", 4):
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop's own handler: finish the step, save, exit 143
+        original(name, step)
+
+    monkeypatch.setattr(train_mod, "crash_point", stop_at_step_4)
+    stopped = tmp_path / "stopped"
+    assert train(options(tiny_data, stopped, **settings)) == 143
+    monkeypatch.setattr(train_mod, "crash_point", original)
+    assert train(options(tiny_data, stopped, resume="auto", **settings)) == 0
+    assert (whole / "model_step5.pth").is_file() and (stopped / "model_step5.pth").is_file()
+    got, want = load_checkpoint(stopped / "latest.pth"), load_checkpoint(whole / "latest.pth")
+    assert got["progress"] == want["progress"]
+    for key, tensor in want["model"].items():
+        assert torch.equal(got["model"][key], tensor), key
+
+
+def test_the_window_mean_leaves_out_an_overflowed_gradient_norm() -> None:
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(history=SimpleNamespace(pending=[torch.tensor([1.0, 1.0, 1.0, 0.5, 2.0]),
+                                                           torch.tensor([3.0, 3.0, 3.0, 0.5, float("inf")])]),
+                          progress=SimpleNamespace(samples_total=8),
+                          optim=SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3])))
+    values = train_mod.window_values(run, (0.0, 0))
+    assert values["loss"] == 2.0 and values["grad_norm"] == 2.0

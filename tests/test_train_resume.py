@@ -243,9 +243,10 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
     out = tmp_path / "run"
     assert train(options(tiny_data, grown, out, max_steps=12)) == 0
     before = load_checkpoint(out / "latest.pth")
+    first_run = {name: (out / name).read_bytes() for name in ("model_step6.pth", "model_step12.pth")}
     capsys.readouterr()
     assert train(options(tiny_data, bigger_vocab(grown, tmp_path, 170), out, max_steps=36,
-                         on_vocab_change=mode)) == 0
+                         on_vocab_change=mode, keep_checkpoints=1)) == 0
     printed = capsys.readouterr().out
     assert "vocabulary changed: 150 -> 170" in printed
     after = load_checkpoint(out / "latest.pth")
@@ -262,6 +263,11 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
     else:
         assert "reset together" in printed
         assert after["history"]["train"][0][0] == 1 and len(after["history"]["train"]) == 36
+        # The reset run is a new branch from step 0: the first run's files were set aside, not
+        # overwritten by its model_step6/12 nor rotated away (issue 23).
+        assert after["lineage"]["parent"] == before["lineage"]["branch"] and after["lineage"]["forks"] == []
+        kept = out / "abandoned" / before["lineage"]["branch"]
+        assert {name: (kept / name).read_bytes() for name in first_run} == first_run
 
 
 def test_smaller_micro_batch_on_resume_continues_from_the_same_sample(tiny_data, grown, tmp_path, capsys) -> None:
@@ -290,3 +296,27 @@ def test_changed_effective_batch_is_allowed_with_a_warning(tiny_data, grown, tmp
     printed = capsys.readouterr().out
     assert "effective batch changed" in printed
     assert load_checkpoint(out / "latest.pth")["progress"]["samples_total"] == 6 * 4 + 2 * 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("first", "then"), [((2, 2, 4), (2, 4, 8)), ((2, 4, 8), (2, 2, 4))],
+                         ids=["larger", "smaller"])
+def test_a_changed_effective_batch_keeps_the_epochs_and_the_schedule_in_samples(tiny_data, grown, tmp_path,
+                                                                                 capsys, first, then) -> None:
+    """2 epochs of 24 samples: stop after 32 samples (epoch 1, sample 8), resume at another effective batch.
+    The run ends after exactly 48 samples, where the cosine schedule ends: no "nothing to do", no extra epoch."""
+    out = tmp_path / "run"
+    micro, accumulation, effective = first
+    assert train(options(tiny_data, grown, out, batch_size=micro, grad_accumulation=accumulation,
+                         effective_batch_size=effective, max_steps=32 // effective, epochs=2, min_lr_ratio=0.1)) == 0
+    capsys.readouterr()
+    micro, accumulation, effective = then
+    assert train(options(tiny_data, grown, out, batch_size=micro, grad_accumulation=accumulation,
+                         effective_batch_size=effective, max_steps=0, epochs=2, min_lr_ratio=0.1)) == 0
+    printed = capsys.readouterr().out
+    assert "nothing to do" not in printed
+    after = load_checkpoint(out / "latest.pth")
+    progress = after["progress"]
+    assert (progress["epoch"], progress["samples_in_epoch"], progress["samples_total"]) == (1, 24, 48)
+    assert progress["step"] == 32 // first[2] + 16 // effective
+    assert after["optimizer"]["param_groups"][0]["lr"] == 3e-3 * 0.1  # the schedule's end, in samples

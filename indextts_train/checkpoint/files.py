@@ -23,6 +23,7 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,7 +49,10 @@ from indextts_train.files.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.files.faults import crash_armed, crash_point
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 from indextts_train.files.numpy_pickle import load_weights_only
-from indextts_train.model.layout import clean_keys, family_of_keys
+from indextts_train.model.layout import (
+    clean_keys,
+    family_of_keys,
+)
 
 LATEST = "latest.pth"
 BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
@@ -396,17 +400,19 @@ def step_file_of(path: Path) -> Path | None:
 
 
 def _rotate(output_dir: Path, keep: int, newest: Path, keep_every: int = 0,
-            protected: frozenset[str] = frozenset()) -> None:
+            protected: frozenset[str] = frozenset(), own: Callable[[Path], bool] | None = None) -> None:
     """Delete the oldest of this run's model_step files beyond `keep`.
 
-    Never `newest`, latest.pth's target, a milestone, nor a `protected` name (a file the run could not
-    verify or did not write: the user's, not ours to rotate). best.pth is a name of its own (a hard
-    link), so deleting its step file never removes it.
+    Only files `own` accepts (the current branch's, lineage.owned_by; every file when None). Never
+    `newest`, latest.pth's target, a milestone (kept aside: it does not count toward `keep` either),
+    nor a `protected` name (a file the run could not verify or did not write: the user's, not ours to
+    rotate). best.pth is a name of its own (a hard link), so deleting its step file never removes it.
     """
-    steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST and p.name not in protected]
+    steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST and p.name not in protected
+             and not is_milestone(_step_of(p), keep_every) and (own is None or own(p))]
     spared = {newest, _latest_target(output_dir)}
     for path in steps[:-keep]:
-        if path not in spared and not is_milestone(_step_of(path), keep_every):
+        if path not in spared:
             path.unlink(missing_ok=True)
 
 
@@ -465,9 +471,11 @@ def protected_name_error(output_dir: Path, step: int, protected: frozenset[str])
 
 
 def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep_every: int = 0,
-                    best: bool = False, protected: frozenset[str] = frozenset()) -> Path:
+                    best: bool = False, protected: frozenset[str] = frozenset(),
+                    own: Callable[[Path], bool] | None = None) -> Path:
     """Publish `output_dir/model_step{step}.pth` atomically, point latest.pth (and best.pth when `best`) at
-    it, then rotate to `keep`, sparing milestones (steps that are multiples of `keep_every`).
+    it, then rotate to `keep`, sparing milestones (steps that are multiples of `keep_every`) and files
+    `own` does not accept (another branch's: lineage.owned_by).
 
     best.pth moves before latest.pth: a kill in between resumes from the new step file (newer than
     latest.pth), whose history already names it best.
@@ -499,7 +507,7 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
             publish(output_dir, final, BEST, protected)
         publish(output_dir, final, LATEST, protected)
         crash_point("save_before_rotate", step)
-        _rotate(output_dir, keep, final, keep_every, protected)
+        _rotate(output_dir, keep, final, keep_every, protected, own)
     except OSError as exc:
         raise CheckpointSaveError(
             f"saved {final}, but could not update latest.pth/best.pth or remove old checkpoints: "
@@ -510,23 +518,15 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
 # ----------------------------------------------------------------------------- find
 
 
-def find_resume_checkpoint(output_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint that verifies COMPLETE (latest.pth first) and what was skipped, with why.
+def find_resume_checkpoint(ordered: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The first of `ordered` that verifies COMPLETE, and what was skipped before it, with why.
 
-    Skipped files stay on disk untouched.
+    `ordered` is lineage.resume_order's: the newest branch first, its highest step first (latest.pth
+    before its twin), files that cannot be read first of all. Skipped files stay on disk untouched.
     """
-    files = list_checkpoints(output_dir)
-    # latest.pth first, then step files newest first. A kill between publishing model_step{N}.pth and
-    # moving latest.pth leaves a complete step file newer than latest.pth: prefer it.
-    latest = [p for p in files if p.name == LATEST]
-    steps = sorted((p for p in files if p.name != LATEST), key=_step_of, reverse=True)
-    newer = [p for p in steps if latest and same_file(p, latest[0])]
-    if newer:
-        steps = steps[: steps.index(newer[0])] + latest + steps[steps.index(newer[0]):]
-    candidates = steps if newer else latest + steps
     skipped: list[tuple[Path, str]] = []
     failures: dict[Path, str] = {}
-    for path in candidates:
+    for path in ordered:
         twin = next((bad for bad in failures if same_file(path, bad)), None)
         if twin is not None:  # a hard link of a file that already failed
             skipped.append((path, f"same file as {twin.name}, {failures[twin]}"))

@@ -18,7 +18,8 @@ Layout (a plain dict, loadable with torch.load(weights_only=True)):
     scheduler (LambdaLR state_dict), scaler (GradScaler state_dict or None),
     progress (Progress), rng [one capture_rng() dict per rank], history (History), data (DataRecord:
     the training data's fingerprint and the samples --skip-bad-lines left out; created empty for
-    files older than it), hparams, config, vocab_plan, hardware, created, sampler
+    files older than it), lineage (Lineage: the branch and its parent; created empty for older files),
+    hparams, config, vocab_plan, hardware, created, sampler
     (sampling.SamplerSpec: the data order rule and mix; absent in files from before order rules,
     which resume with rule 1), lora (the adapters and their settings of a --train-scope lora run, else
     None or absent), and after a repair: repaired.
@@ -94,6 +95,8 @@ class Progress(Component):
     bad_steps: int = added_field(0)
     bad_streak: int = added_field(0)
     bad_streak_start: int = added_field(0)
+    # 1 while a periodic save waits for the end of a streak of skipped steps (train.save_when_due).
+    save_pending: int = added_field(0)
 
     @staticmethod
     def problems(state: Any) -> list[str]:
@@ -174,6 +177,34 @@ class DataRecord(Component):
             return ["data: expected a dict"]
         types = field_types(DataRecord)
         return [f"data.{k}: {p}" for k, t in types.items() if (p := type_problem(state.get(k), t))]
+
+
+@dataclass
+class Lineage(Component):
+    """Which branch of the run a checkpoint belongs to (lineage.py decides when a branch is born).
+
+    A branch is born when a run starts (from scratch or a base), on an explicit `--resume PATH` to a
+    step other than the newest, and on `--on-vocab-change reset`. `forks` lists the (branch, step)
+    points whose earlier steps this branch continues, oldest first; a reset run continues none.
+    Files written before lineage get branch None and born 0 (one old branch, older than any other).
+    """
+
+    branch: str | None = added_field(None)
+    parent: str | None = added_field(None)
+    parent_step: int | None = added_field(None)
+    born: int = added_field(0)  # time.time_ns() of the branch's birth: --resume auto takes the newest
+    forks: list = added_field(factory=list)  # [[branch, step], ...]
+
+    @staticmethod
+    def problems(state: Any) -> list[str]:
+        if not isinstance(state, dict):
+            return ["lineage: expected a dict"]
+        types = field_types(Lineage)
+        problems = [f"lineage.{k}: {p}" for k, t in types.items() if (p := type_problem(state.get(k), t))]
+        forks = state.get("forks")
+        if not problems and not all(isinstance(f, list) and len(f) == 2 and is_int(f[1]) for f in forks):
+            problems.append("lineage.forks: expected [branch, step] pairs")
+        return problems
 
 
 # ----------------------------------------------------------------------------- RNG
@@ -408,7 +439,7 @@ def validate(state: dict) -> list[str]:
     problems += optimizer_problems(state) + lora_problems(state)
     progress = Progress.problems(state["progress"])
     problems += progress or _rng_problems(state)
-    problems += DataRecord.problems(state.get("data"))
+    problems += DataRecord.problems(state.get("data")) + Lineage.problems(state.get("lineage"))
     problems += [f"{k}: expected a dict" for k in ("hparams", "config", "vocab_plan") if not isinstance(state[k], dict)]
     if "sampler" in state:  # the data order record; files from before order rules have none (rule 1)
         problems += [p for p in (sampler_problem(state["sampler"]),) if p]
@@ -438,12 +469,14 @@ class TrainingState:
     history: History
     data: DataRecord
     info: dict[str, Any]
+    lineage: Lineage = field(default_factory=Lineage)
 
     def state_dict(self, rng: list[dict]) -> dict:
         """`rng`: one capture_rng() per rank, gathered on rank 0."""
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "model": self.weights.state_dict(),
                 **self.optimizer_set.state_dict(), "progress": self.progress.state_dict(), "rng": rng,
-                "history": self.history.state_dict(), "data": self.data.state_dict(), **self.info}
+                "history": self.history.state_dict(), "data": self.data.state_dict(),
+                "lineage": self.lineage.state_dict(), **self.info}
 
 
 # ----------------------------------------------------------------------------- migrations
@@ -464,7 +497,8 @@ MIGRATIONS: dict[int, Callable[[dict], None]] = {1: _v1_to_v2}
 
 # Dataclass parts of a checkpoint. A part all of whose fields are `added_field`s is created for files
 # older than it (DataRecord), so the whole part is one edit too.
-COMPONENTS: dict[str, type] = {"progress": Progress, "history": History, "vocab_plan": VocabPlan, "data": DataRecord}
+COMPONENTS: dict[str, type] = {"progress": Progress, "history": History, "vocab_plan": VocabPlan, "data": DataRecord,
+                               "lineage": Lineage}
 
 
 def _fill_added_fields(state: dict) -> None:

@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
+from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
 from indextts_train.errors import UserError
 
-_STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
+_STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second abandoned file of one name
 VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
 
 
@@ -60,14 +61,29 @@ def _metadata(path: Path) -> dict:
 
 
 def checkpoint_rows(output_dir: Path) -> list[dict]:
-    """One JSON-ready dict per checkpoint file of `output_dir`, in step order."""
+    """One JSON-ready dict per checkpoint file of `output_dir` and of its abandoned branches
+    (abandoned/<branch>/, lineage.py), in step order within each folder."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: no such run folder; pass the --output-dir of a run")
+    abandoned = output_dir / ABANDONED
+    folders = sorted(p for p in abandoned.iterdir() if p.is_dir()) if abandoned.is_dir() else []
+    return [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir)]
+
+
+def _lineage_columns(path: Path, abandoned: bool) -> dict:
+    info = lineage_of(path)
+    return {"branch": info.branch if info else None, "parent": info.parent if info else None,
+            "parent_step": info.parent_step if info else None, "born": info.born if info else None,
+            "abandoned": abandoned}
+
+
+def _folder_rows(folder: Path, output_dir: Path) -> list[dict]:
     rows = []
-    for names in _files(output_dir):
+    for names in _files(folder):
         verdict = verify_checkpoint(names[0])
-        row = {"file": names[0].name, "also": [p.name for p in names[1:]], "status": verdict.status,
+        row = {"file": str(names[0].relative_to(output_dir)), "also": [p.name for p in names[1:]],
+               "status": verdict.status,
                "kind": verdict.kind, "reason": verdict.reasons[0] if verdict.status != "COMPLETE" and
                verdict.reasons else None, "bytes": names[0].stat().st_size, "step": None, "epoch": None,
                "val": None, "milestone": False}
@@ -77,6 +93,7 @@ def checkpoint_rows(output_dir: Path) -> list[dict]:
             row.update(step=verdict.summary.get("step"), epoch=verdict.summary.get("epoch"))
         all_names = {p.name for p in names}
         row.update(latest=LATEST in all_names, best=BEST in all_names)
+        row.update(_lineage_columns(names[0], folder != output_dir))
         rows.append(row)
     return rows
 
@@ -95,13 +112,26 @@ def _marks(row: dict) -> str:
     return ", ".join(marks)
 
 
+def _branch_heading(row: dict) -> str:
+    if row["born"] is None:
+        return "not written by this program, or unreadable:"
+    name = row["branch"] or OLD_BRANCH
+    forked = row["parent_step"] is not None
+    origin = f" (from {row['parent'] or OLD_BRANCH} at step {row['parent_step']})" if forked else ""
+    return f"{'abandoned ' if row['abandoned'] else ''}branch {name}{origin}:"
+
+
 def render_table(rows: list[dict], output_dir: Path) -> str:
     """The plain-text table (fits 80 columns without the per-language column)."""
     if not rows:
         return f"{output_dir}: no checkpoints"
     head = f"{'file':<22} {'step':>7} {'epoch':>5} {'val loss':>9}  {'status':<10} {'size':>9}  marks"
     lines = [head]
+    branch = ()
     for row in rows:
+        if (row["branch"], row["abandoned"]) != branch:  # one heading per branch (lineage.py)
+            branch = (row["branch"], row["abandoned"])
+            lines.append(_branch_heading(row))
         val = row["val"] or {}
         loss = f"{val['loss']:.4f}" if "loss" in val else "-"
         step = "-" if row["step"] is None else str(row["step"])

@@ -348,6 +348,32 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
 # Out of memory
 
 
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's documented workspace setting for reproducible results
+
+
+def prepare_exact_resume_env(environ: dict | None = None) -> None:
+    """Before CUDA initialises: cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when it makes its first handle,
+    and without it deterministic algorithms refuse cuBLAS matmuls. A value the user set is kept."""
+    (os.environ if environ is None else environ).setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+
+
+def deterministic_needed(plan: HardwarePlan) -> bool:
+    """Exact resume is promised on every device; on CUDA only deterministic kernels keep it (atomics in
+    some backward kernels add in a different order each run). The CPU's kernels are deterministic."""
+    return plan.device == "cuda"
+
+
+def apply_determinism(plan: HardwarePlan) -> bool:
+    """Ask torch for deterministic algorithms where `plan` needs them; returns whether it did."""
+    if not deterministic_needed(plan):
+        return False
+    prepare_exact_resume_env()  # a no-op when train() set it before CUDA started, as it does
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    return True
+
+
 def is_oom_error(exc: BaseException) -> bool:
     """True for a device out-of-memory error (the typed one, or an older RuntimeError saying so)."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from indextts_train.checkpoint.async_save import BackgroundSaver, cpu_snapshot
-from indextts_train.checkpoint.files import NonFiniteStateError, protected_name_error, save_checkpoint
+from indextts_train.checkpoint.files import BEST, NonFiniteStateError, protected_name_error, publish, save_checkpoint
+from indextts_train.checkpoint.lineage import describe_set_aside, owned_by, set_aside
 from indextts_train.checkpoint.state import nonfinite_problem
 from indextts_train.config.settings import TrainOptions
 from indextts_train.data.sampling import epoch_length
@@ -39,7 +40,7 @@ from indextts_train.files.faults import crash_point
 from indextts_train.train.best import judge, verdict
 from indextts_train.train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
 from indextts_train.train.guard import EXIT_DIVERGED, diverged_message
-from indextts_train.train.hardware import halve_for_oom
+from indextts_train.train.hardware import halve_for_oom, prepare_exact_resume_env
 from indextts_train.train.optim import lr_factor
 from indextts_train.train.setup import Run, setup
 from indextts_train.train.steps import OutOfMemory, fetch_step, micro_batches, optimizer_step, validate
@@ -103,6 +104,7 @@ class Diverged(Exception):
 def train(options: TrainOptions) -> int:
     """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal."""
     signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0")
+    prepare_exact_resume_env()  # before anything starts CUDA (setup_distributed may)
     dist = setup_distributed()
     run: Run | None = None
     try:
@@ -116,6 +118,8 @@ def train(options: TrainOptions) -> int:
         if run is not None and run.saver is not None:
             with contextlib.suppress(Exception):  # an exception is on its way: a started save still ends
                 run.saver.wait()
+        if run is not None:  # every exit, errors included: the terminal's status line and TensorBoard end
+            run.log.close()
         reap_workers()
         if run is not None and run.lock is not None:
             run.lock.release()
@@ -131,7 +135,7 @@ def loop(run: Run, signals: SignalFlag) -> int:
     clock = (time.perf_counter(), progress.samples_total)
     batches: Iterator | None = None
     run.saver = BackgroundSaver() if train.async_save else None
-    exit_code, save_pending = 0, False
+    exit_code = 0
     while progress.step < run.total_steps:
         if end_of_epoch(run):
             progress.epoch, progress.samples_in_epoch, batches = progress.epoch + 1, 0, None
@@ -158,7 +162,7 @@ def loop(run: Run, signals: SignalFlag) -> int:
         crash_point("step_logged", progress.step)
         new_best, ending = validation(run) if run.val is not None and due(run, train.val_interval) else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
-        save_pending = save_when_due(run, stop, save_pending, best=new_best, ending=ending is not None)
+        save_when_due(run, stop, best=new_best, ending=ending is not None)
         if ending:  # early stop or forgetting limit: a planned end, exit 0
             run.log.info(ending)
             break
@@ -177,6 +181,10 @@ def count_step(run: Run, metrics: torch.Tensor, finite: bool) -> None:
     """A good step's metrics go to history.pending; a skipped one is counted, said, and may end the run."""
     run.guard.record(finite)
     if finite:
+        # An fp16 overflow step is finite for the guard (the scaler skipped it) but its gradient norm
+        # is Inf: NaN marks it, and the window mean leaves it out. On the device: no read per step.
+        grad_norm = metrics[4]
+        metrics[4] = torch.where(torch.isfinite(grad_norm), grad_norm, torch.full_like(grad_norm, float("nan")))
         run.history.pending.append(metrics)
         return
     loss, grad_norm = metrics[[0, 4]].tolist()  # a skipped step is rare: its own read of the device
@@ -186,23 +194,24 @@ def count_step(run: Run, metrics: torch.Tensor, finite: bool) -> None:
         raise Diverged(run.guard.stop_message(run.last_saved, run.last_saved_step))
 
 
-def save_when_due(run: Run, stop: bool, pending: bool, *, best: bool = False, ending: bool = False) -> bool:
-    """Save at the interval, a new best, the last step, an early end and a stop. Returns whether a
-    periodic save waits.
+def save_when_due(run: Run, stop: bool, *, best: bool = False, ending: bool = False) -> None:
+    """Save at the interval, a new best, the last step, an early end and a stop.
 
     A periodic save inside a streak of skipped steps waits for the next good step, so rotation never
-    trades the last checkpoint before a divergence for one written during it.
+    trades the last checkpoint before a divergence for one written during it. The wait is part of the
+    progress (progress.save_pending): a stop or a best taken inside the streak does not settle it, and
+    a resumed run still owes it, as the uninterrupted run does.
     """
-    must = stop or ending or run.progress.step == run.total_steps
-    periodic = run.progress.step % run.config.train.save_interval == 0 or pending
+    progress = run.progress
+    periodic = progress.step % run.config.train.save_interval == 0 or bool(progress.save_pending)
+    must = stop or ending or progress.step == run.total_steps
+    progress.save_pending = int(periodic and run.guard.in_streak)  # saved with the checkpoint below
     if must or best or (periodic and not run.guard.in_streak):
         save(run, must=must, best=best)
-        return False
-    return periodic
 
 
-def stop_for_bad_data(run: Run, error: UserError) -> UserError:
-    """Save the last completed step (unless it is on disk already); the error to exit 2 with."""
+def save_before_exit(run: Run) -> str:
+    """Save the last completed step (unless it is on disk already); says what is kept."""
     wait_for_save(run)
     step = run.progress.step
     if run.last_saved_step != step and step > 0:
@@ -210,8 +219,13 @@ def stop_for_bad_data(run: Run, error: UserError) -> UserError:
         save(run)
         wait_for_save(run)
     saved = run.last_saved if run.last_saved_step == step else None
-    kept = (f"step {step}, the last completed one, is saved in {saved}" if saved is not None
+    return (f"step {step}, the last completed one, is saved in {saved}" if saved is not None
             else "no step was completed, nothing to save")
+
+
+def stop_for_bad_data(run: Run, error: UserError) -> UserError:
+    """Save the last completed step (unless it is on disk already); the error to exit 2 with."""
+    kept = save_before_exit(run)
     return UserError(f"{user_line(error)}; {kept}; fix or remove the line (`indextts-train check-data` lists every "
                      "bad line) or pass --skip-bad-lines, then rerun with --resume auto")
 
@@ -252,7 +266,12 @@ def end_of_epoch(run: Run) -> bool:
 
 
 def retry_smaller(run: Run, oom: OutOfMemory) -> None:
-    run.plan = halve_for_oom(run.plan)  # raises a UserError when the micro-batch is already 1
+    """The same samples again at half the micro-batch; at micro-batch 1 the run ends (exit 2) with the
+    steps since the last checkpoint saved (the failed step changed nothing: its gradients were cleared)."""
+    try:
+        run.plan = halve_for_oom(run.plan, RuntimeError(oom.message))
+    except UserError as exc:
+        raise UserError(f"{user_line(exc)}; {save_before_exit(run)}; then rerun with --resume auto") from None
     run.log.warn(f"CUDA out of memory at step {run.progress.step + 1} ({oom.message}); retrying the same "
                  f"samples with micro-batch {run.plan.micro_batch} x accumulation {run.plan.grad_accumulation}")
 
@@ -272,11 +291,21 @@ def host_rows(pending: list) -> list:
     return rows
 
 
+def window_mean(rows: list) -> list[float]:
+    """The mean of each metric over the window's rows; a NaN (an fp16 overflow step's gradient norm)
+    is left out of its column's mean, and a column with nothing else is NaN."""
+    table = np.asarray(rows, dtype=np.float64)  # (steps, metrics)
+    kept = np.isfinite(table)
+    counts = kept.sum(axis=0)
+    sums = np.where(kept, table, 0.0).sum(axis=0)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).tolist()
+
+
 def window_values(run: Run, clock: tuple[float, int]) -> dict[str, float]:
     """Mean metrics of the steps since the last line, the LR, and samples/s since `clock`."""
     run.history.pending = host_rows(run.history.pending)
     now, samples = time.perf_counter(), run.progress.samples_total
-    values = dict(zip(METRICS, np.mean(run.history.pending, axis=0).tolist(), strict=True))
+    values = dict(zip(METRICS, window_mean(run.history.pending), strict=True))
     values["lr"] = run.optim.scheduler.get_last_lr()[0]
     values["samples_per_s"] = (samples - clock[1]) / max(now - clock[0], 1e-9)
     return values
@@ -388,11 +417,14 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
     path = None
     if state is not None:
         log, keep, keep_every, protected = run.log, train.keep_checkpoints, train.keep_every, run.protected
+        own = owned_by(run.lineage)
+        if run.new_branch:  # before its first file: the abandoned branch's names must not be clobbered
+            set_aside_abandoned(run)
         where = f"step {step}, epoch {progress.epoch}, sample {progress.samples_in_epoch}"
 
         def write(state: dict) -> None:
             written = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best,
-                                      protected=protected)
+                                      protected=protected, own=own)
             run.last_saved, run.last_saved_step = written, step
             log.info(f"saved {written} ({where}){', best.pth' if best else ''}")
 
@@ -404,6 +436,20 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
             run.saver.start(functools.partial(write, cpu_snapshot(state)))
     barrier(run.dist)
     return path
+
+
+def set_aside_abandoned(run: Run) -> None:
+    """A new branch's first save: the files of the branch it left go under abandoned/ (lineage.py)."""
+    output_dir = run.options.output_dir
+    moved = set_aside(output_dir, run.lineage, run.protected)
+    if moved:
+        run.log.info(describe_set_aside(moved, run.lineage))
+    run.new_branch = False
+    # best.pth named an abandoned file: it names this branch's best again, if that file is still here.
+    tracker = run.val.tracker if run.val is not None else None
+    kept = output_dir / f"model_step{tracker.step}.pth" if tracker is not None and tracker.step is not None else None
+    if kept is not None and kept.is_file() and not (output_dir / BEST).exists():
+        publish(output_dir, kept, BEST, run.protected)
 
 
 def finish(run: Run, exit_code: int) -> None:

@@ -24,12 +24,41 @@ from indextts_train.train.hardware import HardwarePlan
 from indextts_train.ui.console import RunLogger
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """Linear warmup to 1, then cosine to min_ratio at total_steps (LambdaLR multiplier)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+def schedule_factor(done: int, batch: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine to min_ratio at `total`; every argument counted in samples.
+
+    `done` samples were seen before the step, which takes `batch`. With a constant batch these are
+    the step counts times the batch, and each quotient is the same rational number as in steps, so
+    the factor is the same float: a run that never changes its batch keeps its schedule bit for bit.
+    """
+    if done < warmup:
+        return (done + batch) / warmup
+    progress = min(1.0, (done - warmup) / max(batch, total - warmup))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """The schedule in steps (a batch of 1 sample): the LambdaLR multiplier of a run at one batch size."""
+    return schedule_factor(step, 1, warmup_steps, total_steps, min_ratio)
+
+
+@dataclass
+class LrClock:
+    """Where the LR schedule is, in samples seen: the samples at `anchor_step` (the step a run started or
+    resumed at), then `effective_batch` a step. A resume at another effective batch moves the anchor
+    (run.py), so the schedule follows the samples, not the step count."""
+
+    effective_batch: int
+    warmup_steps: int  # the flag; in samples at the current effective batch
+    min_ratio: float
+    total_samples: int  # where the cosine ends
+    anchor_step: int = 0
+    anchor_samples: int = 0
+
+    def factor(self, step: int) -> float:
+        batch = self.effective_batch
+        done = self.anchor_samples + (step - self.anchor_step) * batch
+        return schedule_factor(done, batch, self.warmup_steps * batch, self.total_samples, self.min_ratio)
 
 
 def build_adamw(named: list[tuple[str, nn.Parameter]], train: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
@@ -69,14 +98,17 @@ class OptimizerSet:
     param_names: list[str]
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
+    clock: LrClock  # the scheduler's multiplier reads it: run.py re-anchors it on a resume
 
     @classmethod
     def build(cls, named: list[tuple[str, nn.Parameter]], train: TrainConfig, plan: HardwarePlan,
               total_steps: int) -> OptimizerSet:
         optimizer, names = build_adamw(named, train)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, train.warmup_steps, total_steps, train.min_lr_ratio))
-        return cls(optimizer, names, scheduler, torch.amp.GradScaler("cuda", enabled=plan.use_grad_scaler))
+        batch = plan.effective_batch
+        clock = LrClock(batch, train.warmup_steps, train.min_lr_ratio, total_steps * batch)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, clock.factor)
+        return cls(optimizer, names, scheduler, torch.amp.GradScaler("cuda", enabled=plan.use_grad_scaler),
+                   clock)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "optimizer_param_names": list(self.param_names),
@@ -127,7 +159,8 @@ class OptimizerSet:
         Untouched when nothing changed, so an ordinary resume stays bit-exact.
         """
         optimizer, scheduler = self.optimizer, self.scheduler
-        if saved.get("learning_rate") != train.learning_rate or saved.get("total_steps") != total_steps:
+        if (saved.get("learning_rate") != train.learning_rate or saved.get("total_steps") != total_steps
+                or saved.get("effective_batch") != self.clock.effective_batch):
             scheduler.base_lrs = [train.learning_rate for _ in optimizer.param_groups]
             factor = scheduler.lr_lambdas[0](scheduler.last_epoch)  # the schedule of this run, at the saved step
             for group in optimizer.param_groups:

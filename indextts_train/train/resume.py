@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from indextts_train.checkpoint import files as ckpt_io
+from indextts_train.checkpoint.lineage import resume_order
 from indextts_train.checkpoint.state import restore_rng
 from indextts_train.errors import UserError
 from indextts_train.train.distributed import DistInfo
@@ -32,8 +33,9 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
     for key, (old, new) in changed.items():
         log.info(f"  {key}: {old} -> {new}")
     if "effective_batch" in changed:
-        log.warn("the effective batch changed: steps now consume a different number of samples; "
-                 "training continues from the same sample")
+        log.warn("the effective batch changed: steps now consume a different number of samples; training "
+                 "continues from the same sample, and the epochs and the learning-rate schedule follow the "
+                 "samples seen (--max-steps still counts steps)")
     elif {"micro_batch", "grad_accumulation", "world_size"} & changed.keys():
         log.info("  same effective batch: training continues from the same sample")
     if "learning_rate" in changed:
@@ -76,7 +78,8 @@ def select_checkpoint(output_dir: Path, resume: str | None,
         return None, None, frozenset()
     skipped: list[tuple[Path, str]] = []
     if resume == "auto":
-        path, skipped = ckpt_io.find_resume_checkpoint(output_dir) if output_dir.is_dir() else (None, [])
+        # Newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
+        path, skipped = ckpt_io.find_resume_checkpoint(resume_order(output_dir))
         if path is None and skipped:
             raise refuse_fresh_start(output_dir, skipped)
         for bad, reason in skipped:

@@ -13,9 +13,10 @@ Contract (the WebUI and scripts rely on it):
   The text is written after the lock is taken, so a reader that sees the lock held and an empty
   file has caught the instant between the two: treat it as "held, PID not known yet".
 - `holder_pid(output_dir)` tells whether the lock is held right now and by which PID (None when it
-  is free or the folder has no lock file). It takes no lock of its own beyond a probing, at once
-  released, shared flock, and never creates or writes anything: safe to call from any process,
-  any number of times.
+  is free or the folder has no lock file). It reads the kernel's table of locks (/proc/locks) and
+  takes no lock of its own, so a run starting meanwhile never finds the lock busy because of it
+  (a probing shared flock made 1 acquire in ~40 fail); it never creates or writes anything: safe
+  to call from any process, any number of times. Where /proc/locks is missing it probes as before.
 - Under torchrun only rank 0 holds the lock; it is the process to name.
 - Data-loader worker processes forked by the run close their inherited copy of the descriptor, so
   a worker left behind by a killed parent does not keep the lock.
@@ -71,6 +72,39 @@ def _read_holder(path: Path) -> str:
         return ""
 
 
+_PROC_LOCKS = Path("/proc/locks")
+_PROC_LOCKS_MAX_BYTES = 16 * 2**20  # bounded read: a machine with a million locks is not our business
+
+
+def _flock_held(fd: int, has_pid: bool) -> bool | None:
+    """Whether some process holds an exclusive flock on the file of `fd`, from /proc/locks; None when
+    the table cannot be read (not Linux).
+
+    The kernel prints MAJOR:MINOR in hex and the inode in decimal. Some filesystems (btrfs
+    subvolumes) report another st_dev than the kernel prints, so a lock on the same inode number
+    elsewhere counts too when the file names a holder (`has_pid`: a released lock leaves no text).
+    """
+    stat = os.fstat(fd)
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}"
+    try:
+        with open(_PROC_LOCKS, encoding="ascii", errors="replace") as table:
+            text = table.read(_PROC_LOCKS_MAX_BYTES)
+    except OSError:
+        return None
+    same_inode = False
+    for line in text.splitlines():
+        fields = line.split()
+        # "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF"; a waiter's line has "->" after "N:".
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "WRITE":
+            continue
+        dev, _, inode = fields[5].rpartition(":")
+        if inode == str(stat.st_ino):
+            if dev == device:
+                return True
+            same_inode = True
+    return same_inode and has_pid
+
+
 def holder_pid(output_dir: str | Path) -> int | None:
     """The PID holding OUTPUT_DIR's run lock right now, or None when no run holds it.
 
@@ -82,6 +116,10 @@ def holder_pid(output_dir: str | Path) -> int | None:
     except OSError:
         return None
     try:
+        pid = _parse_pid(_read_holder(path))
+        held = _flock_held(fd, pid is not None)
+        if held is not None:
+            return (pid if pid is not None else -1) if held else None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
@@ -114,8 +152,13 @@ class RunLock:
                                 "use an output dir on a local disk") from None
             raise UserError(self._busy_message()) from None
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid={os.getpid()} started={started}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid={os.getpid()} started={started}\n".encode())
+        except OSError as exc:  # full disk, ...: no run without its holder line; nothing leaks
+            os.close(fd)  # closing the only descriptor also drops the lock
+            raise UserError(f"{self.path}: cannot write the run lock ({(exc.strerror or str(exc)).lower()}); "
+                            "free space or choose a writable --output-dir") from None
         self._fd = fd
         _held_fds.add(fd)
         return self

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,13 +23,23 @@ from indextts_train.checkpoint import files as ckpt_io
 from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.checkpoint.base import load_base_checkpoint, settle_family
 from indextts_train.checkpoint.files import BEST, ignored_by_base_checkpoint, load_checkpoint, publish, same_file
-from indextts_train.checkpoint.state import DataRecord, History, Progress, TrainingState, capture_rng
+from indextts_train.checkpoint.lineage import run_lineage
+from indextts_train.checkpoint.state import (
+    DataRecord,
+    History,
+    Lineage,
+    Progress,
+    TrainingState,
+    capture_rng,
+    repaired_unknown,
+)
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.data.fingerprint import check_same_data, data_fingerprint
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
+from indextts_train.data.manifest_v25 import parse_borrowed
 from indextts_train.data.sampling import (
     LEGACY_RULE,
     ManifestSpec,
@@ -46,7 +57,6 @@ from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried, resolve_family, split_state_dict
 from indextts_train.model.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model.scope import apply_scope, check_resume_scope, text_rows_trainable, trainable_parameters
-from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import (
     RowFreezer,
     VocabPlan,
@@ -60,7 +70,7 @@ from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.distributed import DistInfo, gather_to_main
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
-from indextts_train.train.hardware import HardwarePlan, choose_plan, detect_device
+from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.resume import (
@@ -79,7 +89,11 @@ Autocast = Callable[[], contextlib.AbstractContextManager]
 
 @dataclass
 class Schedule:
-    """How many optimizer steps the run has: full epochs of the data, cut at max_steps."""
+    """How many optimizer steps the run has: full epochs of the data, cut at max_steps (a step number).
+
+    The epochs are counted in samples (progress.epoch and samples_in_epoch), so a resume at another
+    effective batch finishes the same epochs: no "nothing to do" and no extra epoch.
+    """
 
     sampler: SamplerSpec  # decides the epoch's length (sampling.py)
     epochs: int
@@ -93,9 +107,19 @@ class Schedule:
                             "lower --effective-batch-size or add data")
         return steps
 
-    def total_steps(self, effective_batch: int) -> int:
-        total = self.epochs * self.steps_per_epoch(effective_batch)
-        return min(total, self.max_steps) if self.max_steps else total
+    def end_step(self, progress: Progress, effective_batch: int) -> int:
+        """The step the run ends at: the rest of the current epoch, then the epochs left, at `effective_batch`.
+
+        With one effective batch from the start this is epochs x steps an epoch, at every step of the run.
+        """
+        per_epoch = self.steps_per_epoch(effective_batch)
+        if progress.epoch >= self.epochs:
+            end = progress.step
+        else:
+            # The loop's rule (train.end_of_epoch): a step that would run past the epoch starts the next one.
+            left_in_epoch = max(0, (per_epoch * effective_batch - progress.samples_in_epoch) // effective_batch)
+            end = progress.step + left_in_epoch + (self.epochs - 1 - progress.epoch) * per_epoch
+        return min(end, self.max_steps) if self.max_steps else end
 
 
 def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
@@ -169,6 +193,8 @@ class Run:
     guard: DivergenceGuard | None = None
     lock: RunLock | None = None  # rank 0's hold on the output dir
     protected: frozenset[str] = frozenset()  # names in output_dir this run never replaces or deletes
+    lineage: Lineage = field(default_factory=Lineage)  # the branch this run's checkpoints belong to
+    new_branch: bool = False  # set the abandoned branch's files aside before the first save (lineage.py)
     last_saved: Path | None = None  # the newest checkpoint of this run on disk, and its step
     last_saved_step: int = -1
     saver: BackgroundSaver | None = None  # --async-save: the thread that writes checkpoints
@@ -185,7 +211,7 @@ class Run:
 
     @property
     def total_steps(self) -> int:
-        return self.schedule.total_steps(self.plan.effective_batch)
+        return self.schedule.end_step(self.progress, self.plan.effective_batch)
 
     @property
     def autocast(self) -> Autocast:
@@ -209,7 +235,7 @@ class Run:
             data=self.data, info={"hparams": self.hparams(), "config": config_to_dict(self.config),
                   "vocab_plan": self.weights.vocab_plan.to_dict(), "hardware": self.plan.to_dict(),
                   "sampler": self.schedule.sampler.state_dict(), "lora": self.weights.adapter_record(),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, lineage=self.lineage)
 
     def checkpoint_state(self) -> dict | None:
         """The checkpoint dict on rank 0; other ranks send their RNG state and get None."""
@@ -233,6 +259,9 @@ def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[Ha
     if plan.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if apply_determinism(plan):
+        plan.reasons.append("Deterministic CUDA algorithms (CUBLAS_WORKSPACE_CONFIG="
+                            f"{os.environ['CUBLAS_WORKSPACE_CONFIG']}): a resumed run stays bit-identical.")
     return plan, torch.device(f"cuda:{dist.local_rank}" if device_info.kind == "cuda" else "cpu")
 
 
@@ -386,6 +415,7 @@ def _restore(run: Run, ckpt: dict, path: Path, growth: VocabPlan, train: TrainCo
         return
     run.progress.load_state_dict(ckpt["progress"])
     run.history.load_state_dict(ckpt["history"])
+    _anchor_schedule(run, ckpt)
     run.optim.load_from(ckpt, path, growth, train, run.total_steps, run.log)
     if growth.new_ids:
         run.log.info(run.optim.vocab_change_block(growth, reset=False))
@@ -393,6 +423,19 @@ def _restore(run: Run, ckpt: dict, path: Path, growth: VocabPlan, train: TrainCo
         report_changed_hparams(ckpt["hparams"], run.hparams(), run.log)
     else:
         run.log.info("the checkpoint was repaired and records no settings: the current ones apply")
+
+
+def _anchor_schedule(run: Run, ckpt: dict) -> None:
+    """The LR schedule goes on from the samples seen, and ends with the run at this effective batch.
+
+    A repaired file whose sample count is not known gets the steps times this batch, as its count from
+    now on (the files this run writes no longer say they were repaired).
+    """
+    progress, clock = run.progress, run.optim.clock
+    if "progress.samples_total" in repaired_unknown(ckpt):
+        progress.samples_total = progress.step * clock.effective_batch
+    clock.anchor_step, clock.anchor_samples = progress.step, progress.samples_total
+    clock.total_samples = clock.anchor_samples + (run.total_steps - progress.step) * clock.effective_batch
 
 
 def _data(options: TrainOptions, config: Config, log: RunLogger) -> tuple:
@@ -479,12 +522,14 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
                                  data_changed=changed), train.epochs, train.max_steps)
     if train.compile:
         compile_blocks(weights.model.gpt.h)
-    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.total_steps(plan.effective_batch))
+    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.end_step(Progress(), plan.effective_batch))
     dataset = _dataset(index, config)
     run = Run(options, config, dist, device, plan, schedule, weights, optim, Progress(sampler_seed=train.seed),
               History(), SkippingDataset(dataset) if options.skip_bad_lines else dataset, None, startup, ckpt,
               lock=lock, protected=protected)
     run.data.fingerprint = fingerprint
+    run.lineage, run.new_branch = run_lineage(ckpt, path, options.output_dir, auto=options.resume == "auto",
+                                              reset=reset)
     if ckpt is not None:
         _restore(run, ckpt, path, growth, train)
     if run.resumed is not None:  # resumed, not reset by --on-vocab-change

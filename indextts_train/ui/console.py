@@ -96,6 +96,8 @@ class RunLogger:
         self.writer.flush()
 
     def close(self) -> None:
+        """End the status line and TensorBoard; again is a no-op (every exit of a run calls it)."""
         self.stop()
         self.writer.flush()
         self.writer.close()
+        self.writer = NullWriter()

@@ -17,6 +17,7 @@ import pandas as pd
 
 from indextts_train.config.settings import DEFAULT_CONFIG, load_config
 from indextts_train.errors import UserError
+from indextts_train.train.hardware import choose_plan, detect_device
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
@@ -83,8 +84,6 @@ class PageServer:
         return self.run_cli(["check-tokenizer", run.tokenizer, *base])
 
     def hardware(self, *values) -> str:
-        from indextts_train.train.hardware import choose_plan, detect_device
-
         run = self.form_of(list(values))
         try:
             gpt = load_config(Path(run.config)).gpt
