@@ -39,7 +39,6 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.data.fingerprint import check_same_data, data_fingerprint
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
-from indextts_train.data.manifest_v25 import parse_borrowed
 from indextts_train.data.sampling import (
     LEGACY_RULE,
     ManifestSpec,
@@ -57,6 +56,7 @@ from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried, resolve_family, split_state_dict
 from indextts_train.model.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model.scope import apply_scope, check_resume_scope, text_rows_trainable, trainable_parameters
+from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import (
     RowFreezer,
     VocabPlan,
