@@ -12,6 +12,23 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "data" / "reference"
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 
+# The fast lane (`pytest -m "not slow"`, for everyday work) leaves out the files whose tests train
+# through the real CLI in subprocesses, kill and resume: they are marked here in one place. Slow
+# tests in other files carry `@pytest.mark.slow` themselves. The README's test command runs all.
+SLOW_FILES = frozenset({
+    "test_train_resume.py", "test_train_best.py", "test_train_distributed.py", "test_train_distributed_v25.py",
+    "test_train_loop.py", "test_train_loop_v25.py", "test_train_scope.py", "test_train_speed.py",
+    "test_train_demo.py", "test_ui_console.py", "test_ui_progress.py", "test_e2e_nothing_lost.py",
+    "test_e2e_scripts.py", "test_e2e_safety.py", "test_checkpoint_table.py", "test_checkpoint_lineage.py",
+    "test_webui_browser.py", "test_webui.py", "test_cli.py",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
 
 def write_dataset(folder: Path, n: int, *, seed: int, text_vocab: int = 100, dim: int = 64,
                   name: str = "train.jsonl", max_text: int = 12, max_codes: int = 20) -> Path:
