@@ -1,0 +1,134 @@
+"""Per-utterance features, computed as official inference computes them (batch size 1), batched where
+batching is safe.
+
+Stages (`../shared/reference/prepare/README.md` has the rules): text ids through the inference text
+path; the speaker-path waveform (soxr to 22,050 Hz, windowed-sinc to 16 kHz) -> w2v-BERT layer 17 ->
+codec codes of the valid frames only (the whole clip: targets are never cut); the prompt, the first
+`prompt_seconds` of the clip -> `condition` (IndexTTS2) or the CAMPPlus `spk_emb` (2.5); the
+emotion-path waveform (soxr straight to 16 kHz) -> `emo_vec`. w2v-BERT masks padding, so it runs in
+padded batches; the codecs and the conformer encoders do not (padding changes their output), so
+they see each clip alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from indextts_train.conditioning import ConditioningEncoders
+from indextts_train.config import GPTConfig, load_config
+from indextts_train.inference_text import TextPath
+from indextts_train.layout import load_base_checkpoint
+from indextts_train.prepare.audio import AudioError, emotion_wave, load_audio, speaker_wave
+from indextts_train.prepare.campplus import CampPlus
+from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, valid_code_count
+from indextts_train.prepare.corpus import Utterance
+from indextts_train.prepare.models import ModelFiles
+from indextts_train.prepare.w2vbert import W2vBert
+
+SPEAKER_RATE = 22_050  # the official speaker path's intermediate rate, where the prompt cut happens
+SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from
+
+
+@dataclass
+class Clip:
+    """One utterance's waveforms, loaded and resampled (in a worker thread, ahead of the models)."""
+
+    speaker_full: np.ndarray  # 16 kHz speaker path, whole clip: codes
+    speaker_prompt: np.ndarray | None  # the first prompt_seconds; None when that is the whole clip
+    emotion: np.ndarray  # 16 kHz emotion path, first prompt_seconds: emo_vec
+
+
+def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
+    """The clip's waveforms, or the reason it cannot be used (unreadable, empty, non-finite, silent)."""
+    try:
+        mono, rate = load_audio(Path(utt.audio))
+    except AudioError as exc:
+        return f"audio: {exc}"
+    if mono.size == 0 or float(np.max(np.abs(mono))) < SILENCE_PEAK:
+        return "audio: silent (peak below 1e-4)"
+    full = speaker_wave(mono, rate, None)
+    at_speaker_rate = mono.shape[0] if rate == SPEAKER_RATE else math.ceil(mono.shape[0] * SPEAKER_RATE / rate)
+    cut = at_speaker_rate > int(prompt_seconds * SPEAKER_RATE)
+    return Clip(speaker_full=full, speaker_prompt=speaker_wave(mono, rate, prompt_seconds) if cut else None,
+                emotion=emotion_wave(mono, rate, prompt_seconds))
+
+
+@dataclass
+class TextIds:
+    ids: np.ndarray  # (N,) int32
+    lang_id: int | None  # IndexTTS-2.5 only
+
+
+class Featurizer:
+    """The real stages of one model family, loaded once per process."""
+
+    def __init__(self, *, gpt_cfg: GPTConfig, text: TextPath, w2v: W2vBert, codec: SemanticCodec | EnhancedCodec,
+                 encoders: ConditioningEncoders, campplus: CampPlus | None, device: torch.device,
+                 allow_unk: bool) -> None:
+        self.gpt_cfg, self.text, self.w2v, self.codec = gpt_cfg, text, w2v, codec
+        self.encoders, self.campplus, self.device, self.allow_unk = encoders, campplus, device, allow_unk
+        self.is_v25 = campplus is not None
+
+    @classmethod
+    def load(cls, models: ModelFiles, device: torch.device, *, allow_unk: bool = False) -> Featurizer:
+        gpt_cfg = load_config(models.config).gpt
+        _, carried, _ = load_base_checkpoint(models.gpt, gpt_cfg)
+        codec_type = EnhancedCodec if models.is_v25 else SemanticCodec
+        return cls(gpt_cfg=gpt_cfg, text=TextPath.open(models.tokenizer),
+                   w2v=W2vBert.load(models.w2v_bert, models.stats, device),
+                   codec=codec_type.load(models.codec, models.codec_config, device),
+                   encoders=ConditioningEncoders.from_gpt(carried, gpt_cfg, device),
+                   campplus=CampPlus.load(models.campplus, device) if models.is_v25 else None,
+                   device=device, allow_unk=allow_unk)
+
+    def text_ids(self, utt: Utterance) -> TextIds | str:
+        """The ids inference gives this text, or why the utterance cannot be kept."""
+        if not utt.text.strip():
+            return "text: empty"
+        if self.is_v25 and not utt.language:
+            return "text: no language (IndexTTS-2.5 needs one; pass --language or a language field)"
+        unknown = self.text.unknown(utt.text, utt.language)
+        if unknown and not self.allow_unk:
+            return f"text: characters the tokenizer does not know: {' '.join(unknown)} (--allow-unk keeps them)"
+        ids = np.asarray(self.text.encode(utt.text, utt.language), dtype=np.int32)
+        if ids.size == 0:
+            return "text: no tokens"
+        if ids.size > self.gpt_cfg.max_text_tokens:
+            return f"too long: {ids.size} text tokens > gpt.max_text_tokens {self.gpt_cfg.max_text_tokens}"
+        return TextIds(ids, self.text.lang_id(utt.language) if self.is_v25 else None)
+
+    @torch.inference_mode()
+    def features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
+        """Arrays of each clip (codes, condition or spk_emb, emo_vec), or the reason it is rejected."""
+        full = self.w2v.layer17([clip.speaker_full for clip in clips])  # one padded forward
+        long = [i for i, clip in enumerate(clips) if clip.speaker_prompt is not None]
+        prompts = dict(zip(long, self.w2v.layer17([clips[i].speaker_prompt for i in long]), strict=True)) \
+            if long else {}
+        emotions = self.w2v.layer17([clip.emotion for clip in clips])
+        out: list[dict[str, np.ndarray] | str] = []
+        for i, clip in enumerate(clips):
+            feat, n_valid = full[i]
+            codes = self.codec.codes(feat.to(self.device)).cpu()  # (T,) or (ceil(T/2),): one clip alone
+            codes = codes[:valid_code_count(n_valid, self.codec.frames_per_code)]
+            if codes.numel() > self.gpt_cfg.max_mel_tokens:
+                out.append(f"too long: {codes.numel()} codes > gpt.max_mel_tokens {self.gpt_cfg.max_mel_tokens}")
+                continue
+            arrays = {"codes": codes.numpy().astype(np.int32)}
+            prompt_feat = prompts.get(i, full[i])[0]
+            if self.is_v25:
+                arrays["spk_emb"] = np.asarray(self.campplus.speaker_vector(
+                    clip.speaker_full if clip.speaker_prompt is None else clip.speaker_prompt), dtype=np.float32)
+            else:
+                arrays["condition"] = self._float(self.encoders.condition(prompt_feat.to(self.device)))
+            arrays["emo_vec"] = self._float(self.encoders.emo_vec(emotions[i][0].to(self.device)))
+            out.append(arrays)
+        return out
+
+    @staticmethod
+    def _float(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().to("cpu", torch.float32).numpy()
