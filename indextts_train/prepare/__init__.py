@@ -1,1 +1,1 @@
-"""From audio clips and transcripts to the arrays and manifests the trainer reads (`indextts-train prepare`)."""
+"""From audio clips and transcripts to the arrays train-gpt reads: audio paths, w2v-BERT, codecs, pipeline."""
