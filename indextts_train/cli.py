@@ -291,10 +291,13 @@ def check_tokenizer(
     model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
     base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
     base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
-    sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on.")] = None,
+    sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on (as official inference presents it).")] = None,
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: language of --sample-text (its tag and case rule).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
+    from indextts_train.inference_text import TextPath
     from indextts_train.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
     from indextts_train.tokenizer import check_tokenizer as run_check
     from indextts_train.tokenizer import render_tokenizer_report, tokenizer_exit_code
@@ -302,13 +305,34 @@ def check_tokenizer(
     if is_tiktoken(model):
         if base_vocab is not None:
             fail("--base-vocab is for SentencePiece models; for a .tiktoken file pass --base BASE.tiktoken")
-        report = run_guarded(check_tiktoken, model, base=base, sample_text=sample_text)
+        text_path = run_guarded(TextPath.open, model, normalizer=normalizer)
+
+        def present(text: str) -> str:
+            return text_path.present(text, language) if language else text_path.present_body(text)
+
+        report = run_guarded(check_tiktoken, model, base=base, sample_text=sample_text, present=present)
+        if sample_text is not None:
+            report["normalizer"] = text_path.normalizer_name
+            report["warnings"] += text_path.notes()
         render = render_tiktoken_report
     else:
-        report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text)
+        if language is not None:
+            fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 text has no language tag")
+        report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text,
+                             normalizer=normalizer)
         render = render_tokenizer_report
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render(report))
     raise typer.Exit(tokenizer_exit_code(report))
+
+
+NORMALIZER_HELP = "Text normaliser: auto (WeTextProcessing when installed, else the character map alone), wetext (required) or none (the character map alone)."
+
+
+def say_text_path(normalizer_name: str, notes: list[str]) -> None:
+    """Every command that turns text into ids says which normaliser it used, and what that means."""
+    typer.echo(f"text presented as official inference does; normaliser: {normalizer_name}")
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
 
 
 @app.command("extend-tokenizer")
@@ -317,22 +341,35 @@ def extend_tokenizer(
     corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
     target_size: Annotated[int, typer.Option(help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: the corpus language; its case rule applies (zh/en/ja lower, es upper, others kept).")] = None,
 ) -> None:
-    """Learn new pieces (tiktoken: byte-pair merges) from a corpus and append them to the base."""
+    """Learn new pieces (tiktoken: byte-pair merges) from the corpus as inference presents it, and append them to the base."""
+    from indextts_train.inference_text import TextPath
     from indextts_train.tiktoken_vocab import extend_tiktoken, is_tiktoken
     from indextts_train.tokenizer import extend_tokenizer as run_extend
 
     if is_tiktoken(base) != is_tiktoken(output):
         fail(f"--output {output} must have the base's kind ({base.suffix}); a .tiktoken grows into a .tiktoken")
     if is_tiktoken(base):
-        summary = run_guarded(extend_tiktoken, base, corpus, target_size, output)
+        text_path = run_guarded(TextPath.open, base, normalizer=normalizer)
+        summary = run_guarded(extend_tiktoken, base, corpus, target_size, output,
+                              lambda text: text_path.present_body(text, language))
         short = f"; the corpus gave only {summary['added']} merges" if summary["short_by"] else ""
         typer.echo(f"wrote {output} ({summary['base_ranks']} base ranks + {summary['added']} new = "
                    f"{summary['new_ranks']} ranks, {summary['new_size']} tokens with the specials{short}; "
                    f"special ids move up by {summary['added']})")
+        notes = text_path.notes()
+        if language is None:
+            notes.append("no --language: the corpus kept its case; inference lower-cases zh/en/ja and upper-cases "
+                         "es, so pass --language CODE for those")
+        say_text_path(text_path.normalizer_name, notes)
         return
-    summary = run_guarded(run_extend, base, corpus, target_size, output)
+    if language is not None:
+        fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 upper-cases every language")
+    summary = run_guarded(run_extend, base, corpus, target_size, output, normalizer=normalizer)
     typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
+    say_text_path(summary["normalizer"], summary["warnings"])
 
 
 class Pick(str, Enum):

@@ -22,7 +22,7 @@ import base64
 import binascii
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,10 +225,14 @@ class _MergeLearner:
         return added
 
 
-def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: Path) -> dict:
+def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: Path,
+                    present: Callable[[str], str] | None = None) -> dict:
     """Append merges learned on `corpus` until ranks + specials = target_size; write `out` atomically.
 
-    target_size is the new number_text_tokens (ranks + 1673 specials). Returns a summary.
+    target_size is the new number_text_tokens (ranks + 1673 specials). `present` turns a corpus text
+    into what inference encodes after the language tag (inference_text.TextPath.present_body: the
+    corpus language's case rule, character map, normaliser); None learns on the text as it is.
+    Returns a summary.
     """
     from indextts_train.tokenizer import iter_text_lines
 
@@ -238,7 +242,8 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
                         f"({vocab.n_ranks} ranks + {len(SPECIAL_TOKENS)} specials); a vocabulary can only grow")
     if Path(out).resolve() == Path(base).resolve():
         raise UserError(f"{out}: is the base tokenizer; write the extended one to a new file")
-    texts = [text for path in corpus for text in iter_text_lines(Path(path))]
+    present = present or (lambda text: text)
+    texts = [present(text) for path in corpus for text in iter_text_lines(Path(path))]
     if not texts:
         raise UserError("the corpus holds no text; pass --corpus files with text in the new language")
     learner = _MergeLearner(vocab.rank_table(), corpus_pieces(texts))
@@ -257,8 +262,13 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
 # check
 
 
-def check_tiktoken(path: Path, *, base: Path | None = None, sample_text: Path | None = None) -> dict:
-    """Facts about a (possibly grown) ranks file; `problems` lists what makes it unusable."""
+def check_tiktoken(path: Path, *, base: Path | None = None, sample_text: Path | None = None,
+                   present: Callable[[str], str] | None = None) -> dict:
+    """Facts about a (possibly grown) ranks file; `problems` lists what makes it unusable.
+
+    `present` turns a sample text into what inference encodes (inference_text.TextPath.present);
+    None measures the text as it is.
+    """
     vocab = read_tiktoken(path)
     table = vocab.rank_table()
     report: dict = {"model": str(path), "kind": "tiktoken", "ranks": vocab.n_ranks,
@@ -279,7 +289,7 @@ def check_tiktoken(path: Path, *, base: Path | None = None, sample_text: Path | 
         report["warnings"].append(f"{len(unreachable)} rank(s){' after the base' if base else ''} are not built by "
                                   "merges: only a regex piece equal to one of them produces it")
     if sample_text is not None:
-        report["sample"] = _tiktoken_coverage(vocab, Path(sample_text), base_ranks)
+        report["sample"] = _tiktoken_coverage(vocab, Path(sample_text), base_ranks, present or (lambda text: text))
     return report
 
 
@@ -298,14 +308,15 @@ def _check_tiktoken_base(vocab: TiktokenVocab, base: Path, report: dict) -> int:
     return base_vocab.n_ranks
 
 
-def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None) -> dict:
+def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None,
+                       present: Callable[[str], str]) -> dict:
     """Tokens per line, the share of characters only byte pieces cover, and the share of new ranks."""
     from indextts_train.tokenizer import iter_text_lines
 
     encoding = vocab.encoding()
     lines = tokens = chars = byte_chars = new_tokens = 0
     for text in iter_text_lines(path):
-        ids = encoding.encode(text, allowed_special="all")
+        ids = encoding.encode(present(text), allowed_special="all")
         lines, tokens, chars = lines + 1, tokens + len(ids), chars + len(text)
         if base_ranks is not None:
             new_tokens += sum(base_ranks <= i < vocab.n_ranks for i in ids)
@@ -341,6 +352,8 @@ def render_tiktoken_report(report: dict) -> str:
         if "extended_token_share" in s:
             line += f", added ranks {s['extended_token_share']:.2%} of tokens"
         lines.append(line)
+        if "normalizer" in report:
+            lines.append(f"  sample presented as official inference does; normaliser: {report['normalizer']}")
     lines += [f"  warning: {w}" for w in report["warnings"]]
     lines += [f"  PROBLEM: {p}" for p in report["problems"]]
     lines.append("  OK" if not report["problems"] else f"  {len(report['problems'])} problem(s)")

@@ -21,6 +21,7 @@ import numpy as np
 import sentencepiece as spm
 
 from indextts_train.errors import UserError
+from indextts_train.inference_text import TextPath
 from indextts_train.spm_model import (
     BPE,
     MODEL_TYPES,
@@ -102,12 +103,15 @@ def _jsonl_text(line: str, path: Path, lineno: int) -> str:
     return text.strip()
 
 
-def _write_training_text(corpus: Sequence[Path], dest: Path) -> tuple[int, int]:
-    """Copy the corpus texts into one plain file for spm; returns (lines, distinct characters)."""
+def _write_training_text(corpus: Sequence[Path], dest: Path, text_path: TextPath) -> tuple[int, int]:
+    """Write the corpus texts as inference presents them (normalised, CJK-split, upper case) into one
+    plain file for spm; returns (lines, distinct characters). Pieces learned from the raw text would
+    include lower-case pieces inference never produces."""
     lines, chars = 0, set()
     with dest.open("w", encoding="utf-8") as out:
         for path in corpus:
-            for text in iter_text_lines(path):
+            for raw in iter_text_lines(path):
+                text = text_path.present(raw)
                 out.write(text.replace("\n", " ") + "\n")
                 chars.update(text)
                 lines += 1
@@ -118,24 +122,28 @@ def _write_training_text(corpus: Sequence[Path], dest: Path) -> tuple[int, int]:
 # extend
 
 
-def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: Path, *, seed: int = 0) -> dict:
+def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: Path, *, seed: int = 0,
+                     normalizer: str = "auto") -> dict:
     """Append pieces learned from `corpus` to `base` until it has `target_size` pieces; write `out`.
 
     A temporary SentencePiece model of the base's type (BPE, unigram, ...) and normalization is
-    trained on the corpus; its NORMAL pieces that the base lacks are appended in its order. When
-    there are more than needed, single characters are kept first: a character left out is <unk> in
-    every text that uses it, while a left-out merge only costs a longer encoding.
+    trained on the corpus as inference presents it (inference_text.TextPath: normalised, CJK-split,
+    upper-cased), so no new piece holds text inference never gives SentencePiece. Its NORMAL pieces
+    that the base lacks are appended in its order. When there are more than needed, single
+    characters are kept first: a character left out is <unk> in every text that uses it, while a
+    left-out merge only costs a longer encoding.
     """
     base, out = Path(base), Path(out)
     base_model = read_model(base)
     load_processor(base_model, str(base))
     base_size = len(base_model.pieces)
     _check_extend_args(base, base_size, corpus, target_size, out)
+    text_path = TextPath.open(base, normalizer=normalizer)
     needed = target_size - base_size
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="spm-extend-") as tmp:
         text_file = Path(tmp) / "corpus.txt"
-        lines, n_chars = _write_training_text(corpus, text_file)
+        lines, n_chars = _write_training_text(corpus, text_file, text_path)
         if lines == 0:
             raise UserError(f"{', '.join(map(str, corpus))}: the corpus has no text; give a file with one "
                             'sentence a line, or JSONL with a "text" field')
@@ -151,7 +159,8 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
     return {"base": str(base), "out": str(out), "vocab": str(vocab),
             "model_type": MODEL_TYPES.get(base_model.model_type, "unknown"),
             "base_size": base_size, "new_size": len(extended.pieces), "added": needed,
-            "sample_new_pieces": [p.text for p in added[:_SHOW]], "warnings": warnings}
+            "sample_new_pieces": [p.text for p in added[:_SHOW]], "normalizer": text_path.normalizer_name,
+            "warnings": warnings + text_path.notes()}
 
 
 def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], target_size: int, out: Path) -> None:
@@ -255,13 +264,17 @@ def _score_new_pieces(new: list[Piece], base: SpmModel) -> list[Piece]:
 
 
 def check_tokenizer(model: Path, *, base: Path | None = None, base_vocab: int | None = None,
-                    sample_text: Path | None = None) -> dict:
+                    sample_text: Path | None = None, normalizer: str = "auto") -> dict:
     """Facts about a (possibly extended) tokenizer; `problems` lists what makes it unusable.
 
     Unreachable pieces use a cheap heuristic: a NORMAL piece is unreachable when encoding its own
     surface text (▁ as a space) does not produce it. A piece starting with ▁ is encoded as a word
     (with the dummy prefix); any other piece as a bare fragment (without it). Pieces that only arise
     inside longer words can be reported although real text reaches them.
+
+    The sample is measured through the official text path (inference_text.TextPath), so coverage is
+    what inference gets; new pieces with lower-case letters (a tokenizer grown from raw text) are a
+    problem, as inference upper-cases every text it gives SentencePiece.
     """
     model = Path(model)
     spm_model = read_model(model)
@@ -277,8 +290,12 @@ def check_tokenizer(model: Path, *, base: Path | None = None, base_vocab: int | 
         report["problems"].append(str(exc))
         return report
     _check_reachable(spm_model, base_size, report)
+    _check_lower_case(spm_model, base_size, report)
     if sample_text is not None:
-        report["sample"] = _sample_coverage(processor, Path(sample_text), base_size)
+        text_path = TextPath.open(model, normalizer=normalizer)
+        report["sample"] = _sample_coverage(processor, Path(sample_text), base_size, text_path)
+        report["normalizer"] = text_path.normalizer_name
+        report["warnings"] += text_path.notes()
         rate = report["sample"]["unk_char_rate"]
         report["sample_not_covered"] = rate > UNK_CHAR_WARN
         if report["sample_not_covered"]:
@@ -373,8 +390,27 @@ def _check_reachable(model: SpmModel, base_size: int | None, report: dict) -> No
                                   "(heuristic; their GPT rows may never train)")
 
 
-def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_size: int | None) -> dict:
-    """Token and character shares on sample text; characters are the normalized, non-space ones."""
+def _check_lower_case(model: SpmModel, base_size: int | None, report: dict) -> None:
+    """New pieces of two or more characters with a lower-case letter: IndexTTS2 inference upper-cases
+    every text of two or more characters, so it never produces them (their rows never train)."""
+    if base_size is None:
+        return
+    lower = [i for i in range(base_size, len(model.pieces)) if model.pieces[i].kind == NORMAL
+             and len(model.pieces[i].text.replace(_SPACE, "")) > 1
+             and any(ch != ch.upper() for ch in model.pieces[i].text)]
+    report["n_lower_case_extended"] = len(lower)
+    if lower:
+        shown = ", ".join(repr(model.pieces[i].text) for i in lower[:3])
+        report["problems"].append(f"{len(lower)} new piece(s) hold lower-case letters (e.g. {shown}), which IndexTTS2 "
+                                  "inference never produces (it upper-cases text): the tokenizer was grown from raw "
+                                  "text; grow the base again with extend-tokenizer, then re-encode the manifests "
+                                  "with `indextts-train tokenize`")
+
+
+def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_size: int | None,
+                     text_path: TextPath) -> dict:
+    """Token and character shares on sample text as inference presents it; characters are the
+    normalized, non-space ones."""
     unk = processor.unk_id()
     lines = tokens = chars = unk_tokens = unk_chars = ext_tokens = ext_chars = 0
     batch: list[str] = []
@@ -393,7 +429,7 @@ def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_siz
         batch.clear()
 
     for text in iter_text_lines(path):
-        batch.append(text)
+        batch.append(text_path.present(text))
         lines += 1
         if len(batch) == 1000:
             flush()
@@ -435,6 +471,7 @@ def render_tokenizer_report(report: dict) -> str:
             line += (f", extended pieces {s['extended_token_share']:.2%} of tokens / "
                      f"{s['extended_char_share']:.2%} of characters")
         lines.append(line)
+        lines.append(f"  sample presented as official inference does; normaliser: {report['normalizer']}")
     lines += [f"  warning: {w}" for w in report["warnings"]]
     lines += [f"  PROBLEM: {p}" for p in report["problems"]]
     verdict = {0: "OK", 1: "WARNING: the sample is not covered", 2: f"{len(report['problems'])} problem(s)"}

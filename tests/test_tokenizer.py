@@ -194,3 +194,80 @@ def test_parse_rejects_truncated_bytes(setup):
     data = setup["base"].read_bytes()
     with pytest.raises(UserError, match="not a SentencePiece model"):
         parse_model(data[:-3], "cut.model")  # the last field now runs past the end
+
+
+# ---------------------------------------------------------------------------------------------
+# the official text path (inference_text): what extend and check see is what inference encodes
+
+TEXT_REFERENCE = Path(__file__).parent / "data" / "reference" / "prepare" / "text"
+TINY_BPE = TEXT_REFERENCE / "bpe_tiny.model"  # 150 pieces, upper-case Latin, learned from presented text
+TURKISH = [
+    "Bugün hava çok güzel, Ayşe ile parka gidiyoruz.",
+    "Öğretmenimiz yarın sınavı erteleyeceğini söyledi.",
+    "İstanbul Boğazı'nda akşam güneşi batarken martılar uçuşuyordu.",
+    "Çocuklar bahçede top oynarken Ömer kitabını okuyordu.",
+    "Şehrin eski sokaklarında yürümek insana huzur veriyor.",
+    "Kahvaltıda peynir, zeytin, domates ve taze ekmek yedik.",
+    "Güzel bir günün ardından herkes evine döndü.",
+    "Ağaçların yaprakları sonbaharda sararıp dökülüyor.",
+    "Yağmur yağınca çiçekler daha canlı görünüyor.",
+    "Annem bize sıcak çorba ve ıhlamur hazırladı.",
+    "Öğrenciler kütüphanede sessizce çalışıyorlardı.",
+    "Dağların zirvesinde kar hâlâ erimemişti.",
+]
+
+
+def _grow_turkish(tmp_path: Path, monkeypatch=None) -> tuple[Path, Path]:
+    corpus = tmp_path / "turkish.txt"
+    corpus.write_text("\n".join(TURKISH) + "\n", encoding="utf-8")
+    out = tmp_path / "grown.model"
+    extend_tokenizer(TINY_BPE, [corpus], 150 + 40, out, normalizer="none")
+    return corpus, out
+
+
+def test_growth_from_mixed_case_latin_gives_only_pieces_inference_produces(tmp_path):
+    from indextts_train.inference_text import TextPath
+
+    corpus, out = _grow_turkish(tmp_path)
+    new = [p.text for p in read_model(out).pieces[150:]]
+    assert len(new) == 40
+    assert [p for p in new if any(ch != ch.upper() for ch in p)] == []
+    path = TextPath.open(out, normalizer="none")
+    assert [path.unknown(text) for text in TURKISH] == [[]] * len(TURKISH)
+    report = check_tokenizer(out, base=TINY_BPE, sample_text=corpus, normalizer="none")
+    assert report["problems"] == [] and report["n_lower_case_extended"] == 0
+    assert report["sample"]["unk_char_rate"] == 0.0
+    assert report["normalizer"] == "character map only"
+
+
+def test_check_finds_a_tokenizer_grown_from_raw_text(tmp_path, monkeypatch):
+    """What earlier versions did: pieces learned on the raw (mixed-case) text."""
+    from indextts_train.inference_text import TextPath
+
+    monkeypatch.setattr(TextPath, "present", lambda self, text, language=None: text)
+    corpus, out = _grow_turkish(tmp_path)
+    monkeypatch.undo()
+    report = check_tokenizer(out, base=TINY_BPE, sample_text=corpus, normalizer="none")
+    assert report["n_lower_case_extended"] > 0
+    (problem,) = [p for p in report["problems"] if "lower-case" in p]
+    assert "grown from raw text" in problem and "indextts-train tokenize" in problem
+    assert report["sample"]["unk_char_rate"] > 0  # the official path finds unknown text in its own corpus
+
+
+def test_check_coverage_equals_the_official_encoding(tmp_path):
+    """unk and token counts from check-tokenizer equal those of the official pieces of text_cases.json."""
+    cases = json.loads((TEXT_REFERENCE / "text_cases.json").read_text(encoding="utf-8"))["cases"]
+    plain = [c for c in cases if c["text"].strip() and c["normalized"] in (None, c["text"]) or c["id"] in
+             ("zh_plain", "punctuation")]  # texts the character map alone presents as WeTextProcessing does
+    sample = tmp_path / "sample.txt"
+    sample.write_text("\n".join(c["text"] for c in plain) + "\n", encoding="utf-8")
+    report = check_tokenizer(TINY_BPE, base_vocab=100, sample_text=sample, normalizer="none")["sample"]
+    tokens = sum(len(c["ids"]) for c in plain)
+    chars = sum(len(p.replace("\u2581", "")) for c in plain for p in c["pieces"])
+    unk_chars = sum(len(p.replace("\u2581", "")) for c in plain for p, i in zip(c["pieces"], c["ids"], strict=True)
+                    if i == 2)
+    assert {c["id"] for c in plain} == {"en_plain", "zh_plain", "punctuation", "amharic", "single_char_latin",
+                                        "single_char_cjk"}
+    assert (report["lines"], report["tokens"], report["characters"]) == (len(plain), tokens, chars)
+    assert report["unk_char_rate"] == unk_chars / chars
+    assert report["unk_token_rate"] == sum(c["n_unk"] for c in plain) / tokens
