@@ -62,12 +62,12 @@ def in_val_by_hash(uid: str, fraction: float) -> bool:
 
 
 def _choose(target: dict, candidates: list[dict], k: int, seed: int) -> list[dict]:
-    others = [u for u in candidates if u["id"] != target["id"]]
+    others = sorted((u for u in candidates if u["id"] != target["id"]), key=lambda u: u["id"])  # a set, not an order
     if not others:
         return []
     rng = np.random.default_rng([seed, stable_hash(target["id"])])
     picked = rng.choice(len(others), size=min(k, len(others)), replace=False)
-    return [others[i] for i in sorted(picked)]
+    return [others[i] for i in sorted(picked)]  # by id: the manifest does not depend on the draw order
 
 
 def make_pairs(kept: list[dict], rule: SplitRule) -> Pairs:
