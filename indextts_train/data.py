@@ -423,6 +423,9 @@ class ManifestDataset(Dataset):
                               max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
                   fields, record["_source"], self.text_source, self.mel_specials)
+        if "spk_emb" in arrays:  # 2.5 text: no start/stop id inside, the language tag first (as check-data)
+            data_v25.check_text_ids(arrays["text_ids"][:text_len], int(self.index.lang_ids[i]),
+                                    data_v25.tag_base(self.text_vocab), record[fields["text_ids"]], record["_source"])
         features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
                      "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays
                     else {"condition": torch.from_numpy(arrays["condition"].astype(np.float32))})  # (32, D)

@@ -155,3 +155,38 @@ def test_check_data_passes_the_reference_and_counts_languages():
     report = check_manifests([TINY / "pairs.jsonl"], vocab_size=1773)
     assert report["lines_bad"] == 0 and report["languages"] == {"en": 1, "ja": 1, "tr": 1}
     assert report["checked_against"]["language_tag_base"] == 102
+
+
+@pytest.mark.parametrize("case, message", [
+    ("start_id", "tgt1.npy holds id 1 at position 3; ids 0 and 1 are the GPT's start/stop"),
+    ("tag", r"starts with id 94, not the tag <\|ja\|> \(109\) of lang_id 7"),
+])
+def test_training_reads_refuse_bad_25_text_ids_by_file_and_line(data: Path, case: str, message: str):
+    """What train-gpt and evaluate read (ManifestDataset) applies check-data's 2.5 text rules."""
+    ids = data / "text_ids" / "tgt1.npy"
+    if case == "start_id":
+        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
+    else:
+        np.save(ids, np.load(ids)[1:])
+        lines = lines_of(data / "pairs.jsonl")
+        lines[1]["target_text_len"] -= 1
+        write(data / "pairs.jsonl", lines)
+    index = ManifestIndex.build([data / "pairs.jsonl"], family=FAMILY_V25)
+    dataset = ManifestDataset(index, model_dim=64, text_vocab=1773)  # a full vocabulary: tags are known
+    dataset[0], dataset[2]  # the good lines load
+    with pytest.raises(UserError, match=f"pairs.jsonl:2: .*{message}"):
+        dataset[1]
+
+
+def test_evaluate_refuses_a_start_stop_id_in_25_text(data: Path):
+    from typer.testing import CliRunner
+
+    from indextts_train.cli import app
+
+    ids = data / "text_ids" / "tgt1.npy"
+    np.save(ids, np.array([109, 0, *np.load(ids)[2:]], np.int32))
+    result = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(TINY / "gpt.pth"), "--manifest",
+                                      str(data / "pairs.jsonl"), "--config", str(TINY / "config.yaml")])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: {data / 'pairs.jsonl'}:2: ") and "holds id 0 at position 1" in line, line
