@@ -11,6 +11,7 @@ after every rank is done, from the records, in corpus order: the same bytes what
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -84,12 +85,13 @@ def audio_duration(path: str) -> float | str:
     """Seconds from the file header (no decoding), or why the file cannot be read."""
     import soundfile
 
+    if not os.path.isfile(path):
+        return "audio: file not found"
     try:
         info = soundfile.info(path)
-    except FileNotFoundError:
-        return "audio: file not found"
     except Exception as exc:  # soundfile raises several types for unreadable files; each is one rejection
-        return f"audio: unreadable ({type(exc).__name__})"
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        return f"audio: unreadable ({detail})"
     return info.frames / info.samplerate if info.samplerate > 0 else "audio: unreadable (no sample rate)"
 
 

@@ -30,7 +30,7 @@ TINY_W2V_WIDTH = 32
 CLIP_RATE = 16_000
 
 
-def _base_gpt(config_path: Path, path: Path, width: int, seed: int) -> None:
+def write_tiny_gpt(config_path: Path, path: Path, width: int, seed: int) -> None:
     """A random gpt.pth of the config whose conditioning front-ends take `width`-wide features."""
     gpt = load_config(config_path).gpt
     torch.manual_seed(seed)
@@ -66,7 +66,7 @@ def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, 
     config_path = model_dir / "config.yaml"
     atomic_write_text(config_path, yaml.safe_dump(raw, sort_keys=False))
     atomic_write_bytes(model_dir / TOKENIZER_NAMES[is_v25], tokenizer.read_bytes())
-    _base_gpt(config_path, model_dir / "gpt.pth", TINY_W2V_WIDTH, seed)
+    write_tiny_gpt(config_path, model_dir / "gpt.pth", TINY_W2V_WIDTH, seed)
     return model_dir
 
 
