@@ -151,3 +151,12 @@ def test_foreign_output_folder_and_nothing_usable(tmp_path, fake_models) -> None
     options = _options(tmp_path, bad)
     options.out = tmp_path / "out2"
     assert run_prepare(options) == 2
+
+
+def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, fake_models) -> None:
+    corpus = _corpus(tmp_path)
+    run_prepare(_options(tmp_path, corpus))
+    stale = tmp_path / "out" / "codes" / ".utt0000.npy.tmp-99999"
+    stale.write_bytes(b"half")
+    assert run_prepare(_options(tmp_path, corpus)) == 1
+    assert not stale.exists()

@@ -98,6 +98,7 @@ class OutputFolder:
                 if changed:
                     raise UserError(f"{self.root}: prepared with other {', '.join(changed)}; rerun with --restart "
                                     "to start over (it removes prepare's files there), or use another --out")
+                self.remove_stale_temp_files()
                 return
         else:
             foreign = [name for name in (*MANIFESTS, RECORDS) if (self.root / name).exists()]
@@ -106,6 +107,17 @@ class OutputFolder:
                                 "use an empty or new folder")
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True) + "\n")
+
+    def remove_stale_temp_files(self) -> int:
+        """Temp files a killed run left in prepare's own folders (`.NAME.tmp-PID`, see atomic.py)."""
+        removed = 0
+        for name in (RECORDS, *ARRAY_FOLDERS):
+            folder = self.root / name
+            if folder.is_dir():
+                for stale in folder.glob(".*.tmp-*"):
+                    stale.unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     def _previous_settings(self, path: Path) -> dict:
         try:
