@@ -98,6 +98,23 @@ def test_a_segment_is_the_same_samples_as_slicing_the_whole_file() -> None:
     assert np.array_equal(part, whole[4000:12000]) and rate == 16000
 
 
+def test_an_mp3_clip_loads_like_any_other(tmp_path) -> None:
+    if "MP3" not in soundfile.available_formats():
+        pytest.skip("this libsndfile has no MP3 support")
+    tone = (0.3 * np.sin(np.arange(24000) * 2 * np.pi * 440 / 24000)).astype(np.float32)
+    path = tmp_path / "clip.mp3"
+    soundfile.write(path, tone, 24000, format="MP3")
+    mono, rate = load_audio(path)
+    assert rate == 24000 and mono.dtype == np.float32 and abs(mono.shape[0] - 24000) < 2400
+    assert speaker_wave(mono, rate, 15.0).shape == (sinc_output_length(int(np.ceil(mono.shape[0] * 22050 / 24000)),
+                                                                       22050, 16000),)
+
+
+def test_an_offset_past_the_end_is_a_reason_not_a_crash() -> None:
+    with pytest.raises(AudioError, match="offset 3 s lies outside"):
+        load_audio(ORACLE / "audio" / "c_16k_mono_pcm16.wav", offset_seconds=3.0)
+
+
 @pytest.mark.parametrize("case", ["missing", "garbage", "empty", "nan", "too_long"])
 def test_bad_audio_raises_audio_error_with_a_reason(tmp_path, case: str) -> None:
     path = tmp_path / f"{case}.wav"

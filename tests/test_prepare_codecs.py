@@ -15,6 +15,7 @@ from indextts_train.prepare.codecs import (
     SemanticCodec,
     codec_config,
     codec_shapes,
+    exact_float32,
     valid_code_count,
     write_tiny_codec,
 )
@@ -47,6 +48,15 @@ def _array(path: str) -> torch.Tensor:
 
 def _official(folder: str, name: str) -> torch.Tensor:
     return _array(f"{folder}/codes.{name}.npy")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny codecs' ops are too small to share out: on a busy machine threads only wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -196,3 +206,23 @@ def test_tiny_codec_is_seeded_loadable_and_never_overwrites(tmp_path, family: st
     assert codes.shape == (valid_code_count(40, codec.frames_per_code),)
     assert len(set(codes.tolist())) > 3  # a working codec spreads over its codebook
     assert torch.equal(codec.codes_batch(torch.stack([feat, feat]))[1], codes)
+
+
+def test_exact_float32_switches_tf32_off_and_restores_the_callers_settings() -> None:
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with exact_float32():
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_feature_width_other_than_the_codecs_is_one_line_before_any_clip(codec_and_folder) -> None:
+    codec, _ = codec_and_folder
+    codec.require_width(32, "w2v-bert-2.0")
+    with pytest.raises(UserError, match="w2v-bert-2.0: w2v-BERT features are 1024 wide .*hidden_size is 32"):
+        codec.require_width(1024, "w2v-bert-2.0")
+    with pytest.raises(ValueError):
+        codec.codes(torch.zeros(0, 32))

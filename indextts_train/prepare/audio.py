@@ -38,6 +38,22 @@ def _read_error(path: Path, exc: BaseException) -> AudioError:
     return AudioError(f"unreadable audio file {path}: {first}")
 
 
+def _read_segment(handle, offset_seconds: float, duration_seconds: float | None,
+                  max_seconds: float | None) -> np.ndarray:
+    """The selected frames of an open soundfile as float32 (N, channels), bounded by max_seconds."""
+    rate, total = int(handle.samplerate), int(handle.frames)
+    start = int(offset_seconds * rate)
+    if start < 0 or (start > 0 and start >= total):
+        raise AudioError(f"offset {offset_seconds:g} s lies outside the {total / rate:.2f} s of the file")
+    frames = total - start if duration_seconds is None else int(duration_seconds * rate)
+    frames = max(0, min(frames, total - start))
+    if max_seconds is not None and frames > max_seconds * rate:
+        raise AudioError(f"{frames / rate:.1f} s of audio, more than the {max_seconds:g} s this reads")
+    if start > 0:
+        handle.seek(start)
+    return handle.read(frames, dtype="float32", always_2d=True)
+
+
 def load_audio(path: Path, *, offset_seconds: float = 0.0, duration_seconds: float | None = None,
                max_seconds: float | None = MAX_LOAD_SECONDS) -> tuple[np.ndarray, int]:
     """float32 mono samples at the file's own rate, read as librosa.load(mono=True, sr=None) reads them.
@@ -52,14 +68,7 @@ def load_audio(path: Path, *, offset_seconds: float = 0.0, duration_seconds: flo
     try:
         with soundfile.SoundFile(str(path)) as handle:
             rate = int(handle.samplerate)
-            start = int(offset_seconds * rate)
-            frames = handle.frames - start if duration_seconds is None else int(duration_seconds * rate)
-            frames = max(0, min(frames, handle.frames - start))
-            if max_seconds is not None and frames > max_seconds * rate:
-                raise AudioError(f"{frames / rate:.1f} s of audio, more than the {max_seconds:g} s this reads")
-            if start > 0:
-                handle.seek(start)
-            data = handle.read(frames, dtype="float32", always_2d=True)  # (N, channels)
+            data = _read_segment(handle, offset_seconds, duration_seconds, max_seconds)  # (N, channels)
     except AudioError:
         raise
     except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, OSError, TypeError, ...
@@ -122,7 +131,7 @@ def sinc_resample(wave: np.ndarray, orig: int, new: int) -> np.ndarray:
     kernel, width = sinc_kernel(orig_r, new_r)
     x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))[None, None]  # (1, 1, N)
     x = F.pad(x, (width, width + orig_r))
-    with torch.inference_mode():
+    with torch.no_grad():
         phases = F.conv1d(x, kernel, stride=orig_r)  # (1, new_r, periods): one output per phase and period
     out = phases[0].transpose(0, 1).reshape(-1)  # (periods * new_r,) in time order
     return out[: sinc_output_length(wave.shape[0], orig, new)].numpy().copy()

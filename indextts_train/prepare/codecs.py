@@ -13,7 +13,8 @@ batch-size-1 inference gets. Weights load strictly: every expected key with its 
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -81,6 +82,21 @@ def _backbone_shapes(prefix: str, cfg: CodecConfig) -> dict[str, tuple[int, ...]
     return shapes
 
 
+@contextmanager
+def exact_float32() -> Iterator[None]:
+    """Run CUDA matmuls and convolutions in true float32, not TF32, then restore the settings.
+
+    TF32 keeps 10 mantissa bits (~1e-3 relative): enough to move layer-17 features past their 1e-4
+    tolerance and codes past their 1e-3 score margin. No effect on the CPU.
+    """
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def codec_shapes(cfg: CodecConfig) -> dict[str, tuple[int, ...]]:
     """Every key and shape of the official codec's state dict (RepCodec / EnhancedCodec)."""
     hidden, code_dim = cfg.hidden_size, cfg.codebook_dim
@@ -122,7 +138,7 @@ def valid_code_count(n_valid_frames: int, frames_per_code: int) -> int:
 
 
 class _Codec:
-    """The quantize path of both official codecs, on plain tensors, in inference mode."""
+    """The quantize path of both official codecs, on plain tensors, without autograd."""
 
     frames_per_code = 1
     what = "a codec"
@@ -139,6 +155,12 @@ class _Codec:
         self.in_project = (direction * (gain / direction.norm(dim=(1, 2), keepdim=True)))[:, :, 0]  # (code_dim, H)
         self.in_bias = self.weights[f"{quantizer}.in_project.bias"]
         self.codebook = F.normalize(self.weights[f"{quantizer}.codebook.weight"])  # (K, code_dim)
+
+    def require_width(self, width: int, source: str) -> None:
+        """One line, before any clip runs, when the features' width (w2v-BERT's) is not the codec's input."""
+        if width != self.cfg.hidden_size:
+            raise UserError(f"{source}: w2v-BERT features are {width} wide but the codec's {SECTION}.hidden_size "
+                            f"is {self.cfg.hidden_size}; the codec and the w2v-BERT model do not belong together")
 
     def _backbone(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, T) -> (B, T, H): Vocos ConvNeXt encoder, then its Linear back to H."""
@@ -174,7 +196,7 @@ class _Codec:
         padding a shorter clip changes its last codes (see the module docstring)."""
         if feats.dim() != 3 or feats.shape[-1] != self.cfg.hidden_size or feats.shape[1] == 0:
             raise ValueError(f"codec input must be (B, T>0, {self.cfg.hidden_size}), got {tuple(feats.shape)}")
-        with torch.inference_mode():
+        with torch.no_grad(), exact_float32():  # not inference_mode: callers may edit the codes in place
             x = feats.to(device=self.device, dtype=torch.float32)
             return self._nearest(self._backbone(self._front(x))).to("cpu", torch.int64)
 
@@ -216,6 +238,9 @@ class EnhancedCodec(_Codec):
         return F.gelu(x)  # (B, H, ceil(T / 2))
 
 
+CODECS = {FAMILY_V2: SemanticCodec, FAMILY_V25: EnhancedCodec}  # the codec whose codes each family's GPT reads
+
+
 def _read_safetensors(path: Path, expected: Mapping[str, tuple[int, ...]], what: str) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
@@ -229,7 +254,7 @@ def _read_safetensors(path: Path, expected: Mapping[str, tuple[int, ...]], what:
     except UserError:
         raise
     except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
-        raise UserError(f"{path}: not a readable safetensors file ({_first_line(exc)}); expected {what}") from exc
+        raise UserError(f"{path}: not a readable safetensors file ({first_line(exc)}); expected {what}") from exc
 
 
 def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: str) -> dict[str, torch.Tensor]:
@@ -238,7 +263,7 @@ def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: s
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)  # no pickled code from a downloaded file
     except Exception as exc:
-        raise UserError(f"{path}: cannot be read as a weights-only torch file ({_first_line(exc)}); "
+        raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
                         f"expected {what}") from exc
     state = obj.get("model") if isinstance(obj, Mapping) else None
     if not isinstance(state, Mapping):
@@ -250,7 +275,8 @@ def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: s
     return dict(state)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line, for one-line errors."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
