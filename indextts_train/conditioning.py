@@ -26,8 +26,9 @@ last valid frames. `prepare` therefore runs each clip alone, or batches clips of
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,19 @@ class Encoder:
     blocks: int
     heads: int  # conformer heads; the perceiver's own count comes from its to_q rows
     perceiver_heads: int
+
+
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """No TF32 inside the block (the flags are restored after). cuDNN runs fp32 convolutions in TF32
+    by default and training turns TF32 matmuls on; its ~1e-3 relative rounding is above the
+    reference tolerance (1e-4) for prepared features."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def official_lengths(frames: int, batch: int = 1) -> Tensor:
@@ -196,6 +210,12 @@ class ConditioningEncoders:
                             "widths; it is not a UnifiedVoice checkpoint")
         return cls(weights, cond, emo, torch.device(device))
 
+    def require_width(self, width: int, source: str) -> None:
+        """One line (UserError) when the features of `source` (the w2v-BERT model) will not fit these encoders."""
+        if (width - 1) // 2 != self.input_bins:
+            raise UserError(f"{source} gives {width}-wide features but the GPT's speaker/emotion encoders take "
+                            f"{self.width}-wide ones; use the w2v-BERT model that belongs to this gpt.pth")
+
     def _inputs(self, feats: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
         if feats.dim() != 3 or (feats.shape[-1] - 1) // 2 != self.input_bins:
             raise ValueError(f"expected features (B, T, {self.width}), got {tuple(feats.shape)}")
@@ -212,16 +232,19 @@ class ConditioningEncoders:
         if self.cond is None:
             raise ValueError("IndexTTS-2.5 has no conditioning encoder: its speaker input is the CAMPPlus vector")
         feats, lengths = self._inputs(feats, lengths)
-        states, keep = _conformer(feats, lengths, self.weights, self.cond)
-        return _perceiver(states, keep, self.weights, self.cond.perceiver, self.cond.perceiver_heads).float().cpu()
+        with full_float32():
+            states, keep = _conformer(feats, lengths, self.weights, self.cond)
+            condition = _perceiver(states, keep, self.weights, self.cond.perceiver, self.cond.perceiver_heads)
+        return condition.float().cpu()
 
     @torch.inference_mode()
     def emo_vec_batch(self, feats: Tensor, lengths: Tensor | None = None) -> Tensor:
         """(B, T, W) -> (B, D) float32 on the CPU; the same batching caveat as condition_batch."""
         feats, lengths = self._inputs(feats, lengths)
-        states, keep = _conformer(feats, lengths, self.weights, self.emo)
-        pooled = _perceiver(states, keep, self.weights, self.emo.perceiver, self.emo.perceiver_heads)[:, 0]
-        emo = _linear(_linear(pooled, self.weights, "emovec_layer"), self.weights, "emo_layer")
+        with full_float32():
+            states, keep = _conformer(feats, lengths, self.weights, self.emo)
+            pooled = _perceiver(states, keep, self.weights, self.emo.perceiver, self.emo.perceiver_heads)[:, 0]
+            emo = _linear(_linear(pooled, self.weights, "emovec_layer"), self.weights, "emo_layer")
         return emo.float().cpu()
 
     def condition(self, feat: Tensor) -> Tensor:

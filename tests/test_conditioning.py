@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from indextts_train.conditioning import ConditioningEncoders, official_lengths
-from indextts_train.config import load_config
+from indextts_train.conditioning import ConditioningEncoders, full_float32, official_lengths
+from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.layout import load_base_checkpoint
 from tests.conftest import REFERENCE
@@ -18,14 +18,23 @@ CPU = torch.device("cpu")
 EMO_KEYS = ("emo_conditioning_encoder.", "emo_perceiver_encoder.", "emovec_layer.", "emo_layer.")
 
 
-def _carried(folder: str) -> tuple[dict, object]:
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small ops on a busy shared CPU: thread hand-offs cost more than they save."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _carried(folder: str) -> tuple[dict, GPTConfig]:
     cfg = load_config(REFERENCE / folder / "config.yaml").gpt
     _, carried, _ = load_base_checkpoint(REFERENCE / folder / "gpt.pth", cfg)
     return carried, cfg
 
 
 @pytest.fixture(scope="module")
-def v2() -> tuple[dict, object]:
+def v2() -> tuple[dict, GPTConfig]:
     return _carried("tiny")
 
 
@@ -60,6 +69,9 @@ def test_single_clip_equals_official(encoders: ConditioningEncoders, frames: int
 
 def test_width_read_from_the_weights(encoders: ConditioningEncoders) -> None:
     assert encoders.width == 1024
+    encoders.require_width(1024, "w2v-bert-2.0")
+    with pytest.raises(UserError, match="tiny-w2v gives 32-wide features .* take 1024-wide"):
+        encoders.require_width(32, "tiny-w2v")
     with pytest.raises(ValueError, match=r"\(B, T, 1024\)"):
         encoders.condition(torch.zeros(23, 32))
 
@@ -171,3 +183,41 @@ def test_missing_encoders_are_one_line(v2) -> None:
     without = {k: v for k, v in carried.items() if not k.startswith("perceiver_encoder.")}
     with pytest.raises(UserError, match="has no perceiver_encoder"):
         ConditioningEncoders.from_gpt(without, cfg, CPU)
+
+
+def _record_tf32(monkeypatch) -> list[tuple[bool, bool]]:
+    """Wraps F.conv1d to record the TF32 flags each call runs under."""
+    seen: list[tuple[bool, bool]] = []
+    conv1d = torch.nn.functional.conv1d
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return conv1d(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", spy)
+    return seen
+
+
+@pytest.fixture
+def tf32_on():
+    """Both TF32 flags on, as a training run on an Ampere GPU leaves them; restored after."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_encoders_run_without_tf32(encoders: ConditioningEncoders, monkeypatch, tf32_on) -> None:
+    """A GPU would otherwise run the convolutions in TF32 (cuDNN's default, and training turns it on)."""
+    seen = _record_tf32(monkeypatch)
+    encoders.emo_vec(_feat(23))
+    encoders.condition(_feat(23))
+    assert seen and set(seen) == {(False, False)}
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32  # restored
+
+
+def test_full_float32_restores_after_an_error(tf32_on) -> None:
+    with pytest.raises(RuntimeError, match="boom"), full_float32():
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        raise RuntimeError("boom")
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from indextts_train.conditioning import full_float32
 from indextts_train.errors import UserError
 
 # Kaldi fbank settings (the torchaudio defaults that matter, at 16 kHz).
@@ -51,6 +52,7 @@ BN_EPS = 1e-5
 # frames, i.e. 720 samples. Shorter input would give NaN (the official code does not check).
 MIN_FBANK_FRAMES = 3
 MIN_SAMPLES = FRAME_LENGTH + (MIN_FBANK_FRAMES - 1) * FRAME_SHIFT
+MAX_WEIGHTS_BYTES = 1 << 30  # campplus_cn_common.bin is 28 MB; a larger file is not a speaker encoder
 
 
 def _mel(hz: Tensor | float) -> Tensor | float:
@@ -204,9 +206,11 @@ def read_state_dict(path: Path, what: str) -> dict[str, Tensor]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file ({what})")
+    if path.stat().st_size > MAX_WEIGHTS_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size} bytes is too large for the {what}; check the path")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's to replace, with the reason
+    except Exception as exc:  # any unreadable file is the user's to replace: say why, no traceback
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: cannot read the {what} ({reason}); download it again") from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
@@ -301,7 +305,8 @@ class CampPlus:
                              f"(a waveform of at least {MIN_SAMPLES} samples); got {tuple(fbank.shape)}")
         feat = fbank.to(self.device, torch.float32)
         feat = feat - feat.mean(dim=0, keepdim=True)  # per-utterance mean of each bin, as 2.5 inference
-        embedding = _xvector(_head(feat.T[None], self.weights), self.weights)  # (1, 192)
+        with full_float32():
+            embedding = _xvector(_head(feat.T[None], self.weights), self.weights)  # (1, 192)
         return embedding[0].float().cpu().numpy()
 
     def speaker_vector(self, wave16k: np.ndarray) -> np.ndarray:
