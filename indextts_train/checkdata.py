@@ -31,6 +31,7 @@ from indextts_train.data import (
     resolve_paths,
 )
 from indextts_train.errors import UserError
+from indextts_train.inference_text import TextPath
 
 
 @dataclass
@@ -44,6 +45,8 @@ class _CheckStats:
     durations: dict[str, float] = field(default_factory=dict)
     text_tokens: int = 0
     extended_tokens: int = 0
+    text_compared: int = 0  # lines whose text_ids were compared with their text's presented encoding
+    text_not_compared: int = 0  # ... and lines with digits only WeTextProcessing spells as inference does
 
 
 @dataclass
@@ -61,6 +64,7 @@ class _Limits:
     borrowed: dict[str, int] = field(default_factory=dict)
     text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
     mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
+    text_path: TextPath | None = None  # the tokenizer's official text path: text_ids must be its encoding
 
 
 def _check_speakers(obj: dict, where: str) -> None:
@@ -103,6 +107,8 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
     if lang_id is not None:
         data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
         obj.setdefault("language", data_v25.language_code(lang_id))
+    if limits.text_path is not None:
+        _check_text(obj, fields["text_ids"], text_ids, where, limits.text_path, stats)
     stats.text_lengths.append(text_len)
     stats.code_lengths.append(code_len)
     speaker = obj.get("target_speaker", obj.get("speaker"))
@@ -119,6 +125,48 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
         stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
 
 
+def _shown_ids(ids: list[int]) -> str:
+    head = ", ".join(map(str, ids[:12]))
+    return f"[{head}{', ...' if len(ids) > 12 else ''}] ({len(ids)} ids)"
+
+
+def _raw_encoding(text_path: TextPath, text: str, language: str | None) -> list[int]:
+    """What earlier versions stored: the raw text encoded without the official presentation."""
+    if text_path.processor is not None:
+        return text_path.processor.encode(text)
+    raw = text_path.encoding.encode(f"<|{language}|> {text}", allowed_special="all")
+    return [token for token in raw if token not in data_v25.START_STOP_IDS]
+
+
+def _check_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str, text_path: TextPath,
+                stats: _CheckStats) -> None:
+    """A line that carries its text: text_ids must be that text as official inference encodes it."""
+    text_field = "text" if ids_field == "text_ids_path" else "target_text"
+    text, language = obj.get(text_field), obj.get("language")
+    if not isinstance(text, str) or not text.strip():
+        return
+    if text_path.inexact(text, language):
+        stats.text_not_compared += 1
+        return
+    try:
+        expected, stored = text_path.encode(text, language), text_ids.tolist()
+    except UserError as exc:  # its language (--strict-language) or bytes the vocabulary lacks
+        raise UserError(f"{where}: {text_field}: {exc}") from None
+    stats.text_compared += 1
+    if stored == expected:
+        return
+    redo = (f"re-encode with `indextts-train tokenize MANIFEST --tokenizer {text_path.tokenizer} --out NEW_DIR`")
+    if stored == _raw_encoding(text_path, text, language):
+        raise UserError(f"{where}: {ids_field} is the raw text's encoding, made without the official text path "
+                        f"(normaliser, {'case rule' if language else 'upper case, CJK split'}); inference gives "
+                        f"the model {_shown_ids(expected)}: {redo}")
+    at = next((i for i, (a, b) in enumerate(zip(stored, expected, strict=False)) if a != b),
+              min(len(stored), len(expected)))
+    raise UserError(f"{where}: {ids_field} {_shown_ids(stored)} differs at position {at} from its {text_field} as "
+                    f"inference encodes it {_shown_ids(expected)}; {redo} (or pass the tokenizer the data was "
+                    "made with)")
+
+
 def _distribution(values: array) -> dict[str, float] | None:
     if not values:
         return None
@@ -129,14 +177,18 @@ def _distribution(values: array) -> dict[str, float] | None:
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
                     vocab_size: int | None = None, base_vocab: int | None = None,
-                    borrowed: dict[str, int] | None = None) -> dict:
+                    borrowed: dict[str, int] | None = None, text_path: TextPath | None = None) -> dict:
     """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
 
     Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
     the good lines. Text ids are checked against `vocab_size`, else gpt_cfg.number_text_tokens.
     IndexTTS-2.5 lines also: the 192-d speaker vector, the language row, no 0/1 text ids, and the
-    language tag first (when the vocabulary is a full tiktoken one).
+    language tag first (when the vocabulary is a full tiktoken one). With `text_path` (the
+    tokenizer's official text path), a line that carries its text (`text` / `target_text`) must hold
+    that text's presented encoding as its text ids.
     """
+    if vocab_size is None and text_path is not None:
+        vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
     limits = _Limits(
         max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
@@ -149,6 +201,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         borrowed=borrowed or {},
         text_vocab_from_tokenizer=vocab_size is not None,
         mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
+        text_path=text_path,
     )
     files = [str(p) for p in paths]
     stats = _CheckStats()
@@ -185,6 +238,9 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "durations_s": {name: round(total, 3) for name, total in stats.durations.items()},
         "extended_token_share": (stats.extended_tokens / stats.text_tokens
                                  if base_vocab is not None and stats.text_tokens else None),
+        "text": None if text_path is None else {
+            "normalizer": text_path.normalizer_name, "compared": stats.text_compared,
+            "not_compared": stats.text_not_compared, "notes": text_path.notes()},
     }
 
 
@@ -214,6 +270,13 @@ def render_check_report(report: dict) -> str:
     if share is not None:
         lines.append(f"extended-vocabulary tokens (id >= {report['checked_against']['base_vocab']}): "
                      f"{100 * share:.1f}% of text tokens")
+    text = report.get("text")
+    if text:
+        lines.append(f"text ids compared with the text as official inference encodes it: {text['compared']} line(s) "
+                     f"(normaliser: {text['normalizer']})")
+        if text["not_compared"]:
+            lines.append(f"  not compared: {text['not_compared']} line(s) with digits, which only WeTextProcessing "
+                         "presents as inference does")
     if report["errors"]:
         shown = len(report["errors"])
         lines.append(f"errors (first {shown} of {report['lines_bad']}):")
@@ -225,9 +288,8 @@ def render_check_report(report: dict) -> str:
 # Clean manifest
 
 
-def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
-    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
-    obj = json.loads(raw)
+def relocate_paths(obj: dict, from_dir: str, to_dir: str) -> dict:
+    """`obj` with its relative `*_path` values re-written to point at the same files from `to_dir`."""
     for key, value in obj.items():
         if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value):
             target = os.path.normpath(os.path.join(from_dir, value))
@@ -235,6 +297,12 @@ def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
                 obj[key] = os.path.relpath(target, to_dir)
             except ValueError:  # another drive on Windows: no relative path exists
                 obj[key] = target
+    return obj
+
+
+def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
+    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
+    obj = relocate_paths(json.loads(raw), from_dir, to_dir)
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 

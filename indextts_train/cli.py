@@ -257,6 +257,8 @@ def check_data(
     tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece .model or .tiktoken: text ids must be below its size (2.5: and start with the language tag).")] = None,
     base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, to report the share of extended tokens.")] = None,
     borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP + " With --tokenizer, a line's text_ids must be its text (text / target_text) as inference encodes it.")] = "auto",
+    strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -268,12 +270,14 @@ def check_data(
     def run() -> dict:
         from indextts_train.config import load_config
         from indextts_train.data_v25 import parse_borrowed
-        from indextts_train.vocab import tokenizer_size
+        from indextts_train.inference_text import TextPath
 
         gpt_cfg = load_config(config).gpt if config else None
-        vocab = tokenizer_size(tokenizer) if tokenizer else None
-        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=vocab, base_vocab=base_vocab,
-                                 borrowed=parse_borrowed(borrow_language))
+        borrowed = parse_borrowed(borrow_language)
+        text_path = (TextPath.open(tokenizer, normalizer=normalizer, strict_language=strict_language,
+                                   borrowed=borrowed) if tokenizer else None)
+        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=text_path.size if text_path else None,
+                                 base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:
             write_clean.parent.mkdir(parents=True, exist_ok=True)  # as export does for its outputs
             write_clean_manifest(report, write_clean)
@@ -283,6 +287,9 @@ def check_data(
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_check_report(report))
     if write_clean is not None and not as_json:
         typer.echo(f"clean manifest: {write_clean}")
+    if report["text"] and not as_json:
+        for note in report["text"]["notes"]:
+            typer.echo(f"warning: {note}", err=True)
     raise typer.Exit(2 if report["lines_bad"] else 0)
 
 
@@ -370,6 +377,29 @@ def extend_tokenizer(
     summary = run_guarded(run_extend, base, corpus, target_size, output, normalizer=normalizer)
     typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
     say_text_path(summary["normalizer"], summary["warnings"])
+
+
+@app.command()
+def tokenize(
+    manifest: Annotated[list[Path], typer.Argument(help="Manifest JSONL file(s) whose lines carry their text (text / target_text / prompt_text).")],
+    tokenizer: Annotated[Path, typer.Option(help="SentencePiece .model (IndexTTS2) or .tiktoken (IndexTTS-2.5) to encode with.")],
+    out: Annotated[Path, typer.Option(help="New folder for the re-encoded manifests and text-id arrays (the originals stay untouched).")],
+    normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
+    strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
+    borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE encodes language NEW with the tag of CODE; repeatable.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Re-encode the text of manifest lines as inference does (run it after extend-tokenizer). Exit 1 when some lines cannot be encoded, 2 when none can."""
+    from indextts_train.data_v25 import parse_borrowed
+    from indextts_train.retokenize import render_tokenize_report, tokenize_exit_code, tokenize_manifests
+
+    borrowed = run_guarded(parse_borrowed, borrow_language)
+    report = run_guarded(tokenize_manifests, manifest, tokenizer, out, normalizer=normalizer,
+                         strict_language=strict_language, borrowed=borrowed)
+    typer.echo(json.dumps(report, indent=1) if as_json else render_tokenize_report(report))
+    if not as_json:
+        say_text_path(report["normalizer"], report["notes"])
+    raise typer.Exit(tokenize_exit_code(report))
 
 
 class Pick(str, Enum):

@@ -55,7 +55,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     base = paths["base_checkpoint"]
     print(f"demo data prepared in {out_dir / 'data' / 'prepared'} from synthetic clips by tiny random models in "
           f"{paths['model_dir']}: base tokenizer {paths['base_tokenizer']}, extended tokenizer {paths['tokenizer']}, "
-          f"base checkpoint {base}")
+          f"base checkpoint {base}; text presented as official inference does, normaliser: {paths['normalizer']}")
     run_dir = out_dir / "run"
     code = train(TrainOptions(
         train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],

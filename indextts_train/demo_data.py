@@ -2,7 +2,10 @@
 
 A real SentencePiece BPE *base* model is trained on English sentences at the config's
 `number_text_tokens`, then extended with pieces for Ethiopic script learned from Amharic sentences,
-the way a user extends IndexTTS2's `bpe.model` for a new language. Audio features are synthetic:
+the way a user extends IndexTTS2's `bpe.model` for a new language. Both learn from the text as
+official inference presents it (upper case, CJK split; inference_text), and the manifests' text ids
+are that presented text's encoding. The demo sentences have no digits, so the character map alone
+presents them as WeTextProcessing would, wherever the demo runs. Audio features are synthetic:
 each utterance's semantic codes are a fixed function of its text ids and speaker, so a tiny GPT's
 mel loss falls within a minute of CPU training, and the condition/emotion vectors cluster by speaker.
 """
@@ -20,7 +23,8 @@ import sentencepiece as spm
 from indextts_train.config import GPTConfig
 from indextts_train.constants import CONDITION_LATENTS
 from indextts_train.errors import UserError
-from indextts_train.spm_model import USER_DEFINED, Piece, load_processor, parse_model, read_model, write_model
+from indextts_train.inference_text import TextPath, charmap_normalize, cjk_split_upper
+from indextts_train.spm_model import USER_DEFINED, Piece, parse_model, write_model
 from indextts_train.tokenizer import extend_tokenizer
 
 ENGLISH = [
@@ -72,7 +76,7 @@ def make_demo_dataset(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 96, n
     corpus = _write_lines(out_dir / "corpus.txt", ENGLISH + AMHARIC)
     tokenizer = out_dir / "bpe.model"
     summary = extend_tokenizer(base_path, [amharic_corpus], gpt_cfg.number_text_tokens + EXTRA_PIECES, tokenizer,
-                               seed=seed)
+                               seed=seed, normalizer="none")
     sentences = _encodable_sentences(tokenizer, gpt_cfg)
     code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
     speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
@@ -117,7 +121,8 @@ def _make_base_tokenizer(path: Path, gpt_cfg: GPTConfig, seed: int) -> Path:
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(ENGLISH), model_writer=model, model_type="bpe",
+            sentence_iterator=iter([cjk_split_upper(charmap_normalize(text)) for text in ENGLISH]),
+            model_writer=model, model_type="bpe",
             vocab_size=gpt_cfg.number_text_tokens, hard_vocab_limit=False, character_coverage=1.0,
             byte_fallback=False, bos_id=start, eos_id=stop, unk_id=unk, pad_id=-1, num_threads=1, minloglevel=2)
     except RuntimeError as exc:
@@ -131,13 +136,14 @@ def _make_base_tokenizer(path: Path, gpt_cfg: GPTConfig, seed: int) -> Path:
 
 
 def _encodable_sentences(tokenizer: Path, gpt_cfg: GPTConfig) -> list[tuple[str, np.ndarray]]:
-    """(text, ids) of every built-in sentence that encodes without <unk> and fits the length limits."""
-    processor = load_processor(read_model(tokenizer), str(tokenizer))
+    """(text, ids) of every built-in sentence that encodes without <unk> and fits the length limits;
+    ids as official inference encodes the text."""
+    text_path = TextPath.open(tokenizer, normalizer="none")
     fitting = []
     for text in ENGLISH + AMHARIC:
-        ids = np.asarray(processor.encode(text), dtype=np.int32)
+        ids = np.asarray(text_path.encode(text), dtype=np.int32)
         # 3 codes per token at most, plus the 2-code start and end patterns
-        if processor.unk_id() not in ids and len(ids) <= gpt_cfg.max_text_tokens \
+        if not text_path.unknown(text) and len(ids) <= gpt_cfg.max_text_tokens \
                 and 3 * len(ids) + 4 <= gpt_cfg.max_mel_tokens:
             fitting.append((text, ids))
     if not fitting:

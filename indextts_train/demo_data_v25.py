@@ -6,7 +6,8 @@ followed by the 1,673 official special tokens. It is then grown with merges lear
 second script, `<|am|>`, a language the 2.5 release does not speak), the way a user grows the real
 file, so training moves every special row up by the number of new ranks. Features are synthetic as
 in the IndexTTS2 demo: codes are a fixed function of text ids and speaker, the 192-d speaker vector
-and the emotion vector cluster by speaker.
+and the emotion vector cluster by speaker. Merges are learned, and text encoded, as official inference
+presents each language's text (inference_text: English lower-cased, Amharic as it is).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import numpy as np
 
 from indextts_train.config import GPTConfig
 from indextts_train.constants import SPK_EMB_DIM
-from indextts_train.data_v25 import START_STOP_IDS
 from indextts_train.demo_data import AMHARIC, ENGLISH, _code_limit, _code_table, _write_lines, write_splits
 from indextts_train.errors import UserError
-from indextts_train.tiktoken_vocab import LANGUAGE_IDS, SPECIAL_TOKENS, extend_tiktoken, read_tiktoken
+from indextts_train.inference_text import TextPath
+from indextts_train.tiktoken_vocab import LANGUAGE_IDS, SPECIAL_TOKENS, extend_tiktoken
 
 EXTRA_RANKS = 50  # the grown vocabulary has 50 more ranks (and every special id + 50)
 N_SPEAKERS = 3
@@ -49,7 +50,8 @@ def make_demo_dataset_v25(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 9
     base = _make_base_vocabulary(out_dir, gpt_cfg)
     extension_corpus = _write_lines(out_dir / "corpus_am.txt", AMHARIC)
     tokenizer = out_dir / "grown.tiktoken"
-    summary = extend_tiktoken(base, [extension_corpus], gpt_cfg.number_text_tokens + EXTRA_RANKS, tokenizer)
+    summary = extend_tiktoken(base, [extension_corpus], gpt_cfg.number_text_tokens + EXTRA_RANKS, tokenizer,
+                              _presenter(base, "am"))
     sentences = _encodable_sentences(tokenizer, gpt_cfg)
     code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
     speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
@@ -72,7 +74,7 @@ def _make_base_vocabulary(out_dir: Path, gpt_cfg: GPTConfig) -> Path:
                                    for rank, b in enumerate(byte_order())))
     english = _write_lines(out_dir / "corpus_en.txt", ENGLISH)
     base = out_dir / "base.tiktoken"
-    summary = extend_tiktoken(byte_file, [english], gpt_cfg.number_text_tokens, base)
+    summary = extend_tiktoken(byte_file, [english], gpt_cfg.number_text_tokens, base, _presenter(byte_file, "en"))
     byte_file.unlink()
     if summary["short_by"]:
         raise UserError(f"gpt.number_text_tokens {gpt_cfg.number_text_tokens} needs more English merges than the "
@@ -80,14 +82,20 @@ def _make_base_vocabulary(out_dir: Path, gpt_cfg: GPTConfig) -> Path:
     return base
 
 
+def _presenter(vocabulary: Path, language: str):  # -> Callable[[str], str]
+    """A corpus text as inference presents it after the `<|language|> ` tag (no digits: no normaliser needed)."""
+    text_path = TextPath.open(vocabulary, normalizer="none")
+    return lambda text: text_path.present_body(text, language)
+
+
 def _encodable_sentences(tokenizer: Path, gpt_cfg: GPTConfig) -> list[tuple[str, str, np.ndarray]]:
-    """(language, text, ids) of each built-in sentence that fits: '<|xx|> ' + text, 0/1 dropped."""
-    encoding = read_tiktoken(tokenizer).encoding()
+    """(language, text, ids) of each built-in sentence that fits, as inference encodes it: the tag of
+    its language first, the language's case rule, 0/1 dropped."""
+    text_path = TextPath.open(tokenizer, normalizer="none")
     fitting = []
     for language, texts in LANGUAGES:
         for text in texts:
-            ids = [i for i in encoding.encode(f"<|{language}|> {text}", allowed_special="all")
-                   if i not in START_STOP_IDS]
+            ids = text_path.encode(text, language)
             if len(ids) <= gpt_cfg.max_text_tokens and 3 * len(ids) + 4 <= gpt_cfg.max_mel_tokens:
                 fitting.append((language, text, np.asarray(ids, dtype=np.int32)))
     if {language for language, _, _ in fitting} != {language for language, _ in LANGUAGES}:

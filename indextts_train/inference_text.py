@@ -241,6 +241,7 @@ class TextPath:
     borrowed: dict[str, int] = field(default_factory=dict)
     digit_lines: int = 0
     unknown_languages: dict[str, int] = field(default_factory=dict)
+    missing_bytes: frozenset[int] = frozenset()  # 2.5: single bytes the ranks lack (tiktoken panics on them)
 
     @classmethod
     def open(cls, tokenizer: Path, *, normalizer: str = "auto", strict_language: bool = False,
@@ -252,7 +253,8 @@ class TextPath:
                   "strict_language": strict_language, "borrowed": dict(borrowed or {})}
         if is_tiktoken(tokenizer):
             vocab = read_tiktoken(tokenizer)
-            return cls(family=FAMILY_V25, vocab=vocab, encoding=vocab.encoding(), **common)
+            missing = frozenset(range(256)) - {piece[0] for piece in vocab.ranks if len(piece) == 1}
+            return cls(family=FAMILY_V25, vocab=vocab, encoding=vocab.encoding(), missing_bytes=missing, **common)
         return cls(family=FAMILY_V2, processor=_load_spm(tokenizer), **common)
 
     @property
@@ -263,9 +265,12 @@ class TextPath:
     # -- IndexTTS-2.5 languages ----------------------------------------------------------------
 
     def lang_id(self, language: str | None) -> int:
-        """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict."""
+        """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict.
+
+        IndexTTS2 has no language rows: -1, as ManifestIndex records its lines.
+        """
         if self.family != FAMILY_V25:
-            return 0
+            return -1
         if language is None or not language.strip():
             raise UserError("IndexTTS-2.5 text needs a language code (the line's `language`, or --language)")
         code = language.strip().lower()
@@ -294,8 +299,17 @@ class TextPath:
             return self._present_v25(text, language)
         if not text or single_character(text):
             return text
-        self._count_digits(text)
+        self.digit_lines += self.inexact(text)
         return cjk_split_upper(self.normalize(text))
+
+    def inexact(self, text: str, language: str | None = None) -> bool:
+        """True when official inference would spell out digits of `text` that only the character map saw
+        here: its presented form (and ids) then differ from inference's."""
+        if self.normalizer_name != CHARMAP_ONLY or not has_digits(text):
+            return False
+        if self.family == FAMILY_V25:
+            return self._inference_code(language) in V25_NORMALISED
+        return not single_character(text)
 
     def _present_v25(self, text: str, language: str | None) -> str:
         self.lang_id(language)  # refuses or counts an unknown code
@@ -312,13 +326,9 @@ class TextPath:
         code = self._inference_code(language)
         text = character_map(text)
         if code in V25_NORMALISED:
-            self._count_digits(text)
+            self.digit_lines += self.inexact(text, language)
             text = self.normalize(text)
         return control_tokens_upper(pronunciation_marks(case_rule(text, code)))
-
-    def _count_digits(self, text: str) -> None:
-        if self.normalizer_name == CHARMAP_ONLY and has_digits(text):
-            self.digit_lines += 1
 
     def encode(self, text: str, language: str | None = None) -> list[int]:
         """Ids as the GPT sees them (2.5: language tag first, every 0 and 1 dropped)."""
@@ -328,6 +338,9 @@ class TextPath:
         """(id, piece) pairs; SentencePiece gives an unknown run's own text as its piece."""
         presented = self.present(text, language)
         if self.family == FAMILY_V25:
+            if self.missing_bytes and not self.missing_bytes.isdisjoint(presented.encode("utf-8")):
+                raise UserError(f"{text!r}: has bytes {self.tokenizer} has no rank for (a cut-down vocabulary); "
+                                "use a vocabulary with all 256 single bytes")
             ids = self.encoding.encode(presented, allowed_special="all")
             return [(i, self.encoding.decode_single_token_bytes(i).decode("utf-8", "replace"))
                     for i in ids if i not in START_STOP_IDS]

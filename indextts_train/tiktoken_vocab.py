@@ -316,7 +316,8 @@ def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None,
     encoding = vocab.encoding()
     lines = tokens = chars = byte_chars = new_tokens = 0
     for text in iter_text_lines(path):
-        ids = encoding.encode(present(text), allowed_special="all")
+        # ids 0 and 1 (`!`, `"`) are dropped as inference drops them: the GPT never sees them
+        ids = [i for i in encoding.encode(present(text), allowed_special="all") if i > 1]
         lines, tokens, chars = lines + 1, tokens + len(ids), chars + len(text)
         if base_ranks is not None:
             new_tokens += sum(base_ranks <= i < vocab.n_ranks for i in ids)

@@ -134,3 +134,58 @@ def test_write_clean_manifest_in_same_folder_keeps_bytes(tmp_path: Path) -> None
     assert out.read_bytes() == raw_lines[0] + raw_lines[10] + raw_lines[11]
     with pytest.raises(UserError, match="is an input manifest"):
         write_clean_manifest([manifest], manifest, gpt_cfg=GPT)
+
+
+# ---------------------------------------------------------------------------------------------
+# text_ids against the line's own text, as official inference encodes it
+
+TEXT_REFERENCE = Path(__file__).parent / "data" / "reference" / "prepare" / "text"
+
+
+def _text_manifest(tmp_path: Path, texts: list[str], ids: list[list[int]]) -> Path:
+    """The reference's tiny paired manifest with these target texts and text ids."""
+    import shutil
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(TINY, folder, ignore=shutil.ignore_patterns("*.pth"))
+    objs = read_lines(folder / "pairs.jsonl")
+    for obj, text, row in zip(objs, texts, ids, strict=True):
+        np.save(folder / obj["target_text_ids_path"], np.asarray(row, np.int32))
+        obj.update(target_text=text, target_text_len=len(row))
+    write_lines(folder / "pairs.jsonl", [json.dumps(obj, ensure_ascii=False) for obj in objs])
+    return folder / "pairs.jsonl"
+
+
+def test_check_data_compares_text_ids_with_the_presented_text(tmp_path: Path) -> None:
+    import sentencepiece as spm
+
+    from indextts_train.inference_text import TextPath
+
+    cases = {c["id"]: c for c in json.loads((TEXT_REFERENCE / "text_cases.json").read_text())["cases"]}
+    raw = spm.SentencePieceProcessor(model_file=str(TEXT_REFERENCE / "bpe_tiny.model")).encode("Hello world")
+    manifest = _text_manifest(tmp_path, [cases["en_plain"]["text"], "Hello world", cases["zh_digits"]["text"]],
+                              [cases["en_plain"]["ids"], raw, cases["zh_digits"]["ids"]])
+    path = TextPath.open(TEXT_REFERENCE / "bpe_tiny.model", normalizer="none")
+    report = check_manifests([manifest], vocab_size=path.size, text_path=path)
+    assert report["bad_lines"] == [[str(manifest), 2]]
+    (error,) = report["errors"]
+    assert error.startswith(f"{manifest}:2: target_text_ids_path is the raw text's encoding"), error
+    assert f"indextts-train tokenize MANIFEST --tokenizer {TEXT_REFERENCE / 'bpe_tiny.model'}" in error
+    assert report["text"] == {"normalizer": "character map only", "compared": 2, "not_compared": 1, "notes": []}
+    assert "not compared: 1 line(s) with digits" in render_check_report(report)
+
+
+def test_check_data_shows_both_encodings_when_they_differ(tmp_path: Path) -> None:
+    from indextts_train.inference_text import TextPath
+
+    cases = {c["id"]: c for c in json.loads((TEXT_REFERENCE / "text_cases.json").read_text())["cases"]}
+    ids = cases["en_plain"]["ids"]
+    manifest = _text_manifest(tmp_path, [cases["en_plain"]["text"]] * 3, [ids, ids[:3] + [99] + ids[4:], ids])
+    report = check_manifests([manifest], text_path=TextPath.open(TEXT_REFERENCE / "bpe_tiny.model",
+                                                                   normalizer="none"))
+    (error,) = report["errors"]
+    assert error == (f"{manifest}:2: target_text_ids_path [26, 54, 20, 99, 42, 64, 63, 66, 6, 4, 17, 11, ...] "
+                     "(16 ids) differs at position 3 from its target_text as inference encodes it "
+                     "[26, 54, 20, 59, 42, 64, 63, 66, 6, 4, 17, 11, ...] (16 ids); re-encode with `indextts-train "
+                     f"tokenize MANIFEST --tokenizer {TEXT_REFERENCE / 'bpe_tiny.model'} --out NEW_DIR` (or pass "
+                     "the tokenizer the data was made with)")

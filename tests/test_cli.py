@@ -431,10 +431,13 @@ def test_check_data_refusals(tiny_data, tmp_path, case) -> None:
 
 @pytest.fixture(scope="module")
 def spm_base(tmp_path_factory) -> dict[str, Path]:
-    """A real SentencePiece BPE model trained by spm on English, and an Amharic corpus."""
+    """A real SentencePiece BPE model trained by spm on English, and an Amharic corpus.
+
+    Like IndexTTS2's bpe.model, the base learns from English as inference presents it: upper case.
+    """
     folder = tmp_path_factory.mktemp("spm")
     text = folder / "english.txt"
-    text.write_text("\n".join(ENGLISH) + "\n", encoding="utf-8")
+    text.write_text("\n".join(line.upper() for line in ENGLISH) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / "base"), model_type="bpe",
                                    vocab_size=100, hard_vocab_limit=False, character_coverage=1.0,
                                    bos_id=0, eos_id=1, unk_id=2, num_threads=1, minloglevel=2)
@@ -452,7 +455,9 @@ def test_extend_then_check_tokenizer_through_the_real_cli(spm_base, tmp_path) ->
     proc = real_cli("extend-tokenizer", "--base", spm_base["base"], "--corpus", spm_base["corpus"],
                     "--target-size", target, "-o", out)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.strip() == f"wrote {out} ({base_size} base + 30 new = {target} pieces)"
+    wrote, normaliser = proc.stdout.strip().splitlines()
+    assert wrote == f"wrote {out} ({base_size} base + 30 new = {target} pieces)"
+    assert normaliser.startswith("text presented as official inference does; normaliser: ")
     assert snapshot(spm_base["folder"]) == before
     extended = spm.SentencePieceProcessor(model_file=str(out))
     assert extended.get_piece_size() == target

@@ -190,3 +190,21 @@ def test_evaluate_refuses_a_start_stop_id_in_25_text(data: Path):
     assert result.exit_code == 2 and "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith(f"error: {data / 'pairs.jsonl'}:2: ") and "holds id 0 at position 1" in line, line
+
+
+def test_check_data_finds_25_text_ids_made_from_raw_text(data: Path):
+    """`Hello World` for en: inference lower-cases it; ids of the raw text are named with the fix."""
+    from indextts_train.inference_text import TextPath
+
+    toy = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "toy_base.tiktoken"
+    path = TextPath.open(toy, normalizer="none")
+    lines = lines_of(data / "pairs.jsonl")
+    raw = [i for i in path.encoding.encode("<|en|> Hello World", allowed_special="all") if i > 1]
+    for line, ids in zip(lines[:2], (path.encode("Hello World", "en"), raw), strict=True):
+        np.save(data / line["target_text_ids_path"], np.asarray(ids, np.int32))
+        line.update(target_text="Hello World", target_text_len=len(ids), language="en", lang_id=0)
+    write(data / "pairs.jsonl", lines[:2])
+    report = check_manifests([data / "pairs.jsonl"], vocab_size=path.size, text_path=path)
+    assert report["bad_lines"] == [[str(data / "pairs.jsonl"), 2]] and report["text"]["compared"] == 2
+    assert "pairs.jsonl:2: target_text_ids_path is the raw text's encoding" in report["errors"][0]
+    assert "case rule" in report["errors"][0] and "indextts-train tokenize" in report["errors"][0]

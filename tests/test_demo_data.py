@@ -75,7 +75,8 @@ def test_arrays_have_the_trainer_shapes_dtypes_and_ranges(demo):
             emo = np.load(folder / line["prompt_emo_vec_path"])
             assert (text_ids.dtype, codes.dtype, condition.dtype, emo.dtype) == (np.int32, np.int32, np.float32,
                                                                                    np.float32)
-            assert text_ids.tolist() == ext.encode(line["target_text"])
+            # as official inference gives it to SentencePiece: the demo text needs only upper case
+            assert text_ids.tolist() == ext.encode(line["target_text"].upper())
             assert (len(text_ids), len(codes)) == (line["target_text_len"], line["target_code_len"])
             assert 0 < len(text_ids) <= GPT.max_text_tokens and 0 < len(codes) <= GPT.max_mel_tokens
             assert not set(text_ids.tolist()) & {GPT.start_text_token, GPT.stop_text_token, ext.unk_id()}
@@ -85,6 +86,15 @@ def test_arrays_have_the_trainer_shapes_dtypes_and_ranges(demo):
             assert np.load(folder / line["target_emo_vec_path"]).shape == (GPT.model_dim,)
             languages.add(bool(text_ids.max() >= GPT.number_text_tokens))
     assert languages == {True, False}  # both English-only and Ethiopic utterances
+
+
+def test_check_data_finds_the_demo_text_ids_to_be_the_presented_text(demo):
+    from indextts_train.checkdata import check_manifests
+    from indextts_train.inference_text import TextPath
+
+    report = check_manifests([demo["train_manifest"]], gpt_cfg=GPT,
+                             text_path=TextPath.open(demo["tokenizer"], normalizer="none"))
+    assert report["lines_bad"] == 0 and report["text"]["compared"] == demo["n_train"]
 
 
 def test_codes_are_a_function_of_speaker_and_text(demo):

@@ -30,12 +30,18 @@ def test_the_base_vocabulary_fits_the_config_and_the_growth_keeps_it(demo):
     assert report["sample"]["extended_token_share"] > 0.3  # the new ranks carry the Amharic text
     assert all("\u1200" <= ch <= "\u137f" or ch == " " for tok in grown.ranks[base.n_ranks:]
                for ch in tok.decode("utf-8", "ignore"))  # the added pieces are the second script's
+    # English merges were learned on lower-cased text, as inference gives English to the encoder
+    assert not any(chr(c).isupper() for tok in base.ranks[256:] for c in tok)
 
 
 def test_the_manifests_pass_check_data_with_tags_first_and_both_languages(demo):
+    from indextts_train.inference_text import TextPath
+
     report = check_manifests([demo["train_manifest"], demo["val_manifest"]], gpt_cfg=GPT,
-                             vocab_size=demo["vocab_size"])
+                             vocab_size=demo["vocab_size"],
+                             text_path=TextPath.open(demo["tokenizer"], normalizer="none"))
     assert report["lines_bad"] == 0, report["errors"]
+    assert report["text"]["compared"] == 24 + 6  # every text id array is its text as inference encodes it
     assert set(report["languages"]) == {"en", "am"}
     assert report["checked_against"]["language_tag_base"] == demo["base_ranks"] + EXTRA_RANKS + 2
     line = json.loads(Path(demo["train_manifest"]).read_text(encoding="utf-8").splitlines()[0])

@@ -112,6 +112,8 @@ def test_v25_path_gives_the_official_ids(case, tiktoken_path):
     assert path.present(case["input"], case["lang"]) == case["encoder_input"]
     assert path.lang_id(case["lang"]) == case["lang_id"]
     if case["ids"] is None:  # the toy vocabulary has no bytes for Chinese or Ethiopic text
+        with pytest.raises(UserError, match="no rank for"):
+            path.encode(case["input"], case["lang"])
         return
     assert case["ids_with_appended_stop"] == case["ids"] + [1]
     assert path.encode(case["input"], case["lang"]) == case["ids_as_gpt_sees_them"]
@@ -150,6 +152,17 @@ def test_digits_without_normaliser_are_counted(spm_path):
     path.present("5")  # single character: inference skips the normaliser too
     (note,) = path.notes()
     assert note.startswith("1 text(s) have digits") and "WeTextProcessing" in note
+    assert path.inexact("I have 23 apples") and not path.inexact("5") and not path.inexact("no digits")
+
+
+def test_digits_matter_only_where_25_inference_normalises(tiktoken_path):
+    path = dataclasses.replace(tiktoken_path, digit_lines=0)
+    assert path.inexact("I have 23", "en") and path.inexact("23", "zh") and not path.inexact("J'ai 23", "fr")
+    path.present("I have 23", "en")
+    path.present("J'ai 23", "fr")
+    assert path.digit_lines == 1
+    wetext = dataclasses.replace(tiktoken_path, normalizer_name="WeTextProcessing 1.0.4.1")
+    assert not wetext.inexact("I have 23", "en")
 
 
 def test_normaliser_choice_without_wetext(monkeypatch):

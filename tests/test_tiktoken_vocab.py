@@ -186,3 +186,21 @@ def test_freezer_keeps_base_rows_unused_languages_and_the_speaker_projection_bit
     assert torch.equal(after["spk_emb_proj.weight"], before["spk_emb_proj.weight"])
     assert torch.equal(after["spk_emb_proj.bias"], before["spk_emb_proj.bias"])
     assert not torch.equal(after["mel_head.weight"], before["mel_head.weight"])
+
+
+def test_check_coverage_counts_the_ids_official_25_inference_gives_the_gpt(tmp_path):
+    """Through the official path (case rule, tag, 0/1 dropped) the sample's tokens are the oracle's."""
+    from indextts_train.inference_text import TextPath
+
+    text = Path(__file__).parent / "data" / "reference" / "prepare" / "text"
+    cases = [c for c in json.loads((text / "tiktoken_cases.json").read_text(encoding="utf-8"))["cases"]
+             if c["lang"] == "en" and c["normalized"] == c["char_map"]]
+    sample = tmp_path / "sample.txt"
+    sample.write_text("\n".join(c["input"] for c in cases) + "\n", encoding="utf-8")
+    path = TextPath.open(text / "toy_base.tiktoken", normalizer="none")
+    report = check_tiktoken(text / "toy_base.tiktoken", sample_text=sample,
+                            present=lambda line: path.present(line, "en"))
+    assert len(cases) == 4
+    assert report["sample"]["tokens"] == sum(len(c["ids_as_gpt_sees_them"]) for c in cases)
+    raw = check_tiktoken(text / "toy_base.tiktoken", sample_text=sample)  # the text as it is, no tag
+    assert raw["sample"]["tokens"] != report["sample"]["tokens"]

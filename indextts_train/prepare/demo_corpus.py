@@ -79,5 +79,6 @@ def make_prepared_demo(out_dir: Path, config_path: Path, *, seed: int = 0) -> di
     if code == 2:
         raise UserError(f"{prepared}: the demo's prepare kept no utterance; see {prepared / 'rejected.jsonl'}")
     return {"base_tokenizer": base, "tokenizer": grown, "model_dir": model_dir,
+            "normalizer": TextPath.open(grown).normalizer_name,
             "base_checkpoint": model_dir / "gpt.pth", "train_manifest": prepared / "train.jsonl",
             "val_manifest": prepared / "val.jsonl"}
