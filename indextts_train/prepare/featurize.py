@@ -25,7 +25,7 @@ from indextts_train.inference_text import TextPath
 from indextts_train.layout import load_base_checkpoint
 from indextts_train.prepare.audio import AudioError, emotion_wave, load_audio, speaker_wave
 from indextts_train.prepare.campplus import CampPlus
-from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, valid_code_count
+from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
 from indextts_train.prepare.corpus import Utterance
 from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.w2vbert import W2vBert
@@ -102,9 +102,12 @@ class Featurizer:
             return f"too long: {ids.size} text tokens > gpt.max_text_tokens {self.gpt_cfg.max_text_tokens}"
         return TextIds(ids, self.text.lang_id(utt.language) if self.is_v25 else None)
 
-    @torch.inference_mode()
     def features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
         """Arrays of each clip (codes, condition or spk_emb, emo_vec), or the reason it is rejected."""
+        with torch.no_grad(), exact_float32():  # TF32 would move features past the reference tolerances
+            return self._features(clips)
+
+    def _features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
         full = self.w2v.layer17([clip.speaker_full for clip in clips])  # one padded forward
         long = [i for i, clip in enumerate(clips) if clip.speaker_prompt is not None]
         prompts = dict(zip(long, self.w2v.layer17([clips[i].speaker_prompt for i in long]), strict=True)) \

@@ -44,29 +44,32 @@ def write_tiny_gpt(config_path: Path, path: Path, width: int, seed: int) -> None
     atomic_write(path, lambda handle: torch.save(state, handle))
 
 
-def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, seed: int = 0) -> Path:
-    """The official layout of the config's family, every weight random and seeded; returns model_dir."""
+def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, seed: int = 0,
+                         width: int = TINY_W2V_WIDTH) -> Path:
+    """The official layout of the config's family, every weight random and seeded; returns model_dir.
+
+    `width`: the w2v-BERT hidden size, which the codec and the GPT's encoders then take."""
     model_dir.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))
     is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
     hf_cache = model_dir / "hf_cache"
-    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=TINY_W2V_WIDTH)
+    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width)
     stats = hf_cache / "w2v-bert-2.0" / "wav2vec2bert_stats.pt"
     if stats.is_file():  # the official folder keeps the statistics beside gpt.pth
         shutil.move(stats, model_dir / "wav2vec2bert_stats.pt")
     if is_v25:
-        raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, TINY_W2V_WIDTH)
+        raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, width)
         write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2)
     else:
         (hf_cache / "semantic_codec").mkdir(parents=True, exist_ok=True)
         raw["semantic_codec"] = write_tiny_codec(hf_cache / "semantic_codec" / "model.safetensors", FAMILY_V2,
-                                                 seed + 1, TINY_W2V_WIDTH)
+                                                 seed + 1, width)
         raw["version"] = 2.0
     raw.pop("train", None)  # the official config has no train: section
     config_path = model_dir / "config.yaml"
     atomic_write_text(config_path, yaml.safe_dump(raw, sort_keys=False))
     atomic_write_bytes(model_dir / TOKENIZER_NAMES[is_v25], tokenizer.read_bytes())
-    write_tiny_gpt(config_path, model_dir / "gpt.pth", TINY_W2V_WIDTH, seed)
+    write_tiny_gpt(config_path, model_dir / "gpt.pth", width, seed)
     return model_dir
 
 
