@@ -191,3 +191,20 @@ def test_missing_model_files_are_listed_with_where_to_put_them(tmp_path, monkeyp
                  "w2v-BERT", "--download", "CC-BY-NC-4.0"):
         assert name in result.output, (name, result.output)
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--batch-seconds", "0"], "--batch-seconds 0.0: must be > 0"),
+    (["--val-fraction", "1.5"], "--val-fraction 1.5: must be >= 0 and < 1"),
+    (["--min-seconds", "3", "--max-seconds", "2"], "need 0 <= min < max"),
+    (["--semantic-codec", "nope.safetensors"], "--semantic-codec nope.safetensors: file not found"),
+    (["--device", "potato"], "--device potato: not a device"),
+])
+def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, message) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copy(TINY_V2, tmp_path / "models" / "config.yaml")
+    reference_corpus(tmp_path, is_v25=False)
+    result = CliRunner().invoke(app, ["prepare", str(tmp_path / "corpus.jsonl"), "--model-dir",
+                                      str(tmp_path / "models"), "--out", str(tmp_path / "out"), *flags])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
