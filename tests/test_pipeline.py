@@ -65,7 +65,7 @@ def fake_models(tmp_path, monkeypatch) -> ModelFiles:
 
 def _options(tmp_path: Path, corpus: Path, **kw) -> PrepareOptions:
     return PrepareOptions(corpora=[corpus], model_dir=tmp_path / "models", out=tmp_path / "out", device="cpu",
-                          split=SplitRule(val_fraction=0.0, prompts_per_target=1), min_seconds=0.3, **kw)
+                          split=SplitRule(val_fraction=0.0, prompts_per_target=1), **{"min_seconds": 0.3, **kw})
 
 
 def _corpus(tmp_path: Path) -> Path:
@@ -160,3 +160,14 @@ def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, fake_models) -> 
     stale.write_bytes(b"half")
     assert run_prepare(_options(tmp_path, corpus)) == 1
     assert not stale.exists()
+
+
+def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, fake_models) -> None:
+    import soundfile
+
+    corpus = _corpus(tmp_path)
+    soundfile.write(tmp_path / "clips" / "utt0000.wav", np.full(300, 0.1, np.float32), 16000)  # 19 ms
+    assert run_prepare(_options(tmp_path, corpus, min_seconds=0.0)) == 1
+    reasons = {r["id"]: r["reason"] for r in map(json.loads, (tmp_path / "out" / "rejected.jsonl").read_text()
+                                                 .splitlines())}
+    assert reasons["utt0000"] == "too short: 300 samples at 16 kHz, w2v-BERT needs 560"

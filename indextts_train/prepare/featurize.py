@@ -28,7 +28,7 @@ from indextts_train.prepare.campplus import CampPlus
 from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
 from indextts_train.prepare.corpus import Utterance
 from indextts_train.prepare.models import ModelFiles
-from indextts_train.prepare.w2vbert import W2vBert
+from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert
 
 SPEAKER_RATE = 22_050  # the official speaker path's intermediate rate, where the prompt cut happens
 SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from
@@ -52,11 +52,13 @@ def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
     if mono.size == 0 or float(np.max(np.abs(mono))) < SILENCE_PEAK:
         return "audio: silent (peak below 1e-4)"
     full = speaker_wave(mono, rate, None)
+    emotion = emotion_wave(mono, rate, prompt_seconds)
+    if min(full.shape[0], emotion.shape[0]) < MIN_SAMPLES:
+        return f"too short: {min(full.shape[0], emotion.shape[0])} samples at 16 kHz, w2v-BERT needs {MIN_SAMPLES}"
     at_speaker_rate = mono.shape[0] if rate == SPEAKER_RATE else math.ceil(mono.shape[0] * SPEAKER_RATE / rate)
     cut = at_speaker_rate > int(prompt_seconds * SPEAKER_RATE)
     return Clip(speaker_full=full, speaker_prompt=speaker_wave(mono, rate, prompt_seconds) if cut else None,
-                emotion=emotion_wave(mono, rate, prompt_seconds))
-
+                emotion=emotion)
 
 @dataclass
 class TextIds:

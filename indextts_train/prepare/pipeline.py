@@ -55,9 +55,10 @@ class PrepareOptions:
     workers: int = 2
 
     def __post_init__(self) -> None:
-        for flag, value in (("--batch-seconds", self.batch_seconds), ("--prompt-seconds", self.prompt_seconds)):
-            if not value > 0:
-                raise UserError(f"{flag} {value}: must be > 0")
+        for flag, value, least in (("--batch-seconds", self.batch_seconds, 0.0),
+                                   ("--prompt-seconds", self.prompt_seconds, 0.1)):
+            if not value > least:
+                raise UserError(f"{flag} {value}: must be > {least:g}")
         if self.min_seconds < 0 or (self.max_seconds is not None and self.max_seconds <= self.min_seconds):
             raise UserError(f"--min-seconds {self.min_seconds} / --max-seconds {self.max_seconds}: need 0 <= min < max")
         if self.workers < 1:
