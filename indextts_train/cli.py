@@ -47,6 +47,16 @@ def require_positive(value: int | None, flag: str) -> None:
         fail(f"{flag} must be >= 1, got {value}")
 
 
+NORMALIZER_HELP = "Text normaliser: auto (WeTextProcessing when installed, else the character map alone), wetext (required) or none (the character map alone)."
+
+
+def say_text_path(normalizer_name: str, notes: list[str]) -> None:
+    """Every command that turns text into ids says which normaliser it used, and what that means."""
+    typer.echo(f"text presented as official inference does; normaliser: {normalizer_name}")
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -330,16 +340,6 @@ def check_tokenizer(
         render = render_tokenizer_report
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render(report))
     raise typer.Exit(tokenizer_exit_code(report))
-
-
-NORMALIZER_HELP = "Text normaliser: auto (WeTextProcessing when installed, else the character map alone), wetext (required) or none (the character map alone)."
-
-
-def say_text_path(normalizer_name: str, notes: list[str]) -> None:
-    """Every command that turns text into ids says which normaliser it used, and what that means."""
-    typer.echo(f"text presented as official inference does; normaliser: {normalizer_name}")
-    for note in notes:
-        typer.echo(f"warning: {note}", err=True)
 
 
 @app.command("extend-tokenizer")

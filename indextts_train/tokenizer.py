@@ -14,6 +14,7 @@ import io
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -414,6 +415,7 @@ def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_siz
     unk = processor.unk_id()
     lines = tokens = chars = unk_tokens = unk_chars = ext_tokens = ext_chars = 0
     batch: list[str] = []
+    unknown: Counter = Counter()  # character -> how often inference would meet it as <unk>
 
     def flush() -> None:
         nonlocal tokens, chars, unk_tokens, unk_chars, ext_tokens, ext_chars
@@ -424,6 +426,7 @@ def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_siz
                 tokens, chars = tokens + 1, chars + size
                 if token == unk:
                     unk_tokens, unk_chars = unk_tokens + 1, unk_chars + size
+                    unknown.update(piece.replace(_SPACE, ""))
                 elif base_size is not None and token >= base_size:
                     ext_tokens, ext_chars = ext_tokens + 1, ext_chars + size
         batch.clear()
@@ -436,7 +439,7 @@ def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_siz
     flush()
     result = {"path": str(path), "lines": lines, "tokens": tokens, "characters": chars,
               "unk_token_rate": unk_tokens / max(tokens, 1), "unk_char_rate": unk_chars / max(chars, 1),
-              "tokens_per_line": tokens / max(lines, 1)}
+              "tokens_per_line": tokens / max(lines, 1), "unknown_characters": unknown.most_common(_SHOW)}
     if base_size is not None:
         result |= {"extended_token_share": ext_tokens / max(tokens, 1),
                    "extended_char_share": ext_chars / max(chars, 1)}
@@ -471,6 +474,9 @@ def render_tokenizer_report(report: dict) -> str:
             line += (f", extended pieces {s['extended_token_share']:.2%} of tokens / "
                      f"{s['extended_char_share']:.2%} of characters")
         lines.append(line)
+        if s["unknown_characters"]:
+            lines.append("  unknown characters (most frequent): "
+                         + ", ".join(f"{char!r} {count}" for char, count in s["unknown_characters"]))
         lines.append(f"  sample presented as official inference does; normaliser: {report['normalizer']}")
     lines += [f"  warning: {w}" for w in report["warnings"]]
     lines += [f"  PROBLEM: {p}" for p in report["problems"]]

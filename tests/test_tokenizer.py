@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,8 @@ def test_check_finds_a_tokenizer_grown_from_raw_text(tmp_path, monkeypatch):
     (problem,) = [p for p in report["problems"] if "lower-case" in p]
     assert "grown from raw text" in problem and "indextts-train tokenize" in problem
     assert report["sample"]["unk_char_rate"] > 0  # the official path finds unknown text in its own corpus
+    assert report["sample"]["unknown_characters"] and "unknown characters (most frequent): " in \
+        render_tokenizer_report(report)
 
 
 def test_check_coverage_equals_the_official_encoding(tmp_path):
@@ -271,3 +274,8 @@ def test_check_coverage_equals_the_official_encoding(tmp_path):
     assert (report["lines"], report["tokens"], report["characters"]) == (len(plain), tokens, chars)
     assert report["unk_char_rate"] == unk_chars / chars
     assert report["unk_token_rate"] == sum(c["n_unk"] for c in plain) / tokens
+    unknown = Counter(ch for c in plain for p, i in zip(c["pieces"], c["ids"], strict=True) if i == 2
+                      for ch in p.replace("\u2581", ""))
+    shown = dict(report["unknown_characters"])  # the 10 most frequent (ties in any order)
+    assert all(unknown[char] == count for char, count in shown.items())
+    assert sorted(shown.values(), reverse=True) == sorted(unknown.values(), reverse=True)[:10]
