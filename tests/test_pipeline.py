@@ -31,6 +31,9 @@ class FakeFeaturizer:
 
     calls: list[int] = []
 
+    def notes(self) -> list[str]:
+        return []
+
     def text_ids(self, utt) -> TextIds | str:
         if not utt.text.strip():
             return "text: empty"

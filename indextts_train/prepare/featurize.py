@@ -88,6 +88,10 @@ class Featurizer:
                    campplus=CampPlus.load(models.campplus, device) if models.is_v25 else None,
                    device=device, allow_unk=allow_unk)
 
+    def notes(self) -> list[str]:
+        """Warnings about the texts seen (digits without the official normaliser, unknown 2.5 languages)."""
+        return self.text.notes()
+
     def text_ids(self, utt: Utterance) -> TextIds | str:
         """The ids inference gives this text, or why the utterance cannot be kept."""
         if not utt.text.strip():

@@ -97,6 +97,7 @@ def audio_duration(path: str) -> float | str:
 
 
 def plan(utterances: list[Utterance], options: PrepareOptions) -> Planned:
+    """Durations from the headers, the rejections that need no model, and the batches (see the module doc)."""
     durations, early = [], {}
     for i, utt in enumerate(utterances):
         seconds = audio_duration(utt.audio)
@@ -173,12 +174,13 @@ def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder
                   info: DistInfo) -> None:
     """This rank's batches (k % world == rank) that are not complete yet."""
     mine = [b for k, b in enumerate(planned.batches) if k % info.world_size == info.rank]
-    todo = [b for b in mine if not all(folder.has_record(planned.stems[i]) for i in b)]
+    complete = [all(folder.has_record(planned.stems[i]) for i in b) for b in mine]
+    todo = [b for b, done in zip(mine, complete, strict=True) if not done]
     seconds = [sum(planned.durations[i] for i in b) for b in mine]
     progress = PrepareProgress(total_clips=sum(map(len, mine)), total_seconds=sum(seconds),
                                enabled=info.is_main)
-    progress.advance(sum(len(b) for b in mine if b not in todo),
-                     sum(s for b, s in zip(mine, seconds, strict=True) if b not in todo), skipped=True)
+    progress.advance(sum(len(b) for b, done in zip(mine, complete, strict=True) if done),
+                     sum(s for s, done in zip(seconds, complete, strict=True) if done), skipped=True)
     with progress, ThreadPoolExecutor(options.workers) as pool:
         for batch, clips in _loaded_batches(todo, planned, options, pool):
             run_batch(batch, clips, planned, featurizer, folder)
@@ -249,6 +251,7 @@ def _agree(info: DistInfo, error: str | None) -> None:
 
 
 def pick_device(name: str | None, info: DistInfo) -> torch.device:
+    """--device, else this rank's GPU when there is one, else the CPU."""
     if name:
         try:
             device = torch.device(name)
@@ -287,6 +290,8 @@ def _run(options: PrepareOptions, info: DistInfo) -> int:
     planned = plan(utterances, options)
     featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
     compute_share(planned, featurizer, folder, options, info)
+    for note in featurizer.notes() if info.is_main else []:  # rank 0's share of the texts; enough to warn
+        print(f"warning: {note}")
     if info.enabled:
         dist.barrier()
     if not info.is_main:
