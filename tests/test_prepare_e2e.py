@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -208,3 +211,25 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, message) -> None:
                                       str(tmp_path / "models"), "--out", str(tmp_path / "out"), *flags])
     assert result.exit_code == 2 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_train_gpt_reads_the_prepared_manifests_unchanged(tmp_path) -> None:
+    """The public train-gpt, in its own process, on prepare's train.jsonl / val.jsonl as written."""
+    model_dir = reference_model_dir(tmp_path, is_v25=False)
+    reference_corpus(tmp_path, is_v25=False)
+    code, output = run_command(tmp_path, False, "out", "--val-speakers", "0", "--val-fraction", "0.5")
+    assert code == 0, output
+    out = tmp_path / "out"
+    assert (out / "val.jsonl").read_text() and (out / "train.jsonl").read_text()
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "indextts_train", "--train-manifest", str(out / "train.jsonl"), "--val-manifest",
+         str(out / "val.jsonl"), "--tokenizer", str(REF / "text" / "bpe_tiny.model"), "--config",
+         str(model_dir / "config.yaml"), "--base-checkpoint", str(model_dir / "gpt.pth"), "--output-dir",
+         str(tmp_path / "run"), "--max-steps", "2", "--batch-size", "2", "--grad-accumulation", "1",
+         "--val-interval", "2", "--save-interval", "2"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (tmp_path / "run" / "latest.pth").is_file() and "val step 2" in result.stdout
