@@ -127,8 +127,9 @@ PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingfac
 
 @app.command()
 def prepare(
-    corpus: Annotated[list[Path], typer.Argument(help="JSONL, LJSpeech metadata.csv, Common Voice .tsv or a folder of "
-                                                       "audio with .txt/.lab transcripts; several may be mixed.")],
+    corpus: Annotated[list[Path], typer.Argument(metavar="CORPUS", help="JSONL, LJSpeech metadata.csv, Common "
+                                                 "Voice .tsv or a folder of audio with .txt/.lab transcripts; several "
+                                                 "may be mixed.")],
     model_dir: Annotated[Path, typer.Option(help="The official model folder (config.yaml, gpt.pth, ...).")],
     out: Annotated[Path, typer.Option(help="Output folder: arrays, utterances/train/val/rejected.jsonl, prepare.json.")],
     tokenizer: Annotated[Path | None, typer.Option(help="Tokenizer file (an extended one); default: the model folder's.")] = None,
