@@ -25,8 +25,10 @@ from typer.testing import CliRunner
 from indextts_train.cli import app
 from indextts_train.conditioning import ConditioningEncoders
 from indextts_train.config import load_config
+from indextts_train.errors import UserError
 from indextts_train.layout import load_base_checkpoint
 from indextts_train.prepare.audio import emotion_wave, load_audio, speaker_wave
+from indextts_train.prepare.featurize import read_gpt_weights
 from indextts_train.prepare.tiny import write_tiny_gpt
 from indextts_train.prepare.w2vbert import W2vBert
 
@@ -121,6 +123,7 @@ def test_condition_and_emo_vec_equal_the_stages_one_clip_at_a_time(tmp_path) -> 
     reference_corpus(tmp_path, is_v25=False)
     assert run_command(tmp_path, False, "out")[0] == 0
     config = load_config(model_dir / "config.yaml")
+    # the trainer's own reader of the same file: the encoders prepare used are the base checkpoint's
     encoders = ConditioningEncoders.from_gpt(load_base_checkpoint(model_dir / "gpt.pth", config.gpt)[1], config.gpt,
                                              torch.device("cpu"))
     w2v = W2vBert.load(model_dir / "hf_cache" / "w2v", model_dir / "wav2vec2bert_stats.pt", torch.device("cpu"))
@@ -233,3 +236,12 @@ def test_train_gpt_reads_the_prepared_manifests_unchanged(tmp_path) -> None:
         timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert (tmp_path / "run" / "latest.pth").is_file() and "val step 2" in result.stdout
+
+
+def test_an_unreadable_gpt_pth_is_one_line(tmp_path) -> None:
+    (tmp_path / "gpt.pth").write_bytes(b"not a torch file")
+    with pytest.raises(UserError, match=r"gpt\.pth: not a readable gpt\.pth"):
+        read_gpt_weights(tmp_path / "gpt.pth")
+    torch.save([1, 2], tmp_path / "gpt.pth")
+    with pytest.raises(UserError, match="not a gpt.pth state dict"):
+        read_gpt_weights(tmp_path / "gpt.pth")

@@ -21,8 +21,9 @@ import torch
 
 from indextts_train.conditioning import ConditioningEncoders
 from indextts_train.config import GPTConfig, load_config
+from indextts_train.errors import UserError
 from indextts_train.inference_text import TextPath
-from indextts_train.layout import load_base_checkpoint
+from indextts_train.layout import clean_keys
 from indextts_train.prepare.audio import AudioError, emotion_wave, load_audio, speaker_wave
 from indextts_train.prepare.campplus import CampPlus
 from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
@@ -60,6 +61,23 @@ def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
     return Clip(speaker_full=full, speaker_prompt=speaker_wave(mono, rate, prompt_seconds) if cut else None,
                 emotion=emotion)
 
+def read_gpt_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a gpt.pth (plain, {"model": ...}, DDP or compiled names), loaded without pickled code.
+
+    Only the speaker/emotion encoders are used here (ConditioningEncoders names any that are missing);
+    train-gpt checks the whole file against the config when it trains on it.
+    """
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated zip, a pickle with code, not a torch file: one line
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{path}: not a readable gpt.pth ({detail[:200]}); pass the model folder's gpt.pth") from None
+    state = loaded.get("model", loaded) if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path}: not a gpt.pth state dict (expected a mapping of key -> tensor)")
+    return clean_keys(state).state
+
+
 @dataclass
 class TextIds:
     ids: np.ndarray  # (N,) int32
@@ -79,7 +97,7 @@ class Featurizer:
     @classmethod
     def load(cls, models: ModelFiles, device: torch.device, *, allow_unk: bool = False) -> Featurizer:
         gpt_cfg = load_config(models.config).gpt
-        _, carried, _ = load_base_checkpoint(models.gpt, gpt_cfg)
+        carried = read_gpt_weights(models.gpt)
         codec_type = EnhancedCodec if models.is_v25 else SemanticCodec
         return cls(gpt_cfg=gpt_cfg, text=TextPath.open(models.tokenizer),
                    w2v=W2vBert.load(models.w2v_bert, models.stats, device),

@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from indextts_train.distributed import DistInfo, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
 from indextts_train.prepare.featurize import Clip, Featurizer, TextIds, load_clip
@@ -31,6 +29,7 @@ from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, 
 from indextts_train.prepare.outputs import OutputFolder, file_stem
 from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
 from indextts_train.prepare.progress import PrepareProgress, print_summary
+from indextts_train.prepare.ranks import RankInfo, broadcast_from_main, start_ranks, stop_ranks, wait_for_all
 
 PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
 LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken")
@@ -171,7 +170,7 @@ def _loaded_batches(batches: list[list[int]], planned: Planned, options: Prepare
 
 
 def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder, options: PrepareOptions,
-                  info: DistInfo) -> None:
+                  info: RankInfo) -> None:
     """This rank's batches (k % world == rank) that are not complete yet."""
     mine = [b for k, b in enumerate(planned.batches) if k % info.world_size == info.rank]
     complete = [all(folder.has_record(planned.stems[i]) for i in b) for b in mine]
@@ -240,17 +239,7 @@ def _report(kept: list[dict], rejected: list[dict], tokens: set[int], pairs: Pai
     }
 
 
-def _agree(info: DistInfo, error: str | None) -> None:
-    """Every rank learns rank 0's setup error, so all stop with the same line instead of hanging."""
-    if info.enabled:
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
-    if error:
-        raise UserError(error)
-
-
-def pick_device(name: str | None, info: DistInfo) -> torch.device:
+def pick_device(name: str | None, info: RankInfo) -> torch.device:
     """--device, else this rank's GPU when there is one, else the CPU."""
     if name:
         try:
@@ -265,14 +254,14 @@ def pick_device(name: str | None, info: DistInfo) -> torch.device:
 
 def run_prepare(options: PrepareOptions) -> int:
     """Exit 0 every utterance kept, 1 some rejected, 2 nothing usable (or a UserError)."""
-    info = setup_distributed()
+    info = start_ranks()
     try:
         return _run(options, info)
     finally:
-        teardown_distributed(info)
+        stop_ranks(info)
 
 
-def _run(options: PrepareOptions, info: DistInfo) -> int:
+def _run(options: PrepareOptions, info: RankInfo) -> int:
     device = pick_device(options.device, info)
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
@@ -286,14 +275,15 @@ def _run(options: PrepareOptions, info: DistInfo) -> int:
             folder.guard_settings({"models": hashes} | options.feature_settings(), restart=options.restart)
         except UserError as exc:
             error = str(exc)
-    _agree(info, error)
+    error = broadcast_from_main(error, info)  # every rank stops with rank 0's line instead of hanging
+    if error:
+        raise UserError(error)
     planned = plan(utterances, options)
     featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
     compute_share(planned, featurizer, folder, options, info)
     for note in featurizer.notes() if info.is_main else []:  # rank 0's share of the texts; enough to warn
         print(f"warning: {note}")
-    if info.enabled:
-        dist.barrier()
+    wait_for_all(info)
     if not info.is_main:
         return 0
     report = assemble(planned, folder, options, models, hashes)
