@@ -16,7 +16,7 @@ import pytest
 from indextts_train.errors import UserError
 from indextts_train.prepare import pipeline
 from indextts_train.prepare.corpus import Defaults
-from indextts_train.prepare.featurize import Clip, TextIds
+from indextts_train.prepare.featurize import Clip, CodeLimit, TextIds
 from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.pairs import SplitRule
 from indextts_train.prepare.pipeline import PrepareOptions, plan, run_prepare
@@ -33,6 +33,9 @@ class FakeFeaturizer:
 
     def notes(self) -> list[str]:
         return []
+
+    def code_limit(self) -> CodeLimit:
+        return CodeLimit(max_codes=10_000, frames_per_code=1)
 
     def text_ids(self, utt) -> TextIds | str:
         if not utt.text.strip():

@@ -28,7 +28,7 @@ from indextts_train.config import load_config
 from indextts_train.errors import UserError
 from indextts_train.layout import load_base_checkpoint
 from indextts_train.prepare.audio import emotion_wave, load_audio, speaker_wave
-from indextts_train.prepare.featurize import read_gpt_weights
+from indextts_train.prepare.featurize import expected_codes, read_gpt_weights
 from indextts_train.prepare.tiny import write_tiny_gpt
 from indextts_train.prepare.w2vbert import W2vBert
 
@@ -245,3 +245,13 @@ def test_an_unreadable_gpt_pth_is_one_line(tmp_path) -> None:
     torch.save([1, 2], tmp_path / "gpt.pth")
     with pytest.raises(UserError, match="not a gpt.pth state dict"):
         read_gpt_weights(tmp_path / "gpt.pth")
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_code_counts_from_the_header_equal_the_official_valid_frames(clip) -> None:
+    """plan() rejects too-long clips before any model, from the header and the length rules alone."""
+    import soundfile
+
+    info = soundfile.info(REF / "audio" / f"{clip}.wav")
+    assert expected_codes(info.frames, info.samplerate, 1) == _n_valid(clip)
+    assert expected_codes(info.frames, info.samplerate, 2) == math.ceil(_n_valid(clip) / 2)

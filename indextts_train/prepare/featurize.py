@@ -24,12 +24,19 @@ from indextts_train.config import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.inference_text import TextPath
 from indextts_train.layout import clean_keys
-from indextts_train.prepare.audio import AudioError, emotion_wave, load_audio, speaker_wave
+from indextts_train.prepare.audio import (
+    W2V_RATE,
+    AudioError,
+    emotion_wave,
+    load_audio,
+    sinc_output_length,
+    speaker_wave,
+)
 from indextts_train.prepare.campplus import CampPlus
 from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
 from indextts_train.prepare.corpus import Utterance
 from indextts_train.prepare.models import ModelFiles
-from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert
+from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
 
 SPEAKER_RATE = 22_050  # the official speaker path's intermediate rate, where the prompt cut happens
 SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from
@@ -78,6 +85,25 @@ def read_gpt_weights(path: Path) -> dict[str, torch.Tensor]:
     return clean_keys(state).state
 
 
+@dataclass(frozen=True)
+class CodeLimit:
+    """gpt.max_mel_tokens and the codec's frames per code: a clip with more codes is rejected before any model."""
+
+    max_codes: int
+    frames_per_code: int
+
+
+def expected_codes(frames: int, rate: int, frames_per_code: int) -> int:
+    """The valid codes of a clip of `frames` samples at `rate`, from the speaker path's length rules alone."""
+    at_speaker_rate = frames if rate == SPEAKER_RATE else int(np.ceil(frames * (float(SPEAKER_RATE) / rate)))
+    _, n_valid = w2vbert_frames(sinc_output_length(at_speaker_rate, SPEAKER_RATE, W2V_RATE))
+    return valid_code_count(n_valid, frames_per_code)
+
+
+def too_long_reason(codes: int, max_codes: int) -> str:
+    return f"too long: {codes} codes > gpt.max_mel_tokens {max_codes}"
+
+
 @dataclass
 class TextIds:
     ids: np.ndarray  # (N,) int32
@@ -105,6 +131,9 @@ class Featurizer:
                    encoders=ConditioningEncoders.from_gpt(carried, gpt_cfg, device),
                    campplus=CampPlus.load(models.campplus, device) if models.is_v25 else None,
                    device=device, allow_unk=allow_unk)
+
+    def code_limit(self) -> CodeLimit:
+        return CodeLimit(self.gpt_cfg.max_mel_tokens, self.codec.frames_per_code)
 
     def notes(self) -> list[str]:
         """Warnings about the texts seen (digits without the official normaliser, unknown 2.5 languages)."""
@@ -142,8 +171,8 @@ class Featurizer:
             feat, n_valid = full[i]
             codes = self.codec.codes(feat.to(self.device)).cpu()  # (T,) or (ceil(T/2),): one clip alone
             codes = codes[:valid_code_count(n_valid, self.codec.frames_per_code)]
-            if codes.numel() > self.gpt_cfg.max_mel_tokens:
-                out.append(f"too long: {codes.numel()} codes > gpt.max_mel_tokens {self.gpt_cfg.max_mel_tokens}")
+            if codes.numel() > self.gpt_cfg.max_mel_tokens:  # plan() rejects these from the header already
+                out.append(too_long_reason(codes.numel(), self.gpt_cfg.max_mel_tokens))
                 continue
             arrays = {"codes": codes.numpy().astype(np.int32)}
             prompt_feat = prompts.get(i, full[i])[0]

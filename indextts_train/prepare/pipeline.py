@@ -24,7 +24,15 @@ import torch
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
-from indextts_train.prepare.featurize import Clip, Featurizer, TextIds, load_clip
+from indextts_train.prepare.featurize import (
+    Clip,
+    CodeLimit,
+    Featurizer,
+    TextIds,
+    expected_codes,
+    load_clip,
+    too_long_reason,
+)
 from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, model_hashes
 from indextts_train.prepare.outputs import OutputFolder, file_stem
 from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
@@ -81,8 +89,8 @@ class Planned:
     early: dict[int, str]  # corpus index -> reason
 
 
-def audio_duration(path: str) -> float | str:
-    """Seconds from the file header (no decoding), or why the file cannot be read."""
+def audio_header(path: str) -> tuple[int, int] | str:
+    """(frames, sample rate) from the file header (no decoding), or why the file cannot be read."""
     import soundfile
 
     if not os.path.isfile(path):
@@ -92,20 +100,35 @@ def audio_duration(path: str) -> float | str:
     except Exception as exc:  # soundfile raises several types for unreadable files; each is one rejection
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         return f"audio: unreadable ({detail})"
-    return info.frames / info.samplerate if info.samplerate > 0 else "audio: unreadable (no sample rate)"
+    return (int(info.frames), int(info.samplerate)) if info.samplerate > 0 else "audio: unreadable (no sample rate)"
 
 
-def plan(utterances: list[Utterance], options: PrepareOptions) -> Planned:
+def _early_reason(frames: int, rate: int, options: PrepareOptions, limit: CodeLimit | None) -> str | None:
+    """Why a clip cannot be kept, from its header alone (the code count follows the length rules exactly)."""
+    seconds = frames / rate
+    if seconds < options.min_seconds:
+        return f"too short: {seconds:.2f} s < --min-seconds {options.min_seconds:g}"
+    if options.max_seconds is not None and seconds > options.max_seconds:
+        return f"too long: {seconds:.2f} s > --max-seconds {options.max_seconds:g}"
+    if limit is not None:
+        codes = expected_codes(frames, rate, limit.frames_per_code)
+        if codes > limit.max_codes:
+            return too_long_reason(codes, limit.max_codes)
+    return None
+
+
+def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit | None = None) -> Planned:
     """Durations from the headers, the rejections that need no model, and the batches (see the module doc)."""
     durations, early = [], {}
     for i, utt in enumerate(utterances):
-        seconds = audio_duration(utt.audio)
-        if isinstance(seconds, str):
-            early[i], seconds = seconds, 0.0
-        elif seconds < options.min_seconds:
-            early[i] = f"too short: {seconds:.2f} s < --min-seconds {options.min_seconds:g}"
-        elif options.max_seconds is not None and seconds > options.max_seconds:
-            early[i] = f"too long: {seconds:.2f} s > --max-seconds {options.max_seconds:g}"
+        header = audio_header(utt.audio)
+        if isinstance(header, str):
+            early[i], seconds = header, 0.0
+        else:
+            seconds = header[0] / header[1]
+            reason = _early_reason(*header, options, limit)
+            if reason is not None:
+                early[i] = reason
         durations.append(seconds)
     order = sorted((i for i in range(len(utterances)) if i not in early), key=lambda i: (-durations[i], i))
     batches: list[list[int]] = []
@@ -278,8 +301,8 @@ def _run(options: PrepareOptions, info: RankInfo) -> int:
     error = broadcast_from_main(error, info)  # every rank stops with rank 0's line instead of hanging
     if error:
         raise UserError(error)
-    planned = plan(utterances, options)
     featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
+    planned = plan(utterances, options, featurizer.code_limit())
     compute_share(planned, featurizer, folder, options, info)
     for note in featurizer.notes() if info.is_main else []:  # rank 0's share of the texts; enough to warn
         print(f"warning: {note}")
