@@ -177,3 +177,15 @@ def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, fake_mo
     reasons = {r["id"]: r["reason"] for r in map(json.loads, (tmp_path / "out" / "rejected.jsonl").read_text()
                                                  .splitlines())}
     assert reasons["utt0000"] == "too short: 300 samples at 16 kHz, w2v-BERT needs 560"
+
+
+def test_a_rerun_may_change_batch_seconds(tmp_path, fake_models) -> None:
+    """After running out of GPU memory, a smaller --batch-seconds continues instead of starting over."""
+    corpus = _corpus(tmp_path)
+    run_prepare(_options(tmp_path, corpus))
+    first = _outputs(tmp_path / "out")
+    FakeFeaturizer.calls.clear()
+    assert run_prepare(_options(tmp_path, corpus, batch_seconds=1.0)) == 1
+    assert FakeFeaturizer.calls == []  # everything was complete: nothing recomputed
+    again = _outputs(tmp_path / "out")
+    assert {k for k in first if first[k] != again[k]} == {"prepare.json"}  # only the recorded setting

@@ -72,9 +72,13 @@ class PrepareOptions:
             raise UserError(f"--workers {self.workers}: must be >= 1")
 
     def feature_settings(self) -> dict:
-        """What decides the arrays (a rerun with other values refuses to mix with them)."""
-        return {"batch_seconds": self.batch_seconds, "prompt_seconds": self.prompt_seconds,
-                "min_seconds": self.min_seconds, "max_seconds": self.max_seconds, "allow_unk": self.allow_unk,
+        """What decides the arrays (a rerun with other values refuses to mix with them).
+
+        --batch-seconds is not among them: it moves floats only by rounding (within the reference
+        tolerances, codes unchanged; tested), so a run stopped by GPU memory can go on with a smaller one.
+        """
+        return {"prompt_seconds": self.prompt_seconds, "min_seconds": self.min_seconds,
+                "max_seconds": self.max_seconds, "allow_unk": self.allow_unk,
                 "default_speaker": self.defaults.speaker, "default_language": self.defaults.language}
 
 
@@ -165,7 +169,11 @@ def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featu
     ready = [i for i in batch if i in texts]
     if ready:
         by_index = dict(zip(batch, clips, strict=True))
-        results |= dict(zip(ready, featurizer.features([by_index[i] for i in ready]), strict=True))
+        try:
+            results |= dict(zip(ready, featurizer.features([by_index[i] for i in ready]), strict=True))
+        except torch.cuda.OutOfMemoryError:
+            raise UserError(f"out of GPU memory on a batch of {len(ready)} clips; rerun with a smaller "
+                            "--batch-seconds (finished utterances are kept)") from None
     for i in batch:
         stem, utt = planned.stems[i], planned.utterances[i]
         if folder.has_record(stem):
@@ -248,7 +256,7 @@ def _report(kept: list[dict], rejected: list[dict], tokens: set[int], pairs: Pai
     return {
         "family": "IndexTTS-2.5" if models.is_v25 else "IndexTTS2",
         "corpora": [str(Path(p).resolve()) for p in options.corpora], "model_dir": str(models.model_dir.resolve()),
-        "settings": options.feature_settings() | asdict(options.split),
+        "settings": options.feature_settings() | {"batch_seconds": options.batch_seconds} | asdict(options.split),
         "models": {name: str(path.resolve()) for name, path in sorted(models.files().items())},
         "model_sha256": hashes, "versions": _versions(),
         "counts": {"utterances": len(kept) + len(rejected), "kept": len(kept), "rejected": len(rejected),
