@@ -23,10 +23,10 @@ import yaml
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
-from indextts_train.conditioning import ConditioningEncoders
-from indextts_train.config import load_config
+from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
-from indextts_train.layout import load_base_checkpoint
+from indextts_train.model.conditioning import ConditioningEncoders
+from indextts_train.model.layout import load_base_checkpoint
 from indextts_train.prepare.audio import emotion_wave, load_audio, speaker_wave
 from indextts_train.prepare.featurize import expected_codes, read_gpt_weights
 from indextts_train.prepare.tiny import write_tiny_gpt

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from indextts_train.conditioning import full_float32
 from indextts_train.errors import UserError
+from indextts_train.model.conditioning import full_float32
 
 # Kaldi fbank settings (the torchaudio defaults that matter, at 16 kHz).
 SAMPLE_RATE = 16_000

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from indextts_train.atomic import atomic_write_bytes
-from indextts_train.config import FAMILY_V2, FAMILY_V25
+from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
 from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write_bytes
 
 LAYER_NORM_EPS = 1e-6  # Vocos backbone: every LayerNorm
 SECTION = "semantic_codec"  # the config.yaml section both families describe their codec in

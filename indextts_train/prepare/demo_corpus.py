@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from indextts_train.config import load_config
-from indextts_train.demo_data import AMHARIC, ENGLISH, _make_base_tokenizer
-from indextts_train.demo_data import EXTRA_PIECES as EXTRA_V2
-from indextts_train.demo_data_v25 import EXTRA_RANKS, _make_base_vocabulary
-from indextts_train.demo_data_v25 import LANGUAGES as LANGUAGES_V25
+from indextts_train.config.settings import load_config
+from indextts_train.data.demo_data import AMHARIC, ENGLISH, _make_base_tokenizer
+from indextts_train.data.demo_data import EXTRA_PIECES as EXTRA_V2
+from indextts_train.data.demo_data_v25 import EXTRA_RANKS, _make_base_vocabulary
+from indextts_train.data.demo_data_v25 import LANGUAGES as LANGUAGES_V25
 from indextts_train.errors import UserError
-from indextts_train.inference_text import TextPath
 from indextts_train.prepare.corpus import Defaults
 from indextts_train.prepare.models import Overrides
 from indextts_train.prepare.pairs import SplitRule
 from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
 from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_dir
-from indextts_train.tiktoken_vocab import extend_tiktoken
-from indextts_train.tokenizer import extend_tokenizer
+from indextts_train.text.inference_text import TextPath
+from indextts_train.text.tiktoken_vocab import extend_tiktoken
+from indextts_train.text.tokenizer import extend_tokenizer
 
 N_SPEAKERS = 3
 SECONDS = {False: (0.6, 1.1), True: (0.8, 2.4)}  # tiny max_mel_tokens: 60 codes at 50 Hz, 90 at 25 Hz

@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from indextts_train.conditioning import ConditioningEncoders
-from indextts_train.config import GPTConfig, load_config
+from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
-from indextts_train.inference_text import TextPath
-from indextts_train.layout import clean_keys
+from indextts_train.model.conditioning import ConditioningEncoders
+from indextts_train.model.layout import clean_keys
 from indextts_train.prepare.audio import (
     W2V_RATE,
     AudioError,
@@ -37,6 +36,7 @@ from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_fl
 from indextts_train.prepare.corpus import Utterance
 from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
+from indextts_train.text.inference_text import TextPath
 
 SPEAKER_RATE = 22_050  # the official speaker path's intermediate rate, where the prompt cut happens
 SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from

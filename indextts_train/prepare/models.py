@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from indextts_train.config import FAMILY_V25, load_config
+from indextts_train.config.settings import FAMILY_V25, load_config
 from indextts_train.errors import UserError
 
 

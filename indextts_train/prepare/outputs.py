@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from indextts_train.atomic import atomic_write, atomic_write_text
 from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write, atomic_write_text
 
 SETTINGS_FILE = "prepare.settings.json"
 RECORDS = "records"

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import yaml
 
-from indextts_train.atomic import atomic_write, atomic_write_bytes, atomic_write_text
-from indextts_train.config import FAMILY_V2, FAMILY_V25, load_config
-from indextts_train.layout import CONFORMER_INPUT_KEY, full_state_dict, init_carried
-from indextts_train.model import UnifiedVoiceGPT
+from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
+from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.model.layout import CONFORMER_INPUT_KEY, full_state_dict, init_carried
 from indextts_train.prepare.campplus import write_tiny_campplus
 from indextts_train.prepare.codecs import write_tiny_codec
 from indextts_train.prepare.models import CAMPPLUS_HUB, TOKENIZER_NAMES

@@ -1,0 +1,192 @@
+"""`indextts-train tokenize`: re-encode the text of existing manifest lines with a (new) tokenizer.
+
+After `extend-tokenizer`, or to repair data made by the raw-text path, every line's text is encoded
+again through the official text path (inference_text.TextPath). New text-id `.npy` files and new
+manifests are written under the output folder; the original manifests and arrays are never touched.
+The new manifests point at the original codes and speaker features (relative paths re-written).
+
+Text fields, per manifest form: single `text` -> `text_ids_path` / `text_len`; paired `target_text`
+-> `target_text_ids_path` / `target_text_len`, and `prompt_text` -> `prompt_text_ids_path` /
+`prompt_text_len` where a line has them. IndexTTS-2.5 lines are encoded with their `language` (or
+the code of their `lang_id`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from indextts_train.config.settings import FAMILY_V25
+from indextts_train.data.checkdata import relocate_paths
+from indextts_train.data.manifest import iter_lines
+from indextts_train.data.manifest_v25 import language_code
+from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write
+from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
+
+# (text field, ids path field, length field)
+TEXT_SLOTS = (("text", "text_ids_path", "text_len"),
+              ("target_text", "target_text_ids_path", "target_text_len"),
+              ("prompt_text", "prompt_text_ids_path", "prompt_text_len"))
+_SHOW = 20  # bad lines listed in the report
+
+
+@dataclass
+class _Tally:
+    """What one run counts: lines written, lines left out (first messages), per manifest."""
+
+    written: int = 0
+    bad: int = 0
+    errors: list[str] = field(default_factory=list)
+    manifests: list[dict] = field(default_factory=list)
+
+    def refuse(self, message: str) -> None:
+        self.bad += 1
+        if len(self.errors) < _SHOW:
+            self.errors.append(message)
+
+
+def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path, Path]]:
+    """(input manifest, new manifest, folder of its new ids) per input; refuses clashes and old outputs."""
+    planned, names = [], set()
+    for manifest in manifests:
+        if not manifest.is_file():
+            raise UserError(f"{manifest}: manifest not found; check the path you passed")
+        new, ids_dir = out_dir / manifest.name, out_dir / "text_ids" / manifest.stem
+        if manifest.name in names:
+            raise UserError(f"{manifest}: another manifest has the name {manifest.name}; tokenize them into "
+                            "different --out folders")
+        names.add(manifest.name)
+        if new.resolve() == manifest.resolve():
+            raise UserError(f"{manifest}: --out {out_dir} is the manifest's own folder; pass a new folder "
+                            "(the originals stay untouched)")
+        if new.exists() or ids_dir.exists():
+            raise UserError(f"{new if new.exists() else ids_dir}: already exists (an earlier tokenize?); pass a "
+                            "new --out folder or remove it")
+        planned.append((manifest, new, ids_dir))
+    return planned
+
+
+def _language(obj: dict, text_path: TextPath, where: str) -> str | None:
+    if text_path.family != FAMILY_V25:
+        return None
+    language, lang_id = obj.get("language"), obj.get("lang_id")
+    if isinstance(language, str) and language.strip():
+        return language
+    if type(lang_id) is int and 0 <= lang_id:
+        return language_code(lang_id)
+    raise UserError(f"{where}: an IndexTTS-2.5 line needs `language` (or `lang_id`) to be encoded")
+
+
+def _encode_slot(text: object, text_path: TextPath, language: str | None, where: str, name: str) -> np.ndarray:
+    if not isinstance(text, str) or not text.strip():
+        raise UserError(f"{where}: {name} must be a non-empty string, got {text!r}; fix or drop the line")
+    if text_path.inexact(text, language):
+        raise UserError(f"{where}: {name} has digits, which official inference spells out with {WETEXT_PACKAGE} "
+                        f"(here: {CHARMAP_ONLY}); {WETEXT_INSTALL}, or write the numbers in words")
+    try:
+        pieces = text_path.encode_pieces(text, language)
+    except UserError as exc:  # its language or bytes: the line is what the user fixes
+        raise UserError(f"{where}: {name}: {exc}") from None
+    unknown = [piece.replace("\u2581", "") for token, piece in pieces
+               if text_path.processor is not None and token == text_path.processor.unk_id()]
+    if unknown:
+        raise UserError(f"{where}: {name} has {len(unknown)} run(s) the tokenizer cannot encode "
+                        f"({', '.join(map(repr, unknown[:5]))}); grow the tokenizer on text with them, or drop "
+                        "the line")
+    if not pieces:
+        raise UserError(f"{where}: {name} {text!r} encodes to no ids; fix or drop the line")
+    return np.asarray([token for token, _ in pieces], dtype=np.int32)
+
+
+def _new_line(obj: dict, where: str, text_path: TextPath, ids_dir: Path, line_no: int, to_dir: str) -> dict:
+    """The line with new ids written for every text slot it has; their paths relative to `to_dir`."""
+    language = _language(obj, text_path, where)
+    slots = [slot for slot in TEXT_SLOTS if slot[1] in obj]
+    if not slots:
+        raise UserError(f"{where}: no text_ids_path / target_text_ids_path field; not a manifest line")
+    encoded = {}
+    for text_field, ids_field, len_field in slots:
+        if text_field not in obj:
+            raise UserError(f"{where}: no `{text_field}` field, so {ids_field} cannot be re-encoded; add the text")
+        encoded[(ids_field, len_field)] = _encode_slot(obj[text_field], text_path, language, where, text_field)
+    new = dict(obj)
+    for (ids_field, len_field), ids in encoded.items():
+        path = ids_dir / f"{line_no}.{ids_field.removesuffix('_ids_path')}.npy"
+        with open(path, "xb") as handle:  # exclusive: never over a file this run did not just create
+            np.save(handle, ids, allow_pickle=False)
+        new[ids_field], new[len_field] = os.path.relpath(path, to_dir), len(ids)
+    return new
+
+
+def _write_manifest(manifest: Path, new: Path, ids_dir: Path, text_path: TextPath, tally: _Tally,
+                    handle: BinaryIO) -> int:
+    """Stream the re-encoded lines of one manifest into `handle`; returns how many were written."""
+    from_dir, to_dir = os.path.dirname(os.path.abspath(manifest)), os.path.dirname(os.path.abspath(new))
+    written = 0
+    for line_no, _, raw in iter_lines(str(manifest)):
+        where = f"{manifest}:{line_no}"
+        try:
+            obj = json.loads(raw)
+            if not isinstance(obj, dict):
+                raise UserError(f"{where}: expected a JSON object")
+            line = _new_line(relocate_paths(obj, from_dir, to_dir), where, text_path, ids_dir, line_no, to_dir)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            tally.refuse(f"{where}: not valid JSON; fix or drop the line")
+            continue
+        except UserError as exc:
+            tally.refuse(str(exc))
+            continue
+        handle.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        written += 1
+    return written
+
+
+def tokenize_manifests(manifests: Sequence[str | Path], tokenizer: Path, out_dir: Path, *,
+                       normalizer: str = "auto", strict_language: bool = False,
+                       borrowed: dict[str, int] | None = None) -> dict:
+    """Re-encode every manifest's text into `out_dir`; a report with counts, bad lines and notes.
+
+    A new manifest is published (atomically, after its arrays are on disk) only when at least one
+    of its lines could be encoded.
+    """
+    text_path = TextPath.open(Path(tokenizer), normalizer=normalizer, strict_language=strict_language,
+                              borrowed=borrowed)
+    tally = _Tally()
+    for manifest, new, ids_dir in _outputs([Path(m) for m in manifests], Path(out_dir)):
+        ids_dir.mkdir(parents=True)
+        buffer = io.BytesIO()  # a manifest is small next to its arrays; arrays are written one by one
+        written = _write_manifest(manifest, new, ids_dir, text_path, tally, buffer)
+        if written:
+            atomic_write(new, lambda handle, data=buffer.getvalue(): handle.write(data), before_rename=os.sync)
+        else:
+            ids_dir.rmdir()  # created above and still empty
+        tally.written += written
+        tally.manifests.append({"manifest": str(manifest), "out": str(new) if written else None,
+                                "written": written})
+    return {"tokenizer": str(tokenizer), "normalizer": text_path.normalizer_name, "written": tally.written,
+            "bad": tally.bad, "errors": tally.errors, "manifests": tally.manifests, "notes": text_path.notes()}
+
+
+def tokenize_exit_code(report: dict) -> int:
+    """0: every line re-encoded; 1: some lines could not be; 2: none could."""
+    return 2 if not report["written"] else 1 if report["bad"] else 0
+
+
+def render_tokenize_report(report: dict) -> str:
+    lines = [f"re-encoded with {report['tokenizer']} (normaliser: {report['normalizer']})"]
+    for item in report["manifests"]:
+        target = item["out"] or "nothing written (no line could be encoded)"
+        lines.append(f"  {item['manifest']} -> {target}: {item['written']} line(s)")
+    lines.append(f"{report['written']} line(s) written, {report['bad']} could not be encoded")
+    if report["errors"]:
+        lines.append(f"lines left out (first {len(report['errors'])} of {report['bad']}):")
+        lines += [f"  {error}" for error in report["errors"]]
+    return "\n".join(lines)
