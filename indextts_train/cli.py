@@ -122,6 +122,61 @@ def demo(
                                  train_scope=train_scope) or 0)
 
 
+PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingface_hub")
+
+
+@app.command()
+def prepare(
+    corpus: Annotated[list[Path], typer.Argument(metavar="CORPUS", help="JSONL, LJSpeech metadata.csv, Common "
+                                                 "Voice .tsv or a folder of audio with .txt/.lab transcripts; several "
+                                                 "may be mixed.")],
+    model_dir: Annotated[Path, typer.Option(help="The official model folder (config.yaml, gpt.pth, ...).")],
+    out: Annotated[Path, typer.Option(help="Output folder: arrays, utterances/train/val/rejected.jsonl, prepare.json.")],
+    tokenizer: Annotated[Path | None, typer.Option(help="Tokenizer file (an extended one); default: the model folder's.")] = None,
+    w2v_bert: Annotated[Path | None, typer.Option(help="facebook/w2v-bert-2.0 folder (HF layout).")] = None,
+    semantic_codec: Annotated[Path | None, typer.Option(help="IndexTTS2: MaskGCT semantic_codec/model.safetensors.")] = None,
+    campplus: Annotated[Path | None, typer.Option(help="IndexTTS-2.5: campplus_cn_common.bin.")] = None,
+    download: Annotated[bool, typer.Option(help="Fetch missing hub files (size and licence printed first).")] = False,
+    speaker: Annotated[str | None, typer.Option(help="Speaker for sources that name none.")] = None,
+    language: Annotated[str | None, typer.Option(help="Language code for sources that name none (2.5 needs one).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 [default: the GPU when there is one].")] = None,
+    batch_seconds: Annotated[float, typer.Option(help="Padded audio seconds per w2v-BERT batch.")] = 120.0,
+    prompt_seconds: Annotated[float, typer.Option(help="Prompt features from the first seconds (as inference).")] = 15.0,
+    min_seconds: Annotated[float, typer.Option(help="Shorter clips are rejected.")] = 0.5,
+    max_seconds: Annotated[float | None, typer.Option(help="Longer clips are rejected (targets are never cut).")] = None,
+    prompts_per_target: Annotated[int, typer.Option(help="Prompts of the same speaker per target.")] = 2,
+    val_fraction: Annotated[float, typer.Option(help="Validation share, by a stable hash of the id.")] = 0.05,
+    val_speakers: Annotated[int, typer.Option(help="Hold out this many whole speakers instead.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
+    allow_unk: Annotated[bool, typer.Option(help="Keep texts with characters the tokenizer does not know.")] = False,
+    workers: Annotated[int, typer.Option(help="Threads that load and resample audio ahead of the models.")] = 2,
+    restart: Annotated[bool, typer.Option(help="Remove what prepare wrote in --out and start over.")] = False,
+) -> None:
+    """Audio clips + transcripts -> the arrays and manifests train-gpt reads. Exit 0 all kept, 1 some rejected, 2 none."""
+    import importlib.util
+
+    missing = [name for name in PREPARE_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        fail(f"prepare needs {', '.join(missing)}: pip install 'indextts-train[prepare]'")
+    from indextts_train.prepare.corpus import Defaults
+    from indextts_train.prepare.models import Overrides
+    from indextts_train.prepare.pairs import SplitRule
+    from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
+
+    def build() -> PrepareOptions:
+        return PrepareOptions(
+            corpora=corpus, model_dir=model_dir, out=out, device=device,
+            overrides=Overrides(w2v_bert=w2v_bert, semantic_codec=semantic_codec, campplus=campplus,
+                                tokenizer=tokenizer),
+            defaults=Defaults(speaker=speaker, language=language),
+            split=SplitRule(val_fraction=val_fraction, val_speakers=val_speakers,
+                            prompts_per_target=prompts_per_target, seed=seed),
+            batch_seconds=batch_seconds, prompt_seconds=prompt_seconds, min_seconds=min_seconds,
+            max_seconds=max_seconds, allow_unk=allow_unk, restart=restart, download=download, workers=workers)
+
+    raise typer.Exit(run_guarded(lambda: run_prepare(build())))
+
+
 @app.command()
 def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],

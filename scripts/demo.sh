@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install, then run the built-in demo on CPU: dataset + tokenizers + base checkpoint, train, export.
+# Install, then run the built-in demo on CPU: synthetic clips + tiny models -> prepare, train, export.
 # Rerunning continues the same run (--resume auto).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,4 +11,4 @@ else
     echo "no PyTorch found: installing ${TORCH_SPEC:-torch==2.13.0} (CPU build)"
     "$PYTHON" -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 fi
-"$PYTHON" -m pip install --quiet -e ".[${EXTRAS:-dev}]"
+"$PYTHON" -m pip install --quiet -e ".[${EXTRAS:-dev,prepare}]"  # prepare: the demo runs the real pipeline

@@ -143,3 +143,21 @@ def test_ddp_and_compiled_prefixes_load_as_base_checkpoint(tiny_reference_cfg, t
     trained, carried, _ = load_base_checkpoint(path, tiny_reference_cfg)
     assert {**trained, **carried}.keys() == tiny_reference_sd.keys()
     assert all(torch.equal(trained[k], tiny_reference_sd[k]) for k in trained)
+
+
+def test_encoder_input_width_may_differ_from_1024_but_must_be_whole_bins(tiny_reference_cfg, tiny_reference_sd,
+                                                                         tmp_path):
+    """Tiny w2v-BERT widths (32: 15 bins) load; columns that are not d x bins are refused."""
+    key = "conditioning_encoder.embed.out.0.weight"
+    d = tiny_reference_sd[key].shape[0]
+    state = {**tiny_reference_sd, key: torch.zeros(d, d * 15),
+             f"emo_{key}": torch.zeros(tiny_reference_sd[f"emo_{key}"].shape[0],
+                                       tiny_reference_sd[f"emo_{key}"].shape[0] * 15)}
+    path = tmp_path / "narrow.pth"
+    torch.save(state, path)
+    _, carried, _ = load_base_checkpoint(path, tiny_reference_cfg)
+    assert carried[key].shape == (d, d * 15)
+    state[key] = torch.zeros(d, d * 15 + 1)
+    torch.save(state, path)
+    with pytest.raises(UserError, match="mis-shaped: conditioning_encoder.embed.out.0.weight"):
+        load_base_checkpoint(path, tiny_reference_cfg)

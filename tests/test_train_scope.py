@@ -211,6 +211,7 @@ def test_the_scope_cannot_change_on_resume(family_data, reference, tmp_path, fam
     assert verdict.status != "COMPLETE" and any("lora: missing" in r for r in verdict.reasons), verdict.reasons
 
 
+@pytest.mark.slow  # the demo's data is made by the real prepare first (~9 s)
 @pytest.mark.parametrize("family", ["2", "2.5"])
 def test_demo_trains_the_scope_it_is_given(tmp_path, monkeypatch, family) -> None:
     """`demo --train-scope` reaches the trainer (the runs above train each scope on the demo's data)."""

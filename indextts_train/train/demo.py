@@ -1,11 +1,11 @@
 """`indextts-train demo OUT_DIR [--family 2.5]`: the whole pipeline on a small built-in dataset, on CPU.
 
 It makes a real base vocabulary and an Ethiopic-extended one (IndexTTS2: SentencePiece models;
-IndexTTS-2.5: tiktoken ranks files, where the growth moves every special token), a well-formed
-paired dataset, and a base gpt.pth of the tiny config at the base vocabulary; then trains with the
-extended vocabulary (so it grows and the base rows stay frozen), and exports the result for
-inference. Rerunning it resumes (`--resume auto`), like any run.
-"""
+IndexTTS-2.5: tiktoken ranks files, where the growth moves every special token), synthetic clips
+(tones + noise) with transcripts, and a tiny official-layout model folder of random weights
+(w2v-BERT, codec, CAMPPlus, a base gpt.pth at the base vocabulary); runs the real `prepare` on them;
+then trains with the extended vocabulary (so it grows and the base rows stay frozen), and exports
+the result for inference. Rerunning it resumes (`--resume auto`), like any run."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import torch
 
 from indextts_train.checkpoint.export import export_checkpoint
 from indextts_train.config.settings import load_config
-from indextts_train.data.demo_data import make_demo_dataset
-from indextts_train.data.demo_data_v25 import make_demo_dataset_v25
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried
-from indextts_train.text.inference_text import CHARMAP_ONLY
+from indextts_train.prepare.demo_corpus import make_prepared_demo
 from indextts_train.train.loop import TrainOptions, train
 
 TINY_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
@@ -52,15 +50,11 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     config = load_config(config_path)
     if config.gpt.is_v25 != (family == "2.5"):
         raise UserError(f"{out_dir} holds a demo of the other family ({config.gpt.family_name}); use another OUT_DIR")
-    data_dir = out_dir / "data"
-    make = make_demo_dataset_v25 if family == "2.5" else make_demo_dataset
-    paths = make(data_dir, gpt_cfg=config.gpt)
-    base = out_dir / "base_gpt.pth"
-    if not base.exists():
-        make_base_checkpoint(config_path, base)
-    print(f"demo data in {data_dir}: base tokenizer {paths['base_tokenizer']}, "
-          f"extended tokenizer {paths['tokenizer']}, base checkpoint {base}; text presented as official "
-          f"inference does; normaliser: {CHARMAP_ONLY} (the demo sentences have no digits)")
+    paths = make_prepared_demo(out_dir, config_path)
+    base = paths["base_checkpoint"]
+    print(f"demo data prepared in {out_dir / 'data' / 'prepared'} from synthetic clips by tiny random models in "
+          f"{paths['model_dir']}: base tokenizer {paths['base_tokenizer']}, extended tokenizer {paths['tokenizer']}, "
+          f"base checkpoint {base}; text presented as official inference does, normaliser: {paths['normalizer']}")
     run_dir = out_dir / "run"
     code = train(TrainOptions(
         train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],

@@ -1,0 +1,221 @@
+"""Corpus readers: every form a user keeps clips and transcripts in, read into one list of `Utterance`.
+
+Forms (several may be mixed in one run):
+- JSONL: one `{"audio", "text", "speaker"?, "language"?, "id"?}` object a line, audio relative to the file;
+- LJSpeech: `metadata.csv` (`id|text|normalized`), clips in `wavs/<id>.wav`;
+- Common Voice: a `*.tsv` with `path`, `sentence`, `client_id`, `locale`, clips in `clips/`;
+- a folder of audio files with same-named `.txt` / `.lab` transcripts (speaker = the parent folder);
+- lhotse manifests and Hugging Face `datasets` only where those libraries are installed.
+
+Every read is bounded (line length, transcript size, file count) so a wrong path (a binary file, a
+disk root) ends in one clear line instead of a hang. Ids must be unique across all corpora: a
+duplicate is refused before any work, naming both lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from indextts_train.errors import UserError
+
+MAX_LINE_BYTES = 1 << 20  # a transcript line longer than 1 MiB is not a transcript
+MAX_TRANSCRIPT_BYTES = 1 << 20
+MAX_FOLDERS = 1_000_000  # a folder corpus walk stops here (a disk root passed by mistake)
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
+TRANSCRIPT_SUFFIXES = (".txt", ".lab")
+DEFAULT_SPEAKER = "speaker"
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One clip and its transcript, as a corpus names it."""
+
+    id: str
+    audio: str  # absolute path
+    text: str
+    speaker: str
+    language: str | None
+    where: str  # "file:line" for messages
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """`--speaker` / `--language`: what a source that lacks them gets."""
+
+    speaker: str | None = None
+    language: str | None = None
+
+
+def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:
+    """Every utterance of every corpus, in the order given; duplicate ids refused naming both lines."""
+    if not paths:
+        raise UserError("prepare: no CORPUS given; pass a JSONL file, metadata.csv, a Common Voice .tsv or a folder")
+    utterances: list[Utterance] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        for utt in read_corpus(Path(path), defaults):
+            if utt.id in seen:
+                raise UserError(f"{utt.where}: id {utt.id!r} is also at {seen[utt.id]}; ids must be unique "
+                                "across the corpora (give one of them another id)")
+            seen[utt.id] = utt.where
+            utterances.append(utt)
+    if not utterances:
+        raise UserError(f"{', '.join(map(str, paths))}: no utterances found; check the corpus paths")
+    return utterances
+
+
+def read_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
+    """One CORPUS argument, its form told by its name."""
+    if not path.exists():
+        raise UserError(f"{path}: corpus not found; pass a JSONL file, metadata.csv, a Common Voice .tsv or a folder")
+    name = path.name.lower()
+    if name.endswith((".jsonl.gz", ".parquet", ".arrow")) or (path / "dataset_info.json").is_file():
+        return _optional_form(path, name)
+    if path.is_dir():
+        if (path / "metadata.csv").is_file():
+            return read_ljspeech(path / "metadata.csv", defaults)
+        return read_folder(path, defaults)
+    if name.endswith((".jsonl", ".json")):
+        return read_jsonl(path, defaults)
+    if name.endswith(".csv"):
+        return read_ljspeech(path, defaults)
+    if name.endswith(".tsv"):
+        return read_common_voice(path, defaults)
+    raise UserError(f"{path}: not a corpus form this command reads (.jsonl, metadata.csv, a Common Voice .tsv, "
+                    "or a folder of audio with .txt/.lab transcripts)")
+
+
+def _optional_form(path: Path, name: str) -> list[Utterance]:
+    """lhotse / datasets corpora: only where the library is installed; say so clearly when it is not."""
+    library = "lhotse" if name.endswith(".jsonl.gz") else "datasets"
+    if importlib.util.find_spec(library) is None:
+        raise UserError(f"{path}: a {library} corpus, but {library} is not installed; `pip install {library}`, "
+                        "or export the corpus as JSONL ({\"audio\", \"text\", \"speaker\"} lines)")
+    raise UserError(f"{path}: reading {library} corpora is not supported yet; export the corpus as JSONL "
+                    "({\"audio\", \"text\", \"speaker\"} lines)")
+
+
+def bounded_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number from 1, decoded line without its newline) of every non-blank line; long lines refused."""
+    with open(path, "rb") as handle:
+        line_no = 0
+        while True:
+            raw = handle.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise UserError(f"{path}:{line_no}: line longer than {MAX_LINE_BYTES} bytes; is this a corpus file?")
+            try:
+                text = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise UserError(f"{path}:{line_no}: not UTF-8 text; save the file as UTF-8") from None
+            if text.strip():
+                yield line_no, text.lstrip("\ufeff") if line_no == 1 else text
+
+
+def _absolute(base: Path, audio: str) -> str:
+    return os.path.abspath(os.path.join(base, audio))
+
+
+def _string_field(obj: dict, key: str, where: str, *, required: bool) -> str | None:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and key != "text" and not value.strip()):
+        raise UserError(f"{where}: field {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def read_jsonl(path: Path, defaults: Defaults) -> list[Utterance]:
+    """`{"audio", "text", "speaker"?, "language"?, "id"?}` lines; speaker: the field, --speaker, else the stem."""
+    out = []
+    for line_no, text in bounded_lines(path):
+        where = f"{path}:{line_no}"
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not JSON ({exc.msg}); each line is one {{\"audio\", \"text\"}} object") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object with \"audio\" and \"text\"")
+        audio = _string_field(obj, "audio", where, required=True)
+        speaker = _string_field(obj, "speaker", where, required=False) or defaults.speaker or path.stem
+        uid = _string_field(obj, "id", where, required=False) or Path(audio).stem
+        out.append(Utterance(uid, _absolute(path.parent, audio), _string_field(obj, "text", where, required=True),
+                             speaker, _string_field(obj, "language", where, required=False) or defaults.language,
+                             where))
+    return out
+
+
+def read_ljspeech(path: Path, defaults: Defaults) -> list[Utterance]:
+    """`id|text|normalized` lines (the normalised column is used when present); clips in wavs/<id>.wav."""
+    speaker = defaults.speaker or path.parent.name or DEFAULT_SPEAKER
+    out = []
+    for line_no, text in bounded_lines(path):
+        fields = text.split("|")
+        if len(fields) < 2 or not fields[0].strip():
+            raise UserError(f"{path}:{line_no}: expected `id|text|normalized text` (LJSpeech metadata.csv)")
+        transcript = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
+        uid = fields[0].strip()
+        out.append(Utterance(uid, _absolute(path.parent / "wavs", f"{uid}.wav"), transcript, speaker,
+                             defaults.language, f"{path}:{line_no}"))
+    return out
+
+
+def read_common_voice(path: Path, defaults: Defaults) -> list[Utterance]:
+    """A Common Voice split (`path`, `sentence`, `client_id`, `locale` columns); clips in clips/."""
+    lines = bounded_lines(path)
+    header = next(lines, None)
+    if header is None:
+        raise UserError(f"{path}: empty .tsv; a Common Voice split starts with a header line")
+    columns = next(csv.reader(io.StringIO(header[1]), delimiter="\t", quoting=csv.QUOTE_NONE))
+    missing = [c for c in ("path", "sentence") if c not in columns]
+    if missing:
+        raise UserError(f"{path}:1: header lacks {', '.join(missing)}; a Common Voice .tsv has path and sentence")
+    out = []
+    for line_no, text in lines:
+        row = dict(zip(columns, next(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)),
+                       strict=False))
+        clip = row.get("path", "")
+        if not clip:
+            raise UserError(f"{path}:{line_no}: no `path` value; every row names its clip")
+        speaker = row.get("client_id") or defaults.speaker or DEFAULT_SPEAKER
+        out.append(Utterance(Path(clip).stem, _absolute(path.parent / "clips", clip), row.get("sentence", ""),
+                             speaker, row.get("locale") or defaults.language, f"{path}:{line_no}"))
+    return out
+
+
+def _read_transcript(path: Path) -> str:
+    if path.stat().st_size > MAX_TRANSCRIPT_BYTES:
+        raise UserError(f"{path}: transcript larger than {MAX_TRANSCRIPT_BYTES} bytes; is this a transcript?")
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; save the transcript as UTF-8") from None
+
+
+def read_folder(root: Path, defaults: Defaults) -> list[Utterance]:
+    """Audio files with a same-named .txt/.lab beside them, sorted by path; id = path below the folder."""
+    found = []
+    for count, (folder, dirs, files) in enumerate(os.walk(root)):
+        dirs.sort()
+        if count > MAX_FOLDERS:
+            raise UserError(f"{root}: more than {MAX_FOLDERS} folders; pass the corpus folder itself")
+        found.extend(Path(folder) / name for name in sorted(files) if name.lower().endswith(AUDIO_SUFFIXES))
+    out = []
+    for audio in found:
+        transcript = next((audio.with_suffix(s) for s in TRANSCRIPT_SUFFIXES if audio.with_suffix(s).is_file()), None)
+        if transcript is None:
+            continue  # an audio file without a transcript is not part of the corpus
+        uid = audio.relative_to(root).with_suffix("").as_posix()
+        speaker = defaults.speaker or (audio.parent.name if audio.parent != root else root.name) or DEFAULT_SPEAKER
+        out.append(Utterance(uid, os.path.abspath(audio), _read_transcript(transcript), speaker, defaults.language,
+                             str(transcript)))
+    return out

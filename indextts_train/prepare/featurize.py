@@ -1,0 +1,190 @@
+"""Per-utterance features, computed as official inference computes them (batch size 1), batched where
+batching is safe.
+
+Stages (`../shared/reference/prepare/README.md` has the rules): text ids through the inference text
+path; the speaker-path waveform (soxr to 22,050 Hz, windowed-sinc to 16 kHz) -> w2v-BERT layer 17 ->
+codec codes of the valid frames only (the whole clip: targets are never cut); the prompt, the first
+`prompt_seconds` of the clip -> `condition` (IndexTTS2) or the CAMPPlus `spk_emb` (2.5); the
+emotion-path waveform (soxr straight to 16 kHz) -> `emo_vec`. w2v-BERT masks padding, so it runs in
+padded batches; the codecs and the conformer encoders do not (padding changes their output), so
+they see each clip alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from indextts_train.config.settings import GPTConfig, load_config
+from indextts_train.errors import UserError
+from indextts_train.model.conditioning import ConditioningEncoders
+from indextts_train.model.layout import clean_keys
+from indextts_train.prepare.audio import (
+    W2V_RATE,
+    AudioError,
+    emotion_wave,
+    load_audio,
+    sinc_output_length,
+    speaker_wave,
+)
+from indextts_train.prepare.campplus import CampPlus
+from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
+from indextts_train.prepare.corpus import Utterance
+from indextts_train.prepare.models import ModelFiles
+from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
+from indextts_train.text.inference_text import TextPath
+
+SPEAKER_RATE = 22_050  # the official speaker path's intermediate rate, where the prompt cut happens
+SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from
+
+
+@dataclass
+class Clip:
+    """One utterance's waveforms, loaded and resampled (in a worker thread, ahead of the models)."""
+
+    speaker_full: np.ndarray  # 16 kHz speaker path, whole clip: codes
+    speaker_prompt: np.ndarray | None  # the first prompt_seconds; None when that is the whole clip
+    emotion: np.ndarray  # 16 kHz emotion path, first prompt_seconds: emo_vec
+
+
+def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
+    """The clip's waveforms, or the reason it cannot be used (unreadable, empty, non-finite, silent)."""
+    try:
+        mono, rate = load_audio(Path(utt.audio))
+    except AudioError as exc:
+        return f"audio: {exc}"
+    if mono.size == 0 or float(np.max(np.abs(mono))) < SILENCE_PEAK:
+        return "audio: silent (peak below 1e-4)"
+    full = speaker_wave(mono, rate, None)
+    emotion = emotion_wave(mono, rate, prompt_seconds)
+    if min(full.shape[0], emotion.shape[0]) < MIN_SAMPLES:
+        return f"too short: {min(full.shape[0], emotion.shape[0])} samples at 16 kHz, w2v-BERT needs {MIN_SAMPLES}"
+    at_speaker_rate = mono.shape[0] if rate == SPEAKER_RATE else math.ceil(mono.shape[0] * SPEAKER_RATE / rate)
+    cut = at_speaker_rate > int(prompt_seconds * SPEAKER_RATE)
+    return Clip(speaker_full=full, speaker_prompt=speaker_wave(mono, rate, prompt_seconds) if cut else None,
+                emotion=emotion)
+
+def read_gpt_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a gpt.pth (plain, {"model": ...}, DDP or compiled names), loaded without pickled code.
+
+    Only the speaker/emotion encoders are used here (ConditioningEncoders names any that are missing);
+    train-gpt checks the whole file against the config when it trains on it.
+    """
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated zip, a pickle with code, not a torch file: one line
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{path}: not a readable gpt.pth ({detail[:200]}); pass the model folder's gpt.pth") from None
+    state = loaded.get("model", loaded) if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path}: not a gpt.pth state dict (expected a mapping of key -> tensor)")
+    return clean_keys(state).state
+
+
+@dataclass(frozen=True)
+class CodeLimit:
+    """gpt.max_mel_tokens and the codec's frames per code: a clip with more codes is rejected before any model."""
+
+    max_codes: int
+    frames_per_code: int
+
+
+def expected_codes(frames: int, rate: int, frames_per_code: int) -> int:
+    """The valid codes of a clip of `frames` samples at `rate`, from the speaker path's length rules alone."""
+    at_speaker_rate = frames if rate == SPEAKER_RATE else int(np.ceil(frames * (float(SPEAKER_RATE) / rate)))
+    _, n_valid = w2vbert_frames(sinc_output_length(at_speaker_rate, SPEAKER_RATE, W2V_RATE))
+    return valid_code_count(n_valid, frames_per_code)
+
+
+def too_long_reason(codes: int, max_codes: int) -> str:
+    return f"too long: {codes} codes > gpt.max_mel_tokens {max_codes}"
+
+
+@dataclass
+class TextIds:
+    ids: np.ndarray  # (N,) int32
+    lang_id: int | None  # IndexTTS-2.5 only
+
+
+class Featurizer:
+    """The real stages of one model family, loaded once per process."""
+
+    def __init__(self, *, gpt_cfg: GPTConfig, text: TextPath, w2v: W2vBert, codec: SemanticCodec | EnhancedCodec,
+                 encoders: ConditioningEncoders, campplus: CampPlus | None, device: torch.device,
+                 allow_unk: bool) -> None:
+        self.gpt_cfg, self.text, self.w2v, self.codec = gpt_cfg, text, w2v, codec
+        self.encoders, self.campplus, self.device, self.allow_unk = encoders, campplus, device, allow_unk
+        self.is_v25 = campplus is not None
+
+    @classmethod
+    def load(cls, models: ModelFiles, device: torch.device, *, allow_unk: bool = False) -> Featurizer:
+        gpt_cfg = load_config(models.config).gpt
+        carried = read_gpt_weights(models.gpt)
+        codec_type = EnhancedCodec if models.is_v25 else SemanticCodec
+        return cls(gpt_cfg=gpt_cfg, text=TextPath.open(models.tokenizer),
+                   w2v=W2vBert.load(models.w2v_bert, models.stats, device),
+                   codec=codec_type.load(models.codec, models.codec_config, device),
+                   encoders=ConditioningEncoders.from_gpt(carried, gpt_cfg, device),
+                   campplus=CampPlus.load(models.campplus, device) if models.is_v25 else None,
+                   device=device, allow_unk=allow_unk)
+
+    def code_limit(self) -> CodeLimit:
+        return CodeLimit(self.gpt_cfg.max_mel_tokens, self.codec.frames_per_code)
+
+    def notes(self) -> list[str]:
+        """Warnings about the texts seen (digits without the official normaliser, unknown 2.5 languages)."""
+        return self.text.notes()
+
+    def text_ids(self, utt: Utterance) -> TextIds | str:
+        """The ids inference gives this text, or why the utterance cannot be kept."""
+        if not utt.text.strip():
+            return "text: empty"
+        if self.is_v25 and not utt.language:
+            return "text: no language (IndexTTS-2.5 needs one; pass --language or a language field)"
+        unknown = self.text.unknown(utt.text, utt.language)
+        if unknown and not self.allow_unk:
+            return f"text: characters the tokenizer does not know: {' '.join(unknown)} (--allow-unk keeps them)"
+        ids = np.asarray(self.text.encode(utt.text, utt.language), dtype=np.int32)
+        if ids.size == 0:
+            return "text: no tokens"
+        if ids.size > self.gpt_cfg.max_text_tokens:
+            return f"too long: {ids.size} text tokens > gpt.max_text_tokens {self.gpt_cfg.max_text_tokens}"
+        return TextIds(ids, self.text.lang_id(utt.language) if self.is_v25 else None)
+
+    def features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
+        """Arrays of each clip (codes, condition or spk_emb, emo_vec), or the reason it is rejected."""
+        with torch.no_grad(), exact_float32():  # TF32 would move features past the reference tolerances
+            return self._features(clips)
+
+    def _features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
+        full = self.w2v.layer17([clip.speaker_full for clip in clips])  # one padded forward
+        long = [i for i, clip in enumerate(clips) if clip.speaker_prompt is not None]
+        prompts = dict(zip(long, self.w2v.layer17([clips[i].speaker_prompt for i in long]), strict=True)) \
+            if long else {}
+        emotions = self.w2v.layer17([clip.emotion for clip in clips])
+        out: list[dict[str, np.ndarray] | str] = []
+        for i, clip in enumerate(clips):
+            feat, n_valid = full[i]
+            codes = self.codec.codes(feat.to(self.device)).cpu()  # (T,) or (ceil(T/2),): one clip alone
+            codes = codes[:valid_code_count(n_valid, self.codec.frames_per_code)]
+            if codes.numel() > self.gpt_cfg.max_mel_tokens:  # plan() rejects these from the header already
+                out.append(too_long_reason(codes.numel(), self.gpt_cfg.max_mel_tokens))
+                continue
+            arrays = {"codes": codes.numpy().astype(np.int32)}
+            prompt_feat = prompts.get(i, full[i])[0]
+            if self.is_v25:
+                arrays["spk_emb"] = np.asarray(self.campplus.speaker_vector(
+                    clip.speaker_full if clip.speaker_prompt is None else clip.speaker_prompt), dtype=np.float32)
+            else:
+                arrays["condition"] = self._float(self.encoders.condition(prompt_feat.to(self.device)))
+            arrays["emo_vec"] = self._float(self.encoders.emo_vec(emotions[i][0].to(self.device)))
+            out.append(arrays)
+        return out
+
+    @staticmethod
+    def _float(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().to("cpu", torch.float32).numpy()

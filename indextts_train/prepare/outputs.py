@@ -1,0 +1,147 @@
+"""The output folder of `prepare`: per-utterance arrays and records, the settings guard, the manifests.
+
+Layout: `<name>/<stem>.npy` per array (text_ids, codes, condition or spk_emb, emo_vec), and
+`records/<stem>.json`, written last, that says the utterance is complete (kept: its manifest line;
+rejected: the reason). Every file is written atomically, so a kill leaves either nothing or a whole
+file under a final name; a rerun skips utterances that have a record. `prepare.settings.json` holds
+what decides the arrays (model hashes and feature settings): a rerun with other values refuses to
+mix with them, and `--restart` removes what prepare wrote here (and nothing else).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write, atomic_write_text
+
+SETTINGS_FILE = "prepare.settings.json"
+RECORDS = "records"
+ARRAY_FOLDERS = ("text_ids", "codes", "condition", "spk_emb", "emo_vec")
+MANIFESTS = ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", "prepare.json")
+MAX_RECORD_BYTES = 1 << 20
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def file_stem(uid: str) -> str:
+    """A file name for an id: the id itself when it is a safe name, else a cleaned form plus a hash of the id."""
+    if not _UNSAFE.search(uid) and 0 < len(uid) <= 100 and not uid.startswith("."):
+        return uid
+    cleaned = _UNSAFE.sub("_", uid)[:80].lstrip(".")
+    return f"{cleaned}-{hashlib.sha256(uid.encode('utf-8')).hexdigest()[:12]}"
+
+
+def dumps(obj: dict) -> str:
+    """One manifest line: fixed key order as built, no ASCII escaping, so the bytes are reproducible."""
+    return json.dumps(obj, ensure_ascii=False)
+
+
+class OutputFolder:
+    """What one prepare run writes under --out."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def array_path(self, name: str, stem: str) -> Path:
+        return self.root / name / f"{stem}.npy"
+
+    def record_path(self, stem: str) -> Path:
+        return self.root / RECORDS / f"{stem}.json"
+
+    def has_record(self, stem: str) -> bool:
+        return self.record_path(stem).is_file()
+
+    def read_record(self, stem: str) -> dict | None:
+        path = self.record_path(stem)
+        if not path.is_file():
+            return None
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise UserError(f"{path}: larger than any record prepare writes; rerun with --restart")
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{path}: not a record prepare wrote; rerun with --restart") from None
+
+    def write_arrays(self, stem: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
+        """Each array to `<name>/<stem>.npy`, atomically; returns `<name>_path` -> path relative to the folder."""
+        paths = {}
+        for name, array in arrays.items():
+            path = self.array_path(name, stem)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            buffer = io.BytesIO()
+            np.save(buffer, array, allow_pickle=False)
+            atomic_write(path, lambda handle, data=buffer.getvalue(): handle.write(data))
+            paths[f"{name}_path"] = f"{name}/{stem}.npy"
+        return paths
+
+    def write_record(self, stem: str, record: dict) -> None:
+        """Written after the arrays: its presence means the utterance is complete."""
+        self.record_path(stem).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.record_path(stem), json.dumps(record, ensure_ascii=False, sort_keys=True))
+
+    def guard_settings(self, settings: dict, *, restart: bool) -> None:
+        """Refuse to mix outputs of other models or settings; --restart removes prepare's own files first."""
+        path = self.root / SETTINGS_FILE
+        if path.is_file():
+            if restart:
+                self.remove_own_files()
+            else:
+                previous = self._previous_settings(path)
+                changed = sorted(k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k))
+                if changed:
+                    raise UserError(f"{self.root}: prepared with other {', '.join(changed)}; rerun with --restart "
+                                    "to start over (it removes prepare's files there), or use another --out")
+                self.remove_stale_temp_files()
+                return
+        else:
+            foreign = [name for name in (*MANIFESTS, RECORDS) if (self.root / name).exists()]
+            if foreign:
+                raise UserError(f"--out {self.root}: holds {', '.join(foreign)} that prepare did not write; "
+                                "use an empty or new folder")
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True) + "\n")
+
+    def remove_stale_temp_files(self) -> int:
+        """Temp files a killed run left in prepare's own folders (`.NAME.tmp-PID`, see atomic.py)."""
+        removed = 0
+        for name in (RECORDS, *ARRAY_FOLDERS):
+            folder = self.root / name
+            if folder.is_dir():
+                for stale in folder.glob(".*.tmp-*"):
+                    stale.unlink(missing_ok=True)
+                    removed += 1
+        return removed
+
+    def _previous_settings(self, path: Path) -> dict:
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            raise UserError(f"{path}: unreadable; rerun with --restart to start over") from None
+        if not isinstance(previous, dict):
+            raise UserError(f"{path}: not a settings file prepare wrote; rerun with --restart to start over")
+        return previous
+
+    def remove_own_files(self) -> None:
+        """Only what prepare writes: its folders, manifests and settings file."""
+        for name in (RECORDS, *ARRAY_FOLDERS):
+            if (self.root / name).is_dir():
+                shutil.rmtree(self.root / name)
+        for name in (*MANIFESTS, SETTINGS_FILE):
+            (self.root / name).unlink(missing_ok=True)
+
+    def write_manifest(self, name: str, lines: list[dict]) -> Path:
+        path = self.root / name
+        atomic_write_text(path, "".join(dumps(line) + "\n" for line in lines))
+        return path
+
+    def write_json(self, name: str, obj: dict) -> Path:
+        path = self.root / name
+        atomic_write_text(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
+        return path

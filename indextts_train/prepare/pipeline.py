@@ -1,0 +1,324 @@
+"""`indextts-train prepare`: corpus -> per-utterance arrays -> manifests, resumable, on any number of processes.
+
+The work is cut into batches that depend only on the corpus and `--batch-seconds`: utterances sorted
+by duration (longest first, corpus order for ties), packed while `clips x longest` stays within the
+budget. Batch k belongs to rank k % world_size, so any number of processes computes exactly the
+same batches, and a rerun recomputes a whole batch when any member lacks its record (so a member's
+arrays never depend on which other members finished before a kill). Rank 0 writes the manifests
+after every rank is done, from the records, in corpus order: the same bytes whatever was killed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from indextts_train.errors import UserError
+from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
+from indextts_train.prepare.featurize import (
+    Clip,
+    CodeLimit,
+    Featurizer,
+    TextIds,
+    expected_codes,
+    load_clip,
+    too_long_reason,
+)
+from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, model_hashes
+from indextts_train.prepare.outputs import OutputFolder, file_stem
+from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
+from indextts_train.prepare.progress import PrepareProgress, print_summary
+from indextts_train.prepare.ranks import RankInfo, broadcast_from_main, start_ranks, stop_ranks, wait_for_all
+
+PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
+LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken")
+
+
+@dataclass
+class PrepareOptions:
+    corpora: list[Path]
+    model_dir: Path
+    out: Path
+    overrides: Overrides = field(default_factory=Overrides)
+    defaults: Defaults = field(default_factory=Defaults)
+    split: SplitRule = field(default_factory=SplitRule)
+    device: str | None = None
+    batch_seconds: float = 120.0
+    prompt_seconds: float = 15.0
+    min_seconds: float = 0.5
+    max_seconds: float | None = None
+    allow_unk: bool = False
+    restart: bool = False
+    download: bool = False
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        for flag, value, least in (("--batch-seconds", self.batch_seconds, 0.0),
+                                   ("--prompt-seconds", self.prompt_seconds, 0.1)):
+            if not value > least:
+                raise UserError(f"{flag} {value}: must be > {least:g}")
+        if self.min_seconds < 0 or (self.max_seconds is not None and self.max_seconds <= self.min_seconds):
+            raise UserError(f"--min-seconds {self.min_seconds} / --max-seconds {self.max_seconds}: need 0 <= min < max")
+        if self.workers < 1:
+            raise UserError(f"--workers {self.workers}: must be >= 1")
+
+    def feature_settings(self) -> dict:
+        """What decides the arrays (a rerun with other values refuses to mix with them).
+
+        --batch-seconds is not among them: it moves floats only by rounding (within the reference
+        tolerances, codes unchanged; tested), so a run stopped by GPU memory can go on with a smaller one.
+        """
+        return {"prompt_seconds": self.prompt_seconds, "min_seconds": self.min_seconds,
+                "max_seconds": self.max_seconds, "allow_unk": self.allow_unk,
+                "default_speaker": self.defaults.speaker, "default_language": self.defaults.language}
+
+
+@dataclass
+class Planned:
+    """The corpus, each utterance's duration and file stem, the batches, and what was rejected before any model."""
+
+    utterances: list[Utterance]
+    durations: list[float]
+    stems: list[str]
+    batches: list[list[int]]
+    early: dict[int, str]  # corpus index -> reason
+
+
+def audio_header(path: str) -> tuple[int, int] | str:
+    """(frames, sample rate) from the file header (no decoding), or why the file cannot be read."""
+    import soundfile
+
+    if not os.path.isfile(path):
+        return "audio: file not found"
+    try:
+        info = soundfile.info(path)
+    except Exception as exc:  # soundfile raises several types for unreadable files; each is one rejection
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        return f"audio: unreadable ({detail})"
+    return (int(info.frames), int(info.samplerate)) if info.samplerate > 0 else "audio: unreadable (no sample rate)"
+
+
+def _early_reason(frames: int, rate: int, options: PrepareOptions, limit: CodeLimit | None) -> str | None:
+    """Why a clip cannot be kept, from its header alone (the code count follows the length rules exactly)."""
+    seconds = frames / rate
+    if seconds < options.min_seconds:
+        return f"too short: {seconds:.2f} s < --min-seconds {options.min_seconds:g}"
+    if options.max_seconds is not None and seconds > options.max_seconds:
+        return f"too long: {seconds:.2f} s > --max-seconds {options.max_seconds:g}"
+    if limit is not None:
+        codes = expected_codes(frames, rate, limit.frames_per_code)
+        if codes > limit.max_codes:
+            return too_long_reason(codes, limit.max_codes)
+    return None
+
+
+def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit | None = None) -> Planned:
+    """Durations from the headers, the rejections that need no model, and the batches (see the module doc)."""
+    durations, early = [], {}
+    for i, utt in enumerate(utterances):
+        header = audio_header(utt.audio)
+        if isinstance(header, str):
+            early[i], seconds = header, 0.0
+        else:
+            seconds = header[0] / header[1]
+            reason = _early_reason(*header, options, limit)
+            if reason is not None:
+                early[i] = reason
+        durations.append(seconds)
+    order = sorted((i for i in range(len(utterances)) if i not in early), key=lambda i: (-durations[i], i))
+    batches: list[list[int]] = []
+    for i in order:  # longest first: a batch's first clip is its longest, so its padded cost is n x that
+        if batches and (len(batches[-1]) + 1) * durations[batches[-1][0]] <= options.batch_seconds:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    stems = [file_stem(utt.id) for utt in utterances]
+    return Planned(utterances, durations, stems, batches, early)
+
+
+def _line(utt: Utterance, duration: float, text: TextIds, arrays: dict[str, np.ndarray],
+          paths: dict[str, str]) -> dict:
+    """The single-form line of a kept utterance (utterances.jsonl)."""
+    line = {"id": utt.id, "audio": utt.audio, "text": utt.text, "speaker": utt.speaker, "language": utt.language,
+            "duration": round(duration, 4)}
+    if text.lang_id is not None:
+        line["lang_id"] = text.lang_id
+    return line | paths | {"text_len": int(arrays["text_ids"].size), "code_len": int(arrays["codes"].size)}
+
+
+def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featurizer: Featurizer,
+              folder: OutputFolder) -> None:
+    """Features of one batch; the arrays and record of each member that has no record yet."""
+    results: dict[int, dict | str] = {}
+    texts: dict[int, TextIds] = {}
+    for i, clip in zip(batch, clips, strict=True):
+        text = featurizer.text_ids(planned.utterances[i])
+        if isinstance(text, str) or isinstance(clip, str):
+            results[i] = text if isinstance(text, str) else clip
+        else:
+            texts[i] = text
+    ready = [i for i in batch if i in texts]
+    if ready:
+        by_index = dict(zip(batch, clips, strict=True))
+        try:
+            results |= dict(zip(ready, featurizer.features([by_index[i] for i in ready]), strict=True))
+        except torch.cuda.OutOfMemoryError:
+            raise UserError(f"out of GPU memory on a batch of {len(ready)} clips; rerun with a smaller "
+                            "--batch-seconds (finished utterances are kept)") from None
+    for i in batch:
+        stem, utt = planned.stems[i], planned.utterances[i]
+        if folder.has_record(stem):
+            continue  # done before a kill; its arrays came from this same batch
+        if isinstance(results[i], str):
+            folder.write_record(stem, {"id": utt.id, "rejected": results[i]})
+            continue
+        arrays = {"text_ids": texts[i].ids, **results[i]}
+        paths = folder.write_arrays(stem, arrays)
+        folder.write_record(stem, {"id": utt.id, "kept": _line(utt, planned.durations[i], texts[i], arrays, paths),
+                                   "tokens": sorted({int(t) for t in texts[i].ids})})
+
+
+def _loaded_batches(batches: list[list[int]], planned: Planned, options: PrepareOptions,
+                    pool: ThreadPoolExecutor) -> Iterator[tuple[list[int], list[Clip | str]]]:
+    """Each batch with its clips; the next PREFETCH_BATCHES batches are already loading."""
+    def submit(batch: list[int]) -> list[Future]:
+        return [pool.submit(load_clip, planned.utterances[i], options.prompt_seconds) for i in batch]
+
+    pending = [submit(batch) for batch in batches[:PREFETCH_BATCHES]]
+    for k, batch in enumerate(batches):
+        if k + PREFETCH_BATCHES < len(batches):
+            pending.append(submit(batches[k + PREFETCH_BATCHES]))
+        yield batch, [future.result() for future in pending.pop(0)]
+
+
+def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder, options: PrepareOptions,
+                  info: RankInfo) -> None:
+    """This rank's batches (k % world == rank) that are not complete yet."""
+    mine = [b for k, b in enumerate(planned.batches) if k % info.world_size == info.rank]
+    complete = [all(folder.has_record(planned.stems[i]) for i in b) for b in mine]
+    todo = [b for b, done in zip(mine, complete, strict=True) if not done]
+    seconds = [sum(planned.durations[i] for i in b) for b in mine]
+    progress = PrepareProgress(total_clips=sum(map(len, mine)), total_seconds=sum(seconds),
+                               enabled=info.is_main)
+    progress.advance(sum(len(b) for b, done in zip(mine, complete, strict=True) if done),
+                     sum(s for s, done in zip(seconds, complete, strict=True) if done), skipped=True)
+    with progress, ThreadPoolExecutor(options.workers) as pool:
+        for batch, clips in _loaded_batches(todo, planned, options, pool):
+            run_batch(batch, clips, planned, featurizer, folder)
+            progress.advance(len(batch), sum(planned.durations[i] for i in batch))
+
+
+def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, models: ModelFiles,
+             hashes: dict[str, str]) -> dict:
+    """Manifests from the records, in corpus order (rank 0, after every rank finished)."""
+    kept, rejected, tokens = [], [], set()
+    for i, utt in enumerate(planned.utterances):
+        record = {"rejected": planned.early[i]} if i in planned.early else folder.read_record(planned.stems[i])
+        if record is None:
+            raise UserError(f"{folder.root}: no record for {utt.id} after all ranks finished; rerun the same command")
+        if "kept" in record:
+            kept.append(record["kept"])
+            tokens.update(record["tokens"])
+        else:
+            rejected.append({"id": utt.id, "audio": utt.audio, "reason": record["rejected"]})
+    pairs = make_pairs(kept, options.split)
+    folder.write_manifest("utterances.jsonl", kept)
+    folder.write_manifest("rejected.jsonl", rejected)
+    for name, chosen in (("train.jsonl", pairs.train), ("val.jsonl", pairs.val)):
+        folder.write_manifest(name, [paired_line(t, p, models.is_v25) for t, p in chosen])
+    report = _report(kept, rejected, tokens, pairs, options, models, hashes)
+    folder.write_json("prepare.json", report)
+    return report
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _report(kept: list[dict], rejected: list[dict], tokens: set[int], pairs: Pairs, options: PrepareOptions,
+            models: ModelFiles, hashes: dict[str, str]) -> dict:
+    """prepare.json: settings, model hashes, versions, counts, hours (no times: the bytes are reproducible)."""
+    return {
+        "family": "IndexTTS-2.5" if models.is_v25 else "IndexTTS2",
+        "corpora": [str(Path(p).resolve()) for p in options.corpora], "model_dir": str(models.model_dir.resolve()),
+        "settings": options.feature_settings() | {"batch_seconds": options.batch_seconds} | asdict(options.split),
+        "models": {name: str(path.resolve()) for name, path in sorted(models.files().items())},
+        "model_sha256": hashes, "versions": _versions(),
+        "counts": {"utterances": len(kept) + len(rejected), "kept": len(kept), "rejected": len(rejected),
+                   "rejected_by_reason": dict(sorted(Counter(r["reason"].split(":")[0] for r in rejected).items())),
+                   "train_pairs": len(pairs.train), "val_pairs": len(pairs.val),
+                   "speakers": len({line["speaker"] for line in kept}),
+                   "single_utterance_speakers": len(pairs.lone_speakers),
+                   "languages": dict(sorted(Counter(str(line["language"]) for line in kept).items())),
+                   "distinct_text_tokens": len(tokens)},
+        "hours": round(sum(line["duration"] for line in kept) / 3600, 4),
+    }
+
+
+def pick_device(name: str | None, info: RankInfo) -> torch.device:
+    """--device, else this rank's GPU when there is one, else the CPU."""
+    if name:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise UserError(f"--device {name}: not a device (cpu, cuda, cuda:1)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {name}: no CUDA GPU here; use --device cpu")
+        return device
+    return torch.device("cuda", info.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def run_prepare(options: PrepareOptions) -> int:
+    """Exit 0 every utterance kept, 1 some rejected, 2 nothing usable (or a UserError)."""
+    info = start_ranks()
+    try:
+        return _run(options, info)
+    finally:
+        stop_ranks(info)
+
+
+def _run(options: PrepareOptions, info: RankInfo) -> int:
+    device = pick_device(options.device, info)
+    if options.download and info.enabled:
+        raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
+    models = locate_models(options.model_dir, options.overrides, download=options.download)
+    hashes = model_hashes(models)
+    utterances = read_corpora(options.corpora, options.defaults)
+    folder = OutputFolder(options.out)
+    error = None
+    if info.is_main:
+        try:
+            folder.guard_settings({"models": hashes} | options.feature_settings(), restart=options.restart)
+        except UserError as exc:
+            error = str(exc)
+    error = broadcast_from_main(error, info)  # every rank stops with rank 0's line instead of hanging
+    if error:
+        raise UserError(error)
+    featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
+    planned = plan(utterances, options, featurizer.code_limit())
+    compute_share(planned, featurizer, folder, options, info)
+    for note in featurizer.notes() if info.is_main else []:  # rank 0's share of the texts; enough to warn
+        print(f"warning: {note}")
+    wait_for_all(info)
+    if not info.is_main:
+        return 0
+    report = assemble(planned, folder, options, models, hashes)
+    print_summary(report, options.out)
+    counts = report["counts"]
+    return 2 if counts["kept"] == 0 else (1 if counts["rejected"] else 0)
+

@@ -1,0 +1,83 @@
+"""What `prepare` shows: a live bar (clips/s, hours of audio done/total, ETA) on rank 0, and a summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+
+def format_duration(seconds: float) -> str:
+    """1:02:03 from an hour on, else 4:05."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class PrepareProgress:
+    """A rich bar on a terminal; plain lines every `plain_every` seconds elsewhere (logs, tee, CI)."""
+
+    def __init__(self, *, total_clips: int, total_seconds: float, enabled: bool, plain_every: float = 30.0) -> None:
+        self.total_clips, self.total_seconds = total_clips, total_seconds
+        self.enabled, self.plain_every = enabled, plain_every
+        self.clips = self.computed_clips = 0
+        self.seconds = self.computed_seconds = 0.0
+        self.started = time.monotonic()
+        self.last_plain = self.started
+        self.console = Console(stderr=True, highlight=False)
+        self.live = enabled and sys.stderr.isatty()
+        self.bar = Progress(TextColumn("prepare"), BarColumn(), TextColumn("{task.fields[status]}"),
+                            console=self.console, transient=False) if self.live else None
+        self.task = self.bar.add_task("prepare", total=max(total_clips, 1), status="") if self.bar else None
+
+    def __enter__(self) -> PrepareProgress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def status(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.computed_clips / elapsed
+        audio_rate = self.computed_seconds / elapsed
+        left = (self.total_seconds - self.seconds) / audio_rate if audio_rate > 0 else None
+        eta = format_duration(left) if left is not None else "--:--"
+        return (f"{self.clips}/{self.total_clips} clips  {rate:.1f} clips/s  "
+                f"{self.seconds / 3600:.2f}/{self.total_seconds / 3600:.2f} h audio  ETA {eta}")
+
+    def advance(self, clips: int, seconds: float, *, skipped: bool = False) -> None:
+        """`skipped`: complete before this start (a resume); it counts as done but not in the speed."""
+        self.clips += clips
+        self.seconds += seconds
+        if not skipped:
+            self.computed_clips += clips
+            self.computed_seconds += seconds
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.clips, status=self.status())
+        elif skipped and clips:
+            self.console.print(f"prepare: {clips} clips complete from an earlier run, skipped")
+        elif time.monotonic() - self.last_plain >= self.plain_every:
+            self.last_plain = time.monotonic()
+            self.console.print(f"prepare: {self.status()}")
+
+
+def print_summary(report: dict, out: Path) -> None:
+    """The end of a run: kept, rejected by reason, hours, speakers, languages, text-token coverage, files."""
+    counts = report["counts"]
+    reasons = ", ".join(f"{reason} {n}" for reason, n in counts["rejected_by_reason"].items()) or "none"
+    languages = ", ".join(f"{lang} {n}" for lang, n in counts["languages"].items()) or "none"
+    print(f"prepared {counts['kept']}/{counts['utterances']} utterances ({report['hours']:.3f} h) of "
+          f"{counts['speakers']} speakers; rejected {counts['rejected']} ({reasons}; see {out / 'rejected.jsonl'})")
+    print(f"languages: {languages}; distinct text tokens: {counts['distinct_text_tokens']}; pairs: "
+          f"{counts['train_pairs']} train, {counts['val_pairs']} val "
+          f"({counts['single_utterance_speakers']} single-utterance speakers left out)")
+    print(f"manifests: {out / 'train.jsonl'}, {out / 'val.jsonl'}, {out / 'utterances.jsonl'}")

@@ -1,0 +1,102 @@
+"""Tiny official-layout model folders and synthetic clips: the demo and the tests run the real pipeline on them.
+
+`write_tiny_model_dir` lays out what `prepare --model-dir` reads, as the releases do: config.yaml
+(with its `semantic_codec:` section and `version`), gpt.pth, wav2vec2bert_stats.pt, the tokenizer,
+hf_cache/w2v-bert-2.0/, and the codec (MaskGCT safetensors under hf_cache/semantic_codec/ for
+IndexTTS2; codec.pth for 2.5) and, for 2.5, hf_cache/campplus_cn_common.bin. All weights are seeded
+random tensors; the GPT's conditioning encoders take the tiny w2v-BERT's width.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
+from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.model.layout import CONFORMER_INPUT_KEY, full_state_dict, init_carried
+from indextts_train.prepare.campplus import write_tiny_campplus
+from indextts_train.prepare.codecs import write_tiny_codec
+from indextts_train.prepare.models import CAMPPLUS_HUB, TOKENIZER_NAMES
+from indextts_train.prepare.w2vbert import write_tiny_w2vbert
+
+TINY_W2V_WIDTH = 32
+CLIP_RATE = 16_000
+
+
+def write_tiny_gpt(config_path: Path, path: Path, width: int, seed: int) -> None:
+    """A random gpt.pth of the config whose conditioning front-ends take `width`-wide features."""
+    gpt = load_config(config_path).gpt
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    carried = init_carried(gpt, generator)
+    for key, value in list(carried.items()):
+        if key.endswith(CONFORMER_INPUT_KEY):  # (d, d x bins): bins = (width - 1) // 2
+            d = value.shape[0]
+            carried[key] = torch.randn(d, d * ((width - 1) // 2), generator=generator) / (d * width) ** 0.5
+    state = full_state_dict(UnifiedVoiceGPT(gpt), carried)
+    atomic_write(path, lambda handle: torch.save(state, handle))
+
+
+def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, seed: int = 0,
+                         width: int = TINY_W2V_WIDTH) -> Path:
+    """The official layout of the config's family, every weight random and seeded; returns model_dir.
+
+    `width`: the w2v-BERT hidden size, which the codec and the GPT's encoders then take."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    raw = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))
+    is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
+    hf_cache = model_dir / "hf_cache"
+    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width)
+    stats = hf_cache / "w2v-bert-2.0" / "wav2vec2bert_stats.pt"
+    if stats.is_file():  # the official folder keeps the statistics beside gpt.pth
+        shutil.move(stats, model_dir / "wav2vec2bert_stats.pt")
+    if is_v25:
+        raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, width)
+        write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2)
+    else:
+        (hf_cache / "semantic_codec").mkdir(parents=True, exist_ok=True)
+        raw["semantic_codec"] = write_tiny_codec(hf_cache / "semantic_codec" / "model.safetensors", FAMILY_V2,
+                                                 seed + 1, width)
+        raw["version"] = 2.0
+    raw.pop("train", None)  # the official config has no train: section
+    config_path = model_dir / "config.yaml"
+    atomic_write_text(config_path, yaml.safe_dump(raw, sort_keys=False))
+    atomic_write_bytes(model_dir / TOKENIZER_NAMES[is_v25], tokenizer.read_bytes())
+    write_tiny_gpt(config_path, model_dir / "gpt.pth", width, seed)
+    return model_dir
+
+
+def write_synthetic_clips(folder: Path, texts: list[tuple[str, str | None]], *, speakers: int, seed: int,
+                          seconds: tuple[float, float]) -> Path:
+    """One 16 kHz clip per text (three tones with a slow envelope plus noise; a pitch per speaker), seeded;
+    returns the corpus JSONL (`audio`, `text`, `speaker`, `language`, `id`)."""
+    import soundfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    pitches = rng.uniform(110.0, 260.0, size=speakers)
+    lines = []
+    for i, (text, language) in enumerate(texts):
+        speaker = i % speakers
+        n = int(rng.uniform(*seconds) * CLIP_RATE)
+        t = np.arange(n) / CLIP_RATE
+        tones = sum(np.sin(2 * np.pi * pitches[speaker] * k * t + rng.uniform(0, 6.3)) / k for k in (1, 2, 3))
+        envelope = 0.5 - 0.5 * np.cos(2 * np.pi * t / t[-1])
+        wave = 0.3 * envelope * tones / 1.84 + 0.01 * rng.standard_normal(n)
+        name = f"utt{i:04d}"
+        soundfile.write(folder / f"{name}.wav", wave.astype(np.float32), CLIP_RATE, subtype="PCM_16")
+        line = {"id": name, "audio": f"{name}.wav", "text": text, "speaker": f"spk{speaker}"}
+        if language is not None:
+            line["language"] = language
+        lines.append(json.dumps(line, ensure_ascii=False))
+    corpus = folder / "corpus.jsonl"
+    atomic_write_text(corpus, "\n".join(lines) + "\n")
+    return corpus
+

@@ -1,0 +1,84 @@
+"""Corpus readers: each form, defaults, duplicate ids refused naming both lines, bounded reads."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from indextts_train.errors import UserError
+from indextts_train.prepare import corpus
+from indextts_train.prepare.corpus import Defaults, read_corpora
+
+
+def _jsonl(path, lines) -> None:
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+
+
+def test_jsonl_paths_relative_to_the_file_and_defaults(tmp_path) -> None:
+    (tmp_path / "sub").mkdir()
+    _jsonl(tmp_path / "sub" / "am.jsonl", [{"audio": "clips/a.wav", "text": "ሰላም", "id": "x1", "speaker": "s1"},
+                                           {"audio": "clips/b.wav", "text": "ደህና"}])
+    utts = read_corpora([tmp_path / "sub" / "am.jsonl"], Defaults(language="am"))
+    assert [u.id for u in utts] == ["x1", "b"]
+    assert utts[0].audio == os.path.abspath(tmp_path / "sub" / "clips" / "a.wav")
+    assert [u.speaker for u in utts] == ["s1", "am"]  # no speaker, no --speaker: the file's stem
+    assert [u.language for u in utts] == ["am", "am"]
+    assert read_corpora([tmp_path / "sub" / "am.jsonl"], Defaults(speaker="S"))[1].speaker == "S"
+
+
+def test_ljspeech_common_voice_and_folder_forms(tmp_path) -> None:
+    lj = tmp_path / "LJ"
+    lj.mkdir()
+    (lj / "metadata.csv").write_text("LJ001|Hello 1|Hello one\nLJ002|Bye|\n", encoding="utf-8")
+    cv = tmp_path / "cv"
+    cv.mkdir()
+    (cv / "train.tsv").write_text("client_id\tpath\tsentence\tlocale\nabc\tc1.mp3\tSelam\tam\n", encoding="utf-8")
+    folder = tmp_path / "folder" / "spkA"
+    folder.mkdir(parents=True)
+    (folder / "u1.wav").write_bytes(b"")
+    (folder / "u1.lab").write_text("Hi there\n", encoding="utf-8")
+    (folder / "u2.wav").write_bytes(b"")  # no transcript: not part of the corpus
+    utts = read_corpora([lj, cv / "train.tsv", tmp_path / "folder"], Defaults())
+    assert [(u.id, u.text, u.speaker, u.language) for u in utts] == [
+        ("LJ001", "Hello one", "LJ", None), ("LJ002", "Bye", "LJ", None),
+        ("c1", "Selam", "abc", "am"), ("spkA/u1", "Hi there", "spkA", None)]
+    assert utts[0].audio == os.path.abspath(lj / "wavs" / "LJ001.wav")
+    assert utts[2].audio == os.path.abspath(cv / "clips" / "c1.mp3")
+
+
+def test_duplicate_ids_refused_naming_both_lines(tmp_path) -> None:
+    _jsonl(tmp_path / "a.jsonl", [{"audio": "1.wav", "text": "a", "id": "same"}])
+    _jsonl(tmp_path / "b.jsonl", [{"audio": "x.wav", "text": "b"}, {"audio": "2.wav", "text": "b", "id": "same"}])
+    with pytest.raises(UserError, match=r"b\.jsonl:2: id 'same' is also at .*a\.jsonl:1"):
+        read_corpora([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], Defaults())
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"audio": "a.wav"}\n', r"x\.jsonl:1: field 'text'"),
+    ("not json\n", r"x\.jsonl:1: not JSON"),
+    ('{"audio": "", "text": "t"}\n', r"field 'audio' must be a non-empty string"),
+])
+def test_bad_jsonl_lines_name_the_line(tmp_path, content, message) -> None:
+    (tmp_path / "x.jsonl").write_text(content, encoding="utf-8")
+    with pytest.raises(UserError, match=message):
+        read_corpora([tmp_path / "x.jsonl"], Defaults())
+
+
+def test_reads_are_bounded(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 64)
+    (tmp_path / "x.jsonl").write_bytes(b'{"audio": "a.wav", "text": "' + b"a" * 100 + b'"}\n')
+    with pytest.raises(UserError, match=r"x\.jsonl:1: line longer than 64 bytes"):
+        read_corpora([tmp_path / "x.jsonl"], Defaults())
+
+
+def test_unknown_forms_and_missing_libraries_say_what_to_do(tmp_path) -> None:
+    (tmp_path / "a.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(UserError, match="not a corpus form"):
+        read_corpora([tmp_path / "a.txt"], Defaults())
+    with pytest.raises(UserError, match="corpus not found"):
+        read_corpora([tmp_path / "nope.jsonl"], Defaults())
+    (tmp_path / "cuts.jsonl.gz").write_bytes(b"")
+    with pytest.raises(UserError, match="lhotse"):
+        read_corpora([tmp_path / "cuts.jsonl.gz"], Defaults())

@@ -1,0 +1,191 @@
+"""The prepare pipeline around the stages: batches, records, resumability, manifests, rejections, exit codes.
+
+The stages are replaced by a small deterministic featurizer here (the real ones are exercised end to
+end in test_prepare_e2e.py); everything else (corpus, audio headers, planning, atomic writes,
+settings guard, pairs, manifests) is the shipped code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indextts_train.errors import UserError
+from indextts_train.prepare import pipeline
+from indextts_train.prepare.corpus import Defaults
+from indextts_train.prepare.featurize import Clip, CodeLimit, TextIds
+from indextts_train.prepare.models import ModelFiles
+from indextts_train.prepare.pairs import SplitRule
+from indextts_train.prepare.pipeline import PrepareOptions, plan, run_prepare
+from indextts_train.prepare.tiny import write_synthetic_clips
+
+TEXTS = [("hello there", None), ("good day", None), ("bad ? text", None), ("", None), ("one more", None),
+         ("and again", None), ("last one", None), ("fine", None)]
+
+
+class FakeFeaturizer:
+    """Deterministic stand-in for the model stages: ids from the text bytes, features from the waveform."""
+
+    calls: list[int] = []
+
+    def notes(self) -> list[str]:
+        return []
+
+    def code_limit(self) -> CodeLimit:
+        return CodeLimit(max_codes=10_000, frames_per_code=1)
+
+    def text_ids(self, utt) -> TextIds | str:
+        if not utt.text.strip():
+            return "text: empty"
+        if "?" in utt.text:
+            return "text: characters the tokenizer does not know: ?"
+        return TextIds(np.frombuffer(utt.text.encode(), dtype=np.uint8).astype(np.int32) % 50, None)
+
+    def features(self, clips: list[Clip]) -> list[dict | str]:
+        FakeFeaturizer.calls.append(len(clips))
+        out = []
+        for clip in clips:
+            n = len(clip.speaker_full) // 320
+            out.append({"codes": (np.arange(n) % 7).astype(np.int32),
+                        "condition": np.full((32, 4), float(np.abs(clip.speaker_full).mean()), np.float32),
+                        "emo_vec": np.full(4, float(len(clip.emotion)), np.float32)})
+        return out
+
+
+@pytest.fixture
+def fake_models(tmp_path, monkeypatch) -> ModelFiles:
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    models = ModelFiles(model_dir=model_dir, is_v25=False, config=model_dir / "config.yaml", gpt=model_dir / "g",
+                        stats=model_dir / "s", tokenizer=model_dir / "t", w2v_bert=model_dir, codec=model_dir / "c")
+    hashes = {"gpt": "0" * 64}
+    monkeypatch.setattr(pipeline, "locate_models", lambda *a, **k: models)
+    monkeypatch.setattr(pipeline, "model_hashes", lambda m: dict(hashes))
+    monkeypatch.setattr(pipeline.Featurizer, "load", classmethod(lambda cls, *a, **k: FakeFeaturizer()))
+    models.hashes = hashes  # the test changes it to mean "other weights"
+    return models
+
+
+def _options(tmp_path: Path, corpus: Path, **kw) -> PrepareOptions:
+    return PrepareOptions(corpora=[corpus], model_dir=tmp_path / "models", out=tmp_path / "out", device="cpu",
+                          split=SplitRule(val_fraction=0.0, prompts_per_target=1), **{"min_seconds": 0.3, **kw})
+
+
+def _corpus(tmp_path: Path) -> Path:
+    corpus = write_synthetic_clips(tmp_path / "clips", TEXTS, speakers=2, seed=0, seconds=(0.4, 1.2))
+    (tmp_path / "clips" / "utt0007.wav").write_bytes(b"RIFF not audio")
+    return corpus
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_rejections_have_reasons_and_exit_1(tmp_path, fake_models) -> None:
+    corpus = _corpus(tmp_path)
+    assert run_prepare(_options(tmp_path, corpus)) == 1
+    out = tmp_path / "out"
+    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["reason"].split(":")[0]) for r in rejected] == [
+        ("utt0002", "text"), ("utt0003", "text"), ("utt0007", "audio")]
+    kept = [json.loads(line) for line in (out / "utterances.jsonl").read_text().splitlines()]
+    assert [k["id"] for k in kept] == ["utt0000", "utt0001", "utt0004", "utt0005", "utt0006"]  # corpus order
+    for line in kept:
+        codes = np.load(out / line["codes_path"])
+        assert codes.dtype == np.int32 and codes.size == line["code_len"]
+        assert np.load(out / line["text_ids_path"]).size == line["text_len"]
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert len(train) == 5 and all(t["target_id"] != t["prompt_id"] for t in train)
+    report = json.loads((out / "prepare.json").read_text())
+    assert report["counts"]["kept"] == 5 and report["counts"]["rejected_by_reason"] == {"audio": 1, "text": 2}
+
+
+def test_rerun_skips_complete_work_and_gives_the_same_bytes(tmp_path, fake_models) -> None:
+    corpus = _corpus(tmp_path)
+    run_prepare(_options(tmp_path, corpus))
+    first = _outputs(tmp_path / "out")
+    FakeFeaturizer.calls.clear()
+    assert run_prepare(_options(tmp_path, corpus)) == 1
+    assert FakeFeaturizer.calls == []  # nothing recomputed
+    assert _outputs(tmp_path / "out") == first
+    record = next((tmp_path / "out" / "records").glob("utt0004.json"))
+    record.unlink()  # as if killed after the arrays, before the record
+    assert run_prepare(_options(tmp_path, corpus)) == 1
+    assert len(FakeFeaturizer.calls) == 1  # only that utterance's batch
+    assert _outputs(tmp_path / "out") == first
+
+
+def test_batches_depend_only_on_corpus_and_budget(tmp_path) -> None:
+    corpus = _corpus(tmp_path)
+    from indextts_train.prepare.corpus import read_corpora
+
+    utts = read_corpora([corpus], Defaults())
+    small = plan(utts, _options(tmp_path, corpus, batch_seconds=1.5))
+    large = plan(utts, _options(tmp_path, corpus, batch_seconds=100.0))
+    assert len(large.batches) == 1 and len(small.batches) > 1
+    for batch in small.batches:
+        assert len(batch) * small.durations[batch[0]] <= 1.5 or len(batch) == 1
+    assert sorted(i for b in small.batches for i in b) == sorted(i for b in large.batches for i in b)
+    assert small.early == {7: small.early[7]} and small.early[7].startswith("audio: unreadable")
+
+
+def test_other_settings_or_models_refuse_to_mix(tmp_path, fake_models) -> None:
+    corpus = _corpus(tmp_path)
+    run_prepare(_options(tmp_path, corpus))
+    with pytest.raises(UserError, match="prepared with other prompt_seconds; rerun with --restart"):
+        run_prepare(_options(tmp_path, corpus, prompt_seconds=5.0))
+    fake_models.hashes["gpt"] = "1" * 64
+    with pytest.raises(UserError, match="prepared with other models"):
+        run_prepare(_options(tmp_path, corpus))
+    (tmp_path / "out" / "mine.txt").write_text("user file")
+    assert run_prepare(_options(tmp_path, corpus, restart=True)) == 1
+    assert (tmp_path / "out" / "mine.txt").read_text() == "user file"  # not ours: kept
+
+
+def test_foreign_output_folder_and_nothing_usable(tmp_path, fake_models) -> None:
+    corpus = _corpus(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train.jsonl").write_text("theirs\n")
+    with pytest.raises(UserError, match="holds train.jsonl that prepare did not write"):
+        run_prepare(_options(tmp_path, corpus))
+    assert (tmp_path / "out" / "train.jsonl").read_text() == "theirs\n"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"audio": "missing.wav", "text": "x"}\n')
+    options = _options(tmp_path, bad)
+    options.out = tmp_path / "out2"
+    assert run_prepare(options) == 2
+
+
+def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, fake_models) -> None:
+    corpus = _corpus(tmp_path)
+    run_prepare(_options(tmp_path, corpus))
+    stale = tmp_path / "out" / "codes" / ".utt0000.npy.tmp-99999"
+    stale.write_bytes(b"half")
+    assert run_prepare(_options(tmp_path, corpus)) == 1
+    assert not stale.exists()
+
+
+def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, fake_models) -> None:
+    import soundfile
+
+    corpus = _corpus(tmp_path)
+    soundfile.write(tmp_path / "clips" / "utt0000.wav", np.full(300, 0.1, np.float32), 16000)  # 19 ms
+    assert run_prepare(_options(tmp_path, corpus, min_seconds=0.0)) == 1
+    reasons = {r["id"]: r["reason"] for r in map(json.loads, (tmp_path / "out" / "rejected.jsonl").read_text()
+                                                 .splitlines())}
+    assert reasons["utt0000"] == "too short: 300 samples at 16 kHz, w2v-BERT needs 560"
+
+
+def test_a_rerun_may_change_batch_seconds(tmp_path, fake_models) -> None:
+    """After running out of GPU memory, a smaller --batch-seconds continues instead of starting over."""
+    corpus = _corpus(tmp_path)
+    run_prepare(_options(tmp_path, corpus))
+    first = _outputs(tmp_path / "out")
+    FakeFeaturizer.calls.clear()
+    assert run_prepare(_options(tmp_path, corpus, batch_seconds=1.0)) == 1
+    assert FakeFeaturizer.calls == []  # everything was complete: nothing recomputed
+    again = _outputs(tmp_path / "out")
+    assert {k for k in first if first[k] != again[k]} == {"prepare.json"}  # only the recorded setting
