@@ -28,7 +28,7 @@ def options(data: dict, out: Path, **overrides) -> TrainOptions:
 
 def grown_config(tmp_path: Path, tokens: int = 150) -> Path:
     """The tiny config with a larger text vocabulary, as if the tokenizer had been extended."""
-    data = yaml.safe_load(Path(train_mod.__file__).resolve().parents[1].joinpath("configs/tiny.yaml").read_text())
+    data = yaml.safe_load(Path(train_mod.__file__).resolve().parents[2].joinpath("configs/tiny.yaml").read_text())
     data["gpt"]["number_text_tokens"] = tokens
     path = tmp_path / "grown.yaml"
     path.write_text(yaml.safe_dump(data))
