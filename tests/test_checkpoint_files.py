@@ -16,7 +16,8 @@ from helpers import community_state, names, trained
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.files import CheckpointError, CheckpointSaveError
 from indextts_train.checkpoint.lineage import resume_order
-from indextts_train.checkpoint.state import History, Lineage, capture_rng, restore_rng
+from indextts_train.checkpoint.rng import capture_rng, restore_rng
+from indextts_train.checkpoint.state import History, Lineage
 
 
 def make_state(step: int = 1) -> dict:

@@ -25,6 +25,7 @@ from indextts_train.checkpoint.files import (
     verify_checkpoint,
     write_state,
 )
+from indextts_train.checkpoint.rng import rng_problem, seeded_rng
 from indextts_train.checkpoint.state import (
     FORMAT,
     FORMAT_VERSION,
@@ -34,8 +35,6 @@ from indextts_train.checkpoint.state import (
     migrate,
     optimizer_params,
     optimizer_problems,
-    rng_problem,
-    seeded_rng,
     validate,
 )
 from indextts_train.config.schema import field_types, is_int

@@ -24,15 +24,8 @@ from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.checkpoint.base import load_base_checkpoint, settle_family
 from indextts_train.checkpoint.files import BEST, ignored_by_base_checkpoint, load_checkpoint, publish, same_file
 from indextts_train.checkpoint.lineage import run_lineage
-from indextts_train.checkpoint.state import (
-    DataRecord,
-    History,
-    Lineage,
-    Progress,
-    TrainingState,
-    capture_rng,
-    repaired_unknown,
-)
+from indextts_train.checkpoint.rng import capture_rng
+from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, TrainingState, repaired_unknown
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
