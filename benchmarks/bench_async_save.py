@@ -30,6 +30,7 @@ from report import write_result
 
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.async_save import BackgroundSaver, cpu_snapshot
+from indextts_train.checkpoint.rng import capture_rng
 from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
@@ -56,7 +57,7 @@ def _state(model: UnifiedVoiceGPT, optimizer: torch.optim.AdamW, step: int) -> d
             "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
             "scheduler": {"last_epoch": step}, "scaler": None,
             "progress": Progress(step=step, sampler_seed=1, micro_batch=4, grad_accumulation=1).state_dict(),
-            "rng": [ckpt.capture_rng()],
+            "rng": [capture_rng()],
             "history": History().state_dict(), "data": DataRecord().state_dict(),  # every part of the format
             "lineage": Lineage().state_dict(),
             "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True}}

@@ -27,6 +27,7 @@ import torch
 from report import write_result
 
 from indextts_train.checkpoint import files as ckpt
+from indextts_train.checkpoint.rng import capture_rng
 from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress
 
 RESULT = Path(__file__).resolve().parent / "results" / "checkpoint.json"
@@ -49,7 +50,7 @@ def build_state(total_mb: int) -> dict:
         "optimizer": optimizer.state_dict(), "optimizer_param_names": names,
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": Progress(sampler_seed=1, micro_batch=1, grad_accumulation=1).state_dict(),
-        "rng": [ckpt.capture_rng()], "history": History().state_dict(), "data": DataRecord().state_dict(),
+        "rng": [capture_rng()], "history": History().state_dict(), "data": DataRecord().state_dict(),
         "lineage": Lineage().state_dict(),
         "hparams": {}, "config": {}, "vocab_plan": {"base_tokens": 1, "tokens": 1, "freeze_base": True},
     }

@@ -30,10 +30,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-from indextts_train.checkpoint.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: re-exported for callers)
+from indextts_train.checkpoint.state import (  # noqa: F401  (FORMAT_VERSION: re-exported for callers)
     FORMAT,
     FORMAT_VERSION,
-    capture_rng,
     migrate,
     model_problem,
     nonfinite_problem,
