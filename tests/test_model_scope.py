@@ -170,10 +170,18 @@ def test_frozen_tensors_and_base_rows_stay_bit_identical_and_get_no_optimizer_st
 
 def test_lora_starts_equal_to_the_base_model():
     base, adapted = _model(), _model()
-    apply_scope(adapted, _settings("lora"), text_rows_train=True, generator=torch.Generator().manual_seed(3))
+    adapters = apply_scope(adapted, _settings("lora"), text_rows_train=True,
+                           generator=torch.Generator().manual_seed(3))
     batch = _batch(7)
     for a, b in zip(base.eval()(batch), adapted.eval()(batch), strict=True):
         assert torch.equal(a, b)
+    # The equality is the zero init of B, not adapters left off the forward path: any non-zero B
+    # changes the output.
+    with torch.no_grad():
+        for name, param in adapters.named_parameters():
+            if name.endswith("lora_B"):
+                param.fill_(1e-3)
+    assert not torch.equal(base(batch)[1], adapted(batch)[1])
 
 
 def test_lora_dropout_follows_the_model_mode():
