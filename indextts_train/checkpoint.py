@@ -34,6 +34,7 @@ from indextts_train.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.config import FAMILY_NAMES, Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.faults import crash_armed, crash_point
+from indextts_train.numpy_pickle import NOT_OURS
 from indextts_train.numpy_pickle import REFUSED as NUMPY_REFUSED
 from indextts_train.numpy_pickle import load_weights_only
 from indextts_train.schema import is_int
@@ -102,6 +103,8 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     try:
         return load_weights_only(path, mmap=mmap and is_zip)
     except pickle.UnpicklingError as exc:
+        if str(exc).startswith(NOT_OURS):
+            raise CheckpointError(f"refusing to load {path}: {exc}") from None
         refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
         if refused:
             raise CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
