@@ -34,9 +34,8 @@ from indextts_train.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.config import FAMILY_NAMES, Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.faults import crash_armed, crash_point
-from indextts_train.numpy_pickle import NOT_OURS
+from indextts_train.numpy_pickle import NOT_OURS, load_weights_only
 from indextts_train.numpy_pickle import REFUSED as NUMPY_REFUSED
-from indextts_train.numpy_pickle import load_weights_only
 from indextts_train.schema import is_int
 from indextts_train.state import (  # noqa: F401  (capture_rng, FORMAT_VERSION: re-exported for callers)
     FORMAT,
