@@ -209,6 +209,17 @@ def _kind(obj: Any) -> str:
     return "unknown"
 
 
+def is_training_checkpoint(path: Path) -> bool:
+    """Whether `path` holds a training state (ours or a community one): by its name, else by its contents."""
+    path = Path(path)
+    if path.name in (LATEST, BEST) or _step_of(path) is not None:
+        return True
+    try:
+        return _kind(read_unchecked(path)) in ("indextts-train", "community")
+    except CheckpointError:
+        return False
+
+
 def ignored_by_base_checkpoint(path: Path, obj: Any) -> str | None:
     """What --base-checkpoint leaves out when `obj` is a training checkpoint (ours or community), else None."""
     kind = _kind(obj)

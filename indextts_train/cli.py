@@ -295,8 +295,9 @@ def export(
     tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="IndexTTS-2.5: the .tiktoken the run trained with; copied beside the export as multilingual_zh_ja_yue_char_del.tiktoken.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="The tokenizer the run trained with, copied beside the export: IndexTTS-2.5's .tiktoken as multilingual_zh_ja_yue_char_del.tiktoken (required when the run grew the vocabulary), IndexTTS2's .model as --tokenizer-name.")] = None,
     adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing output files (never a training checkpoint).")] = False,
 ) -> None:
     """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows, LoRA merged)."""
     from indextts_train.export import export_checkpoint, export_source
@@ -304,7 +305,7 @@ def export(
     source = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
                           tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer,
-                          adapters_out=adapters_out)
+                          adapters_out=adapters_out, force=force)
     origin = summary["provenance"]
     typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
     family = f" ({summary['family']} layout)" if summary["family"] != "IndexTTS2" else ""

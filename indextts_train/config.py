@@ -8,6 +8,7 @@ Our own optional `train:` section holds training defaults; CLI flags override it
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -241,6 +242,9 @@ class Config:
     gpt: GPTConfig = field(default_factory=GPTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     source: str = ""  # the file it came from, for messages
+    # IndexTTS2's own sections (dataset, s2mel, ...) as read: unused for training, but stored in the
+    # checkpoint so that an export without --config still writes a config.yaml inference can load.
+    sections: dict = field(default_factory=dict)
 
     def override(self, values: dict[str, Any]) -> None:
         """Flags beat the config's train: section; the dataclass re-validates the result by name."""
@@ -269,7 +273,19 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     gpt = build(GPTConfig, data["gpt"], f"{source}: gpt")
     gpt.family = family_of_version(data.get("version"), f"{source}: version")
     train = build(TrainConfig, data.get("train"), f"{source}: train")
-    return Config(gpt=gpt, train=train, source=source)
+    sections = {k: data[k] for k in OFFICIAL_SECTIONS if k in data and _is_plain(data[k])}
+    return Config(gpt=gpt, train=train, source=source, sections=sections)
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """Whether `value` is plain YAML data a weights-only checkpoint can hold (no dates, not too deep)."""
+    if depth > 16:
+        return False
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v, depth + 1) for v in value)
+    return type(value) in (str, int, float, bool, type(None))
 
 
 def family_of_version(value: Any, where: str) -> str | None:
@@ -312,7 +328,7 @@ def gpt_to_dict(gpt: GPTConfig) -> dict:
 def config_to_dict(config: Config) -> dict:
     train = dataclasses.asdict(config.train)
     train["adam_betas"] = list(train["adam_betas"])
-    out = {"gpt": gpt_to_dict(config.gpt), "train": train}
+    out = {**copy.deepcopy(config.sections), "gpt": gpt_to_dict(config.gpt), "train": train}
     if config.gpt.family is not None:
         out["version"] = version_of_family(config.gpt.family)
     return out
