@@ -39,6 +39,24 @@ class ConditionModuleConfig:
     input_layer: str = "conv2d2"
     perceiver_mult: float = 2  # may be a float: the reference uses int(dim * mult * 2 / 3)
 
+    def __post_init__(self) -> None:
+        for name in ("output_size", "linear_units", "attention_heads", "num_blocks"):
+            if not 1 <= getattr(self, name) <= 65_536:
+                raise UserError(f"gpt condition module: {name} must be in 1..65_536, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.perceiver_mult) and 0 < self.perceiver_mult <= 64):
+            raise UserError(f"gpt condition module: perceiver_mult must be in (0, 64], got {self.perceiver_mult!r}")
+
+
+# Every integer of the `gpt:` section, inclusive: far beyond the real models (IndexTTS2: 24 layers of
+# 1280, 12000 text tokens), yet small enough that a typo (`layers: 100000000`) is named at once
+# instead of reaching the memory estimate or the allocator.
+_GPT_RANGES = {
+    "model_dim": (1, 65_536), "heads": (1, 1024), "layers": (1, 1024), "max_mel_tokens": (1, 1_000_000),
+    "max_text_tokens": (1, 1_000_000), "number_text_tokens": (1, 10_000_000), "number_mel_codes": (1, 1_000_000),
+    "mel_length_compression": (1, 1_000_000), "start_mel_token": (0, 999_999), "stop_mel_token": (0, 999_999),
+    "start_text_token": (0, 9_999_999), "stop_text_token": (0, 9_999_999),
+}
+
 
 @dataclass
 class GPTConfig:
@@ -71,13 +89,9 @@ class GPTConfig:
     family: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("model_dim", "max_mel_tokens", "max_text_tokens", "heads", "layers", "number_text_tokens",
-                     "number_mel_codes", "mel_length_compression"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"gpt.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("start_mel_token", "stop_mel_token", "start_text_token", "stop_text_token"):
-            if getattr(self, name) < 0:
-                raise UserError(f"gpt.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name, (low, high) in _GPT_RANGES.items():
+            if not low <= getattr(self, name) <= high:
+                raise UserError(f"gpt.{name} must be in {low}..{high:_}, got {getattr(self, name)!r}")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
@@ -222,6 +236,19 @@ _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
           "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
 
+# Upper ends (inclusive) of the `train:` settings that have no natural one: far beyond any real run,
+# so a typo is one line; the seed is a 64-bit unsigned integer (what torch and numpy accept).
+# --num-workers has none: above the CPU count it is lowered, with a warning (hardware.py).
+_TRAIN_MAX = {
+    "batch_size": 65_536, "grad_accumulation": 65_536, "effective_batch_size": 1 << 24,
+    "learning_rate": 10.0, "weight_decay": 100.0, "adam_eps": 1.0, "warmup_steps": 1 << 40, "epochs": 1_000_000,
+    "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
+    "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
+    "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
+    "max_bad_steps": 1_000_000, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
+}
+
+
 def _check_range(name: str, value: Any, rule: str) -> None:
     """One line naming the config key and the flag."""
     text, ok = _RULES[rule]
@@ -230,6 +257,9 @@ def _check_range(name: str, value: Any, rule: str) -> None:
         raise UserError(f"{where} must be a finite number, got {value!r}")
     if not ok(value):
         raise UserError(f"{where} must be {text}, got {value!r}")
+    high = _TRAIN_MAX.get(name)
+    if high is not None and value > high:
+        raise UserError(f"{where} must be at most {high:_}, got {value:_}")
 
 
 def train_flags() -> list[dataclasses.Field]:
