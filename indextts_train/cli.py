@@ -21,6 +21,11 @@ from indextts_train.config import DEFAULT_CONFIG, TrainConfig, TrainOptions, tra
 from indextts_train.errors import UserError, user_line
 from indextts_train.schema import field_types
 
+try:  # typer 0.2x carries its own copy of click; older releases use click itself
+    from typer._click.exceptions import ClickException
+except ImportError:
+    from click import ClickException
+
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -364,16 +369,33 @@ def webui(
     raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root) or 0)
 
 
+def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
+    """Run `command` as its entry point does and return the exit code.
+
+    Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
+    it is one line on stderr like every other refusal, with the same exit code 2.
+    """
+    try:
+        code = command(args=args, standalone_mode=False)
+    except ClickException as exc:
+        typer.echo(f"error: {exc.format_message().rstrip('.')} (see --help)", err=True)
+        return exc.exit_code
+    except typer.Abort:  # Ctrl+C outside a command's own handling
+        typer.echo("Aborted!", err=True)
+        return 130
+    return code if isinstance(code, int) else 0
+
+
 def main() -> None:
     """`indextts-train` entry point."""
-    app()
+    sys.exit(run_app(app))
 
 
 def train_gpt_main() -> None:
     """`train-gpt` entry point: the train command alone, with the community flag names."""
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     single.command()(train)
-    single()
+    sys.exit(run_app(single))
 
 
 if __name__ == "__main__":

@@ -343,6 +343,14 @@ def load_config(path: str | Path) -> Config:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                        "save the config as UTF-8") from None
+    except RecursionError:  # PyYAML builds nested values recursively
+        raise UserError(f"{path}: nested too deeply to be a config; "
+                        "pass IndexTTS2's config.yaml or configs/*.yaml") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the config ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a YAML mapping with a 'gpt:' section")
     return config_from_dict(data, str(path))

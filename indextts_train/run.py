@@ -32,7 +32,14 @@ from indextts_train.errors import UserError
 from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
-from indextts_train.layout import full_state_dict, init_carried, load_base_checkpoint, resolve_family, settle_family
+from indextts_train.layout import (
+    full_state_dict,
+    init_carried,
+    load_base_checkpoint,
+    mismatch_summary,
+    resolve_family,
+    settle_family,
+)
 from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.optim import OptimizerSet
@@ -372,9 +379,9 @@ def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
     config.gpt.number_text_tokens = tokens
     try:
         model = _new_model(config, trained)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise UserError(f"{path} does not fit --config {config.source}: {first}") from None
+    except RuntimeError:
+        raise UserError(f"{path} does not fit --config {config.source}: {mismatch_summary(trained, config.gpt)}; "
+                        "pass the config the checkpoint was trained with") from None
     saved = VocabPlan.from_dict(ckpt["vocab_plan"])
     # A repaired community plan does not say where new rows went; the tokenizer's kind does.
     insert_at = saved.insert_at if saved.insert_at is not None else growth_point(tokenizer, saved.base_tokens)
