@@ -29,6 +29,7 @@ from indextts_train.data import ManifestDataset, ManifestIndex
 from indextts_train.data_v25 import parse_borrowed
 from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError
+from indextts_train.faults import crash_point
 from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
@@ -454,6 +455,7 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     plan, device = _hardware(config, options, dist)
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
+        crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
         return _build(options, dist, config, plan, device, startup, lock)
     except BaseException:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
         if lock is not None:

@@ -52,8 +52,20 @@ EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 METRICS = ("loss", "text_loss", "mel_loss", "mel_top1", "grad_norm")  # what optimizer_step returns
 
 
+class SetupInterrupted(BaseException):
+    """A stop signal during setup (indexing, reading checkpoints, building the model): nothing has been
+    trained, so there is nothing to save; the run ends at once. A BaseException, like KeyboardInterrupt,
+    so that no `except Exception` on the way turns it into another error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class SignalFlag:
-    """First SIGINT/SIGTERM/SIGHUP: finish the step, save, exit. Second: exit at once.
+    """During setup (`in_setup`): the first SIGINT/SIGTERM/SIGHUP raises SetupInterrupted.
+
+    Then: first signal, finish the step, save, exit. Second: exit at once.
 
     Exiting at once is safe because checkpoints are published atomically: the worst a second
     Ctrl+C leaves behind is a temp file that the next save removes. A SIGTERM or SIGHUP within
@@ -67,6 +79,7 @@ class SignalFlag:
     def __init__(self, *, announce: bool = True) -> None:
         self.signum: int | None = None
         self.announce = announce  # rank 0 only: torchrun forwards a signal to every rank
+        self.in_setup = True  # until the loop starts: a stop then ends the process without a step
         self._first_at = 0.0
         self._previous = {signum: signal.signal(signum, self._handle) for signum in EXIT_BY_SIGNAL}
 
@@ -76,6 +89,11 @@ class SignalFlag:
 
     def _handle(self, signum: int, frame: object) -> None:
         name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.signum is None and self.in_setup:
+            self.signum = signum
+            self._say(f"{name} during setup, before the first step: stopping now; nothing was trained, nothing "
+                      "is saved, and no checkpoint was changed")
+            raise SetupInterrupted(signum)
         if self.signum is None:
             self.signum, self._first_at = signum, time.monotonic()
             self._say(f"{name}: stopping after this step with a checkpoint ({name} again exits at once, unsaved)")
@@ -107,7 +125,10 @@ def train(options: TrainOptions) -> int:
     run: Run | None = None
     try:
         run = setup(options, dist)
+        signals.in_setup = False
         return loop(run, signals)
+    except SetupInterrupted as stop:  # setup released the lock and removed its temp files on the way out
+        return EXIT_BY_SIGNAL[stop.signum]
     except Diverged as stop:
         run.log.stop()
         run.log.info(str(stop))
