@@ -63,7 +63,7 @@ class SetupInterrupted(BaseException):
 
 
 class SignalFlag:
-    """During setup (`in_setup`): the first SIGINT/SIGTERM/SIGHUP raises SetupInterrupted.
+    """During setup (`in_setup`, a single-process run): the first SIGINT/SIGTERM/SIGHUP raises SetupInterrupted.
 
     Then: first signal, finish the step, save, exit. Second: exit at once.
 
@@ -76,10 +76,10 @@ class SignalFlag:
 
     DUPLICATE_WINDOW_S = 2.0
 
-    def __init__(self, *, announce: bool = True) -> None:
+    def __init__(self, *, announce: bool = True, in_setup: bool = False) -> None:
         self.signum: int | None = None
         self.announce = announce  # rank 0 only: torchrun forwards a signal to every rank
-        self.in_setup = True  # until the loop starts: a stop then ends the process without a step
+        self.in_setup = in_setup  # until the loop starts: a stop then ends the process without a step
         self._first_at = 0.0
         self._previous = {signum: signal.signal(signum, self._handle) for signum in EXIT_BY_SIGNAL}
 
@@ -120,7 +120,10 @@ class Diverged(Exception):
 
 def train(options: TrainOptions) -> int:
     """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal."""
-    signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0")
+    # Several ranks stop together at a step boundary (any_rank): one rank leaving setup alone would
+    # leave the others waiting in a collective, so only a single process stops in setup at once.
+    single = os.environ.get("WORLD_SIZE", "1") == "1"
+    signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0", in_setup=single)
     dist = setup_distributed()
     run: Run | None = None
     try:
