@@ -68,6 +68,9 @@ def test_the_page_refuses_a_tokenizer_or_export_folder_outside_the_root(folders,
     server.export(checkpoint, "", run, str(folders["root"] / "bpe.model"), str(folders["root"] / "c.yaml"))
     assert ran[0][ran[0].index("--config") + 1] == str(folders["root"].resolve() / "c.yaml")
     assert ran[0][ran[0].index("--tokenizer") + 1] == str(folders["root"].resolve() / "bpe.model")
+    assert "--force" in ran[0]  # the page's own OUTPUT_DIR/export: the new export replaces the last
+    server.export(checkpoint, str(folders["root"] / "mine"), run, "")
+    assert "--force" not in ran[1]  # a folder the user named is never overwritten
 
 
 def test_the_page_watches_and_starts_nothing_outside_the_root(folders, monkeypatch) -> None:

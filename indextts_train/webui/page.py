@@ -181,6 +181,8 @@ class PageServer:
             source = self.roots.inside(checkpoint, "Checkpoint")
             target = self.roots.inside(export_dir.strip() or Path(output_dir) / "export", "Export dir")
             args = ["export", str(source), "-o", str(target / "gpt.pth"), "--config-out", str(target / "config.yaml")]
+            if not export_dir.strip():  # the page's own OUTPUT_DIR/export: a new export replaces the last one
+                args.append("--force")
             if config.strip():
                 args += ["--config", str(self.roots.inside(config, "Config"))]
             if tokenizer.strip():
