@@ -17,7 +17,7 @@ import pytest
 from indextts_train.errors import UserError
 from indextts_train.webui.page import PageServer
 from indextts_train.webui.roots import Roots
-from indextts_train.webui.runs import LOCK_NAME, RunRegistry, is_train_run_of
+from indextts_train.webui.runs import LOCK_NAME, RunRegistry, _is_train_command, is_train_run_of
 
 
 @pytest.fixture()
@@ -124,3 +124,15 @@ def test_a_train_run_of_that_output_dir_is_recognised_by_its_command_line(tmp_pa
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize(("argv", "is_train"), [
+    (["/venv/bin/python", "/venv/bin/train-gpt", "--output-dir", "r"], True),
+    (["python", "-m", "indextts_train", "train", "--output-dir", "r"], True),
+    (["python", "-u", "-m", "indextts_train", "--train-manifest", "t.jsonl"], True),  # torchrun's ranks
+    (["python", "trainers/train_gpt_v2.py", "--output-dir", "r"], True),
+    (["python", "-m", "indextts_train", "export", "r/latest.pth"], False),
+    (["sleep", "60"], False),
+])
+def test_which_command_lines_are_train_runs(argv, is_train) -> None:
+    assert _is_train_command(argv) == is_train

@@ -93,12 +93,16 @@ def _output_dir_arg(argv: list[str]) -> str | None:
 
 
 def _is_train_command(argv: list[str]) -> bool:
-    """`train-gpt ...`, `trainers/train_gpt_v2.py ...`, or `indextts-train train` / `-m indextts_train train`."""
-    names = [os.path.basename(arg) for arg in argv]
-    if any(name in ("train-gpt", "train_gpt_v2.py") for name in names[:3]):
+    """`train-gpt ...`, `trainers/train_gpt_v2.py ...`, `indextts-train train ...`, or `python [-u] -m
+    indextts_train [train] --flags ...` (the module trains when its first argument is a flag)."""
+    names = [os.path.basename(arg) for arg in argv[:5]]  # the interpreter and its own options come first
+    if any(name in ("train-gpt", "train_gpt_v2.py") for name in names):
         return True
-    entry = next((i for i, name in enumerate(names[:3]) if name in ("indextts-train", "indextts_train")), None)
-    return entry is not None and names[entry + 1:entry + 2] == ["train"]
+    entry = next((i for i, name in enumerate(names) if name in ("indextts-train", "indextts_train")), None)
+    if entry is None:
+        return False
+    after = argv[entry + 1] if entry + 1 < len(argv) else ""
+    return after == "train" or (names[entry] == "indextts_train" and after.startswith("--"))
 
 
 def is_train_run_of(pid: int, output_dir: Path) -> bool:
