@@ -266,7 +266,7 @@ def check_tokenizer(
 def extend_tokenizer(
     base: Annotated[Path, typer.Option(help="Base SentencePiece .model or .tiktoken ranks file (its ids are kept).")],
     corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
-    target_size: Annotated[int, typer.Option(help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
+    target_size: Annotated[int, typer.Option(min=1, max=10_000_000, help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
 ) -> None:
     """Learn new pieces (tiktoken: byte-pair merges) from a corpus and append them to the base."""
@@ -358,7 +358,7 @@ def hardware(
 @app.command()
 def webui(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 7860,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 7860,
     share: Annotated[bool, typer.Option(help="Also publish a public gradio.live link (needs --auth).")] = False,
     auth: Annotated[str | None, typer.Option(help="USER:PASS asked by the page (required with --share).")] = None,
     root: Annotated[list[Path] | None, typer.Option(help="A folder the page may read and write in (every path it is given must resolve inside one); repeatable [default: the current folder].")] = None,

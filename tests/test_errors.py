@@ -201,6 +201,9 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "hardware: batch 10^30": (["hardware", "--config", config, "--effective-batch-size", str(10**30)],
                                   "1..16_777_216"),
         "webui: root a file": (["webui", "--root", bad["afile"]], "not a folder"),
+        "webui: port past 65535": (["webui", "--port", str(10**8)], "'--port'"),
+        "extend-tokenizer: target 10^20": (["extend-tokenizer", "--base", bad["afile"], "--corpus", bad["afile"],
+                                            "--target-size", str(10**20), "-o", out / "new.model"], "'--target-size'"),
     }
 
 
