@@ -239,9 +239,10 @@ _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
 # Upper ends (inclusive) of the `train:` settings that have no natural one: far beyond any real run,
 # so a typo is one line; the seed is a 64-bit unsigned integer (what torch and numpy accept).
 # --num-workers has none: above the CPU count it is lowered, with a warning (hardware.py).
+# --learning-rate has none either: any finite rate is a valid (if diverging) request; tests use 1e30.
 _TRAIN_MAX = {
     "batch_size": 65_536, "grad_accumulation": 65_536, "effective_batch_size": 1 << 24,
-    "learning_rate": 10.0, "weight_decay": 100.0, "adam_eps": 1.0, "warmup_steps": 1 << 40, "epochs": 1_000_000,
+    "weight_decay": 100.0, "adam_eps": 1.0, "warmup_steps": 1 << 40, "epochs": 1_000_000,
     "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
     "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
     "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
