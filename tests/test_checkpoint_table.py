@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
-from indextts_train.train import TrainOptions, train
+from indextts_train.train.loop import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

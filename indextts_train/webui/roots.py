@@ -13,8 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.sampling import parse_manifest_spec
 
 MANIFEST_FLAGS = ("--train-manifest", "--val-manifest")
 # train-gpt flags whose value is a path (TrainOptions' inputs); --resume also takes 'auto'.

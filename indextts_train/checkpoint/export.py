@@ -1,0 +1,287 @@
+"""`indextts-train export`: the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads, plus a matching config.yaml.
+
+IndexTTS2's release loader calls `load_state_dict(strict=True)` on `UnifiedVoice(**cfg.gpt)`, so the
+file must hold exactly the official keys in their shapes, and the shipped config must say
+`number_text_tokens = text rows - 1` or the extended rows do not fit. IndexTTS-2.5's loader is not
+strict: a misnamed tensor would load silently as random weights, so the file holds exactly the 2.5
+key set of `layout.official_shapes`. Stock 2.5 inference reads its vocabulary from
+`<model_dir>/multilingual_zh_ja_yue_char_del.tiktoken`, so a grown `.tiktoken` is written beside the
+export under that name. A --train-scope lora checkpoint is exported with its adapters merged into
+the plain weights (layout.load_base_checkpoint); `adapters_out` also writes the adapters alone, with
+what they apply to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from pathlib import Path
+
+import torch
+import yaml
+
+from indextts_train.checkpoint.files import (
+    BEST,
+    LATEST,
+    config_for,
+    failure_reason,
+    is_training_checkpoint,
+    load_verified,
+    same_file,
+)
+from indextts_train.config.schema import is_int
+from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
+from indextts_train.data.manifest_v25 import borrow_notes
+from indextts_train.errors import UserError
+from indextts_train.files.atomic import Writer, fsync_dir, temp_name
+from indextts_train.model.layout import load_base_checkpoint, official_shapes, trained_keys
+from indextts_train.model.lora import adapter_file, record_spec
+from indextts_train.model.scope import is_trainable, scope_settings, text_rows_trainable
+from indextts_train.text.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
+from indextts_train.text.vocab import VocabPlan, tokenizer_size
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TIKTOKEN_NAME = "multilingual_zh_ja_yue_char_del.tiktoken"  # the name stock 2.5 inference opens
+# Sections IndexTTS inference reads besides gpt: (the semantic codec, the s2mel stage, the vocoder).
+INFERENCE_SECTIONS = ("semantic_codec", "s2mel")
+
+
+def export_source(checkpoint: Path, pick: str | None) -> Path:
+    """The file to export: `checkpoint` itself, or in a run folder best.pth or latest.pth (`pick`).
+
+    A folder without `pick` gives best.pth, or latest.pth when the run had no validation (no best.pth).
+    """
+    if not checkpoint.is_dir():
+        if pick is not None:
+            raise UserError(f"--pick {pick} chooses best.pth or latest.pth inside a run folder, but {checkpoint} "
+                            "is a file; drop --pick, or pass the run's --output-dir")
+        return checkpoint
+    names = {"best": [BEST], "latest": [LATEST], None: [BEST, LATEST]}[pick]
+    found = next((checkpoint / name for name in names if (checkpoint / name).is_file()), None)
+    if found is None:
+        raise UserError(f"{checkpoint}: no {' or '.join(names)} in this folder; pass a checkpoint file "
+                        "(`indextts-train checkpoints DIR` lists them)")
+    return found
+
+
+def provenance(state: dict) -> str:
+    """'step N, val loss X' for one of our checkpoints (`state`: what load_verified read), '' for other files."""
+    progress, history = state.get("progress"), state.get("history")
+    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
+        return ""
+    step = progress["step"]
+    rows = history.get("val", []) if isinstance(history, dict) else []
+    loss = next((row[1] for row in reversed(rows) if row and row[0] == step), None)
+    return f"step {step}" + (f", val loss {loss:.4f}" if loss is not None else "")
+
+
+def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
+                      base_config: Path | None = None, tokenizer_name: str = "bpe.model",
+                      dtype: str = "float32", tokenizer: Path | None = None,
+                      adapters_out: Path | None = None, force: bool = False) -> dict:
+    """Write `output` (official key order, dtype asked for) and optionally `config_out`, `adapters_out`.
+
+    `tokenizer` is checked against the exported text rows and copied beside `output`: a .tiktoken
+    as TIKTOKEN_NAME (IndexTTS-2.5), a SentencePiece model as `tokenizer_name` (IndexTTS2, the name
+    config.yaml gives as dataset.bpe_model). Notes (borrowed language rows, sections config.yaml
+    lacks) go into the summary, the first kind also as comments into `config_out`.
+
+    An existing target is replaced only with `force`, and a training checkpoint never. Every file is
+    written under a temp name first and renamed at the end: a failure leaves no final name changed.
+    """
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    copy_target = _tokenizer_target(output, tokenizer, tokenizer_name)
+    targets = {"-o": output, "--config-out": config_out, "--adapters-out": adapters_out, "--tokenizer": copy_target}
+    _check_targets(checkpoint, base_config, tokenizer, targets, force)
+    # The one read of the checkpoint (several GB): missing/damaged/unsafe/unusable files are refused in
+    # the checkpoint module's own words, and everything below uses what it read.
+    loaded = load_verified(checkpoint)
+    payload = _adapter_payload(checkpoint, loaded) if adapters_out is not None else None  # refused before writes
+    config = config_for(checkpoint, base_config, loaded=loaded)
+    trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
+    config.gpt.number_text_tokens = tokens
+    vocabulary = _checked_tokenizer(tokenizer, tokens, config, loaded)
+    hparams = loaded.get("hparams") if isinstance(loaded.get("hparams"), dict) else {}  # borrowed language rows
+    notes = borrow_notes(hparams.get("borrow_languages"))
+    merged = {**carried, **trained}
+    state = {key: merged[key].to(DTYPES[dtype]) if merged[key].is_floating_point() else merged[key]
+             for key in official_shapes(config.gpt)}
+    files: list[tuple[Path, Writer]] = [(output, lambda handle: torch.save(state, handle))]
+    if vocabulary is not None and not same_file(copy_target, tokenizer):
+        files.append((copy_target, lambda handle: handle.write(vocabulary)))
+    config_notes = []
+    if config_out is not None:
+        text, config_notes = _config_text(config, base_config, output.name, tokenizer_name, notes)
+        files.append((config_out, lambda handle: handle.write(text.encode("utf-8"))))
+    if payload is not None:
+        files.append((adapters_out, lambda handle: torch.save(payload, handle)))
+    _publish(files)
+    return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family_name,
+            "numel": sum(t.numel() for t in state.values()), "tokenizer": copy_target if vocabulary else None,
+            "notes": notes + config_notes, "provenance": provenance(loaded)}
+
+
+def _publish(files: list[tuple[Path, Writer]]) -> None:
+    """Write every file under its temp name, then rename them all into place.
+
+    A failure (disk full, a read-only folder) removes the temp files and the folders made for them,
+    and says which file could not be written; no final name was touched.
+    """
+    made: list[Path] = []  # folders created here, outermost first
+    temps: list[Path] = []
+    final = files[0][0]
+    try:
+        for final, write in files:
+            for folder in [p for p in final.parents if not p.exists()][::-1]:
+                folder.mkdir()
+                made.append(folder)
+            temps.append(temp_name(final))
+            with open(temps[-1], "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+    except BaseException as exc:  # a signal too: no temp file or new folder stays behind
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(exc, (OSError, RuntimeError)):  # torch.save wraps the OSError of a failed write
+            raise
+        raise UserError(f"could not write {final}: {failure_reason(exc)}; nothing was written") from None
+    for (final, _), temp in zip(files, temps, strict=True):
+        os.replace(temp, final)
+    for folder in {final.parent for final, _ in files}:
+        fsync_dir(folder)
+
+
+def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
+    """The adapters-only file of a --train-scope lora checkpoint: adapters, the other tensors the run
+    trained (heads, text rows) and the fingerprint of the base weights they apply to."""
+    record = loaded.get("lora") if isinstance(loaded, dict) else None
+    if not isinstance(record, dict):
+        raise UserError(f"{checkpoint}: has no LoRA adapters (not a --train-scope lora checkpoint); "
+                        "drop --adapters-out")
+    config = config_from_dict(loaded["config"], f"{checkpoint} (stored config)")
+    plan = VocabPlan.from_dict(loaded["vocab_plan"])
+    rows = text_rows_trainable(bool(plan.new_ids), plan.freeze_base)
+    settings = scope_settings(config.train)
+    model = loaded["model"]
+    tensors = {k: model[k] for k in trained_keys(config.gpt) if is_trainable(k, settings, config.gpt.layers, rows)}
+    applies_to = {"family": config.gpt.family, "model_dim": config.gpt.model_dim, "layers": config.gpt.layers,
+                  "text_rows": plan.rows, "base_text_rows": plan.base_tokens + 1, "checkpoint": checkpoint.name}
+    return adapter_file(record["adapters"], record_spec(record), model, tensors, applies_to)
+
+
+def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str) -> Path | None:
+    """Where the tokenizer copy goes: beside `output`, under the name inference opens."""
+    if tokenizer is None:
+        return None
+    if not tokenizer.is_file():
+        raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
+    if Path(tokenizer_name).name != tokenizer_name or tokenizer_name in ("", ".", ".."):
+        raise UserError(f"--tokenizer-name {tokenizer_name!r}: give a file name (it goes beside -o), not a path")
+    return output.parent / (TIKTOKEN_NAME if is_tiktoken(tokenizer) else tokenizer_name)
+
+
+def _grown(loaded: dict) -> tuple[int, int] | None:
+    """(base tokens, tokens) when the run's vocab plan grew the vocabulary, else None."""
+    plan = loaded.get("vocab_plan")
+    if not isinstance(plan, dict) or not (is_int(plan.get("base_tokens")) and is_int(plan.get("tokens"))):
+        return None
+    return (plan["base_tokens"], plan["tokens"]) if plan["tokens"] > plan["base_tokens"] else None
+
+
+def _checked_tokenizer(tokenizer: Path | None, tokens: int, config: Config, loaded: dict) -> bytes | None:
+    """The tokenizer bytes to ship beside the export (None: none given), checked against the text rows.
+
+    A 2.5 run that grew its vocabulary must ship its .tiktoken: stock inference would otherwise read
+    the stock vocabulary, whose special-token ids are no longer the model's.
+    """
+    if tokenizer is None:
+        grown = _grown(loaded) if config.gpt.is_v25 else None
+        if grown is not None:
+            raise UserError(f"the run grew the vocabulary ({grown[0]} -> {grown[1]} tokens), so an IndexTTS-2.5 "
+                            "export needs --tokenizer with the run's .tiktoken: stock inference would read its own "
+                            "vocabulary, whose special-token ids no longer match the model")
+        return None
+    if is_tiktoken(tokenizer):
+        return _checked_vocabulary(tokenizer, tokens, config).raw
+    if config.gpt.is_v25:
+        raise UserError(f"--tokenizer {tokenizer}: IndexTTS-2.5 reads a .tiktoken vocabulary; pass the .tiktoken "
+                        "the run trained with")
+    size = tokenizer_size(tokenizer)
+    if size != tokens:
+        raise UserError(f"--tokenizer {tokenizer}: {size} pieces, but the checkpoint has {tokens} text tokens "
+                        "(number_text_tokens); pass the tokenizer it was trained with")
+    return tokenizer.read_bytes()
+
+
+def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> TiktokenVocab:
+    """The .tiktoken to ship: it must be of a 2.5 model and give exactly the exported text rows - 1."""
+    if not config.gpt.is_v25:
+        raise UserError(f"--tokenizer {tokenizer}: a .tiktoken vocabulary is IndexTTS-2.5's, but the checkpoint is "
+                        f"{config.gpt.family_name}; pass its SentencePiece model name with --tokenizer-name")
+    vocab = read_tiktoken(tokenizer)
+    if vocab.n_vocab != tokens:
+        raise UserError(f"--tokenizer {tokenizer}: {vocab.n_ranks} ranks + specials = {vocab.n_vocab} tokens, but the "
+                        f"checkpoint has {tokens} (number_text_tokens); pass the .tiktoken it was trained with")
+    return vocab
+
+
+def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path | None,
+                   targets: dict[str, Path | None], force: bool) -> None:
+    """Refuse, before the checkpoint is read, a target that is an input, a folder, under a file, another
+    target, a training checkpoint (even with --force) or any existing file without --force.
+
+    samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth. The tokenizer
+    copy may be the tokenizer itself (it is then left as it is).
+    """
+    inputs = [path for path in (checkpoint, base_config, tokenizer) if path is not None and path.exists()]
+    named = [(flag, target) for flag, target in targets.items() if target is not None]
+    for flag, target in named:
+        _check_place(flag, target)
+        if not target.exists() or (flag == "--tokenizer" and same_file(target, tokenizer)):
+            continue
+        if any(same_file(target, source) for source in inputs):
+            raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
+        if is_training_checkpoint(target):
+            other = target.with_name(f"{target.stem}_export{target.suffix}")
+            raise UserError(f"{flag} {target} is a training checkpoint: export never replaces one, even with "
+                            f"--force; choose another name (e.g. {other})")
+        if not force:
+            raise UserError(f"{flag} {target} already exists; pass --force to replace it, or choose another path")
+    for i, (flag, target) in enumerate(named):
+        twin = next((other for other, path in named[:i] if path.resolve() == target.resolve()), None)
+        if twin is not None:
+            raise UserError(f"{target}: {flag} and {twin} are the same file; give each its own path")
+
+
+def _check_place(flag: str, target: Path) -> None:
+    """A target must be a file path whose nearest existing folder is a folder."""
+    if target.is_dir():
+        raise UserError(f"{flag} {target} is a folder; give the file path to write (e.g. {target / 'gpt.pth'})")
+    existing = next(p for p in target.parents if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise UserError(f"{flag} {target}: {existing} is a file, not a folder; choose another path")
+
+
+def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokenizer_name: str,
+                 notes: list[str]) -> tuple[str, list[str]]:
+    """config.yaml for inference and what it lacks: every section of the user's config (--config, else the
+    one stored in the checkpoint), with only what the fine-tune changed replaced."""
+    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else copy.deepcopy(config.sections)
+    data.pop("train", None)
+    data["version"] = version_of_family(config.gpt.family)
+    data["gpt"] = gpt_to_dict(config.gpt)
+    data["gpt_checkpoint"] = gpt_name
+    if not config.gpt.is_v25:  # 2.5 reads its vocabulary from the fixed TIKTOKEN_NAME, not from here
+        data.setdefault("dataset", {})
+        data["dataset"]["bpe_model"] = tokenizer_name
+    missing = [name for name in INFERENCE_SECTIONS if name not in data]
+    lacks = [f"config.yaml has no {', '.join(missing)} section(s): the run's config had none; pass --config "
+             "with the model's own config.yaml (IndexTTS2's checkpoints/config.yaml) to carry them"] if missing else []
+    header = "".join(f"# indextts-train: {note}\n" for note in notes)  # YAML comments: loaders ignore them
+    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), lacks
