@@ -21,6 +21,11 @@ from indextts_train.config.schema import field_types
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import UserError, user_line
 
+try:  # typer 0.2x carries its own copy of click; older releases use click itself
+    from typer._click.exceptions import ClickException
+except ImportError:
+    from click import ClickException
+
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -347,7 +352,7 @@ def check_tokenizer(
 def extend_tokenizer(
     base: Annotated[Path, typer.Option(help="Base SentencePiece .model or .tiktoken ranks file (its ids are kept).")],
     corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
-    target_size: Annotated[int, typer.Option(help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
+    target_size: Annotated[int, typer.Option(min=1, max=10_000_000, help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
     language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: the corpus language; its case rule applies (zh/en/ja lower, es upper, others kept).")] = None,
@@ -417,8 +422,9 @@ def export(
     tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="IndexTTS-2.5: the .tiktoken the run trained with; copied beside the export as multilingual_zh_ja_yue_char_del.tiktoken.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="The tokenizer the run trained with, copied beside the export: IndexTTS-2.5's .tiktoken as multilingual_zh_ja_yue_char_del.tiktoken (required when the run grew the vocabulary), IndexTTS2's .model as --tokenizer-name.")] = None,
     adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing output files (never a training checkpoint).")] = False,
 ) -> None:
     """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows, LoRA merged)."""
     from indextts_train.checkpoint.export import export_checkpoint, export_source
@@ -426,7 +432,7 @@ def export(
     source = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
                           tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer,
-                          adapters_out=adapters_out)
+                          adapters_out=adapters_out, force=force)
     origin = summary["provenance"]
     typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
     family = f" ({summary['family']} layout)" if summary["family"] != "IndexTTS2" else ""
@@ -474,26 +480,44 @@ def hardware(
 @app.command()
 def webui(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 7860,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 7860,
     share: Annotated[bool, typer.Option(help="Also publish a public gradio.live link (needs --auth).")] = False,
     auth: Annotated[str | None, typer.Option(help="USER:PASS asked by the page (required with --share).")] = None,
+    root: Annotated[list[Path] | None, typer.Option(help="A folder the page may read and write in (every path it is given must resolve inside one); repeatable [default: the current folder].")] = None,
 ) -> None:
     """The training page in the browser: set up, start, watch, stop, resume, export (pip install 'indextts-train[webui]')."""
     from indextts_train.webui import serve
 
-    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth) or 0)
+    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root) or 0)
+
+
+def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
+    """Run `command` as its entry point does and return the exit code.
+
+    Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
+    it is one line on stderr like every other refusal, with the same exit code 2.
+    """
+    try:
+        code = command(args=args, standalone_mode=False)
+    except ClickException as exc:
+        typer.echo(f"error: {exc.format_message().rstrip('.')} (see --help)", err=True)
+        return exc.exit_code
+    except typer.Abort:  # Ctrl+C outside a command's own handling
+        typer.echo("Aborted!", err=True)
+        return 130
+    return code if isinstance(code, int) else 0
 
 
 def main() -> None:
     """`indextts-train` entry point."""
-    app()
+    sys.exit(run_app(app))
 
 
 def train_gpt_main() -> None:
     """`train-gpt` entry point: the train command alone, with the community flag names."""
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     single.command()(train)
-    single()
+    sys.exit(run_app(single))
 
 
 if __name__ == "__main__":

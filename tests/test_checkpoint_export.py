@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import CheckpointReads
+from helpers import CheckpointReads, FaultyFolder
 from typer.testing import CliRunner
 
+from indextts_train.checkpoint.export import _checked_tokenizer
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
-from indextts_train.config.settings import load_config
+from indextts_train.config.settings import FAMILY_V25, Config, GPTConfig, load_config
+from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import official_shapes, split_state_dict
 from indextts_train.train.loop import TrainOptions, train
@@ -31,6 +33,9 @@ from indextts_train.train.loop import TrainOptions, train
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
+INFERENCE_SECTIONS = {"dataset": {"bpe_model": "bpe.model", "sample_rate": 24000},
+                      "semantic_codec": {"codebook_size": 8192, "hidden_size": 1024},
+                      "s2mel": {"preprocess_params": {"sr": 22050}}, "vocoder": {"type": "bigvgan"}}
 
 
 def cli(*args: object):
@@ -50,6 +55,7 @@ def grown_run(tiny_data, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("grown")
     config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     config["gpt"]["number_text_tokens"] = 150
+    config.update(INFERENCE_SECTIONS)  # IndexTTS2's own sections: stored, and shipped by export
     config_path = folder / "grown.yaml"
     config_path.write_text(yaml.safe_dump(config))
     out = folder / "run"
@@ -198,3 +204,94 @@ def test_export_refusals_change_nothing(grown_run, tmp_path, case) -> None:
     assert all(needle in lines[0] for needle in needles), lines[0]
     assert snapshot(run) == before
     assert not list(tmp_path.iterdir())
+
+
+def test_export_without_config_ships_every_section_the_run_was_given(grown_run, exported) -> None:
+    written = yaml.safe_load(exported["config"].read_text())
+    for section in ("semantic_codec", "s2mel", "vocoder"):
+        assert written[section] == INFERENCE_SECTIONS[section], section
+    assert written["dataset"] == INFERENCE_SECTIONS["dataset"] and written["gpt_checkpoint"] == "gpt.pth"
+
+
+def test_a_config_without_inference_sections_is_exported_with_a_note(tiny_data, tmp_path) -> None:
+    result = cli("export", tiny_data["base"], "--config", tiny_data["config"], "-o", tmp_path / "gpt.pth",
+                 "--config-out", tmp_path / "config.yaml")
+    assert result.exit_code == 0, result.output
+    assert "note: config.yaml has no semantic_codec, s2mel section(s)" in result.stdout
+
+
+def refused(args: list, *needles: str) -> str:
+    result = cli("export", *args)
+    assert result.exit_code == 2 and result.stdout == "" and "Traceback" not in result.output, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert all(needle in lines[0] for needle in needles), lines[0]
+    return lines[0]
+
+
+def test_an_existing_output_is_replaced_only_with_force(grown_run, tmp_path) -> None:
+    target = tmp_path / "gpt.pth"
+    target.write_bytes(b"the user's file")
+    refused([grown_run["checkpoint"], "-o", target], str(target), "already exists", "--force")
+    assert target.read_bytes() == b"the user's file" and sorted(p.name for p in tmp_path.iterdir()) == ["gpt.pth"]
+    assert cli("export", grown_run["checkpoint"], "-o", target, "--force").exit_code == 0
+    assert list(torch.load(target, weights_only=True)) == list(official_shapes(load_config(grown_run["config"]).gpt))
+
+
+@pytest.mark.parametrize("name", ["mine.pth", "latest.pth"])
+def test_a_training_checkpoint_is_never_replaced_even_with_force(grown_run, tmp_path, name) -> None:
+    target = tmp_path / name
+    target.write_bytes(grown_run["checkpoint"].read_bytes())  # a copy: not the input itself
+    before = target.read_bytes()
+    line = refused([grown_run["checkpoint"], "-o", target, "--force"], "is a training checkpoint", "even with --force")
+    assert str(target.with_name(f"{target.stem}_export.pth")) in line  # another name suggested
+    assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_failed_config_write_leaves_no_gpt_pth(grown_run, tmp_path, monkeypatch) -> None:
+    (tmp_path / "locked").mkdir()
+    FaultyFolder(tmp_path / "locked", read_only=True).install(monkeypatch)
+    refused([grown_run["checkpoint"], "-o", tmp_path / "out" / "gpt.pth", "--config-out",
+             tmp_path / "locked" / "config.yaml"], "could not write", "config.yaml", "nothing was written")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["locked"]  # no gpt.pth, no temp, no out/
+
+
+@pytest.mark.parametrize("case", ["under a file", "a folder", "read-only folder"])
+def test_an_output_that_cannot_be_a_file_is_one_line(grown_run, tmp_path, monkeypatch, case) -> None:
+    (tmp_path / "plain.txt").write_text("x")
+    (tmp_path / "dir").mkdir()
+    if case == "read-only folder":
+        FaultyFolder(tmp_path / "dir", read_only=True).install(monkeypatch)
+    target, needle = {"under a file": (tmp_path / "plain.txt" / "gpt.pth", "is a file, not a folder"),
+                      "a folder": (tmp_path / "dir", "is a folder"),
+                      "read-only folder": (tmp_path / "dir" / "sub" / "gpt.pth", "could not write")}[case]
+    refused([grown_run["checkpoint"], "-o", target], needle)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["dir", "plain.txt"]
+
+
+def test_an_indextts2_tokenizer_is_checked_and_copied_under_the_config_name(grown_run, tmp_path) -> None:
+    import sentencepiece as spm
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"word{i} tok{i * 7} piece{i % 13} text{i * 3}" for i in range(400)))
+    for size in (150, 120):
+        spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / f"bpe{size}"),
+                                       vocab_size=size, model_type="bpe", minloglevel=2)
+    out = tmp_path / "out"
+    refused([grown_run["checkpoint"], "-o", out / "gpt.pth", "--tokenizer", tmp_path / "bpe120.model"],
+            "120 pieces", "150 text tokens")
+    assert not out.exists()
+    result = cli("export", grown_run["checkpoint"], "-o", out / "gpt.pth", "--config-out", out / "config.yaml",
+                 "--tokenizer", tmp_path / "bpe150.model", "--tokenizer-name", "am_bpe.model")
+    assert result.exit_code == 0, result.output
+    assert (out / "am_bpe.model").read_bytes() == (tmp_path / "bpe150.model").read_bytes()
+    assert yaml.safe_load((out / "config.yaml").read_text())["dataset"]["bpe_model"] == "am_bpe.model"
+
+
+def test_a_grown_indextts25_export_needs_its_tiktoken() -> None:
+    config = Config(gpt=GPTConfig(family=FAMILY_V25))
+    grown = {"vocab_plan": {"base_tokens": 320, "tokens": 370}}
+    with pytest.raises(UserError, match=r"grew the vocabulary \(320 -> 370 tokens\).*needs --tokenizer"):
+        _checked_tokenizer(None, 370, config, grown)
+    assert _checked_tokenizer(None, 320, config, {"vocab_plan": {"base_tokens": 320, "tokens": 320}}) is None
+    assert _checked_tokenizer(None, 150, Config(), {"vocab_plan": {"base_tokens": 100, "tokens": 150}}) is None

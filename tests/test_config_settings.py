@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainOptions, config_to_dict, load_config
+from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainConfig, TrainOptions, config_to_dict, load_config
 from indextts_train.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
 REFERENCE_CONFIG = ROOT / "tests" / "data" / "reference" / "tiny" / "config.yaml"
 
 
@@ -98,3 +101,37 @@ def test_flags_override_the_train_section_and_are_revalidated() -> None:
     with pytest.raises(UserError, match=r"--log-interval\) must be > 0"):
         TrainOptions(train_manifests=[], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
                      log_interval=0).load_config()
+
+
+@pytest.mark.parametrize(("section", "key", "value", "says"), [
+    ("gpt", "layers", 100_000_000, "gpt.layers must be in 1..1_024, got 100000000"),
+    ("gpt", "model_dim", 10**12, "gpt.model_dim must be in 1..65_536"),
+    ("gpt", "number_text_tokens", 2**40, "gpt.number_text_tokens must be in 1..10_000_000"),
+    ("gpt", "stop_mel_token", -1, "gpt.stop_mel_token must be in 0..999_999"),
+    ("train", "seed", 10**20, "train.seed (--seed) must be at most 18_446_744_073_709_551_615"),
+    ("train", "epochs", 10**9, "train.epochs (--epochs) must be at most 1_000_000"),
+    ("train", "batch_size", 10**7, "train.batch_size (--batch-size) must be at most 65_536"),
+])
+def test_every_number_has_a_range(tmp_path: Path, section: str, key: str, value: int, says: str) -> None:
+    data = yaml.safe_load(TINY.read_text())
+    data.setdefault(section, {})[key] = value
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=re.escape(says)) as refused:
+        load_config(path)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_largest_seed_is_accepted() -> None:
+    assert TrainConfig(seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_official_sections_are_kept_and_stored_with_the_config(tmp_path: Path) -> None:
+    data = yaml.safe_load(TINY.read_text())
+    data.update({"s2mel": {"sr": 22050}, "vocoder": {"type": "bigvgan"}, "emo_num": [3, 4],
+                 "w2v_stat": datetime.date(2026, 1, 1)})  # a date cannot go into a weights-only checkpoint
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    stored = config_to_dict(load_config(path))
+    assert stored["s2mel"] == {"sr": 22050} and stored["vocoder"] == {"type": "bigvgan"} and stored["emo_num"] == [3, 4]
+    assert "w2v_stat" not in stored

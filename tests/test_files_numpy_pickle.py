@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.files import CheckpointError
+from indextts_train.files import numpy_pickle
 from indextts_train.files.numpy_pickle import PLAIN_DTYPES, load_weights_only
 
 
@@ -98,3 +100,47 @@ def test_numpy_content_beyond_plain_arrays_is_refused(tmp_path: Path, case: str)
     verdict = ckpt.verify_checkpoint(path)
     assert (verdict.status, verdict.exit_code) == ("INCOMPLETE", 2)
     assert not marker.exists()
+
+
+def doubled(depth: int) -> list:
+    """A list nested `depth` deep whose two elements are one shared list: 2^depth paths, a few bytes."""
+    nested: list = []
+    for _ in range(depth):
+        nested = [nested, nested]
+    return nested
+
+
+@pytest.mark.parametrize(("depth", "says"), [(40, "nested deeper than 32"), (30, "values or")])
+def test_shared_references_are_walked_once_and_refused_past_the_bounds(tmp_path: Path, depth: int,
+                                                                       says: str) -> None:
+    path = saved(tmp_path, {"model": {"w": torch.zeros(2)}, "history": {"train": doubled(depth)}})
+    assert path.stat().st_size < 4096  # the pickle memo: a few hundred bytes of data.pkl
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError, match=f"not a checkpoint this program wrote: .*{says}") as refused:
+        ckpt.load_checkpoint(path)
+    assert time.perf_counter() - started < 1.0
+    assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+    verdict = ckpt.verify_checkpoint(path)
+    assert verdict.status == "INCOMPLETE" and "not a checkpoint this program wrote" in verdict.reasons[0]
+
+
+def test_shared_references_within_the_bounds_load_once_each(tmp_path: Path) -> None:
+    array = np.arange(3, dtype=np.uint32)
+    shared = [torch.__version__, array]  # converted once, though reachable 2^10 times
+    path = saved(tmp_path, {"tree": doubled(10), "a": shared, "b": shared})
+    loaded = load_weights_only(path)
+    assert loaded["a"] is loaded["b"] and type(loaded["a"][0]) is str and type(loaded["a"][1]) is np.ndarray
+    assert np.array_equal(loaded["a"][1], array)
+    node = loaded["tree"]
+    for _ in range(10):
+        assert node[0] is node[1]
+        node = node[0]
+    assert node == []
+
+
+def test_a_pickle_past_its_size_bound_is_refused_before_unpickling(tmp_path: Path, monkeypatch) -> None:
+    path = saved(tmp_path, {"model": {"w": torch.zeros(2)}, "notes": "x" * 4096})
+    monkeypatch.setattr(numpy_pickle, "MAX_PICKLE_BYTES", 1024)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load reached"))
+    with pytest.raises(CheckpointError, match="not a checkpoint this program wrote: its pickle holds"):
+        ckpt.load_checkpoint(path)

@@ -167,7 +167,7 @@ def test_early_stopping_ends_with_best_and_export_says_which_step(langs, tmp_pat
     assert again.exit_code == 0 and "nothing to do" in again.output and "early stop at step 6" in again.output
     exported = cli("export", out, "-o", tmp_path / "gpt.pth")
     assert exported.exit_code == 0 and f"exported {out / 'best.pth'} (step 2, val loss" in exported.output
-    latest = cli("export", out, "--pick", "latest", "-o", tmp_path / "gpt.pth")
+    latest = cli("export", out, "--pick", "latest", "-o", tmp_path / "gpt.pth", "--force")
     assert f"exported {out / 'latest.pth'} (step 6, val loss" in latest.output
 
 

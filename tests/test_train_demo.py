@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.train.demo import run_demo
@@ -25,6 +26,8 @@ def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys) -> No
     exported = torch.load(tmp_path / "export" / "gpt.pth", weights_only=True)
     assert exported["text_embedding.weight"].shape[0] == 151
     assert torch.equal(exported["text_embedding.weight"][:100], base[:100])  # base rows frozen
+    named = yaml.safe_load((tmp_path / "export" / "config.yaml").read_text())["dataset"]["bpe_model"]
+    assert (tmp_path / "export" / named).is_file()  # the tokenizer beside gpt.pth, under the config's name
 
     assert run_demo(tmp_path, max_steps=70) == 0  # the same command again continues the run
     printed = capsys.readouterr().out

@@ -440,3 +440,29 @@ def test_a_cublas_setting_of_the_user_is_kept() -> None:
     fresh: dict = {}
     hardware.prepare_exact_resume_env(fresh)
     assert fresh == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# ---- sizes refused before anything is built ---------------------------------------------------------
+
+
+def test_a_model_whose_weights_exceed_host_memory_is_refused_before_it_is_built():
+    huge = GPTConfig(model_dim=16384, heads=16, layers=1000)
+    cpu = hardware.DeviceInfo("cpu", "cpu", 8 * GIB, (0, 0), False, 2)
+    with pytest.raises(UserError, match=r"has [\d,]+ parameters: [\d.]+ GiB of fp32 weights, more than this "
+                                        r"machine's 8.00 GiB of memory; check the config's sizes \(gpt.layers 1000"):
+        choose_plan(cpu, huge, effective_batch=8)
+    assert choose_plan(cpu, _small_cfg(), effective_batch=8).micro_batch >= 1
+
+
+def test_a_model_whose_training_state_exceeds_the_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(hardware, "_system_memory", lambda: 2**50)  # plenty of host RAM: the GPU decides
+    big = GPTConfig(model_dim=4096, heads=32, layers=200)  # ~40G parameters: 640 GB of fp32 training state
+    with pytest.raises(UserError, match="for weights, gradients and AdamW state alone, more than the"):
+        choose_plan(assume_device("A100-80GB", cpu_count=8), big, effective_batch=64)
+    choose_plan(assume_device("A100-80GB", cpu_count=8), REAL, effective_batch=64)  # the real size fits
+
+
+def test_more_workers_than_cores_are_lowered_with_a_warning():
+    device = assume_device("A100-80GB", cpu_count=6)
+    plan = choose_plan(device, REAL, effective_batch=64, num_workers=100_000)
+    assert plan.num_workers == 6
+    assert "warning: --num-workers 100000 is more than the 6 CPU core(s); lowered to 6 data worker(s)." in plan.reasons
+    assert choose_plan(device, REAL, effective_batch=64, num_workers=6).num_workers == 6

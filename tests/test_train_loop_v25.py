@@ -232,7 +232,7 @@ def test_a_language_without_a_tag_borrows_an_unused_row_and_the_export_says_so(t
     base = torch.load(tiny25_data["base"], weights_only=True)
     assert not torch.equal(model["spk_emb_proj.weight"], base["spk_emb_proj.weight"])  # --train-speaker-proj
     summary = export_checkpoint(tmp_path / "run" / "latest.pth", tmp_path / "out" / "gpt.pth",
-                                config_out=tmp_path / "out" / "c.yaml")
+                                config_out=tmp_path / "out" / "c.yaml", tokenizer=Path(tiny25_data["tokenizer"]))
     assert any("call IndexTTS-2.5 inference with lang='am'" in note for note in summary["notes"])
     assert (tmp_path / "out" / "c.yaml").read_text().startswith("# indextts-train: language kab was trained")
 

@@ -179,8 +179,9 @@ def test_export_merges_into_the_official_layout(family_data, reference, tmp_path
     trunk = "gpt.h.0.attn.c_attn.weight"  # frozen by partial; lora's merge changes it
     assert torch.equal(exported[trunk], base[trunk]) == (scope == "partial")
     if scope == "lora":  # the adapters-only file reproduces the merged export from the base
+        grown = ["--tokenizer", str(tokenizer)] if tokenizer else []  # a grown 2.5 vocabulary ships with it
         result = CliRunner().invoke(app, ["export", str(run), "-o", str(tmp_path / "again.pth"),
-                                          "--adapters-out", str(tmp_path / "lora.pth")])
+                                          "--adapters-out", str(tmp_path / "lora.pth"), *grown])
         assert result.exit_code == 0, result.output
         payload = torch.load(tmp_path / "lora.pth", weights_only=True)
         assert payload["applies_to"]["family"] == shipped.family

@@ -69,7 +69,9 @@ def server_url(tmp_path):
     # The runs this server starts freeze themselves (SIGSTOP) once step PAUSE_STEP is logged, so the
     # test meets the run mid-way however fast the machine is (indextts_train.files.faults).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "INDEXTTS_TRAIN_PAUSE_AT": f"step_logged@{PAUSE_STEP}"}
-    proc = subprocess.Popen([sys.executable, "-m", "indextts_train", "webui", "--port", str(_free_port())],
+    # The page may touch the test's folder (data, run, export) and the checkout (configs/tiny.yaml).
+    roots = ["--root", str(tmp_path), "--root", str(ROOT)]
+    proc = subprocess.Popen([sys.executable, "-m", "indextts_train", "webui", "--port", str(_free_port()), *roots],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     first = ""
@@ -224,7 +226,7 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     shot("06_finished")
 
     page.locator("#export").click()
-    _wait_value(page, "export_report", r"\(exit 0\)\ncopied ")
+    _wait_value(page, "export_report", r"wrote \S+bpe\.model\n(.*\n)*\(exit 0\)")  # export copies the tokenizer
     shot("07_exported")
     for name in ("gpt.pth", "config.yaml", "bpe.model"):
         assert (run_dir / "export" / name).is_file(), name

@@ -13,6 +13,8 @@ what they apply to.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 from pathlib import Path
 
@@ -20,20 +22,31 @@ import torch
 import yaml
 
 from indextts_train.checkpoint.base import load_base_checkpoint
-from indextts_train.checkpoint.files import BEST, LATEST, config_for, load_verified
+from indextts_train.checkpoint.files import (
+    BEST,
+    LATEST,
+    config_for,
+    failure_reason,
+    is_training_checkpoint,
+    load_verified,
+    same_file,
+)
+from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
+from indextts_train.files.atomic import Writer, fsync_dir, temp_name
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
 from indextts_train.text.languages import borrow_notes
 from indextts_train.text.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
-from indextts_train.text.vocab import VocabPlan
+from indextts_train.text.vocab import VocabPlan, tokenizer_size
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TIKTOKEN_NAME = "multilingual_zh_ja_yue_char_del.tiktoken"  # the name stock 2.5 inference opens
+# Sections IndexTTS inference reads besides gpt: (the semantic codec, the s2mel stage, the vocoder).
+INFERENCE_SECTIONS = ("semantic_codec", "s2mel")
 
 
 def export_source(checkpoint: Path, pick: str | None) -> Path:
@@ -68,52 +81,82 @@ def provenance(state: dict) -> str:
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
                       base_config: Path | None = None, tokenizer_name: str = "bpe.model",
                       dtype: str = "float32", tokenizer: Path | None = None,
-                      adapters_out: Path | None = None) -> dict:
+                      adapters_out: Path | None = None, force: bool = False) -> dict:
     """Write `output` (official key order, dtype asked for) and optionally `config_out`, `adapters_out`.
 
-    `tokenizer`, a .tiktoken file, is checked against the exported text rows and copied beside
-    `output` as TIKTOKEN_NAME (IndexTTS-2.5). Notes (borrowed language rows) go into the summary and
-    as comments into `config_out`.
+    `tokenizer` is checked against the exported text rows and copied beside `output`: a .tiktoken
+    as TIKTOKEN_NAME (IndexTTS-2.5), a SentencePiece model as `tokenizer_name` (IndexTTS2, the name
+    config.yaml gives as dataset.bpe_model). Notes (borrowed language rows, sections config.yaml
+    lacks) go into the summary, the first kind also as comments into `config_out`.
+
+    An existing target is replaced only with `force`, and a training checkpoint never. Every file is
+    written under a temp name first and renamed at the end: a failure leaves no final name changed.
     """
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
-    vocab_copy = output.parent / TIKTOKEN_NAME if tokenizer is not None and is_tiktoken(tokenizer) else None
-    _check_targets(checkpoint, base_config, output, config_out, vocab_copy)
-    if adapters_out is not None:
-        _check_targets(checkpoint, base_config, adapters_out, None)
-        if adapters_out.resolve() in {p.resolve() for p in (output, config_out, vocab_copy) if p is not None}:
-            raise UserError(f"{adapters_out}: --adapters-out must be its own file, not -o or --config-out")
+    copy_target = _tokenizer_target(output, tokenizer, tokenizer_name)
+    targets = {"-o": output, "--config-out": config_out, "--adapters-out": adapters_out, "--tokenizer": copy_target}
+    _check_targets(checkpoint, base_config, tokenizer, targets, force)
     # The one read of the checkpoint (several GB): missing/damaged/unsafe/unusable files are refused in
     # the checkpoint module's own words, and everything below uses what it read.
     loaded = load_verified(checkpoint)
-    if adapters_out is not None:
-        payload = _adapter_payload(checkpoint, loaded)  # refused before anything is written
+    payload = _adapter_payload(checkpoint, loaded) if adapters_out is not None else None  # refused before writes
     config = config_for(checkpoint, base_config, loaded=loaded)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
     config.gpt.number_text_tokens = tokens
-    vocab = _checked_vocabulary(tokenizer, tokens, config) if vocab_copy is not None else None
+    vocabulary = _checked_tokenizer(tokenizer, tokens, config, loaded)
     hparams = loaded.get("hparams") if isinstance(loaded.get("hparams"), dict) else {}  # borrowed language rows
     notes = borrow_notes(hparams.get("borrow_languages"))
     merged = {**carried, **trained}
     state = {key: merged[key].to(DTYPES[dtype]) if merged[key].is_floating_point() else merged[key]
              for key in official_shapes(config.gpt)}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic_write(output, lambda handle: torch.save(state, handle))
-        if vocab is not None and not (vocab_copy.exists() and os.path.samefile(vocab_copy, tokenizer)):
-            atomic_write_bytes(vocab_copy, vocab.raw)
-    except OSError as exc:
-        raise UserError(f"could not write {output}: {exc.strerror or exc}") from None
+    files: list[tuple[Path, Writer]] = [(output, lambda handle: torch.save(state, handle))]
+    if vocabulary is not None and not same_file(copy_target, tokenizer):
+        files.append((copy_target, lambda handle: handle.write(vocabulary)))
+    config_notes = []
     if config_out is not None:
-        _write_config(config, config_out, base_config, output.name, tokenizer_name, notes)
-    if adapters_out is not None:
-        try:
-            atomic_write(adapters_out, lambda handle: torch.save(payload, handle))
-        except OSError as exc:
-            raise UserError(f"could not write {adapters_out}: {exc.strerror or exc}") from None
+        text, config_notes = _config_text(config, base_config, output.name, tokenizer_name, notes)
+        files.append((config_out, lambda handle: handle.write(text.encode("utf-8"))))
+    if payload is not None:
+        files.append((adapters_out, lambda handle: torch.save(payload, handle)))
+    _publish(files)
     return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family_name,
-            "numel": sum(t.numel() for t in state.values()), "tokenizer": vocab_copy, "notes": notes,
-            "provenance": provenance(loaded)}
+            "numel": sum(t.numel() for t in state.values()), "tokenizer": copy_target if vocabulary else None,
+            "notes": notes + config_notes, "provenance": provenance(loaded)}
+
+
+def _publish(files: list[tuple[Path, Writer]]) -> None:
+    """Write every file under its temp name, then rename them all into place.
+
+    A failure (disk full, a read-only folder) removes the temp files and the folders made for them,
+    and says which file could not be written; no final name was touched.
+    """
+    made: list[Path] = []  # folders created here, outermost first
+    temps: list[Path] = []
+    final = files[0][0]
+    try:
+        for final, write in files:
+            for folder in [p for p in final.parents if not p.exists()][::-1]:
+                folder.mkdir()
+                made.append(folder)
+            temps.append(temp_name(final))
+            with open(temps[-1], "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+    except BaseException as exc:  # a signal too: no temp file or new folder stays behind
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(exc, (OSError, RuntimeError)):  # torch.save wraps the OSError of a failed write
+            raise
+        raise UserError(f"could not write {final}: {failure_reason(exc)}; nothing was written") from None
+    for (final, _), temp in zip(files, temps, strict=True):
+        os.replace(temp, final)
+    for folder in {final.parent for final, _ in files}:
+        fsync_dir(folder)
 
 
 def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
@@ -134,6 +177,50 @@ def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
     return adapter_file(record["adapters"], record_spec(record), model, tensors, applies_to)
 
 
+def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str) -> Path | None:
+    """Where the tokenizer copy goes: beside `output`, under the name inference opens."""
+    if tokenizer is None:
+        return None
+    if not tokenizer.is_file():
+        raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
+    if Path(tokenizer_name).name != tokenizer_name or tokenizer_name in ("", ".", ".."):
+        raise UserError(f"--tokenizer-name {tokenizer_name!r}: give a file name (it goes beside -o), not a path")
+    return output.parent / (TIKTOKEN_NAME if is_tiktoken(tokenizer) else tokenizer_name)
+
+
+def _grown(loaded: dict) -> tuple[int, int] | None:
+    """(base tokens, tokens) when the run's vocab plan grew the vocabulary, else None."""
+    plan = loaded.get("vocab_plan")
+    if not isinstance(plan, dict) or not (is_int(plan.get("base_tokens")) and is_int(plan.get("tokens"))):
+        return None
+    return (plan["base_tokens"], plan["tokens"]) if plan["tokens"] > plan["base_tokens"] else None
+
+
+def _checked_tokenizer(tokenizer: Path | None, tokens: int, config: Config, loaded: dict) -> bytes | None:
+    """The tokenizer bytes to ship beside the export (None: none given), checked against the text rows.
+
+    A 2.5 run that grew its vocabulary must ship its .tiktoken: stock inference would otherwise read
+    the stock vocabulary, whose special-token ids are no longer the model's.
+    """
+    if tokenizer is None:
+        grown = _grown(loaded) if config.gpt.is_v25 else None
+        if grown is not None:
+            raise UserError(f"the run grew the vocabulary ({grown[0]} -> {grown[1]} tokens), so an IndexTTS-2.5 "
+                            "export needs --tokenizer with the run's .tiktoken: stock inference would read its own "
+                            "vocabulary, whose special-token ids no longer match the model")
+        return None
+    if is_tiktoken(tokenizer):
+        return _checked_vocabulary(tokenizer, tokens, config).raw
+    if config.gpt.is_v25:
+        raise UserError(f"--tokenizer {tokenizer}: IndexTTS-2.5 reads a .tiktoken vocabulary; pass the .tiktoken "
+                        "the run trained with")
+    size = tokenizer_size(tokenizer)
+    if size != tokens:
+        raise UserError(f"--tokenizer {tokenizer}: {size} pieces, but the checkpoint has {tokens} text tokens "
+                        "(number_text_tokens); pass the tokenizer it was trained with")
+    return tokenizer.read_bytes()
+
+
 def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> TiktokenVocab:
     """The .tiktoken to ship: it must be of a 2.5 model and give exactly the exported text rows - 1."""
     if not config.gpt.is_v25:
@@ -146,25 +233,48 @@ def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> Tiktoke
     return vocab
 
 
-def _check_targets(checkpoint: Path, base_config: Path | None, output: Path, config_out: Path | None,
-                   vocab_copy: Path | None = None) -> None:
-    """Refuse outputs that are an input, or each other.
+def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path | None,
+                   targets: dict[str, Path | None], force: bool) -> None:
+    """Refuse, before the checkpoint is read, a target that is an input, a folder, under a file, another
+    target, a training checkpoint (even with --force) or any existing file without --force.
 
-    samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth, and
-    replacing it would silently drop a training checkpoint.
+    samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth. The tokenizer
+    copy may be the tokenizer itself (it is then left as it is).
     """
-    inputs = [path for path in (checkpoint, base_config) if path is not None and path.exists()]
-    for target in (output, config_out, vocab_copy):
-        if target is not None and target.exists() and any(os.path.samefile(target, p) for p in inputs):
+    inputs = [path for path in (checkpoint, base_config, tokenizer) if path is not None and path.exists()]
+    named = [(flag, target) for flag, target in targets.items() if target is not None]
+    for flag, target in named:
+        _check_place(flag, target)
+        if not target.exists() or (flag == "--tokenizer" and same_file(target, tokenizer)):
+            continue
+        if any(same_file(target, source) for source in inputs):
             raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
-    if config_out is not None and config_out.resolve() == output.resolve():
-        raise UserError(f"{config_out}: --config-out and -o are the same file; give the config its own path")
+        if is_training_checkpoint(target):
+            other = target.with_name(f"{target.stem}_export{target.suffix}")
+            raise UserError(f"{flag} {target} is a training checkpoint: export never replaces one, even with "
+                            f"--force; choose another name (e.g. {other})")
+        if not force:
+            raise UserError(f"{flag} {target} already exists; pass --force to replace it, or choose another path")
+    for i, (flag, target) in enumerate(named):
+        twin = next((other for other, path in named[:i] if path.resolve() == target.resolve()), None)
+        if twin is not None:
+            raise UserError(f"{target}: {flag} and {twin} are the same file; give each its own path")
 
 
-def _write_config(config: Config, config_out: Path, base_config: Path | None, gpt_name: str,
-                  tokenizer_name: str, notes: list[str]) -> None:
-    """Keep every section of the user's config; replace only what the fine-tune changed."""
-    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else {}
+def _check_place(flag: str, target: Path) -> None:
+    """A target must be a file path whose nearest existing folder is a folder."""
+    if target.is_dir():
+        raise UserError(f"{flag} {target} is a folder; give the file path to write (e.g. {target / 'gpt.pth'})")
+    existing = next(p for p in target.parents if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise UserError(f"{flag} {target}: {existing} is a file, not a folder; choose another path")
+
+
+def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokenizer_name: str,
+                 notes: list[str]) -> tuple[str, list[str]]:
+    """config.yaml for inference and what it lacks: every section of the user's config (--config, else the
+    one stored in the checkpoint), with only what the fine-tune changed replaced."""
+    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else copy.deepcopy(config.sections)
     data.pop("train", None)
     data["version"] = version_of_family(config.gpt.family)
     data["gpt"] = gpt_to_dict(config.gpt)
@@ -172,6 +282,8 @@ def _write_config(config: Config, config_out: Path, base_config: Path | None, gp
     if not config.gpt.is_v25:  # 2.5 reads its vocabulary from the fixed TIKTOKEN_NAME, not from here
         data.setdefault("dataset", {})
         data["dataset"]["bpe_model"] = tokenizer_name
-    config_out.parent.mkdir(parents=True, exist_ok=True)
+    missing = [name for name in INFERENCE_SECTIONS if name not in data]
+    lacks = [f"config.yaml has no {', '.join(missing)} section(s): the run's config had none; pass --config "
+             "with the model's own config.yaml (IndexTTS2's checkpoints/config.yaml) to carry them"] if missing else []
     header = "".join(f"# indextts-train: {note}\n" for note in notes)  # YAML comments: loaders ignore them
-    atomic_write_text(config_out, header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), lacks

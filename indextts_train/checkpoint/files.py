@@ -46,8 +46,8 @@ from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.atomic import atomic_write as atomic_write_file
 from indextts_train.files.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.files.faults import crash_armed, crash_point
+from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
-from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.model.layout import (
     clean_keys,
     family_of_keys,
@@ -106,6 +106,8 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     try:
         return load_weights_only(path, mmap=mmap and is_zip)
     except pickle.UnpicklingError as exc:
+        if str(exc).startswith(NOT_OURS):
+            raise CheckpointError(f"refusing to load {path}: {exc}") from None
         refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
         if refused:
             raise CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
@@ -209,6 +211,17 @@ def _kind(obj: Any) -> str:
     if isinstance(weights, dict) and weights and all(isinstance(v, torch.Tensor) for v in weights.values()):
         return "gpt.pth"
     return "unknown"
+
+
+def is_training_checkpoint(path: Path) -> bool:
+    """Whether `path` holds a training state (ours or a community one): by its name, else by its contents."""
+    path = Path(path)
+    if path.name in (LATEST, BEST) or _step_of(path) is not None:
+        return True
+    try:
+        return _kind(read_unchecked(path)) in ("indextts-train", "community")
+    except CheckpointError:
+        return False
 
 
 def ignored_by_base_checkpoint(path: Path, obj: Any) -> str | None:

@@ -8,6 +8,7 @@ Our own optional `train:` section holds training defaults; CLI flags override it
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -39,6 +40,24 @@ class ConditionModuleConfig:
     num_blocks: int = 6
     input_layer: str = "conv2d2"
     perceiver_mult: float = 2  # may be a float: the reference uses int(dim * mult * 2 / 3)
+
+    def __post_init__(self) -> None:
+        for name in ("output_size", "linear_units", "attention_heads", "num_blocks"):
+            if not 1 <= getattr(self, name) <= 65_536:
+                raise UserError(f"gpt condition module: {name} must be in 1..65_536, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.perceiver_mult) and 0 < self.perceiver_mult <= 64):
+            raise UserError(f"gpt condition module: perceiver_mult must be in (0, 64], got {self.perceiver_mult!r}")
+
+
+# Every integer of the `gpt:` section, inclusive: far beyond the real models (IndexTTS2: 24 layers of
+# 1280, 12000 text tokens), yet small enough that a typo (`layers: 100000000`) is named at once
+# instead of reaching the memory estimate or the allocator.
+_GPT_RANGES = {
+    "model_dim": (1, 65_536), "heads": (1, 1024), "layers": (1, 1024), "max_mel_tokens": (1, 1_000_000),
+    "max_text_tokens": (1, 1_000_000), "number_text_tokens": (1, 10_000_000), "number_mel_codes": (1, 1_000_000),
+    "mel_length_compression": (1, 1_000_000), "start_mel_token": (0, 999_999), "stop_mel_token": (0, 999_999),
+    "start_text_token": (0, 9_999_999), "stop_text_token": (0, 9_999_999),
+}
 
 
 @dataclass
@@ -72,13 +91,9 @@ class GPTConfig:
     family: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("model_dim", "max_mel_tokens", "max_text_tokens", "heads", "layers", "number_text_tokens",
-                     "number_mel_codes", "mel_length_compression"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"gpt.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("start_mel_token", "stop_mel_token", "start_text_token", "stop_text_token"):
-            if getattr(self, name) < 0:
-                raise UserError(f"gpt.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name, (low, high) in _GPT_RANGES.items():
+            if not low <= getattr(self, name) <= high:
+                raise UserError(f"gpt.{name} must be in {low}..{high:_}, got {getattr(self, name)!r}")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
@@ -219,6 +234,20 @@ _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
           "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
 
+# Upper ends (inclusive) of the `train:` settings that have no natural one: far beyond any real run,
+# so a typo is one line; the seed is a 64-bit unsigned integer (what torch and numpy accept).
+# --num-workers has none: above the CPU count it is lowered, with a warning (hardware.py).
+# --learning-rate has none either: any finite rate is a valid (if diverging) request; tests use 1e30.
+_TRAIN_MAX = {
+    "batch_size": 65_536, "grad_accumulation": 65_536, "effective_batch_size": 1 << 24,
+    "weight_decay": 100.0, "adam_eps": 1.0, "warmup_steps": 1 << 40, "epochs": 1_000_000,
+    "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
+    "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
+    "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
+    "max_bad_steps": 1_000_000, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
+}
+
+
 def _check_range(name: str, value: Any, rule: str) -> None:
     """One line naming the config key and the flag."""
     text, ok = _RULES[rule]
@@ -227,6 +256,9 @@ def _check_range(name: str, value: Any, rule: str) -> None:
         raise UserError(f"{where} must be a finite number, got {value!r}")
     if not ok(value):
         raise UserError(f"{where} must be {text}, got {value!r}")
+    high = _TRAIN_MAX.get(name)
+    if high is not None and value > high:
+        raise UserError(f"{where} must be at most {high:_}, got {value:_}")
 
 
 def train_flags() -> list[dataclasses.Field]:
@@ -239,6 +271,9 @@ class Config:
     gpt: GPTConfig = field(default_factory=GPTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     source: str = ""  # the file it came from, for messages
+    # IndexTTS2's own sections (dataset, s2mel, ...) as read: unused for training, but stored in the
+    # checkpoint so that an export without --config still writes a config.yaml inference can load.
+    sections: dict = field(default_factory=dict)
 
     def override(self, values: dict[str, Any]) -> None:
         """Flags beat the config's train: section; the dataclass re-validates the result by name."""
@@ -267,7 +302,19 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     gpt = build(GPTConfig, data["gpt"], f"{source}: gpt")
     gpt.family = family_of_version(data.get("version"), f"{source}: version")
     train = build(TrainConfig, data.get("train"), f"{source}: train")
-    return Config(gpt=gpt, train=train, source=source)
+    sections = {k: data[k] for k in OFFICIAL_SECTIONS if k in data and _is_plain(data[k])}
+    return Config(gpt=gpt, train=train, source=source, sections=sections)
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """Whether `value` is plain YAML data a weights-only checkpoint can hold (no dates, not too deep)."""
+    if depth > 16:
+        return False
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v, depth + 1) for v in value)
+    return type(value) in (str, int, float, bool, type(None))
 
 
 def family_of_version(value: Any, where: str) -> str | None:
@@ -295,6 +342,14 @@ def load_config(path: str | Path) -> Config:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                        "save the config as UTF-8") from None
+    except RecursionError:  # PyYAML builds nested values recursively
+        raise UserError(f"{path}: nested too deeply to be a config; "
+                        "pass IndexTTS2's config.yaml or configs/*.yaml") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the config ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a YAML mapping with a 'gpt:' section")
     return config_from_dict(data, str(path))
@@ -310,7 +365,7 @@ def gpt_to_dict(gpt: GPTConfig) -> dict:
 def config_to_dict(config: Config) -> dict:
     train = dataclasses.asdict(config.train)
     train["adam_betas"] = list(train["adam_betas"])
-    out = {"gpt": gpt_to_dict(config.gpt), "train": train}
+    out = {**copy.deepcopy(config.sections), "gpt": gpt_to_dict(config.gpt), "train": train}
     if config.gpt.family is not None:
         out["version"] = version_of_family(config.gpt.family)
     return out
@@ -321,7 +376,7 @@ def gpt_from_dict(data: dict) -> GPTConfig:
 
 
 # The real IndexTTS2 sizes, from this checkout (not the working directory).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "indextts2.yaml"
 
 
 def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,

@@ -147,6 +147,8 @@ def parse_line(
         raise UserError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos + 1}); {FIX_LINE}") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}); {FIX_LINE}") from None
+    except RecursionError:  # json nests by recursion: a line nested thousands deep is no manifest line
+        raise UserError(f"{where}: JSON nested too deeply to be a manifest line; {FIX_LINE}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
     fields = _form(obj, where, family)

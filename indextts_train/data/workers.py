@@ -1,4 +1,4 @@
-"""Data-loader worker processes that survive a stop signal, and that never outlive the run.
+"""Data-loader worker processes that survive a stop signal, and that never outlive the run (nor their parent).
 
 A stop (Ctrl+C, or SIGTERM/SIGHUP from docker, Kubernetes, SLURM, systemd) often reaches every
 process of the job at once. The main process turns it into "finish the step, save, exit"; the
@@ -7,12 +7,16 @@ workers must simply keep serving until then.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import signal
+import sys
 
 from torch.utils.data import DataLoader
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def ignore_stop_signals_in_worker(worker_id: int) -> None:
@@ -22,7 +26,25 @@ def ignore_stop_signals_in_worker(worker_id: int) -> None:
     # parent, and the main process then fails with "DataLoader worker ... exited unexpectedly").
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    die_with_parent()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this worker the moment its parent dies (Linux prctl PR_SET_PDEATHSIG).
+
+    A worker ignores the stop signals (above), so a parent killed with SIGKILL, or dead of out of memory,
+    would otherwise leave it serving nobody until torch's watchdog notices (seconds, and never when it
+    is blocked). A parent already gone before the prctl is caught by comparing the parent PID.
+    """
+    parent = multiprocessing.parent_process()
+    if not sys.platform.startswith("linux") or parent is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not allowed here (a sandbox): torch's watchdog remains
+    if os.getppid() != parent.pid:
+        os._exit(1)
 
 
 class StopSafeLoader(DataLoader):

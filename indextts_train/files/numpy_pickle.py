@@ -20,6 +20,7 @@ and a TorchVersion by a plain str. Any other global is refused by torch as befor
 from __future__ import annotations
 
 import pickle
+import zipfile
 from contextlib import nullcontext
 from math import prod
 from pathlib import Path
@@ -31,6 +32,12 @@ import torch
 # numpy's own spellings in a pickled dtype: bool, signed/unsigned ints, floats, complex.
 PLAIN_DTYPES = frozenset({"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"})
 REFUSED = "numpy content refused"  # starts every refusal message, so callers can say what happened
+NOT_OURS = "not a checkpoint this program wrote"  # starts the refusal of a file past the bounds below
+# Far above any checkpoint this program writes (depth ~6; a million logged steps ~ 7M values).
+MAX_DEPTH = 32
+MAX_NODES = 20_000_000  # values (containers and leaves), counted as often as they are reachable
+MAX_BYTES = 1 << 30  # str/bytes/numpy payload, counted the same way
+MAX_PICKLE_BYTES = 512 << 20  # the pickle torch's weights-only unpickler reads op by op in Python
 
 
 def _refuse(why: str) -> pickle.UnpicklingError:
@@ -101,40 +108,103 @@ SAFE_GLOBALS: list[tuple[Any, str]] = [
 ]
 
 
-def _plain(obj: Any) -> Any:
-    """Stand-ins -> real numpy values, TorchVersion -> str; containers rebuilt only where needed."""
+class _BoundedWalk:
+    """Stand-ins -> real numpy values, TorchVersion -> str; containers rebuilt only where needed.
+
+    A pickle's memo lets a few hundred bytes describe a list nested 40 deep whose elements are the
+    same list twice: 2^40 paths to walk. Each container is therefore converted once (memoised by id),
+    and its size counts as often as it is reachable, since that is what any later plain walk of the
+    checkpoint (verify's summary, validate, the NaN check) pays. Past MAX_DEPTH, MAX_NODES or
+    MAX_BYTES the file is refused: none of our checkpoints comes near them.
+    """
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[Any, int, int]] = {}  # id -> (plain value, nodes, payload bytes)
+
+    def plain(self, obj: Any, depth: int = 0) -> tuple[Any, int, int]:
+        """(the plain value of `obj`, the nodes reachable through it, their payload bytes)."""
+        if depth > MAX_DEPTH:
+            raise _not_ours(f"data nested deeper than {MAX_DEPTH} levels")
+        if not isinstance(obj, (dict, list, tuple, _Array, _Dtype)):
+            return _leaf(obj)
+        known = self.memo.get(id(obj))
+        if known is not None:
+            return known
+        if isinstance(obj, (_Array, _Dtype)):
+            value = _real(obj)
+            result = (value, 1, value.nbytes if isinstance(value, np.ndarray) else 0)
+        else:
+            result = self._container(obj, depth)
+        if result[1] > MAX_NODES or result[2] > MAX_BYTES:
+            raise _not_ours(f"more than {MAX_NODES} values or {MAX_BYTES >> 20} MiB of plain data "
+                            "(shared references counted as often as they are reachable)")
+        self.memo[id(obj)] = result
+        return result
+
+    def _container(self, obj: dict | list | tuple, depth: int) -> tuple[Any, int, int]:
+        nodes, size = 1, 0
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                _, key_nodes, key_bytes = _leaf(key)
+                new, value_nodes, value_bytes = self.plain(value, depth + 1)
+                nodes, size = nodes + key_nodes + value_nodes, size + key_bytes + value_bytes
+                if new is not value:
+                    obj[key] = new
+            return obj, nodes, size
+        walked = [self.plain(value, depth + 1) for value in obj]
+        nodes += sum(n for _, n, _ in walked)
+        size += sum(b for _, _, b in walked)
+        items = [value for value, _, _ in walked]
+        if isinstance(obj, list):
+            obj[:] = items
+            return obj, nodes, size
+        same = type(obj) is not tuple or all(a is b for a, b in zip(items, obj, strict=True))
+        return (obj if same else tuple(items)), nodes, size
+
+
+def _not_ours(why: str) -> pickle.UnpicklingError:
+    return pickle.UnpicklingError(f"{NOT_OURS}: {why}")
+
+
+def _leaf(obj: Any) -> tuple[Any, int, int]:
+    """A value that holds no other: TorchVersion -> str; str and bytes count their length."""
+    if isinstance(obj, torch.torch_version.TorchVersion):
+        obj = str(obj)
+    return obj, 1, len(obj) if isinstance(obj, (str, bytes)) else 0
+
+
+def _real(obj: _Array | _Dtype) -> np.ndarray | np.dtype:
     if isinstance(obj, _Array):
         if obj.array is None:
             raise _refuse("a numpy array without its pickled state")
         return obj.array
-    if isinstance(obj, _Dtype):
-        if obj.dtype is None:
-            raise _refuse("a numpy dtype without its pickled state")
-        return obj.dtype
-    if isinstance(obj, torch.torch_version.TorchVersion):
-        return str(obj)
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            new = _plain(value)
-            if new is not value:
-                obj[key] = new
-        return obj
-    if isinstance(obj, list):
-        obj[:] = [_plain(value) for value in obj]
-        return obj
-    if type(obj) is tuple:
-        items = tuple(_plain(value) for value in obj)
-        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else items
-    return obj
+    if obj.dtype is None:
+        raise _refuse("a numpy dtype without its pickled state")
+    return obj.dtype
+
+
+def _check_pickle_size(path: Path) -> None:
+    """Refuse a zip checkpoint whose pickle (the part torch walks in Python) is past MAX_PICKLE_BYTES."""
+    if not zipfile.is_zipfile(path):
+        return
+    with zipfile.ZipFile(path) as archive:
+        size = sum(m.file_size for m in archive.infolist() if m.filename.endswith("/data.pkl")
+                   or m.filename == "data.pkl")
+    if size > MAX_PICKLE_BYTES:
+        raise _not_ours(f"its pickle holds {size >> 20} MiB of plain data (at most {MAX_PICKLE_BYTES >> 20} MiB)")
 
 
 def load_weights_only(path: Path, *, mmap: bool = False) -> Any:
     """torch.load(weights_only=True) on the CPU, plus plain numpy arrays (see the module docstring).
 
+    The plain data is bounded (see _BoundedWalk); a file past the bounds raises an UnpicklingError
+    whose message starts with NOT_OURS.
+
     torch before 2.5 cannot bind a global name to another object: there the numpy allow-list is
     off and such files are refused as before.
     """
+    _check_pickle_size(path)
     allow = getattr(torch.serialization, "safe_globals", None)
     with allow(SAFE_GLOBALS) if allow is not None else nullcontext():
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    return _plain(obj)
+    return _BoundedWalk().plain(obj)[0]

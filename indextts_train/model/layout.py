@@ -281,6 +281,26 @@ def resolve_family(cfg: GPTConfig, state: Mapping[str, Tensor], source: Path | s
         )
 
 
+def mismatch_summary(saved: Mapping[str, Tensor], cfg: GPTConfig) -> str:
+    """How the trained tensors `saved` differ from what `cfg` builds: counts and one example of each kind
+    (torch's own message lists every tensor, pages of it for another model size)."""
+    shapes = official_shapes(cfg)
+    expected = {key: shapes[key] for key in trained_keys(cfg)}
+    differ = [k for k in expected if k in saved and tuple(saved[k].shape) != expected[k]]
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    parts = []
+    if differ:
+        key = differ[0]
+        parts.append(f"{len(differ)} of {len(expected)} tensors differ in shape (e.g. {key} is "
+                     f"{list(saved[key].shape)} in the checkpoint, {list(expected[key])} for the config)")
+    if missing:
+        parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+    return "; ".join(parts) or "its tensors do not load into the model the config builds"
+
+
 def layout_problems(state: Mapping[str, Tensor], cfg: GPTConfig) -> list[str]:
     """Missing, unexpected and mis-shaped keys; text rows may differ from cfg but must agree."""
     expected = official_shapes(cfg)

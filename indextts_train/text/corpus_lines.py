@@ -36,7 +36,7 @@ def iter_text_lines(path: Path) -> Iterator[str]:
 def _is_json_object(line: str) -> bool:
     try:
         return isinstance(json.loads(line), dict)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # too deep is no corpus record either
         return False
 
 
@@ -45,6 +45,8 @@ def _jsonl_text(line: str, path: Path, lineno: int) -> str:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix the line or remove it") from None
+    except RecursionError:
+        raise UserError(f"{path}:{lineno}: JSON nested too deeply; fix the line or remove it") from None
     text = record.get("text") if isinstance(record, dict) else None
     if not isinstance(text, str):
         raise UserError(f'{path}:{lineno}: no "text" string field; JSONL corpora need one on every line')

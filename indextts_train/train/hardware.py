@@ -36,6 +36,7 @@ from indextts_train.train.memory import (
 )
 
 CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a step short
+MAX_EFFECTIVE_BATCH = 1 << 24  # the schema's bound (config.py); the planner is also called without it
 MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light
 DEFAULT_MEMORY_SHARE = 0.85
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
@@ -270,6 +271,9 @@ def _memory_sentence(device: DeviceInfo, cfg: GPTConfig, micro: int, estimate: i
 
 
 def _choose_workers(cpu_count: int, world_size: int, requested: int, kind: str) -> tuple[int, str]:
+    if requested > cpu_count:  # each worker is a process with its own copy of the loader: never more than cores
+        return cpu_count, (f"warning: --num-workers {requested} is more than the {cpu_count} CPU core(s); "
+                           f"lowered to {cpu_count} data worker(s).")
     if requested:
         return requested, f"{requested} data worker(s) as given."
     if kind == "cpu":
@@ -287,8 +291,9 @@ def _choose_workers(cpu_count: int, world_size: int, requested: int, kind: str) 
 
 def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int, num_workers: int,
                   world_size: int, memory_share: float) -> None:
-    if effective_batch < 1:
-        raise UserError(f"train.effective_batch_size must be >= 1, got {effective_batch}")
+    if not 1 <= effective_batch <= MAX_EFFECTIVE_BATCH:
+        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{MAX_EFFECTIVE_BATCH:_}, "
+                        f"got {effective_batch:_}")
     for flag, value in (("--batch-size", batch_size), ("--grad-accumulation", grad_accumulation),
                         ("--num-workers", num_workers)):
         if value < 0:
@@ -297,6 +302,24 @@ def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int,
         raise UserError(f"WORLD_SIZE must be >= 1, got {world_size}")
     if not 0.0 < memory_share <= 1.0:
         raise UserError(f"memory share must be in (0, 1], got {memory_share}")
+
+
+def _check_model_fits(device: DeviceInfo, gpt_cfg: GPTConfig, scope: ScopeSettings, world_size: int) -> None:
+    """Refuse, before anything is built, a model whose weights alone exceed this machine's memory (it
+    is built in host RAM first) or whose weights, gradients and AdamW state exceed the device's."""
+    counts = param_counts(gpt_cfg, scope)
+    weights = WEIGHT_BYTES_PER_PARAM * (counts.model + counts.adapters)
+    sizes = (f"gpt.layers {gpt_cfg.layers}, gpt.model_dim {gpt_cfg.model_dim}, "
+             f"gpt.number_text_tokens {gpt_cfg.number_text_tokens}")
+    host = device.total_memory if device.kind == "cpu" else (0 if device.cpu_count_assumed else _system_memory())
+    if host and weights > host:
+        raise UserError(f"the config's model has {counts.model:,} parameters: {_gib(weights)} of fp32 weights, more "
+                        f"than this machine's {_gib(host)} of memory; check the config's sizes ({sizes})")
+    needed = weights + counts.trainable * state_bytes_per_trainable(world_size)
+    if device.kind == "cuda" and needed > device.total_memory:
+        raise UserError(f"the config's model needs {_gib(needed)} for weights, gradients and AdamW state alone, more "
+                        f"than the {_gib(device.total_memory)} of {device.name}; check the config's sizes ({sizes}) "
+                        "or train a smaller scope (--train-scope partial/lora)")
 
 
 def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int, batch_size: int = 0,
@@ -308,6 +331,7 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
     `scope` (--train-scope) decides which tensors carry gradients and AdamW state in the estimate.
     """
     _check_inputs(effective_batch, batch_size, grad_accumulation, num_workers, world_size, memory_share)
+    _check_model_fits(device, gpt_cfg, scope, world_size)
     cc = f", compute capability {_cc(device)}" if device.kind == "cuda" else ""
     assumed = (" (assumed: a typical rented single-GPU box; the data workers follow the real count when "
                "training)") if device.cpu_count_assumed else ""

@@ -53,8 +53,20 @@ EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 METRICS = ("loss", "text_loss", "mel_loss", "mel_top1", "grad_norm")  # what optimizer_step returns
 
 
+class SetupInterrupted(BaseException):
+    """A stop signal during setup (indexing, reading checkpoints, building the model): nothing has been
+    trained, so there is nothing to save; the run ends at once. A BaseException, like KeyboardInterrupt,
+    so that no `except Exception` on the way turns it into another error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class SignalFlag:
-    """First SIGINT/SIGTERM/SIGHUP: finish the step, save, exit. Second: exit at once.
+    """During setup (`in_setup`, a single-process run): the first SIGINT/SIGTERM/SIGHUP raises SetupInterrupted.
+
+    Then: first signal, finish the step, save, exit. Second: exit at once.
 
     Exiting at once is safe because checkpoints are published atomically: the worst a second
     Ctrl+C leaves behind is a temp file that the next save removes. A SIGTERM or SIGHUP within
@@ -65,9 +77,10 @@ class SignalFlag:
 
     DUPLICATE_WINDOW_S = 2.0
 
-    def __init__(self, *, announce: bool = True) -> None:
+    def __init__(self, *, announce: bool = True, in_setup: bool = False) -> None:
         self.signum: int | None = None
         self.announce = announce  # rank 0 only: torchrun forwards a signal to every rank
+        self.in_setup = in_setup  # until the loop starts: a stop then ends the process without a step
         self._first_at = 0.0
         self._previous = {signum: signal.signal(signum, self._handle) for signum in EXIT_BY_SIGNAL}
 
@@ -77,6 +90,11 @@ class SignalFlag:
 
     def _handle(self, signum: int, frame: object) -> None:
         name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.signum is None and self.in_setup:
+            self.signum = signum
+            self._say(f"{name} during setup, before the first step: stopping now; nothing was trained, nothing "
+                      "is saved, and no checkpoint was changed")
+            raise SetupInterrupted(signum)
         if self.signum is None:
             self.signum, self._first_at = signum, time.monotonic()
             self._say(f"{name}: stopping after this step with a checkpoint ({name} again exits at once, unsaved)")
@@ -103,13 +121,19 @@ class Diverged(Exception):
 
 def train(options: TrainOptions) -> int:
     """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal."""
-    signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0")
+    # Several ranks stop together at a step boundary (any_rank): one rank leaving setup alone would
+    # leave the others waiting in a collective, so only a single process stops in setup at once.
+    single = os.environ.get("WORLD_SIZE", "1") == "1"
+    signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0", in_setup=single)
     prepare_exact_resume_env()  # before anything starts CUDA (setup_distributed may)
     dist = setup_distributed()
     run: Run | None = None
     try:
         run = setup(options, dist)
+        signals.in_setup = False
         return loop(run, signals)
+    except SetupInterrupted as stop:  # setup released the lock and removed its temp files on the way out
+        return EXIT_BY_SIGNAL[stop.signum]
     except Diverged as stop:
         run.log.stop()
         run.log.info(str(stop))

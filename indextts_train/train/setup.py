@@ -45,8 +45,15 @@ from indextts_train.data.sampling import (
     sampler_spec,
 )
 from indextts_train.errors import UserError
+from indextts_train.files.faults import crash_point
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.model.layout import full_state_dict, init_carried, resolve_family, split_state_dict
+from indextts_train.model.layout import (
+    full_state_dict,
+    init_carried,
+    mismatch_summary,
+    resolve_family,
+    split_state_dict,
+)
 from indextts_train.model.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model.scope import apply_scope, check_resume_scope, text_rows_trainable, trainable_parameters
 from indextts_train.text.languages import parse_borrowed
@@ -389,9 +396,9 @@ def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
     config.gpt.number_text_tokens = tokens
     try:
         model = _new_model(config, trained)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise UserError(f"{path} does not fit --config {config.source}: {first}") from None
+    except RuntimeError:
+        raise UserError(f"{path} does not fit --config {config.source}: {mismatch_summary(trained, config.gpt)}; "
+                        "pass the config the checkpoint was trained with") from None
     saved = VocabPlan.from_dict(ckpt["vocab_plan"])
     # A repaired community plan does not say where new rows went; the tokenizer's kind does.
     insert_at = saved.insert_at if saved.insert_at is not None else growth_point(tokenizer, saved.base_tokens)
@@ -478,6 +485,7 @@ def setup(options: TrainOptions, dist: DistInfo) -> Run:
     plan, device = _hardware(config, options, dist)
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
+        crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
         return _build(options, dist, config, plan, device, startup, lock)
     except BaseException:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
         if lock is not None:

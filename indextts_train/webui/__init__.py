@@ -9,6 +9,8 @@ only `cli`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from indextts_train.errors import UserError
 
 INSTALL_HINT = "the web page needs Gradio: pip install 'indextts-train[webui]' (or: pip install 'gradio>=5,<7')"
@@ -26,8 +28,16 @@ def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
     return user, password
 
 
-def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, auth: str | None = None) -> int:
-    """Serve the page until Ctrl+C. Runs started from it keep running after it stops."""
+def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, auth: str | None = None,
+          roots: list[Path] | None = None) -> int:
+    """Serve the page until Ctrl+C. Runs started from it keep running after it stops.
+
+    `roots`: the folders every path the page reads or writes must lie in (default: the current one).
+    """
+    from indextts_train.webui.roots import Roots
+
+    allowed = Roots(roots or [Path.cwd()])
+
     credentials = parse_auth(auth, share)
     if credentials is None and host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: --host {host} without --auth: anyone who can reach this port can start runs", flush=True)
@@ -37,7 +47,7 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
         raise UserError(INSTALL_HINT) from None
     from indextts_train.webui.page import PageServer, build_page
 
-    page = build_page(PageServer())
+    page = build_page(PageServer(allowed))
     _, local_url, share_url = page.queue().launch(server_name=host, server_port=port, share=share,
                                                   auth=credentials, quiet=True, prevent_thread_lock=True)
     # One line once the page answers: users click it, the browser test waits for it.

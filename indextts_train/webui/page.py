@@ -8,7 +8,6 @@ only module of the package that imports Gradio.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from indextts_train.errors import UserError
 from indextts_train.train.hardware import choose_plan, detect_device
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
+from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
 
 LOG_LINES = 20
@@ -28,11 +28,13 @@ TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "marks", "size_m
 
 
 class PageServer:
-    """State shared by every browser tab: the runs, and the last form started (for a reload)."""
+    """State shared by every browser tab: the runs, the last form started (for a reload), and the
+    folders every path must lie in (roots.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, roots: Roots | None = None) -> None:
         self.registry = RunRegistry()
         self.last_values: list | None = None
+        self.roots = roots if roots is not None else Roots([Path.cwd()])
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -55,7 +57,7 @@ class PageServer:
         if config == loaded:
             return [gr.update() for _ in forms.MAIN_FIELDS] + [loaded]
         try:
-            found = forms.defaults_for(config)
+            found = forms.defaults_for(str(self.roots.inside(config, "Config")))
         except UserError:
             return [gr.update() for _ in forms.MAIN_FIELDS] + [loaded]
         return [found[name] for name in forms.MAIN_FIELDS] + [config]
@@ -71,6 +73,10 @@ class PageServer:
             return "Training manifests: give at least one manifest JSONL path"
         extra = ["--config", run.config] if run.config.strip() else []
         extra += ["--tokenizer", run.tokenizer] if run.tokenizer.strip() else []
+        try:
+            self.roots.check_flags([*(arg for path in manifests for arg in ("--train-manifest", path)), *extra])
+        except UserError as exc:
+            return f"error: {exc}"
         return self.run_cli(["check-data", *manifests, *extra])
 
     def check_tokenizer(self, *values) -> str:
@@ -78,7 +84,11 @@ class PageServer:
         if not run.tokenizer.strip():
             return "Tokenizer: give the SentencePiece .model to check"
         try:
-            base = ["--base-vocab", str(load_config(Path(run.config)).gpt.number_text_tokens)]
+            self.roots.inside(run.tokenizer, "Tokenizer")
+        except UserError as exc:
+            return f"error: {exc}"
+        try:
+            base = ["--base-vocab", str(load_config(self.roots.inside(run.config, "Config")).gpt.number_text_tokens)]
         except UserError:
             base = []
         return self.run_cli(["check-tokenizer", run.tokenizer, *base])
@@ -86,7 +96,7 @@ class PageServer:
     def hardware(self, *values) -> str:
         run = self.form_of(list(values))
         try:
-            gpt = load_config(Path(run.config)).gpt
+            gpt = load_config(self.roots.inside(run.config, "Config")).gpt
             h = {k: int(v or 0) for k, v in run.hparams.items() if k in
                  ("effective_batch_size", "batch_size", "grad_accumulation", "num_workers")}
             plan = choose_plan(detect_device(), gpt, effective_batch=h["effective_batch_size"],
@@ -101,7 +111,9 @@ class PageServer:
     def start(self, resume: str | None, *values) -> str:
         try:
             run = self.form_of(list(values))
-            launch = self.registry.start(forms.command(run, resume), Path(run.output_dir))
+            argv = forms.command(run, resume)
+            self.roots.check_flags(argv)
+            launch = self.registry.start(argv, self.roots.inside(run.output_dir, "Output dir"))
         except UserError as exc:
             return f"error: {exc}"
         self.last_values = list(values)
@@ -109,7 +121,7 @@ class PageServer:
 
     def stop(self, output_dir: str) -> str:
         try:
-            launch = self.registry.stop(Path(output_dir))
+            launch = self.registry.stop(self.roots.inside(output_dir, "Output dir"))
         except UserError as exc:
             return f"error: {exc}"
         return f"sent SIGINT to the process group of PID {launch.pid}: it finishes the step, saves, exits 130"
@@ -128,18 +140,26 @@ class PageServer:
     def watch(self, output_dir: str) -> tuple[str, str, str, str, str]:
         if not (output_dir or "").strip():
             return "no output dir", "", "", "", ""
-        launch = self.registry.find(Path(output_dir))
-        text = read_log(launch, Path(output_dir))
+        try:
+            folder = self.roots.inside(output_dir, "Output dir")
+        except UserError as exc:
+            return f"error: {exc}", "", "", "", ""
+        launch = self.registry.find(folder)
+        text = read_log(launch, folder)
         command = shell_line(launch.argv) if launch is not None and launch.argv else ""
         tail = "\n".join(text.splitlines()[-LOG_LINES:])
         return records.status_line(launch, text), command, tail, records.plan_text(text), records.notices(text)
 
     def run_records(self, output_dir: str, resume_choice: str, export_choice: str):
-        if not (output_dir or "").strip() or not Path(output_dir).is_dir():
+        try:
+            folder = self.roots.inside(output_dir, "Output dir")
+        except UserError:
+            folder = None  # watch() says why
+        if folder is None or not folder.is_dir():
             empty = pd.DataFrame({"step": [], "value": [], "series": []})
             return empty, [], gr.update(choices=[("auto", "auto")]), gr.update(choices=[])
-        curves = records.loss_curves(Path(output_dir))
-        rows = records.checkpoint_rows(Path(output_dir), curves)
+        curves = records.loss_curves(folder)
+        rows = records.checkpoint_rows(folder, curves)
         plot = pd.DataFrame([{"series": s, "step": step, "value": v} for s, step, v in curves],
                             columns=["series", "step", "value"])
         table = [[Path(row["file"]).name, *(row[column] for column in TABLE_COLUMNS[1:])] for row in rows]
@@ -151,17 +171,25 @@ class PageServer:
         return (plot, table, gr.update(choices=choices, value=resume_choice if resume_choice in values else "auto"),
                 gr.update(choices=exportable, value=export_default))
 
-    def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str) -> str:
+    def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str, config: str = "") -> str:
+        """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied
+        beside gpt.pth by export itself: IndexTTS2 under its config name, IndexTTS-2.5 as its .tiktoken)."""
         if not checkpoint:
             return "choose a checkpoint to export"
-        target = Path(export_dir.strip() or Path(output_dir) / "export")
-        name = Path(tokenizer).name if tokenizer.strip() else "bpe.model"
-        report = self.run_cli(["export", checkpoint, "-o", str(target / "gpt.pth"),
-                               "--config-out", str(target / "config.yaml"), "--tokenizer-name", name])
-        if tokenizer.strip() and report.endswith("(exit 0)"):
-            shutil.copyfile(Path(tokenizer), target / name)  # inference reads config + gpt.pth + bpe.model
-            report += f"\ncopied {tokenizer} to {target / name}"
-        return report
+        try:
+            source = self.roots.inside(checkpoint, "Checkpoint")
+            target = self.roots.inside(export_dir.strip() or Path(output_dir) / "export", "Export dir")
+            args = ["export", str(source), "-o", str(target / "gpt.pth"), "--config-out", str(target / "config.yaml")]
+            if not export_dir.strip():  # the page's own OUTPUT_DIR/export: a new export replaces the last one
+                args.append("--force")
+            if config.strip():
+                args += ["--config", str(self.roots.inside(config, "Config"))]
+            if tokenizer.strip():
+                token_file = self.roots.inside(tokenizer, "Tokenizer")
+                args += ["--tokenizer", str(token_file), "--tokenizer-name", token_file.name]
+        except UserError as exc:
+            return f"error: {exc}"
+        return self.run_cli(args)
 
 
 def build_page(server: PageServer) -> gr.Blocks:
@@ -261,6 +289,6 @@ def _wire(page, server: PageServer, inputs, buttons, setup_out, watch_out, recor
     record_outputs = [*records_out, buttons["resume_choice"], export_parts["choice"]]
     record_inputs = [output_dir, buttons["resume_choice"], export_parts["choice"]]
     gr.Timer(3.0).tick(server.run_records, record_inputs, record_outputs, show_progress="hidden")
-    export_parts["button"].click(server.export, [export_parts["choice"], export_parts["dir"], output_dir, tokenizer],
-                                 export_parts["report"])
+    export_parts["button"].click(server.export, [export_parts["choice"], export_parts["dir"], output_dir, tokenizer,
+                                                 config], export_parts["report"])
     page.load(server.restore, None, [*inputs, loaded])

@@ -75,6 +75,51 @@ def _cmdline_of(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def _process_cwd(pid: int) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+def _output_dir_arg(argv: list[str]) -> str | None:
+    """The last --output-dir value of an argv (the one the trainer uses), or None."""
+    found = None
+    for i, arg in enumerate(argv):
+        flag, equals, inline = arg.partition("=")
+        if flag == "--output-dir":
+            found = inline if equals else (argv[i + 1] if i + 1 < len(argv) else None)
+    return found
+
+
+def _is_train_command(argv: list[str]) -> bool:
+    """`train-gpt ...`, `trainers/train_gpt_v2.py ...`, `indextts-train train ...`, or `python [-u] -m
+    indextts_train [train] --flags ...` (the module trains when its first argument is a flag)."""
+    names = [os.path.basename(arg) for arg in argv[:5]]  # the interpreter and its own options come first
+    if any(name in ("train-gpt", "train_gpt_v2.py") for name in names):
+        return True
+    entry = next((i for i, name in enumerate(names) if name in ("indextts-train", "indextts_train")), None)
+    if entry is None:
+        return False
+    after = argv[entry + 1] if entry + 1 < len(argv) else ""
+    return after == "train" or (names[entry] == "indextts_train" and after.startswith("--"))
+
+
+def is_train_run_of(pid: int, output_dir: Path) -> bool:
+    """Whether process `pid` is owned by this user and its command line (from /proc) is a train run
+    whose --output-dir, resolved from that process's folder, is `output_dir`."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+    except OSError:
+        return False
+    argv = _cmdline_of(pid)
+    value, cwd = _output_dir_arg(argv), _process_cwd(pid)
+    if not _is_train_command(argv) or value is None or cwd is None:
+        return False
+    return os.path.realpath(cwd / Path(value).expanduser()) == os.path.realpath(output_dir)
+
+
 class RunRegistry:
     """The runs this server knows, by output dir. Gradio calls handlers from several threads."""
 
@@ -121,10 +166,18 @@ class RunRegistry:
         return launch
 
     def stop(self, output_dir: Path) -> Launch:
-        """SIGINT to the run's process group: it finishes the step, saves, and exits 130."""
+        """SIGINT to the run's process group: it finishes the step, saves, and exits 130.
+
+        Only a child this server started, or a process whose own command line is a train run of this
+        very output dir, owned by this user: the lock file's PID alone proves nothing (anyone who can
+        write the folder can forge it).
+        """
         launch = self.find(output_dir)
         if launch is None or not launch.running():
             raise UserError(f"no run is training in {Path(output_dir).resolve()}")
+        if launch.process is None and not is_train_run_of(launch.pid, launch.output_dir):
+            raise UserError(f"{launch.output_dir / LOCK_NAME} names PID {launch.pid}, which is not a train-gpt run "
+                            "of this output dir owned by you; it was not signalled")
         try:
             os.killpg(os.getpgid(launch.pid), signal.SIGINT)
         except ProcessLookupError:
