@@ -44,6 +44,20 @@ class _CheckStats:
     durations: dict[str, float] = field(default_factory=dict)
     text_tokens: int = 0
     extended_tokens: int = 0
+    first_line_of: dict[str, str] = field(default_factory=dict)  # id -> FILE:LINE where it first appeared
+    duplicates: list[str] = field(default_factory=list)  # the first REPORT_ERRORS, both places named
+    duplicate_count: int = 0
+
+    def note_id(self, sample_id: object, where: str) -> None:
+        """An id seen twice is one utterance trained twice as often, or two utterances under one name."""
+        if sample_id is None:
+            return
+        key = str(sample_id)
+        first = self.first_line_of.setdefault(key, where)
+        if first != where:
+            self.duplicate_count += 1
+            if len(self.duplicates) < REPORT_ERRORS:
+                self.duplicates.append(f"{where}: id {key!r} is also the id of {first}")
 
 
 @dataclass
@@ -115,6 +129,7 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
         if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
             stats.durations[name] = stats.durations.get(name, 0.0) + float(obj[name])
     stats.text_tokens += text_len
+    stats.note_id(obj.get("id"), where)
     if limits.base_vocab is not None:
         stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
 
@@ -129,13 +144,14 @@ def _distribution(values: array) -> dict[str, float] | None:
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
                     vocab_size: int | None = None, base_vocab: int | None = None,
-                    borrowed: dict[str, int] | None = None) -> dict:
+                    borrowed: dict[str, int] | None = None, max_lines: int | None = None) -> dict:
     """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
 
     Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
     the good lines. Text ids are checked against `vocab_size`, else gpt_cfg.number_text_tokens.
     IndexTTS-2.5 lines also: the 192-d speaker vector, the language row, no 0/1 text ids, and the
-    language tag first (when the vocabulary is a full tiktoken one).
+    language tag first (when the vocabulary is a full tiktoken one). `max_lines`: only the first
+    lines of each manifest (the trainer's check before a start).
     """
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
     limits = _Limits(
@@ -158,6 +174,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         manifest_dir = os.path.dirname(os.path.abspath(path))
         seen_lines = 0
         for line_no, _, raw in iter_lines(path):
+            if max_lines is not None and seen_lines >= max_lines:
+                break
             seen_lines += 1
             try:
                 _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
@@ -185,6 +203,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "durations_s": {name: round(total, 3) for name, total in stats.durations.items()},
         "extended_token_share": (stats.extended_tokens / stats.text_tokens
                                  if base_vocab is not None and stats.text_tokens else None),
+        "duplicate_ids": stats.duplicate_count,
+        "duplicates": stats.duplicates,
     }
 
 
@@ -214,6 +234,10 @@ def render_check_report(report: dict) -> str:
     if share is not None:
         lines.append(f"extended-vocabulary tokens (id >= {report['checked_against']['base_vocab']}): "
                      f"{100 * share:.1f}% of text tokens")
+    if report.get("duplicate_ids"):
+        shown = len(report["duplicates"])
+        lines.append(f"duplicate ids (first {shown} of {report['duplicate_ids']}; a warning, the lines are kept):")
+        lines.extend(f"  {duplicate}" for duplicate in report["duplicates"])
     if report["errors"]:
         shown = len(report["errors"])
         lines.append(f"errors (first {shown} of {report['lines_bad']}):")

@@ -28,7 +28,7 @@ from indextts_train.console import RunLogger
 from indextts_train.data import ManifestDataset, ManifestIndex
 from indextts_train.data_v25 import parse_borrowed
 from indextts_train.distributed import DistInfo, gather_to_main
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, user_line
 from indextts_train.fingerprint import check_same_data, data_fingerprint
 from indextts_train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.hardware import HardwarePlan, choose_plan, detect_device
@@ -36,6 +36,7 @@ from indextts_train.layout import full_state_dict, init_carried, load_base_check
 from indextts_train.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model import UnifiedVoiceGPT
 from indextts_train.optim import OptimizerSet
+from indextts_train.preflight import check_inputs
 from indextts_train.resume import (
     remembered_oom_plan,
     report_changed_hparams,
@@ -43,7 +44,9 @@ from indextts_train.resume import (
     seed_everything,
     select_checkpoint,
 )
+from indextts_train.runlock import LOCK_NAME as RUN_LOCK_NAME
 from indextts_train.runlock import RunLock, claim_output_dir
+from indextts_train.runrecord import LOG_NAME, TextLog, first_missing, recordable_options, take_back, write_run_record
 from indextts_train.sampling import (
     LEGACY_RULE,
     ManifestSpec,
@@ -74,7 +77,6 @@ from indextts_train.vocab import (
     growth_between_runs,
     growth_point,
     resize_text_rows,
-    tokenizer_size,
 )
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
@@ -439,27 +441,44 @@ def _restore_data(run: Run, ckpt: dict, path: Path) -> None:
     run.last_saved, run.last_saved_step = ckpt_io.step_file_of(path) or path, run.progress.step
 
 
-def setup(options: TrainOptions, dist: DistInfo) -> Run:
-    """Build the run: config + flags, hardware plan, data, weights, optimizer set, resume state."""
+def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None) -> Run:
+    """Build the run: config + flags, checks of every input, hardware plan, data, weights, optimizer set,
+    resume state. Nothing is created on disk before the checks pass; a start refused later removes
+    what it created (the output folder it made, its lock and log)."""
+    startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False, text_log=text_log)
+    chosen = options.config_path()[1]
+    if chosen:
+        startup.info(chosen)
     config = options.load_config()
     settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
-    startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
+    tokens = check_inputs(options, config)  # before the plan is printed and before anything is created
     plan, device = _hardware(config, options, dist)
+    made = first_missing(options.output_dir)  # what this start creates, so a refusal can take it back
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
-        return _build(options, dist, config, plan, device, startup, lock)
-    except BaseException:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
+        if dist.is_main:
+            startup.text_log.attach(options.output_dir)
+        run = _build(options, dist, config, plan, device, startup, lock, tokens)
+        if dist.is_main:
+            write_run_record(options.output_dir, recordable_options(options, config), config_to_dict(config),
+                             run.plan.to_dict(), startup.text_log.started)
+        return run
+    except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
         if lock is not None:
             lock.release()
+        if isinstance(exc, UserError):
+            startup.text_log.write(startup.text_log.stamp(f"error: {user_line(exc)}"))
+        startup.text_log.close()
+        if made is not None and dist.is_main:
+            take_back(options.output_dir, made, (RUN_LOCK_NAME, LOG_NAME))
         raise
 
 
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
-           startup: RunLogger, lock: RunLock | None) -> Run:
+           startup: RunLogger, lock: RunLock | None, tokens: int) -> Run:
     train = config.train
     startup.info(plan.describe())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
-    tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     seed_everything(train.seed + dist.rank)
     ckpt, path, protected = select_checkpoint(options.output_dir, options.resume, startup)
     if ckpt is not None:

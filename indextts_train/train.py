@@ -40,6 +40,7 @@ from indextts_train.guard import EXIT_DIVERGED, diverged_message
 from indextts_train.hardware import halve_for_oom
 from indextts_train.optim import lr_factor
 from indextts_train.run import Run, setup
+from indextts_train.runrecord import TextLog
 from indextts_train.sampling import epoch_length
 from indextts_train.state import nonfinite_problem
 from indextts_train.steps import OutOfMemory, fetch_step, micro_batches, optimizer_step, validate
@@ -105,8 +106,9 @@ def train(options: TrainOptions) -> int:
     signals = SignalFlag(announce=os.environ.get("RANK", "0") == "0")
     dist = setup_distributed()
     run: Run | None = None
+    text_log = TextLog()  # this start's clock; its lines go to OUTPUT_DIR/train.log once setup claims the folder
     try:
-        run = setup(options, dist)
+        run = setup(options, dist, text_log)
         return loop(run, signals)
     except Diverged as stop:
         run.log.stop()
@@ -120,6 +122,7 @@ def train(options: TrainOptions) -> int:
         if run is not None and run.lock is not None:
             run.lock.release()
         signals.uninstall()
+        text_log.close()
         teardown_distributed(dist)
 
 
@@ -221,7 +224,7 @@ def begin(run: Run) -> bool:
     options, progress, plan = run.options, run.progress, run.plan
     options.output_dir.mkdir(parents=True, exist_ok=True)
     run.log = RunLogger(options.output_dir, run.total_steps, enabled=run.dist.is_main,
-                        tensorboard=options.tensorboard, start_step=progress.step)
+                        tensorboard=options.tensorboard, start_step=progress.step, text_log=run.log.text_log)
     if progress.step >= run.total_steps:
         run.log.info(f"nothing to do: the run in {options.output_dir} already reached step {progress.step} "
                      f"of {run.total_steps}")

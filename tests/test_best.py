@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from indextts_train.checkpoint import load_checkpoint
 from indextts_train.cli import app
+from indextts_train.runrecord import unstamp
 from indextts_train.sampling import SamplerSpec, epoch_order
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_per_language_validation_and_base_baseline_equal_evaluate(mixed_run, lan
     assert [e.step for e in events.Scalars("val/zh/loss")] == [0, 2, 4, 6, 8, 10, 12]
     log = mixed_run["log"]
     assert "val step 0 (before training): loss" in log
-    line = next(line for line in log.splitlines() if line.startswith("val step 12:"))
+    line = next(line for line in unstamp(log).splitlines() if line.startswith("val step 12:"))
     am = last["groups"]["am"]["loss"]
     change = 100 * (am - history["baseline"]["groups"]["am"]["loss"]) / history["baseline"]["groups"]["am"]["loss"]
     assert f"| am {am:.4f} ({change:+.1f}%)" in line and "vs base)" in line

@@ -32,7 +32,7 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
                             text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["file", "step", "epoch", "val", "loss", "status", "size", "marks"]
+    assert lines[0].split() == ["file", "step", "epoch", "val", "loss", "status", "size", "age", "marks"]
     rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ")}
     assert set(rows) == {"model_step1.pth", "model_step4.pth", "model_step6.pth", "best.pth"}
     assert rows["model_step6.pth"].split()[1:3] == ["6", "0"] and rows["model_step6.pth"].endswith("latest")

@@ -33,6 +33,7 @@ from indextts_train import faults
 from indextts_train.checkpoint import load_checkpoint, verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.config import TrainConfig
+from indextts_train.runrecord import unstamp
 from indextts_train.sampling import ManifestSpec, epoch_order, sampler_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -389,7 +390,8 @@ def test_full_disk_under_tensorboard_does_not_stop_the_run(data, reference, tmp_
     assert code == 0, stdout + stderr
     assert logs.failures > 0  # TensorBoard did try to write, and the disk refused
     assert thread_errors == [] and "Traceback" not in stderr  # its writer thread's error: no traceback
-    warnings = [line for line in stdout.splitlines() if line.startswith("warning: TensorBoard logging stopped")]
+    warnings = [line for line in unstamp(stdout).splitlines()
+                if line.startswith("warning: TensorBoard logging stopped")]
     assert len(warnings) == 1 and "no space left on device" in warnings[0], stdout
     assert_same_state(out / "latest.pth", reference / "latest.pth")
 

@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+from indextts_train.runrecord import unstamp
 from indextts_train.webui.runs import Launch
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.M)
@@ -23,18 +24,21 @@ NOTICE_STARTS = ("warning:", "error:", "skipping ", "resuming from ", "--resume 
 
 def progress(text: str) -> tuple[int, int] | None:
     """(step, total steps) of the last progress line, None before the first one."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     found = STEP_LINE.findall(text)
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
 def last_saved(text: str) -> str | None:
     """The checkpoint the run saved last (the one a stop leaves behind)."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     found = SAVED_LINE.findall(text)
     return found[-1][0] if found else None
 
 
 def plan_text(text: str) -> str:
     """The hardware plan the run chose, as it printed it (first line and its reasons)."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if PLAN_HEAD.search(line):
@@ -49,6 +53,7 @@ def plan_text(text: str) -> str:
 
 def notices(text: str) -> str:
     """Warnings, errors, resume decisions and the settings-drift report, in the order they came."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     kept, in_drift = [], False
     for line in text.splitlines():
         if line.startswith("settings changed since the checkpoint:"):
