@@ -114,15 +114,15 @@ def render_table(rows: list[dict], output_dir: Path, now: float | None = None) -
     if not rows:
         return f"{output_dir}: no checkpoints"
     now = time.time() if now is None else now
-    head = f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>9}  {'status':<10} {'size':>9} {'age':>4}  marks"
+    head = f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>8}  {'status':<10} {'size':>8} {'age':>4}  marks"
     lines = [head]
     for row in rows:
         val = row["val"] or {}
         loss = f"{val['loss']:.4f}" if "loss" in val else "-"
         step = "-" if row["step"] is None else str(row["step"])
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
-        line = (f"{row['file']:<20} {step:>6} {epoch:>5} {loss:>9}  {row['status']:<10} "
-                f"{_size(row['bytes']):>9} {age_text(now - row['mtime']):>4}  {_marks(row)}").rstrip()
+        line = (f"{row['file']:<20} {step:>6} {epoch:>5} {loss:>8}  {row['status']:<10} "
+                f"{_size(row['bytes']):>8} {age_text(now - row['mtime']):>4}  {_marks(row)}").rstrip()
         if val.get("groups"):
             line += "  [" + " ".join(f"{k} {v:.4f}" for k, v in val["groups"].items()) + "]"
         if row["reason"]:

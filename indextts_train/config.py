@@ -368,7 +368,8 @@ class TrainOptions:
     accept_data_change: bool = run_option(False, "Resume although the training data changed since the checkpoint "
                                                  "(continues at the same sample position in the new data's order).")
     from_run: Path | None = run_option(None, "Rerun a recorded run: OUTPUT_DIR/run.yaml of an earlier start gives "
-                                             "every option and train: setting; flags given beside it win.")
+                                             "every option and train: setting; flags given beside it win. Omit to take "
+                                             "everything from the flags.")
     tensorboard: bool = run_option(True, "Write TensorBoard logs.", cli=False)
     overrides: dict[str, Any] = run_option(factory=dict, cli=False)
 
