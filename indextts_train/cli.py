@@ -111,12 +111,11 @@ def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:
 def train(**values: Any) -> None:
     """Train the IndexTTS2 / IndexTTS-2.5 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by
     Ctrl+C/SIGTERM/SIGHUP after a safe save."""
-    from click.core import ParameterSource
-
     from indextts_train.train import train as run_train
 
     ctx = values.pop("ctx")
-    typed = {name for name in values if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    # By name: Typer may carry its own copy of click, whose ParameterSource is another enum.
+    typed = {name for name in values if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
     options = run_guarded(TrainOptions, **train_values(values, typed))
     raise typer.Exit(run_guarded(run_train, options) or 0)
 

@@ -96,7 +96,7 @@ class TextLog:
             self._failed = True
             return
         when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
-        self.write(f"=== start {when}: {shlex.join(sys.argv)}")
+        self.write(f"=== start {when}: {command_line(sys.argv)}")
         pending, self._pending = self._pending, []
         for line in pending:
             self.write(line)
@@ -106,6 +106,13 @@ class TextLog:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as the user typed it: `train-gpt ...`, or `python -m indextts_train ...` (whose argv[0]
+    is the package's __main__.py path)."""
+    program = "python -m indextts_train" if Path(argv[0]).name == "__main__.py" else Path(argv[0]).name
+    return " ".join([program, *map(shlex.quote, argv[1:])])
 
 
 def _stdout_is(path: Path) -> bool:
@@ -138,7 +145,7 @@ def write_run_record(output_dir: Path, options: dict[str, Any], config: dict, pl
     record = {
         "format": RECORD_FORMAT,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "command_line": shlex.join(sys.argv),
+        "command_line": command_line(sys.argv),
         "argv": list(sys.argv),
         "cwd": os.getcwd(),
         "host": platform.node(),
@@ -170,6 +177,15 @@ def _read(path: Path) -> dict:
     return data
 
 
+def read_record(path: Path) -> dict | None:
+    """A run.yaml this trainer wrote, or None (missing, foreign, unreadable): for readers that only show it."""
+    try:
+        data = _read(Path(path))
+    except (OSError, UserError):
+        return None
+    return data if data.get("format") == RECORD_FORMAT else None
+
+
 def recorded_options(path: Path) -> dict[str, Any]:
     """The `train-gpt` values a run.yaml recorded, ready for TrainOptions: its inputs and every
     resolved `train:` setting (so the config file's train: section no longer matters). Relative
@@ -192,11 +208,12 @@ PATH_OPTIONS = ("train_manifests", "val_manifests", "output_dir", "config", "tok
 
 
 def _absolute(value: Any, cwd: Path) -> Any:
+    """A recorded path as the run meant it: manifest specs stay text (they carry suffixes), files are Paths."""
     if value is None:
         return None
     if isinstance(value, list):
-        return [_absolute(v, cwd) for v in value]
-    return str(value) if os.path.isabs(str(value)) else str(cwd / str(value))
+        return [str(_absolute(v, cwd)) for v in value]
+    return Path(value) if os.path.isabs(str(value)) else cwd / str(value)
 
 
 def recordable_options(options: TrainOptions, config: Config) -> dict:
