@@ -453,7 +453,9 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
     settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
     tokens = check_inputs(options, config)  # before the plan is printed and before anything is created
     plan, device = _hardware(config, options, dist)
-    made = first_missing(options.output_dir)  # what this start creates, so a refusal can take it back
+    # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
+    made = first_missing(options.output_dir)
+    created = [name for name in (RUN_LOCK_NAME, LOG_NAME) if not (options.output_dir / name).exists()]
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
         if dist.is_main:
@@ -469,8 +471,8 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         if isinstance(exc, UserError):
             startup.text_log.write(startup.text_log.stamp(f"error: {user_line(exc)}"))
         startup.text_log.close()
-        if made is not None and dist.is_main:
-            take_back(options.output_dir, made, (RUN_LOCK_NAME, LOG_NAME))
+        if dist.is_main:
+            take_back(options.output_dir, made, created)
         raise
 
 

@@ -235,14 +235,14 @@ def first_missing(output_dir: Path) -> Path | None:
     return missing
 
 
-def take_back(output_dir: Path, made: Path, names: tuple[str, ...]) -> None:
-    """Remove what a refused start created (`names` in output_dir: its lock and log), then the folders
-    it made, each only if empty."""
+def take_back(output_dir: Path, made: Path | None, names: list[str]) -> None:
+    """Remove what a refused start created: `names` in output_dir (its lock, its log), then the folders
+    it made (`made`: the topmost, None when the output folder was there), each only if empty."""
     for name in names:
         with contextlib.suppress(OSError):
             (Path(output_dir) / name).unlink()
     folder = Path(output_dir)
-    while True:
+    while made is not None:
         try:
             folder.rmdir()  # only an empty folder: anything else in it stays
         except OSError:
