@@ -24,7 +24,7 @@ from indextts_train.schema import field_types
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Fine-tune the IndexTTS2 GPT with an extended tokenizer; kill it anytime, resume exactly.")
+                  help="Fine-tune the IndexTTS2 / IndexTTS-2.5 GPT with an extended tokenizer; kill it anytime, resume exactly.")
 
 
 def fail(message: str) -> None:
@@ -122,10 +122,10 @@ def train(**values: Any) -> None:
 
 train.__signature__ = inspect.Signature(train_parameters())  # what Typer reads to build the command
 train.__annotations__ = {p.name: p.annotation for p in train.__signature__.parameters.values()}
-app.command("train")(train)
+app.command("train", short_help="Train the GPT (the same as train-gpt).")(train)
 
 
-@app.command()
+@app.command(short_help="Demo data, tiny weights, train and export on CPU.")
 def demo(
     out_dir: Annotated[Path, typer.Argument(help="Folder for the demo dataset, tokenizers, base checkpoint and run.")],
     max_steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 150,
@@ -140,7 +140,7 @@ def demo(
                                  train_scope=train_scope) or 0)
 
 
-@app.command()
+@app.command(short_help="Losses of a checkpoint on manifests.")
 def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
     manifest: Annotated[list[str], typer.Option(metavar="PATH", help="Manifest JSONL; repeatable.")],
@@ -167,7 +167,7 @@ def evaluate(
                    f"mel_top1 {result['mel_top1']:.6f} loss {result['loss']:.6f} ({result['samples']} samples)")
 
 
-@app.command()
+@app.command(short_help="COMPLETE, PARTIAL or INCOMPLETE, and why.")
 def verify(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint file to inspect.")],
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Step, epoch, samples, vocab plan, precision, hyperparameters, sizes.")] = False,
@@ -189,7 +189,7 @@ def verify(
     raise typer.Exit(verdict.exit_code)
 
 
-@app.command()
+@app.command(short_help="Every checkpoint of a run, in one table.")
 def checkpoints(
     output_dir: Annotated[Path, typer.Argument(help="A run's --output-dir.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -201,7 +201,7 @@ def checkpoints(
     typer.echo(json.dumps(rows, indent=1) if as_json else render_table(rows, output_dir))
 
 
-@app.command()
+@app.command(short_help="Bring a community or older checkpoint to this format.")
 def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
@@ -224,7 +224,7 @@ def repair(
         typer.echo(f"  - {note}")
 
 
-@app.command("check-data")
+@app.command("check-data", short_help="Check every manifest line before training.")
 def check_data(
     manifest: Annotated[list[Path], typer.Argument(metavar="MANIFEST...", help="Manifest JSONL file(s).")],
     config: Annotated[Path | None, typer.Option(help="Config for shapes, vocab and length limits.")] = None,
@@ -260,7 +260,7 @@ def check_data(
     raise typer.Exit(2 if report["lines_bad"] else 0)
 
 
-@app.command("check-tokenizer")
+@app.command("check-tokenizer", short_help="Check an extended tokenizer against its base.")
 def check_tokenizer(
     model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
     base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
@@ -285,7 +285,7 @@ def check_tokenizer(
     raise typer.Exit(tokenizer_exit_code(report))
 
 
-@app.command("extend-tokenizer")
+@app.command("extend-tokenizer", short_help="Grow a tokenizer with pieces from a corpus.")
 def extend_tokenizer(
     base: Annotated[Path, typer.Option(help="Base SentencePiece .model or .tiktoken ranks file (its ids are kept).")],
     corpus: Annotated[list[Path], typer.Option(metavar="PATH", help="Text or JSONL ('text' field) file; repeatable.")],
@@ -314,7 +314,7 @@ class Pick(str, Enum):
     latest = "latest"
 
 
-@app.command()
+@app.command(short_help="Write the gpt.pth + config.yaml inference loads.")
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="Training checkpoint (ours, community or gpt.pth), or a run's --output-dir (then --pick).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="gpt.pth to write for IndexTTS2 inference.")],
@@ -347,7 +347,7 @@ def export(
             typer.echo(f"wrote {extra}")
 
 
-@app.command()
+@app.command(short_help="What auto mode picks here or on a named GPU.")
 def hardware(
     config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = DEFAULT_CONFIG,
     assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4, RTX-4090, RTX-3090, A10G, L40S, RTX-A6000; or any GPU as MEMORY@CAPABILITY, e.g. 24GiB@8.9.")] = None,
@@ -377,7 +377,7 @@ def hardware(
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())
 
 
-@app.command()
+@app.command(short_help="The training page in the browser.")
 def webui(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 7860,

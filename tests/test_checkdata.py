@@ -134,3 +134,19 @@ def test_write_clean_manifest_in_same_folder_keeps_bytes(tmp_path: Path) -> None
     assert out.read_bytes() == raw_lines[0] + raw_lines[10] + raw_lines[11]
     with pytest.raises(UserError, match="is an input manifest"):
         write_clean_manifest([manifest], manifest, gpt_cfg=GPT)
+
+
+def test_duplicate_ids_are_reported_with_both_lines(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path, 6)
+    lines = read_lines(manifest)
+    lines[4]["id"] = lines[1]["id"]  # line 5 reuses line 2's id
+    lines[5]["id"] = lines[1]["id"]  # and line 6 too
+    write_lines(manifest, lines)
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    assert report["lines_bad"] == 0 and report["duplicate_ids"] == 2  # a warning: the lines still train
+    first = f"{manifest}:2"
+    assert report["duplicates"] == [f"{manifest}:5: id {lines[1]['id']!r} is also the id of {first}",
+                                    f"{manifest}:6: id {lines[1]['id']!r} is also the id of {first}"]
+    text = render_check_report(report)
+    assert "duplicate ids (first 2 of 2" in text and f"is also the id of {first}" in text
+    assert check_manifests([manifest], gpt_cfg=GPT, max_lines=4)["duplicate_ids"] == 0  # only the head read
