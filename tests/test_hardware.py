@@ -424,7 +424,8 @@ def test_consumer_gpus_plan_from_memory_and_capability_alone(name) -> None:
     spec = f"{known.total_memory / GIB:.6f}GiB@{known.capability[0]}.{known.capability[1]}"
     described = assume_device(spec)
     assert described.capability == known.capability and abs(described.total_memory - known.total_memory) < 2**12
-    plans = [choose_plan(device, REAL, effective_batch=64, activation_checkpointing=True) for device in (known, described)]
+    plans = [choose_plan(device, REAL, effective_batch=64, activation_checkpointing=True)
+             for device in (known, described)]
     assert plans[0].precision == "bf16" and not plans[0].use_grad_scaler  # compute capability 8.6 / 8.9
     assert (plans[0].micro_batch, plans[0].grad_accumulation) == (plans[1].micro_batch, plans[1].grad_accumulation)
 
