@@ -114,6 +114,11 @@ def train(options: TrainOptions) -> int:
         run.log.stop()
         run.log.info(str(stop))
         return EXIT_DIVERGED
+    except UserError as exc:
+        if run is not None:  # setup writes its own refusals; this is one found mid-run (bad data, disk full)
+            run.log.stop()
+            text_log.write(text_log.stamp(f"error: {user_line(exc)}"))
+        raise
     finally:
         if run is not None and run.saver is not None:
             with contextlib.suppress(Exception):  # an exception is on its way: a started save still ends
