@@ -466,13 +466,13 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
                              run.plan.to_dict(), startup.text_log.started)
         return run
     except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
-        if lock is not None:
-            lock.release()
         if isinstance(exc, UserError):
             startup.text_log.write(startup.text_log.stamp(f"error: {user_line(exc)}"))
         startup.text_log.close()
-        if dist.is_main:
+        if dist.is_main:  # while the lock is held: no other start can take a lock file about to be removed
             take_back(options.output_dir, made, created)
+        if lock is not None:
+            lock.release()
         raise
 
 
