@@ -191,7 +191,7 @@ def test_forgetting_limit_stops_and_names_the_best_checkpoint_within_it(langs, t
                  "--max-steps", 40, "--val-interval", 2, "--save-interval", 100, "--keep-checkpoints", 1,
                  "--forgetting-limit", "old=5")
     assert result.exit_code == 0, result.output
-    stop = next(line for line in result.output.splitlines() if line.startswith("forgetting limit reached"))
+    stop = next(line for line in unstamp(result.output).splitlines() if line.startswith("forgetting limit reached"))
     assert "old loss" in stop and "(limit 5%)" in stop
     history = load_checkpoint(out / "latest.pth")["history"]
     base = history["baseline"]["groups"]["old"]["loss"]

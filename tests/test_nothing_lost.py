@@ -198,7 +198,7 @@ def test_a_diverging_run_stops_with_exit_3_and_keeps_the_last_good_checkpoint(da
                                           steps=40))
     assert code == 3, stdout + stderr
     assert "step 6: loss nan, gradient norm nan: not finite, so the weights were not updated" in stdout
-    assert stdout.strip().splitlines()[-1] == (
+    assert unstamp(stdout).strip().splitlines()[-1] == (
         f"stopped: the last 3 steps (6-8) all had a non-finite loss or gradient norm (the run diverged) and were "
         f"not saved; the last good checkpoint is {out / 'model_step4.pth'} (step 4): lower --learning-rate or "
         "check the data, then rerun with --resume auto (exit 3)")
