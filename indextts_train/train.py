@@ -416,8 +416,9 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
 
 def finish(run: Run, exit_code: int) -> None:
     run.log.stop()
-    for line in run.data.skipped_summary():
-        run.log.info(line)
+    skipped = run.data.skipped_summary()
+    if skipped:  # one message: its time stamp heads the list, whose lines stay indented under it
+        run.log.info("\n".join(skipped))
     if run.progress.bad_steps:
         run.log.info(f"{run.progress.bad_steps} step(s) had a non-finite loss or gradient norm and were skipped")
     if exit_code == 0:
