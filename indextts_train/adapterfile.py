@@ -41,7 +41,7 @@ def adapter_verdict(obj: dict) -> tuple[str, list[str], dict]:
                "trained_tensors": len(tensors), "applies_to": applies_to,
                "params": sum(t.numel() for t in (*adapters.values(), *tensors.values()))}
     base = str(applies_to.get("base_weights_sha256", "?"))[:12]
-    reasons = [f"LoRA adapter file (export --adapters-out): rank {info.get('rank')} on {len(layers)} layers, "
+    reasons = [f"LoRA adapter file (export --adapters-out): rank {info.get('rank')} on {len(layers)} layer(s), "
                f"{len(tensors)} other trained tensors, for the base whose adapted weights hash {base}...; "
                "complete as adapters, but not a training checkpoint: it cannot resume a run (export the "
                "run's checkpoint for a full gpt.pth)"]

@@ -35,7 +35,7 @@ def test_verify_knows_an_adapter_file(tmp_path) -> None:
     assert verdict.summary["trained_tensors"] == 1 and verdict.summary["params"] == 2 * 8 + 24 * 2 + 5 * 8
     result = CliRunner().invoke(app, ["verify", str(path)])
     assert result.exit_code == 1 and f"{path}: PARTIAL (adapters)" in result.output
-    assert "LoRA adapter file (export --adapters-out): rank 2 on 1 layers" in result.output
+    assert "LoRA adapter file (export --adapters-out): rank 2 on 1 layer(s)" in result.output
     assert "cannot resume a run" in result.output
 
 
