@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 from report import write_result
 
-from indextts_train import checkpoint as ckpt
-from indextts_train.async_save import BackgroundSaver, cpu_snapshot
-from indextts_train.config import load_config
-from indextts_train.model import Batch, UnifiedVoiceGPT
-from indextts_train.state import DataRecord, History, Progress
+from indextts_train.checkpoint import files as ckpt
+from indextts_train.checkpoint.async_save import BackgroundSaver, cpu_snapshot
+from indextts_train.checkpoint.state import DataRecord, History, Progress
+from indextts_train.config.settings import load_config
+from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "async_save.json"

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from report import write_result
 
-from indextts_train import checkpoint as ckpt
-from indextts_train.state import DataRecord, History, Progress
+from indextts_train.checkpoint import files as ckpt
+from indextts_train.checkpoint.state import DataRecord, History, Progress
 
 RESULT = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 TENSOR_NUMEL = 2**20  # 4 MiB float32 tensors

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from indextts_train.accel import adamw_options, compile_blocks
-from indextts_train.config import GPTConfig, load_config
-from indextts_train.hardware import choose_plan, detect_device, is_oom_error
-from indextts_train.memory import estimate_memory
-from indextts_train.model import Batch, UnifiedVoiceGPT, losses_from_logits
+from indextts_train.config.settings import GPTConfig, load_config
+from indextts_train.model.gpt import Batch, UnifiedVoiceGPT, losses_from_logits
+from indextts_train.train.accel import adamw_options, compile_blocks
+from indextts_train.train.hardware import choose_plan, detect_device, is_oom_error
+from indextts_train.train.memory import estimate_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

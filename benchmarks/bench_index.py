@@ -22,7 +22,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from indextts_train.data import ManifestIndex
+from indextts_train.data.manifest import ManifestIndex
 
 RESULTS = Path(__file__).resolve().parent / "results" / "index.json"
 CHUNK_LINES = 10_000

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from report import write_result
 
-from indextts_train.config import GPTConfig
-from indextts_train.model import Batch, losses_from_hidden, losses_from_logits
+from indextts_train.config.settings import GPTConfig
+from indextts_train.model.gpt import Batch, losses_from_hidden, losses_from_logits
 
 RESULT = Path(__file__).resolve().parent / "results" / "loss_memory.json"
 MIB = 2**20

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 from report import write_result
 
-from indextts_train.config import TrainConfig
-from indextts_train.constants import PREFIX_LEN
-from indextts_train.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
+from indextts_train.config.constants import PREFIX_LEN
+from indextts_train.config.settings import TrainConfig
+from indextts_train.data.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
 
 RESULT = Path(__file__).resolve().parent / "results" / "padding.json"
 MICRO_BATCHES = (4, 8, 16, 32, 64)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from bench_trainer import machine_info
 
-from indextts_train.sampling import LEGACY_RULE, ORDER_RULE, SamplerSpec, Source, epoch_counts, epoch_order
+from indextts_train.data.sampling import LEGACY_RULE, ORDER_RULE, SamplerSpec, Source, epoch_counts, epoch_order
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

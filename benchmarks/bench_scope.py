@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 from report import write_result
 
-from indextts_train.config import GPTConfig, load_config
-from indextts_train.lora import LoraSpec
-from indextts_train.model import Batch, UnifiedVoiceGPT
-from indextts_train.scope import TRAIN_SCOPES, ScopeSettings, apply_scope, scope_counts, trainable_parameters
-from indextts_train.vocab import RowFreezer, VocabPlan
+from indextts_train.config.settings import GPTConfig, load_config
+from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
+from indextts_train.model.lora import LoraSpec
+from indextts_train.model.scope import TRAIN_SCOPES, ScopeSettings, apply_scope, scope_counts, trainable_parameters
+from indextts_train.text.vocab import RowFreezer, VocabPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "scope.json"

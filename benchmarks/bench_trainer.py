@@ -41,12 +41,12 @@ import torch
 import yaml
 from report import write_result
 
-from indextts_train.config import load_config
-from indextts_train.data import ManifestDataset, ManifestIndex, collate
-from indextts_train.demo import make_base_checkpoint
-from indextts_train.layout import load_base_checkpoint
-from indextts_train.model import UnifiedVoiceGPT
-from indextts_train.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
+from indextts_train.config.settings import load_config
+from indextts_train.data.manifest import ManifestDataset, ManifestIndex, collate
+from indextts_train.data.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
+from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.model.layout import load_base_checkpoint
+from indextts_train.train.demo import make_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

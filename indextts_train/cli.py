@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from indextts_train.config import DEFAULT_CONFIG, TrainConfig, TrainOptions, train_flags
+from indextts_train.config.schema import field_types
+from indextts_train.config.settings import DEFAULT_CONFIG, TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import UserError, user_line
-from indextts_train.schema import field_types
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
@@ -96,7 +96,7 @@ def train_parameters() -> list[inspect.Parameter]:
 
 def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:
     """The values for TrainOptions: with --from-run, the recorded run's, then the flags typed beside it."""
-    from indextts_train.runrecord import recorded_options
+    from indextts_train.ui.run_record import recorded_options
 
     plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
     from_run = plain.pop("from_run", None)
@@ -111,7 +111,7 @@ def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:
 def train(**values: Any) -> None:
     """Train the IndexTTS2 / IndexTTS-2.5 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by
     Ctrl+C/SIGTERM/SIGHUP after a safe save."""
-    from indextts_train.train import train as run_train
+    from indextts_train.train.loop import train as run_train
 
     ctx = values.pop("ctx")
     # By name: Typer may carry its own copy of click, whose ParameterSource is another enum.
@@ -134,7 +134,7 @@ def demo(
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
     """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), then train on it and export."""
-    from indextts_train.demo import run_demo
+    from indextts_train.train.demo import run_demo
 
     raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
                                  train_scope=train_scope) or 0)
@@ -149,9 +149,9 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
-    from indextts_train.checkpoint import load_verified
-    from indextts_train.evaluate import evaluate_checkpoint
-    from indextts_train.sampling import parse_manifest_specs
+    from indextts_train.checkpoint.files import load_verified
+    from indextts_train.data.sampling import parse_manifest_specs
+    from indextts_train.train.evaluate import evaluate_checkpoint
 
     require_positive(batch_size, "--batch-size")
     # The one read; a missing, damaged or unsafe file stops here, in the checkpoint module's words
@@ -174,7 +174,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """COMPLETE (exit 0: exact resume possible), PARTIAL (exit 1: weights only, says what is missing), INCOMPLETE (exit 2)."""
-    from indextts_train.checkpoint import verify_checkpoint
+    from indextts_train.checkpoint.files import verify_checkpoint
 
     verdict = verify_checkpoint(checkpoint)
     if as_json:
@@ -195,7 +195,7 @@ def checkpoints(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Every checkpoint of a run: step, epoch, val losses, status, size, which is latest/best/milestone."""
-    from indextts_train.checkpoint_table import checkpoint_rows, render_table
+    from indextts_train.checkpoint.table import checkpoint_rows, render_table
 
     rows = run_guarded(checkpoint_rows, output_dir)
     typer.echo(json.dumps(rows, indent=1) if as_json else render_table(rows, output_dir))
@@ -209,9 +209,9 @@ def repair(
     base_vocab: Annotated[int | None, typer.Option(help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
-    from indextts_train.checkpoint import verify_checkpoint
-    from indextts_train.config import config_to_dict, load_config
-    from indextts_train.repair import repair_checkpoint
+    from indextts_train.checkpoint.files import verify_checkpoint
+    from indextts_train.checkpoint.repair import repair_checkpoint
+    from indextts_train.config.settings import config_to_dict, load_config
 
     require_positive(base_vocab, "--base-vocab")
     if verify_checkpoint(checkpoint).status == "COMPLETE":
@@ -235,14 +235,14 @@ def check_data(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
-    from indextts_train.checkdata import check_manifests, render_check_report, write_clean_manifest
+    from indextts_train.data.checkdata import check_manifests, render_check_report, write_clean_manifest
 
     require_positive(base_vocab, "--base-vocab")
 
     def run() -> dict:
-        from indextts_train.config import load_config
-        from indextts_train.data_v25 import parse_borrowed
-        from indextts_train.vocab import tokenizer_size
+        from indextts_train.config.settings import load_config
+        from indextts_train.data.manifest_v25 import parse_borrowed
+        from indextts_train.text.vocab import tokenizer_size
 
         gpt_cfg = load_config(config).gpt if config else None
         vocab = tokenizer_size(tokenizer) if tokenizer else None
@@ -269,9 +269,9 @@ def check_tokenizer(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
-    from indextts_train.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
-    from indextts_train.tokenizer import check_tokenizer as run_check
-    from indextts_train.tokenizer import render_tokenizer_report, tokenizer_exit_code
+    from indextts_train.text.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
+    from indextts_train.text.tokenizer import check_tokenizer as run_check
+    from indextts_train.text.tokenizer import render_tokenizer_report, tokenizer_exit_code
 
     if is_tiktoken(model):
         if base_vocab is not None:
@@ -293,8 +293,8 @@ def extend_tokenizer(
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
 ) -> None:
     """Learn new pieces (tiktoken: byte-pair merges) from a corpus and append them to the base."""
-    from indextts_train.tiktoken_vocab import extend_tiktoken, is_tiktoken
-    from indextts_train.tokenizer import extend_tokenizer as run_extend
+    from indextts_train.text.tiktoken_vocab import extend_tiktoken, is_tiktoken
+    from indextts_train.text.tokenizer import extend_tokenizer as run_extend
 
     if is_tiktoken(base) != is_tiktoken(output):
         fail(f"--output {output} must have the base's kind ({base.suffix}); a .tiktoken grows into a .tiktoken")
@@ -327,7 +327,7 @@ def export(
     adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
 ) -> None:
     """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows, LoRA merged)."""
-    from indextts_train.export import export_checkpoint, export_source
+    from indextts_train.checkpoint.export import export_checkpoint, export_source
 
     source = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
@@ -357,9 +357,9 @@ def hardware(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
-    from indextts_train.config import load_config
-    from indextts_train.hardware import assume_device, choose_plan, detect_device
-    from indextts_train.scope import scope_settings
+    from indextts_train.config.settings import load_config
+    from indextts_train.model.scope import scope_settings
+    from indextts_train.train.hardware import assume_device, choose_plan, detect_device
 
     require_positive(effective_batch_size, "--effective-batch-size")
 

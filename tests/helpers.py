@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from indextts_train.config import load_config
-from indextts_train.layout import load_base_checkpoint
-from indextts_train.model import Batch, UnifiedVoiceGPT
-from indextts_train.runrecord import unstamp
+from indextts_train.config.settings import load_config
+from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
+from indextts_train.model.layout import load_base_checkpoint
+from indextts_train.ui.run_record import unstamp
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_REFERENCE = ROOT / "tests" / "data" / "reference" / "tiny"
@@ -125,7 +125,7 @@ class CheckpointReads:
         return isinstance(file, (str, os.PathLike)) and os.path.isfile(file) and os.path.samefile(file, self.path)
 
     def install(self, monkeypatch) -> CheckpointReads:
-        import indextts_train.checkpoint as ckpt
+        import indextts_train.checkpoint.files as ckpt
 
         real_load, real_crc = torch.load, ckpt._check_zip_crc
 

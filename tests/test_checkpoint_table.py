@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint_table import age_text, checkpoint_rows, render_table
+from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
-from indextts_train.train import TrainOptions, train
+from indextts_train.train.loop import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,13 +27,13 @@ from conftest import write_dataset
 from helpers import CheckpointReads
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint import load_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
-from indextts_train.config import load_config
-from indextts_train.demo_data import AMHARIC, ENGLISH
-from indextts_train.layout import trained_keys
-from indextts_train.scope import ScopeSettings, scope_counts
-from indextts_train.train import TrainOptions, train
+from indextts_train.config.settings import load_config
+from indextts_train.data.demo_data import AMHARIC, ENGLISH
+from indextts_train.model.layout import trained_keys
+from indextts_train.model.scope import ScopeSettings, scope_counts
+from indextts_train.train.loop import TrainOptions, train
 
 TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ import torch
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
-from indextts_train.config import GPTConfig, TrainConfig
+from indextts_train.config.settings import GPTConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

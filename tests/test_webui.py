@@ -16,10 +16,10 @@ import pytest
 import typer
 from helpers import ROOT
 
-from indextts_train.checkpoint import verify_checkpoint
+from indextts_train.checkpoint.files import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
-from indextts_train.runrecord import write_run_record
+from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
@@ -66,7 +66,7 @@ def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
     assert project["optional-dependencies"]["webui"][0].startswith("gradio")
     assert "${EXTRAS:-dev}" in (ROOT / "scripts" / "install.sh").read_text()  # what demo.sh installs
     assert "EXTRAS" not in (ROOT / "scripts" / "demo.sh").read_text()
-    loaded = subprocess.run([sys.executable, "-c", "import sys, indextts_train.cli, indextts_train.train, "
+    loaded = subprocess.run([sys.executable, "-c", "import sys, indextts_train.cli, indextts_train.train.loop, "
                              "indextts_train.webui.form, indextts_train.webui.records; print('gradio' in sys.modules)"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert loaded.stdout.strip() == "False", loaded.stderr
@@ -216,7 +216,7 @@ def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:
 def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_its_checkpoint(tmp_path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    from indextts_train.console import tensorboard_dir
+    from indextts_train.ui.console import tensorboard_dir
 
     folder = tensorboard_dir(tmp_path, 0)
     assert folder == tmp_path / "logs" / "run"

@@ -25,10 +25,10 @@ import pytest
 import torch
 from helpers import ROOT
 
-from indextts_train.checkpoint import load_checkpoint
-from indextts_train.config import load_config
-from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
-from indextts_train.demo_data import make_demo_dataset
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.config.settings import load_config
+from indextts_train.data.demo_data import make_demo_dataset
+from indextts_train.train.demo import TINY_CONFIG, make_base_checkpoint
 
 MAX_STEPS = 12
 PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
@@ -67,7 +67,7 @@ def server_url(tmp_path):
     """`indextts-train webui` as a user starts it; its one ready line gives the address."""
     log = open(tmp_path / "webui.log", "w")  # noqa: SIM115 - closed below
     # The runs this server starts freeze themselves (SIGSTOP) once step PAUSE_STEP is logged, so the
-    # test meets the run mid-way however fast the machine is (indextts_train.faults).
+    # test meets the run mid-way however fast the machine is (indextts_train.files.faults).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "INDEXTTS_TRAIN_PAUSE_AT": f"step_logged@{PAUSE_STEP}"}
     proc = subprocess.Popen([sys.executable, "-m", "indextts_train", "webui", "--port", str(_free_port())],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -92,7 +92,7 @@ def server_url(tmp_path):
 
 
 def _demo_inputs(folder: Path) -> dict:
-    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.demo), smaller."""
+    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.train.demo), smaller."""
     paths = make_demo_dataset(folder / "data", gpt_cfg=load_config(TINY_CONFIG).gpt, n_train=32, n_val=8)
     make_base_checkpoint(TINY_CONFIG, folder / "base_gpt.pth")
     return {"train_manifests": str(paths["train_manifest"]), "val_manifests": str(paths["val_manifest"]),

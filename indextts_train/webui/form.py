@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indextts_train.config import TrainConfig, load_config
+from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.webui.runs import train_command
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from indextts_train.config import DEFAULT_CONFIG, load_config
+from indextts_train.config.settings import DEFAULT_CONFIG, load_config
 from indextts_train.errors import UserError
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
@@ -83,7 +83,7 @@ class PageServer:
         return self.run_cli(["check-tokenizer", run.tokenizer, *base])
 
     def hardware(self, *values) -> str:
-        from indextts_train.hardware import choose_plan, detect_device
+        from indextts_train.train.hardware import choose_plan, detect_device
 
         run = self.form_of(list(values))
         try:

@@ -13,7 +13,7 @@ import re
 import time
 from pathlib import Path
 
-from indextts_train.runrecord import RECORD_NAME, read_record, unstamp
+from indextts_train.ui.run_record import RECORD_NAME, read_record, unstamp
 from indextts_train.webui.runs import Launch
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.M)
@@ -161,7 +161,7 @@ def _folder_losses(folder: str, version: tuple) -> dict[tuple[str, int], float]:
 @functools.lru_cache(maxsize=256)
 def _verdict(path: str, mtime_ns: int, size: int) -> dict:
     """verify_checkpoint of one file version (a checkpoint never changes in place: it is replaced)."""
-    from indextts_train.checkpoint import verify_checkpoint
+    from indextts_train.checkpoint.files import verify_checkpoint
 
     return verify_checkpoint(Path(path)).to_dict()
 
@@ -173,7 +173,7 @@ def verdict(path: Path) -> dict:
 
 def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> list[dict]:
     """Every checkpoint of the run: file, status, step, epoch, val loss at its step, latest/best, size."""
-    from indextts_train.checkpoint import list_checkpoints, same_file
+    from indextts_train.checkpoint.files import list_checkpoints, same_file
 
     output_dir = Path(output_dir)
     val = {step: value for tag, step, value in curves if tag == "val/loss"}

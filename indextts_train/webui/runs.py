@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
+from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
 
 LOG_NAME = "train.log"
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output

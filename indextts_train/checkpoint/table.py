@@ -1,0 +1,131 @@
+"""`indextts-train checkpoints OUT_DIR`: every checkpoint of a run in one table.
+
+One row per file on disk — `latest.pth` and `best.pth` are usually hard links of a
+`model_step{N}.pth`, so they are marks on that row rather than rows of their own. Each file is
+verified (the same COMPLETE/PARTIAL/INCOMPLETE as `verify`) and its step, epoch and validation
+losses are read with mmap: the tensor data stays on disk. When each was written is its file's
+modification time (checkpoints are renamed into place complete, so that is when the write ended).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
+from indextts_train.errors import UserError
+
+_STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
+VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
+
+
+def _files(output_dir: Path) -> list[list[Path]]:
+    """The run's checkpoint files grouped by identity (hard links together), step files first."""
+    steps = sorted((p for p in output_dir.iterdir() if _STEP_FILE.match(p.name) and p.is_file()),
+                   key=lambda p: int(_STEP_FILE.match(p.name).group(1)))
+    named = [output_dir / name for name in (LATEST, BEST) if (output_dir / name).is_file()]
+    groups: list[list[Path]] = []
+    for path in steps + named:
+        twin = next((group for group in groups if same_file(group[0], path)), None)
+        if twin is None:
+            groups.append([path])
+        else:
+            twin.append(path)
+    return groups
+
+
+def _val_at(history: dict, step: int) -> dict | None:
+    """The validation losses the run recorded at `step` (total, and per group when it has groups)."""
+    row = next((row for row in reversed(history.get("val", [])) if row and row[0] == step), None)
+    if row is None:
+        return None
+    losses = dict(zip(VAL_KEYS, row[1:], strict=False))
+    groups = next((entry["groups"] for entry in reversed(history.get("val_groups", []))
+                   if entry.get("step") == step), None)
+    if groups:
+        losses["groups"] = {name: values["loss"] for name, values in groups.items()}
+    return losses
+
+
+def _metadata(path: Path) -> dict:
+    """Step, epoch, validation losses and the milestone setting of one of our checkpoints."""
+    state = load_checkpoint(path, mmap=True, crc_checked=True)  # verify read the whole file just before
+    progress = state.get("progress") if isinstance(state.get("progress"), dict) else {}
+    history = state.get("history") if isinstance(state.get("history"), dict) else {}
+    config = state.get("config") if isinstance(state.get("config"), dict) else {}
+    step = progress.get("step")
+    keep_every = (config.get("train") or {}).get("keep_every", 0)
+    return {"step": step, "epoch": progress.get("epoch"),
+            "val": _val_at(history, step) if step is not None else None,
+            "milestone": bool(step is not None and is_milestone(step, keep_every or 0))}
+
+
+def checkpoint_rows(output_dir: Path) -> list[dict]:
+    """One JSON-ready dict per checkpoint file of `output_dir`, in step order."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise UserError(f"{output_dir}: no such run folder; pass the --output-dir of a run")
+    rows = []
+    for names in _files(output_dir):
+        verdict = verify_checkpoint(names[0])
+        stat = names[0].stat()  # a checkpoint is renamed into place complete: its mtime is when it was written
+        row = {"file": names[0].name, "also": [p.name for p in names[1:]], "status": verdict.status,
+               "kind": verdict.kind, "reason": verdict.reasons[0] if verdict.status != "COMPLETE" and
+               verdict.reasons else None, "bytes": stat.st_size, "step": None, "epoch": None,
+               "val": None, "milestone": False,
+               "written": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stat.st_mtime)), "mtime": stat.st_mtime}
+        if verdict.kind == "indextts-train":
+            row.update(_metadata(names[0]))
+        elif verdict.kind == "community":
+            row.update(step=verdict.summary.get("step"), epoch=verdict.summary.get("epoch"))
+        all_names = {p.name for p in names}
+        row.update(latest=LATEST in all_names, best=BEST in all_names)
+        rows.append(row)
+    return rows
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def age_text(seconds: float) -> str:
+    """How long ago, in the largest unit that is at least 1: `42s`, `17m`, `5h`, `3d` (fits a narrow column)."""
+    seconds = max(seconds, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _marks(row: dict) -> str:
+    marks = [name for name, flag in (("latest", row["latest"]), ("best", row["best"]),
+                                     ("milestone", row["milestone"])) if flag]
+    return ", ".join(marks)
+
+
+def render_table(rows: list[dict], output_dir: Path, now: float | None = None) -> str:
+    """The plain-text table (fits 80 columns without the per-language column); `age` is how long ago
+    each file was written (`--json` has the time itself)."""
+    if not rows:
+        return f"{output_dir}: no checkpoints"
+    now = time.time() if now is None else now
+    head = f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>8}  {'status':<10} {'size':>8} {'age':>4}  marks"
+    lines = [head]
+    for row in rows:
+        val = row["val"] or {}
+        loss = f"{val['loss']:.4f}" if "loss" in val else "-"
+        step = "-" if row["step"] is None else str(row["step"])
+        epoch = "-" if row["epoch"] is None else str(row["epoch"])
+        line = (f"{row['file']:<20} {step:>6} {epoch:>5} {loss:>8}  {row['status']:<10} "
+                f"{_size(row['bytes']):>8} {age_text(now - row['mtime']):>4}  {_marks(row)}").rstrip()
+        if val.get("groups"):
+            line += "  [" + " ".join(f"{k} {v:.4f}" for k, v in val["groups"].items()) + "]"
+        if row["reason"]:
+            line += f"\n{'':<24}{row['reason']}"
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,427 @@
+"""YAML <-> dataclasses.
+
+The YAML format is IndexTTS2's own `checkpoints/config.yaml`: we read its `gpt:` section and ignore
+the other sections (dataset, s2mel, vocoder, ...), so users can pass the file they already have.
+Our own optional `train:` section holds training defaults; CLI flags override it. Unknown keys in
+`gpt:` or `train:` are rejected with the key's name, because a typo silently ignored costs GPU hours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from indextts_train.config.schema import build
+from indextts_train.errors import UserError
+
+# Model families. The official config.yaml names its family with a top-level `version:` key
+# (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
+FAMILY_V2 = "indextts2"
+FAMILY_V25 = "indextts2.5"
+FAMILY_NAMES = {FAMILY_V2: "IndexTTS2", FAMILY_V25: "IndexTTS-2.5"}
+_VERSIONS = {"2": FAMILY_V2, "2.0": FAMILY_V2, "2.5": FAMILY_V25}
+
+
+@dataclass
+class ConditionModuleConfig:
+    """Conformer + perceiver that make the 32 conditioning latents (not trained here; carried)."""
+
+    output_size: int = 512
+    linear_units: int = 2048
+    attention_heads: int = 8
+    num_blocks: int = 6
+    input_layer: str = "conv2d2"
+    perceiver_mult: float = 2  # may be a float: the reference uses int(dim * mult * 2 / 3)
+
+
+@dataclass
+class GPTConfig:
+    """The `gpt:` section of IndexTTS2's config.yaml; defaults are the real IndexTTS2 sizes."""
+
+    model_dim: int = 1280
+    max_mel_tokens: int = 1815
+    max_text_tokens: int = 600
+    heads: int = 20
+    use_mel_codes_as_input: bool = True
+    mel_length_compression: int = 1024
+    layers: int = 24
+    number_text_tokens: int = 12000
+    number_mel_codes: int = 8194
+    start_mel_token: int = 8192
+    stop_mel_token: int = 8193
+    start_text_token: int = 0
+    stop_text_token: int = 1
+    train_solo_embeddings: bool = False
+    condition_type: str = "conformer_perceiver"
+    condition_module: ConditionModuleConfig = field(default_factory=ConditionModuleConfig)
+    emo_condition_module: ConditionModuleConfig = field(
+        default_factory=lambda: ConditionModuleConfig(
+            output_size=512, linear_units=1024, attention_heads=4, num_blocks=4
+        )
+    )
+    # Not part of the `gpt:` section (official inference passes that section to UnifiedVoice as
+    # keyword arguments): it comes from the top-level `version:`; None = not stated, the base
+    # checkpoint's keys decide (layout.resolve_family).
+    family: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model_dim", "max_mel_tokens", "max_text_tokens", "heads", "layers", "number_text_tokens",
+                     "number_mel_codes", "mel_length_compression"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"gpt.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("start_mel_token", "stop_mel_token", "start_text_token", "stop_text_token"):
+            if getattr(self, name) < 0:
+                raise UserError(f"gpt.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.model_dim % self.heads:
+            raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
+        if self.condition_type != "conformer_perceiver":
+            raise UserError(
+                f"gpt.condition_type {self.condition_type!r} is not supported; "
+                "IndexTTS2 uses 'conformer_perceiver'"
+            )
+        if not (0 <= self.start_mel_token < self.number_mel_codes and 0 <= self.stop_mel_token < self.number_mel_codes):
+            raise UserError("gpt.start_mel_token/stop_mel_token must be < gpt.number_mel_codes")
+
+    @property
+    def is_v25(self) -> bool:
+        """IndexTTS-2.5 layout (CAMPPlus speaker vector, language rows); IndexTTS2 otherwise."""
+        return self.family == FAMILY_V25
+
+    @property
+    def family_name(self) -> str:
+        return FAMILY_NAMES.get(self.family or FAMILY_V2, str(self.family))
+
+    @property
+    def text_rows(self) -> int:
+        """Rows of text_embedding/text_head: the tokenizer size plus the official extra row."""
+        return self.number_text_tokens + 1
+
+
+def option(default: Any, help: str, *, flag: str | None = None) -> Any:
+    """A `train:` field that is also a `train-gpt` flag: the CLI, overrides and hparams derive from it.
+
+    `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
+    """
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass
+class TrainConfig:
+    """Our own `train:` section: defaults for the loop. Each field is also a `train-gpt` flag."""
+
+    batch_size: int = option(0, "Micro-batch per GPU; 0 = auto from GPU memory.")
+    grad_accumulation: int = option(0, "Micro-batches per optimizer step; 0 = auto to reach the effective batch.")
+    effective_batch_size: int = option(64, "Samples per optimizer step (micro x accumulation x GPUs), "
+                                           "the same on every GPU.")
+    num_workers: int = option(0, "Data-loading workers; 0 = auto from the CPU count.")
+    learning_rate: float = option(2e-5, "Peak AdamW learning rate.")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay (not on biases/norms; never on frozen rows).")
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW betas.", "cli": False})
+    adam_eps: float = option(1e-8, "AdamW epsilon.")
+    warmup_steps: int = option(1000, "Linear warmup steps before cosine decay.")
+    min_lr_ratio: float = option(0.0, "Cosine decays to learning_rate x this.")
+    epochs: int = option(10, "Epochs to train.")
+    max_steps: int = option(0, "Stop at this optimizer step (0 = run all --epochs).")
+    grad_clip: float = option(1.0, "Gradient-norm clipping.")
+    text_loss_weight: float = option(0.2, "Weight of the text cross-entropy.")
+    mel_loss_weight: float = option(0.8, "Weight of the semantic-code cross-entropy.")
+    dropout: float = option(0.1, "GPT-2 residual/embedding/attention dropout, as the official trunk.")
+    activation_checkpointing: bool = option(False, "Recompute activations to save GPU memory.",
+                                            flag="--grad-checkpointing/--no-grad-checkpointing")
+    freeze_base_vocab: bool = option(True, "Keep the base-vocabulary rows of the text embedding/head frozen.",
+                                     flag="--freeze-base-vocab/--unfreeze-base-vocab")
+    log_interval: int = option(10, "Steps between log lines / TensorBoard points.")
+    val_interval: int = option(500, "Steps between validations (also run at the end).")
+    save_interval: int = option(1000, "Steps between checkpoints (also at the end and on Ctrl+C).")
+    keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep (best.pth and milestones aside).")
+    keep_every: int = option(0, "Milestones: also keep every checkpoint whose step is a multiple of N (0 = none).")
+    best_metric: str = option("loss", "Validation metric that picks best.pth: loss (the weighted total), "
+                                      "text_loss, mel_loss, or LANG/loss for one language.")
+    early_stop_patience: int = option(0, "Stop after K validations in a row without a new best.pth "
+                                         "(0 = never); exits 0.")
+    forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
+                                       "the base model's: '5' (every language) or 'zh=5,en=5'.")
+    seed: int = option(1234, "Seed for init, data order and dropout.")
+    # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
+    # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
+    train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
+                                      flag="--train-speaker-proj/--freeze-speaker-proj")
+    borrow_languages: list[str] = field(default_factory=list, metadata={
+        "help": "IndexTTS-2.5: NEW=CODE lets language NEW (no tag of its own) train the unused row and tag of "
+                "CODE; repeatable.", "flag": "--borrow-language", "metavar": "NEW=CODE"})
+    # 4096 = 64 steps of the usual effective batch 64: each step then spans 1/64 of a window's lengths,
+    # so even one micro-batch per step pads about 7% (benchmarks/bench_padding.py); 512 padded 22%.
+    sort_window: int = option(4096, "Samples sorted by length together, so batches pad little.")
+    compile: bool = option(False, "torch.compile each GPT block: faster steps on a GPU after a minute of "
+                                  "compiling; results equal to eager within float rounding.",
+                           flag="--compile/--no-compile")
+    async_save: bool = option(False, "Write checkpoints in a background thread from a CPU snapshot taken at "
+                                     "the step boundary, so training goes on while the file is written.",
+                              flag="--async-save/--no-async-save")
+    max_bad_steps: int = option(20, "Stop (exit 3) after this many steps in a row with a non-finite loss or "
+                                    "gradient norm; each is skipped, weights untouched.")
+    train_scope: str = field(default="full", metadata={
+        "help": "What trains: full (everything), partial (last --partial-layers trunk blocks, final norms, heads, "
+                "new text rows) or lora (adapters on the trunk, heads, new text rows). Fixed for a run.",
+        "flag": None, "choices": ("full", "partial", "lora")})
+    partial_layers: int = option(4, "--train-scope partial: how many of the last trunk blocks train.")
+    lora_rank: int = option(16, "--train-scope lora: rank of each adapter.")
+    lora_alpha: float = option(32.0, "--train-scope lora: adapter scale = alpha / rank.")
+    lora_dropout: float = option(0.0, "--train-scope lora: dropout on each adapter's input.")
+    lora_targets: str = option("qkv,attn_out,mlp_in,mlp_out",
+                               "--train-scope lora: adapted layers of every trunk block, comma-separated: "
+                               "qkv, attn_out, mlp_in, mlp_out.")
+
+    def __post_init__(self) -> None:
+        self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
+        for name, rule in _TRAIN_RANGES.items():
+            _check_range(name, getattr(self, name), rule)
+        if len(self.adam_betas) != 2:
+            raise UserError(f"train.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        for beta in self.adam_betas:
+            _check_range("adam_betas", beta, "[0,1)")
+        if self.text_loss_weight == 0 and self.mel_loss_weight == 0:
+            raise UserError("train.text_loss_weight and train.mel_loss_weight (--text-loss-weight, "
+                            "--mel-loss-weight) are both 0: nothing would be learned; set at least one > 0")
+        self._check_best_settings()
+        from indextts_train.model.scope import scope_settings  # scope.py builds on this module's types
+
+        scope_settings(self)  # names the bad train_scope / partial_layers / lora_* key
+
+    def _check_best_settings(self) -> None:
+        from indextts_train.train.validation import LOSS_KEYS, parse_forgetting_limit  # validation imports config
+
+        if self.best_metric.rpartition("/")[2] not in LOSS_KEYS:
+            raise UserError(f"train.best_metric (--best-metric) {self.best_metric!r}: expected "
+                            f"{', '.join(LOSS_KEYS)}, or LANG/loss for one validation language")
+        if self.forgetting_limit:
+            parse_forgetting_limit(self.forgetting_limit)
+
+    def loss(self, text_loss: Any, mel_loss: Any) -> Any:
+        """The weighted total that is optimised, logged and compared (the one place it is computed)."""
+        return self.text_loss_weight * text_loss + self.mel_loss_weight * mel_loss
+
+
+# The allowed range of every numeric `train:` setting (types are checked by schema.build first);
+# nan and inf are refused everywhere. An epochs of 0 or a grad_clip of -1 is a typo, never a request.
+_TRAIN_RANGES = {
+    "batch_size": ">=0", "grad_accumulation": ">=0", "effective_batch_size": ">0", "num_workers": ">=0",
+    "learning_rate": ">0", "weight_decay": ">=0", "adam_eps": ">0", "warmup_steps": ">=0", "min_lr_ratio": "[0,1]",
+    "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
+    "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
+    "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
+    "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)",
+}
+_RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
+          "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
+
+
+def _check_range(name: str, value: Any, rule: str) -> None:
+    """One line naming the config key and the flag."""
+    text, ok = _RULES[rule]
+    where = f"train.{name}" + ("" if name == "adam_betas" else f" (--{name.replace('_', '-')})")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise UserError(f"{where} must be a finite number, got {value!r}")
+    if not ok(value):
+        raise UserError(f"{where} must be {text}, got {value!r}")
+
+
+def train_flags() -> list[dataclasses.Field]:
+    """The `train:` fields that are `train-gpt` flags."""
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli", True)]
+
+
+@dataclass
+class Config:
+    gpt: GPTConfig = field(default_factory=GPTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    source: str = ""  # the file it came from, for messages
+
+    def override(self, values: dict[str, Any]) -> None:
+        """Flags beat the config's train: section; the dataclass re-validates the result by name."""
+        merged = {**dataclasses.asdict(self.train), **values}
+        self.train = build(TrainConfig, merged, "train")
+
+
+# Top-level sections of IndexTTS2's checkpoints/config.yaml that we do not read but accept, so the
+# file users already have works; anything else (a typo like `trian:`) is refused. `version` is read:
+# it names the model family.
+OFFICIAL_SECTIONS = ("dataset", "semantic_codec", "s2mel", "gpt_checkpoint", "w2v_stat", "s2mel_checkpoint",
+                     "emo_matrix", "spk_matrix", "emo_num", "qwen_emo_path", "vocoder")
+OUR_SECTIONS = ("gpt", "train", "version")
+
+
+def config_from_dict(data: dict, source: str = "<dict>") -> Config:
+    if "gpt" not in data:
+        raise UserError(f"{source}: no 'gpt:' section; pass IndexTTS2's checkpoints/config.yaml or configs/*.yaml")
+    unknown = [str(k) for k in data if k not in OUR_SECTIONS + OFFICIAL_SECTIONS]
+    if unknown:
+        raise UserError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; ours are "
+                        f"{', '.join(OUR_SECTIONS)} (IndexTTS2's own sections are accepted too)")
+    if isinstance(data["gpt"], dict) and "family" in data["gpt"]:
+        raise UserError(f"{source}: gpt.family is not a key of the gpt: section; write the model family as a "
+                        "top-level `version: 2.5` (or 2.0), as the official config.yaml does")
+    gpt = build(GPTConfig, data["gpt"], f"{source}: gpt")
+    gpt.family = family_of_version(data.get("version"), f"{source}: version")
+    train = build(TrainConfig, data.get("train"), f"{source}: train")
+    return Config(gpt=gpt, train=train, source=source)
+
+
+def family_of_version(value: Any, where: str) -> str | None:
+    """The family a top-level `version:` names (None when absent)."""
+    if value is None:
+        return None
+    family = _VERSIONS.get(str(value).strip()) if not isinstance(value, bool) else None
+    if family is None:
+        raise UserError(f"{where}: version {value!r} is not a known model family; use 2.0 (IndexTTS2) or 2.5 "
+                        "(IndexTTS-2.5)")
+    return family
+
+
+def version_of_family(family: str | None) -> float:
+    return 2.5 if family == FAMILY_V25 else 2.0
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found; pass --config configs/indextts2.yaml or your config.yaml")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a YAML mapping with a 'gpt:' section")
+    return config_from_dict(data, str(path))
+
+
+def gpt_to_dict(gpt: GPTConfig) -> dict:
+    """The `gpt:` section as IndexTTS2 writes it (plain types, for YAML and checkpoints)."""
+    data = dataclasses.asdict(gpt)
+    del data["family"]  # top-level `version:`, see GPTConfig.family
+    return data
+
+
+def config_to_dict(config: Config) -> dict:
+    train = dataclasses.asdict(config.train)
+    train["adam_betas"] = list(train["adam_betas"])
+    out = {"gpt": gpt_to_dict(config.gpt), "train": train}
+    if config.gpt.family is not None:
+        out["version"] = version_of_family(config.gpt.family)
+    return out
+
+
+def gpt_from_dict(data: dict) -> GPTConfig:
+    return build(GPTConfig, data, "gpt")
+
+
+# The real IndexTTS2 sizes, from this checkout (not the working directory).
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "indextts2.yaml"
+
+
+def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+               factory: Any = dataclasses.MISSING, choices: tuple[str, ...] | None = None,
+               cli: bool = True) -> Any:
+    """A `train-gpt` input that is not a `train:` setting (paths, resume, modes)."""
+    return field(default=default, default_factory=factory,
+                 metadata={"help": help, "flag": flag, "choices": choices, "cli": cli})
+
+
+@dataclass(init=False)
+class TrainOptions:
+    """Everything `train-gpt` accepts besides the `train:` settings, which go to `overrides` by name.
+
+    `TrainOptions(output_dir=..., max_steps=12)`: any TrainConfig field is accepted as a keyword and
+    beats the config file; None means "take it from the config".
+    """
+
+    train_manifests: list[str] = run_option(help="Training manifest JSONL; repeat to mix datasets: "
+                                                 "PATH[::lang][@weight], the weight a share of each epoch "
+                                                 "(@0.15 = 15%).", flag="--train-manifest")
+    output_dir: Path = run_option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")
+    config: Path | None = run_option(None, "IndexTTS2 / IndexTTS-2.5 config.yaml (its gpt: section) or "
+                                           "configs/*.yaml. Omitted: the config.yaml beside --base-checkpoint when "
+                                           "that folder is an official model folder, else configs/indextts2.yaml.")
+    val_manifests: list[str] = run_option(help="Validation manifest JSONL; repeatable. PATH::lang: losses "
+                                               "per language.", factory=list,
+                                          flag="--val-manifest")
+    tokenizer: Path | None = run_option(None, "SentencePiece model; its size sets the text vocabulary "
+                                              "(rows = size + 1). Omit when the config's number_text_tokens is right.")
+    base_checkpoint: Path | None = run_option(None, "IndexTTS2 gpt.pth to fine-tune from (rows grown to the "
+                                                    "tokenizer). Omit for random init.")
+    resume: str | None = run_option(None, "'auto': newest checkpoint in --output-dir that verifies (fresh start "
+                                          "if none); or a checkpoint path. Omit for a new run.")
+    amp: bool | None = run_option(None, "Force mixed precision on/off (omitted: bf16 where supported, fp16+scaler "
+                                        "otherwise, fp32 on CPU).", flag="--amp/--no-amp")
+    on_vocab_change: str = run_option("keep", "When the tokenizer grew since the checkpoint: 'keep' optimizer state "
+                                              "(remapped rows) or 'reset' optimizer+scheduler+scaler to step 0.",
+                                      choices=("keep", "reset"))
+    skip_bad_lines: bool = run_option(False, "Skip bad manifest lines (counted) instead of stopping at the first, "
+                                             "and samples that fail to load mid-run (listed at the end).")
+    accept_data_change: bool = run_option(False, "Resume although the training data changed since the checkpoint "
+                                                 "(continues at the same sample position in the new data's order).")
+    from_run: Path | None = run_option(None, "Rerun a recorded run: OUTPUT_DIR/run.yaml of an earlier start gives "
+                                             "every option and train: setting; flags given beside it win. Omit to take "
+                                             "everything from the flags.")
+    tensorboard: bool = run_option(True, "Write TensorBoard logs.", cli=False)
+    overrides: dict[str, Any] = run_option(factory=dict, cli=False)
+
+    def __init__(self, **values: Any) -> None:
+        for f in dataclasses.fields(self):
+            if f.name in values:
+                setattr(self, f.name, values.pop(f.name))
+            elif f.default is not dataclasses.MISSING:
+                setattr(self, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(self, f.name, f.default_factory())
+            else:
+                raise TypeError(f"TrainOptions needs {f.name}")
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise TypeError(f"TrainOptions got unknown option(s) {', '.join(unknown)}")
+        self.overrides = {**self.overrides, **{k: v for k, v in values.items() if v is not None}}
+        if self.on_vocab_change not in ("keep", "reset"):
+            raise UserError(f"--on-vocab-change {self.on_vocab_change!r}: choose keep or reset")
+
+    def config_path(self) -> tuple[Path, str | None]:
+        """--config, else the official config.yaml beside --base-checkpoint, else ours; and the line that
+        says which was taken when the user did not choose."""
+        if self.config is not None:
+            return Path(self.config), None
+        beside = config_beside(self.base_checkpoint)
+        if beside is not None:
+            return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
+        return DEFAULT_CONFIG, None
+
+    def load_config(self) -> Config:
+        """The config file with this run's flags applied."""
+        config = load_config(self.config_path()[0])
+        config.override(self.overrides)
+        return config
+
+
+OFFICIAL_CONFIG_BYTES = 1024 * 1024  # the official config.yaml is about 2 KiB
+
+
+def config_beside(checkpoint: Path | None) -> Path | None:
+    """The config.yaml in the same folder as `checkpoint` when the folder has the official layout: a
+    config.yaml with a gpt: section whose `gpt_checkpoint` names this very file."""
+    if checkpoint is None:
+        return None
+    candidate = Path(checkpoint).parent / "config.yaml"
+    try:
+        if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
+            return None
+        data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
+        return None
+    return candidate if str(data.get("gpt_checkpoint", "")) == Path(checkpoint).name else None

@@ -1,0 +1,298 @@
+"""`indextts-train check-data`: every manifest line checked, a report, and a clean manifest.
+
+The checks are the ones training applies when it reads a line (data.py), run over every line at
+once so a user sees all bad lines before a GPU run, not the first one an hour in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from indextts_train.config.settings import GPTConfig
+from indextts_train.data import manifest_v25 as data_v25
+from indextts_train.data.manifest import (
+    DURATION_FIELDS,
+    LANGUAGE_FIELDS,
+    REPORT_ERRORS,
+    SPEAKER_FIELDS,
+    check_ids,
+    iter_lines,
+    load_arrays,
+    parse_line,
+    resolve_paths,
+)
+from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write_bytes
+
+
+@dataclass
+class _CheckStats:
+    """What check_manifests accumulates over the good lines."""
+
+    text_lengths: array = field(default_factory=lambda: array("i"))
+    code_lengths: array = field(default_factory=lambda: array("i"))
+    speakers: Counter = field(default_factory=Counter)
+    languages: Counter = field(default_factory=Counter)
+    durations: dict[str, float] = field(default_factory=dict)
+    text_tokens: int = 0
+    extended_tokens: int = 0
+    first_line_of: dict[str, str] = field(default_factory=dict)  # id -> FILE:LINE where it first appeared
+    duplicates: list[str] = field(default_factory=list)  # the first REPORT_ERRORS, both places named
+    duplicate_count: int = 0
+
+    def note_id(self, sample_id: object, where: str) -> None:
+        """An id seen twice is one utterance trained twice as often, or two utterances under one name."""
+        if sample_id is None:
+            return
+        key = str(sample_id)
+        first = self.first_line_of.setdefault(key, where)
+        if first != where:
+            self.duplicate_count += 1
+            if len(self.duplicates) < REPORT_ERRORS:
+                self.duplicates.append(f"{where}: id {key!r} is also the id of {first}")
+
+
+@dataclass
+class _Limits:
+    """What a line is checked against (None = not known, not checked)."""
+
+    max_text: int | None
+    max_mel: int | None
+    model_dim: int | None
+    text_vocab: int | None
+    mel_codes: int | None
+    base_vocab: int | None
+    family: str | None = None
+    tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
+    borrowed: dict[str, int] = field(default_factory=dict)
+    text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
+    mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
+
+
+def _check_speakers(obj: dict, where: str) -> None:
+    """Prompt and target must be the same speaker wherever the line says who both are.
+
+    Any two of `speaker`, `prompt_speaker`, `target_speaker` that are present must agree (the
+    IndexTTS2 prompt carries the voice; a cross-speaker pair teaches the wrong voice).
+    """
+    named = {name: obj[name] for name in SPEAKER_FIELDS if obj.get(name) is not None}
+    if len({json.dumps(value) for value in named.values()}) > 1:
+        listed = ", ".join(f"{name}={value!r}" for name, value in named.items())
+        raise UserError(f"{where}: prompt and target speakers differ ({listed}); pair each target "
+                        "with a prompt of the same speaker")
+
+
+
+
+
+
+def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
+    """What the text-id limit is, and what to do when an id is beyond it."""
+    if from_tokenizer:
+        return "size of --tokenizer", "the data was made with another tokenizer; pass that one as --tokenizer"
+    return ("gpt.number_text_tokens of --config",
+            "pass the tokenizer the data was made with as --tokenizer (without it the config's size is the limit)")
+
+
+def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
+    """Every check on one line; adds it to `stats` when it passes."""
+    obj, fields, text_len, code_len = parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
+    lang_id = data_v25.lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
+    _check_speakers(obj, where)
+    record = resolve_paths(obj, manifest_dir)
+    record["_source"] = where
+    arrays = load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
+                          max_mel=limits.max_mel, model_dim=limits.model_dim)
+    text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
+    check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
+              _text_vocab_source(limits.text_vocab_from_tokenizer), limits.mel_specials)
+    if lang_id is not None:
+        data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
+        obj.setdefault("language", data_v25.language_code(lang_id))
+    stats.text_lengths.append(text_len)
+    stats.code_lengths.append(code_len)
+    speaker = obj.get("target_speaker", obj.get("speaker"))
+    if speaker is not None:
+        stats.speakers[str(speaker)] += 1
+    language = next((obj[name] for name in LANGUAGE_FIELDS if obj.get(name) is not None), None)
+    if language is not None:
+        stats.languages[str(language)] += 1
+    for name in DURATION_FIELDS:
+        if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
+            stats.durations[name] = stats.durations.get(name, 0.0) + float(obj[name])
+    stats.text_tokens += text_len
+    stats.note_id(obj.get("id"), where)
+    if limits.base_vocab is not None:
+        stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
+
+
+def _distribution(values: array) -> dict[str, float] | None:
+    if not values:
+        return None
+    arr = np.frombuffer(values, dtype=np.int32)
+    return {"min": int(arr.min()), "mean": round(float(arr.mean()), 3), "p50": float(np.percentile(arr, 50)),
+            "p95": float(np.percentile(arr, 95)), "max": int(arr.max())}
+
+
+def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
+                    vocab_size: int | None = None, base_vocab: int | None = None,
+                    borrowed: dict[str, int] | None = None, max_lines: int | None = None) -> dict:
+    """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
+
+    Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
+    the good lines. Text ids are checked against `vocab_size`, else gpt_cfg.number_text_tokens.
+    IndexTTS-2.5 lines also: the 192-d speaker vector, the language row, no 0/1 text ids, and the
+    language tag first (when the vocabulary is a full tiktoken one). `max_lines`: only the first
+    lines of each manifest (the trainer's check before a start).
+    """
+    text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
+    limits = _Limits(
+        max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
+        max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
+        model_dim=gpt_cfg.model_dim if gpt_cfg else None,
+        text_vocab=text_vocab,
+        mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
+        base_vocab=base_vocab,
+        family=gpt_cfg.family if gpt_cfg else None,
+        borrowed=borrowed or {},
+        text_vocab_from_tokenizer=vocab_size is not None,
+        mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
+    )
+    files = [str(p) for p in paths]
+    stats = _CheckStats()
+    errors: list[str] = []
+    bad_lines: list[list] = []
+    for path in files:
+        manifest_dir = os.path.dirname(os.path.abspath(path))
+        seen_lines = 0
+        for line_no, _, raw in iter_lines(path):
+            if max_lines is not None and seen_lines >= max_lines:
+                break
+            seen_lines += 1
+            try:
+                _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
+            except UserError as exc:
+                bad_lines.append([path, line_no])
+                if len(errors) < REPORT_ERRORS:
+                    errors.append(str(exc))
+        if not seen_lines:
+            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
+    lines_ok = len(stats.text_lengths)
+    return {
+        "files": files,
+        "lines_ok": lines_ok,
+        "lines_bad": len(bad_lines),
+        "errors": errors,
+        "bad_lines": bad_lines,
+        "checked_against": {"max_text_tokens": limits.max_text, "max_mel_tokens": limits.max_mel,
+                            "model_dim": limits.model_dim, "text_vocab": limits.text_vocab,
+                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab,
+                            "family": limits.family, "language_tag_base": data_v25.tag_base(limits.text_vocab)},
+        "speakers": {"count": len(stats.speakers), "top": stats.speakers.most_common(10)},
+        "languages": dict(stats.languages.most_common()),
+        "text_len": _distribution(stats.text_lengths),
+        "code_len": _distribution(stats.code_lengths),
+        "durations_s": {name: round(total, 3) for name, total in stats.durations.items()},
+        "extended_token_share": (stats.extended_tokens / stats.text_tokens
+                                 if base_vocab is not None and stats.text_tokens else None),
+        "duplicate_ids": stats.duplicate_count,
+        "duplicates": stats.duplicates,
+    }
+
+
+def _render_distribution(name: str, dist: dict | None) -> str:
+    if dist is None:
+        return f"{name}: -"
+    return (f"{name}: min {dist['min']}, mean {dist['mean']:.1f}, p50 {dist['p50']:g}, "
+            f"p95 {dist['p95']:g}, max {dist['max']}")
+
+
+def render_check_report(report: dict) -> str:
+    """The human summary of a check_manifests report."""
+    total = report["lines_ok"] + report["lines_bad"]
+    verdict = "OK" if report["lines_bad"] == 0 else f"{report['lines_bad']} BAD"
+    lines = [f"{total} lines in {len(report['files'])} manifest(s): {report['lines_ok']} ok, {verdict}",
+             _render_distribution("text_len", report["text_len"]),
+             _render_distribution("code_len", report["code_len"])]
+    speakers = report["speakers"]
+    if speakers["count"]:
+        top = ", ".join(f"{name} {count}" for name, count in speakers["top"])
+        lines.append(f"speakers: {speakers['count']} (top: {top})")
+    if report["languages"]:
+        lines.append("languages: " + ", ".join(f"{k} {v}" for k, v in report["languages"].items()))
+    for name, seconds in report["durations_s"].items():
+        lines.append(f"{name}: {seconds / 3600:.2f} h total ({seconds:.0f} s)")
+    share = report["extended_token_share"]
+    if share is not None:
+        lines.append(f"extended-vocabulary tokens (id >= {report['checked_against']['base_vocab']}): "
+                     f"{100 * share:.1f}% of text tokens")
+    if report.get("duplicate_ids"):
+        shown = len(report["duplicates"])
+        lines.append(f"duplicate ids (first {shown} of {report['duplicate_ids']}; a warning, the lines are kept):")
+        lines.extend(f"  {duplicate}" for duplicate in report["duplicates"])
+    if report["errors"]:
+        shown = len(report["errors"])
+        lines.append(f"errors (first {shown} of {report['lines_bad']}):")
+        lines.extend(f"  {error}" for error in report["errors"])
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clean manifest
+
+
+def _relocated_line(raw: bytes, from_dir: str, to_dir: str) -> bytes:
+    """The line re-written so its relative `*_path` values still point at the same files from `to_dir`."""
+    obj = json.loads(raw)
+    for key, value in obj.items():
+        if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value):
+            target = os.path.normpath(os.path.join(from_dir, value))
+            try:
+                obj[key] = os.path.relpath(target, to_dir)
+            except ValueError:  # another drive on Windows: no relative path exists
+                obj[key] = target
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _good_lines(report: dict, bad: set, out_dir: str) -> list[bytes]:
+    lines = []
+    for path in report["files"]:
+        from_dir = os.path.dirname(os.path.abspath(path))
+        for line_no, _, raw in iter_lines(path):
+            if (path, line_no) in bad:
+                continue
+            if from_dir != out_dir:
+                raw = _relocated_line(raw, from_dir, out_dir)
+            lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    return lines
+
+
+def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Path, *,
+                         gpt_cfg: GPTConfig | None = None, vocab_size: int | None = None) -> int:
+    """Write only the good lines of a check report (or of `check_manifests(source, ...)`) to `out_path`.
+
+    Lines stay byte-for-byte when `out_path` sits in the manifest's folder; elsewhere relative
+    paths are rewritten to stay valid from the new folder. Returns the number of lines written.
+    """
+    report = source if isinstance(source, dict) else check_manifests(source, gpt_cfg=gpt_cfg,
+                                                                      vocab_size=vocab_size)
+    out = os.path.realpath(out_path)
+    if any(os.path.realpath(path) == out for path in report["files"]):
+        raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
+    bad = {(path, line) for path, line in report["bad_lines"]}
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    lines = _good_lines(report, bad, out_dir)
+    try:
+        atomic_write_bytes(Path(out), b"".join(lines))  # never a half-written manifest under the final name
+    except OSError as exc:
+        raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
+    return len(lines)
+

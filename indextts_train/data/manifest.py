@@ -1,0 +1,480 @@
+"""Manifests → index → dataset → resumable sampler → collate.
+
+A manifest is JSONL, one example a line, in one of two forms (DESIGN.md §4):
+
+- paired (what the community preprocessing writes): `prompt_condition_path`,
+  `prompt_emo_vec_path`, `target_text_ids_path`, `target_codes_path`, `target_text_len`,
+  `target_code_len` — the prompt gives the conditioning, the target gives text and codes;
+- single: `text_ids_path`, `codes_path`, `condition_path`, `emo_vec_path`, `text_len`, `code_len`.
+
+IndexTTS-2.5 lines carry the prompt's 192-d CAMPPlus vector and a language instead of the
+conditioning latents (`data_v25.py`); a line's fields say its family, and a line of the other
+family than the model's is refused by FILE:LINE.
+
+Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
+training. Relative paths resolve against the manifest's folder. Lengths come from the manifest
+fields, never from the arrays, which may be longer (reference README, exact definitions 1–2).
+
+The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
+million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
+
+Which samples an epoch draws, and in what order, is sampling.py's: a pure function of (seed, epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from indextts_train.config.constants import CONDITION_LATENTS
+from indextts_train.config.settings import FAMILY_V25
+from indextts_train.data import manifest_v25 as data_v25
+from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
+from indextts_train.errors import UserError
+from indextts_train.model.gpt import Batch
+
+# Canonical name -> manifest field, per form.
+PAIRED_FIELDS = {
+    "text_ids": "target_text_ids_path",
+    "codes": "target_codes_path",
+    "condition": "prompt_condition_path",
+    "emo_vec": "prompt_emo_vec_path",
+    "text_len": "target_text_len",
+    "code_len": "target_code_len",
+}
+SINGLE_FIELDS = {
+    "text_ids": "text_ids_path",
+    "codes": "codes_path",
+    "condition": "condition_path",
+    "emo_vec": "emo_vec_path",
+    "text_len": "text_len",
+    "code_len": "code_len",
+}
+FORMS = {True: (PAIRED_FIELDS, frozenset(PAIRED_FIELDS.values())),  # paired? -> fields, the set a line needs
+         False: (SINGLE_FIELDS, frozenset(SINGLE_FIELDS.values()))}
+SPEAKER_FIELDS = ("speaker", "prompt_speaker", "target_speaker")
+DURATION_FIELDS = ("duration", "target_duration", "prompt_duration")
+LANGUAGE_FIELDS = ("language", "target_language")
+SKIPPED_EXAMPLES = 5
+REPORT_ERRORS = 20
+
+_JSON_DECODE = json.JSONDecoder().decode
+FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad line)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and validating lines
+
+
+# What the text-id limit is and what to do past it, as training says it; check-data and evaluate
+# name their own source of the limit.
+TEXT_VOCAB_SOURCE = ("text vocabulary size", "pass the --tokenizer the data was made with")
+
+
+def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, raw bytes) of every non-blank line.
+
+    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
+    """
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: manifest not found; check the manifest path you passed")
+    offset = 0
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, 1):
+            if raw.strip():
+                yield line_no, offset, raw
+            offset += len(raw)
+
+
+def _form(obj: dict, where: str, family: str | None = None) -> dict[str, str]:
+    """Which field names this line uses (paired or single form, of its family)."""
+    if "target_codes_path" in obj or "target_text_ids_path" in obj:
+        paired = True
+    elif "codes_path" in obj or "text_ids_path" in obj:
+        paired = False
+    else:
+        raise UserError(
+            f"{where}: neither the paired form (target_text_ids_path, target_codes_path, ...) nor the "
+            f"single form (text_ids_path, codes_path, ...); {FIX_LINE}"
+        )
+    v25 = data_v25.line_family(obj, where, family) == FAMILY_V25
+    fields, required = (data_v25.FORMS if v25 else FORMS)[paired]
+    if not obj.keys() >= required:  # one set comparison per line: indexing is the hot loop
+        missing = [name for name in fields.values() if name not in obj]
+        raise UserError(
+            f"{where}: missing field(s) {', '.join(missing)}; a line of this form needs "
+            f"{', '.join(fields.values())}"
+        )
+    return fields
+
+
+def _length(obj: dict, name: str, maximum: int | None, config_key: str, where: str) -> int:
+    value = obj[name]
+    if type(value) is not int:  # bool is an int subclass and 7.0 is not a token count
+        raise UserError(f"{where}: {name} must be a whole number, got {value!r}; {FIX_LINE}")
+    if value <= 0:
+        raise UserError(f"{where}: {name} is {value}, it must be > 0; {FIX_LINE}")
+    if maximum is not None and value > maximum:
+        raise UserError(
+            f"{where}: {name} {value} > gpt.{config_key} {maximum}, which the model cannot take; "
+            f"drop the line (check-data can write a clean manifest) or raise gpt.{config_key}"
+        )
+    return value
+
+
+def array_keys(fields: dict[str, str]) -> tuple[str, ...]:
+    """text_ids, codes, the speaker feature of the line's family, emo_vec."""
+    return ("text_ids", "codes", "spk_emb" if "spk_emb" in fields else "condition", "emo_vec")
+
+
+def parse_line(
+    raw: bytes, where: str, max_text: int | None, max_mel: int | None, family: str | None = None
+) -> tuple[dict, dict[str, str], int, int]:
+    """(object, field names, text_len, code_len) of one manifest line, or UserError."""
+    try:
+        # decode + JSONDecoder is ~30% faster than json.loads(bytes), which sniffs the encoding.
+        obj = _JSON_DECODE(raw.decode("utf-8").strip().lstrip("\ufeff"))
+    except json.JSONDecodeError as exc:  # its own "line 1" would mislead: the line is `where`
+        raise UserError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos + 1}); {FIX_LINE}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}); {FIX_LINE}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
+    fields = _form(obj, where, family)
+    for key in array_keys(fields):
+        value = obj[fields[key]]
+        if not isinstance(value, str) or not value:
+            raise UserError(f"{where}: {fields[key]} must be a non-empty path string, got {value!r}")
+    text_len = _length(obj, fields["text_len"], max_text, "max_text_tokens", where)
+    code_len = _length(obj, fields["code_len"], max_mel, "max_mel_tokens", where)
+    return obj, fields, text_len, code_len
+
+
+def resolve_paths(obj: dict, manifest_dir: str) -> dict:
+    """Copy of `obj` with every relative `*_path` string made absolute against the manifest folder."""
+    out = dict(obj)
+    for key, value in obj.items():
+        if key.endswith("_path") and isinstance(value, str) and value:
+            out[key] = os.path.normpath(os.path.join(manifest_dir, value))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+@dataclass
+class ManifestIndex:
+    """Index of one or more manifests without keeping JSON objects in memory.
+
+    Parallel numpy arrays, one entry per usable line: byte offset, file number, line number,
+    text_len and code_len, and the lang_embedding row (IndexTTS-2.5 lines; -1 for IndexTTS2 lines).
+    `record(i)` seeks back to the line when the dataset needs it.
+    """
+
+    files: list[str]  # as the user gave them, for messages
+    offsets: np.ndarray  # int64 byte offset of each line
+    file_ids: np.ndarray  # int32 index into `files`
+    line_numbers: np.ndarray  # int32, from 1
+    text_lengths: np.ndarray  # int32, manifest text_len
+    code_lengths: np.ndarray  # int32, manifest code_len
+    max_text_tokens: int | None = None
+    max_mel_tokens: int | None = None
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+    family: str | None = None  # the model's; None accepts lines of either family
+    lang_ids: np.ndarray | None = None  # int16 per line
+
+    @classmethod
+    def build(
+        cls,
+        paths: Sequence[str | Path],
+        *,
+        skip_bad: bool = False,
+        max_text_tokens: int | None = None,
+        max_mel_tokens: int | None = None,
+        family: str | None = None,
+        borrowed: dict[str, int] | None = None,
+    ) -> ManifestIndex:
+        """Validate every line and index the usable ones.
+
+        A bad line raises UserError "FILE:LINE: ...", or with `skip_bad` is counted in `.skipped`.
+        `family` refuses lines of the other family; `borrowed` maps untagged language codes to the
+        row they borrow (`data_v25.parse_borrowed`).
+        """
+        files = [str(p) for p in paths]
+        if not files:
+            raise UserError("no manifest given; pass at least one .jsonl manifest")
+        offsets, file_ids, line_numbers = array("q"), array("i"), array("i")
+        text_lengths, code_lengths, lang_ids = array("i"), array("i"), array("h")
+        skipped: list[str] = []
+        skipped_count = 0
+        for file_id, path in enumerate(files):
+            seen_lines = 0
+            for line_no, offset, raw in iter_lines(path):
+                seen_lines += 1
+                try:
+                    obj, fields, text_len, code_len = parse_line(
+                        raw, f"{path}:{line_no}", max_text_tokens, max_mel_tokens, family
+                    )
+                    lang_id = (data_v25.lang_id_of(obj, f"{path}:{line_no}", borrowed or {})
+                               if "spk_emb" in fields else -1)
+                except UserError as exc:
+                    if not skip_bad:
+                        raise
+                    skipped_count += 1
+                    if len(skipped) < SKIPPED_EXAMPLES:
+                        skipped.append(str(exc))
+                    continue
+                offsets.append(offset)
+                file_ids.append(file_id)
+                line_numbers.append(line_no)
+                text_lengths.append(text_len)
+                code_lengths.append(code_len)
+                lang_ids.append(lang_id)
+            if not seen_lines:
+                raise UserError(f"{path}: manifest is empty; pass a manifest with at least one line")
+        if not offsets:
+            first = f"; first: {skipped[0]}" if skipped else ""
+            raise UserError(f"{', '.join(files)}: no usable line ({skipped_count} bad{first})")
+        return cls(files=files, offsets=np.array(offsets, dtype=np.int64),
+                   file_ids=np.array(file_ids, dtype=np.int32),
+                   line_numbers=np.array(line_numbers, dtype=np.int32),
+                   text_lengths=np.array(text_lengths, dtype=np.int32),
+                   code_lengths=np.array(code_lengths, dtype=np.int32),
+                   max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
+                   skipped=skipped_count, skipped_examples=skipped, family=family,
+                   lang_ids=np.array(lang_ids, dtype=np.int16))
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def require_family(self, family: str) -> None:
+        """Every line must be of the model's family (known only once the model is): name the first that is not."""
+        wrong = np.flatnonzero((self.lang_ids >= 0) != (family == FAMILY_V25))
+        if len(wrong):
+            record = self.record(int(wrong[0]))
+            data_v25.line_family(record, record["_source"], family)  # raises, naming file:line
+        self.family = family
+
+    @property
+    def total_lengths(self) -> np.ndarray:
+        """text_len + code_len per line (int64): the key `epoch_order` sorts windows by."""
+        return self.text_lengths.astype(np.int64) + self.code_lengths
+
+    def source(self, i: int) -> str:
+        """'file:line' of entry i, for messages."""
+        return f"{self.files[self.file_ids[i]]}:{self.line_numbers[i]}"
+
+    def record(self, i: int) -> dict:
+        """Line i parsed again, with `*_path` values made absolute and `_source` = 'file:line'."""
+        path = self.files[self.file_ids[i]]
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(int(self.offsets[i]))
+                raw = handle.readline()
+        except OSError as exc:
+            raise UserError(f"{path}: manifest cannot be read any more ({exc}); was it moved?") from None
+        where = self.source(i)
+        obj, _, _, _ = parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens, self.family)
+        out = resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
+        out["_source"] = where
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays
+
+
+def _load_npy(path: str, what: str, where: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise UserError(
+            f"{where}: {what} {path} not found; re-run preprocessing or fix the path "
+            "(relative paths resolve against the manifest's folder)"
+        )
+    try:
+        arr = np.load(path, allow_pickle=False)  # never unpickle a stranger's file
+    except (OSError, ValueError, EOFError) as exc:
+        raise UserError(f"{where}: {what} {path} is not a loadable .npy file ({exc}); re-create it") from None
+    if not isinstance(arr, np.ndarray):
+        raise UserError(f"{where}: {what} {path} is an .npz archive, expected a single .npy array")
+    return arr
+
+
+def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | None, limit_key: str,
+               where: str) -> None:
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise UserError(f"{where}: {what} {path} must be a 1-D integer array, "
+                        f"got {arr.dtype} {list(arr.shape)}")
+    if len(arr) < need:
+        raise UserError(f"{where}: {what} {path} has {len(arr)} ids but the manifest says {need}; "
+                        "fix the length field or re-create the array")
+    if limit is not None and len(arr) > limit:
+        raise UserError(f"{where}: {what} {path} has {len(arr)} ids > gpt.{limit_key} {limit} (the batch is "
+                        "padded to the longest array); trim the array or drop the line")
+
+
+def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where: str,
+                    paths: dict[str, str]) -> None:
+    emo_vec = arrays["emo_vec"]
+    if "spk_emb" in arrays:
+        data_v25.check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
+        dim = model_dim if model_dim is not None else (emo_vec.shape[0] if emo_vec.ndim == 1 else -1)
+    else:
+        condition = arrays["condition"]
+        if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
+            raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
+                            f"got {condition.dtype} {list(condition.shape)}")
+        dim = condition.shape[1] if model_dim is None else model_dim
+        if condition.shape[1] != dim:
+            raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
+                            f"gpt.model_dim is {dim}; it was made for another model")
+    if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
+        raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
+                        f"got {emo_vec.dtype} {list(emo_vec.shape)}")
+    for name in ("condition", "emo_vec"):  # spk_emb: data_v25.check_speaker_vector
+        if name in arrays and not np.isfinite(arrays[name]).all():
+            raise UserError(f"{where}: {name} {paths[name]} holds NaN or Inf values (one such input makes every "
+                            f"loss NaN); re-create it or drop the line")
+
+
+def load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
+                 max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
+    """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
+    where = record["_source"]
+    keys = array_keys(fields)
+    paths = {key: record[fields[key]] for key in keys}
+    arrays = {key: _load_npy(paths[key], fields[key], where) for key in keys}
+    _check_ids(arrays["text_ids"], fields["text_ids"], paths["text_ids"], text_len, max_text,
+               "max_text_tokens", where)
+    _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
+    _check_features(arrays, model_dim, where, paths)
+    return arrays
+
+
+def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
+              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
+              mel_specials: tuple[int, ...] = ()) -> None:
+    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
+
+    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
+    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
+    """
+    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
+    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
+                    "the codes were made for another codec or config")
+    special = np.isin(codes, mel_specials) if mel_specials else None
+    if special is not None and special.any():
+        position = int(np.argmax(special))
+        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
+                        f"position {position}; the codes of a target must not contain them (the model adds "
+                        "them): re-create the codes or drop the line")
+
+
+def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
+    if not len(ids):
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0:
+        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
+    if limit is not None and high >= limit:
+        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset, collate
+
+
+class ManifestDataset(Dataset):
+    """One example per indexed line, as int64/float32 tensors.
+
+    `model_dim`, when given, also checks that condition/emo_vec were made for this model;
+    `text_vocab` / `mel_codes`, that every id fits the embedding it indexes (naming the line).
+    """
+
+    def __init__(self, index: ManifestIndex, *, model_dim: int | None = None, text_vocab: int | None = None,
+                 mel_codes: int | None = None, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
+                 mel_specials: tuple[int, ...] = ()) -> None:
+        self.index = index
+        self.model_dim = model_dim
+        self.text_vocab = text_vocab
+        self.mel_codes = mel_codes
+        self.text_source = text_source  # what text_vocab is and what to do past it, for the error line
+        self.mel_specials = mel_specials
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        record = self.index.record(i)
+        fields = _form(record, record["_source"], self.index.family)
+        text_len = int(self.index.text_lengths[i])
+        code_len = int(self.index.code_lengths[i])
+        arrays = load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
+                              max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
+        check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
+                  fields, record["_source"], self.text_source, self.mel_specials)
+        features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
+                     "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays
+                    else {"condition": torch.from_numpy(arrays["condition"].astype(np.float32))})  # (32, D)
+        return {
+            "text_ids": torch.from_numpy(arrays["text_ids"].astype(np.int64)),  # (T_b,)
+            "codes": torch.from_numpy(arrays["codes"].astype(np.int64)),  # (M_b,)
+            "emo_vec": torch.from_numpy(arrays["emo_vec"].astype(np.float32)),  # (D,)
+            "text_len": text_len,
+            "code_len": code_len,
+            "index": i,
+            **features,
+        }
+
+
+def collate(samples: list[dict]) -> Batch:
+    """Reference rule 1: pad ids with 0 to the longest *array*, stack features, keep the order.
+
+    Lengths are the manifest fields; the model's padding rule (stop tokens) uses them.
+    """
+    def pad(key: str) -> torch.Tensor:
+        return torch.nn.utils.rnn.pad_sequence([s[key] for s in samples], batch_first=True, padding_value=0)
+
+    v25 = "spk_emb" in samples[0]
+    return Batch(
+        text_ids=pad("text_ids"),  # (B, T)
+        codes=pad("codes"),  # (B, M)
+        text_lengths=torch.tensor([s["text_len"] for s in samples], dtype=torch.int64),  # (B,)
+        code_lengths=torch.tensor([s["code_len"] for s in samples], dtype=torch.int64),  # (B,)
+        condition=None if v25 else torch.stack([s["condition"] for s in samples]),  # (B, 32, D)
+        emo_vec=torch.stack([s["emo_vec"] for s in samples]),  # (B, D)
+        spk_emb=torch.stack([s["spk_emb"] for s in samples]) if v25 else None,  # (B, 192)
+        lang_ids=torch.tensor([s["lang_id"] for s in samples], dtype=torch.int64) if v25 else None,  # (B,)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading (the order of training samples is sampling.py's)
+
+
+def make_loader(dataset: Dataset, sampler: Sampler[list[int]] | Sequence[list[int]], num_workers: int,
+                pin_memory: bool = False, collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
+    """A DataLoader whose batches depend only on the sampler (never on `num_workers`).
+
+    The dataset draws no random numbers, and DataLoader returns batches in sampler order. It gets a
+    private generator: DataLoader draws a base seed each time an iterator starts, and drawing it from
+    the global RNG would shift the training dropout stream depending on where a run was resumed.
+    """
+    return StopSafeLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_fn or collate,
+                           pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
+                           worker_init_fn=ignore_stop_signals_in_worker if num_workers else None)
+
+
+def sequential_batches(indices: Sequence[int], size: int) -> list[list[int]]:
+    """`indices` in order, `size` at a time (evaluation keeps manifest order; the last batch may be short)."""
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]

@@ -1,0 +1,104 @@
+"""Which checkpoint is best, which are milestones, and when to stop early.
+
+- **best**: the lowest value of one validation metric (`--best-metric`, default the weighted total
+  `loss`; `text_loss`, `mel_loss`, or `GROUP/loss` for one language) among validations that were
+  within the forgetting limit, if one is set. The trainer saves a checkpoint at every new best and
+  publishes it as `best.pth` (atomically, like `latest.pth`); rotation never removes it.
+- **milestones**: with `--keep-every N`, every checkpoint whose step is a multiple of N is kept out
+  of rotation (checkpoint.is_milestone).
+- **early stopping**: `--early-stop-patience K` ends the run after K validations in a row without a
+  new best.
+
+`BestTracker` is the bookkeeping; its `state_dict()` travels in the checkpoint's history, so all
+of this carries across resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from indextts_train.checkpoint.files import BEST
+from indextts_train.errors import UserError
+from indextts_train.train.validation import LOSS_KEYS, forgetting_breaches, losses_of
+
+
+def check_metric(metric: str, groups: Sequence[str]) -> None:
+    """`loss`, `text_loss`, `mel_loss`, or `GROUP/<one of those>` for a validation group."""
+    group, _, key = metric.rpartition("/")
+    if key not in LOSS_KEYS or (group and group not in groups):
+        where = f"groups: {', '.join(groups)}" if groups else "no validation groups"
+        raise UserError(f"--best-metric {metric}: expected one of {', '.join(LOSS_KEYS)}, optionally as "
+                        f"GROUP/{LOSS_KEYS[0]} for a validation group ({where})")
+
+
+def metric_value(result: dict, metric: str) -> float:
+    """The value of `metric` in an evaluate_groups result."""
+    group, _, key = metric.rpartition("/")
+    return losses_of(result, group or None)[key]
+
+
+@dataclass
+class BestTracker:
+    """The best validation so far and how many validations have passed without beating it."""
+
+    metric: str = "loss"
+    value: float | None = None
+    step: int | None = None
+    stale: int = 0  # validations since the last new best
+
+    def update(self, value: float, step: int, *, eligible: bool = True) -> bool:
+        """Record a validation; True when it is a new best (then the trainer saves and publishes it).
+
+        A validation over the forgetting limit is not eligible: it never becomes best and counts as
+        one without improvement.
+        """
+        if eligible and (self.value is None or value < self.value):
+            self.value, self.step, self.stale = value, step, 0
+            return True
+        self.stale += 1
+        return False
+
+    def patience_spent(self, patience: int) -> bool:
+        return patience > 0 and self.stale >= patience
+
+    def state_dict(self) -> dict:
+        return {"metric": self.metric, "value": self.value, "step": self.step, "stale": self.stale}
+
+    @classmethod
+    def from_state_dict(cls, state: dict | None, metric: str) -> BestTracker:
+        """The stored tracker; a changed metric starts over (values of two metrics do not compare)."""
+        if not state or state.get("metric") != metric:
+            return cls(metric)
+        return cls(metric, state["value"], state["step"], state["stale"])
+
+    def describe(self) -> str:
+        if self.step is None:
+            return f"no validation qualified as best, so there is no {BEST}"
+        return f"{BEST} is step {self.step} ({self.metric} {self.value:.4f})"
+
+
+def breaches_of(result: dict, baseline: dict | None, limits: dict[str | None, float]) -> list[str]:
+    return forgetting_breaches(result, baseline, limits) if limits and baseline is not None else []
+
+
+def verdict(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
+            limits: dict[str | None, float], patience: int, breaches: list[str] | None = None) -> str | None:
+    """Why the run ends at this validation (forgetting limit, early stop), or None. Changes nothing."""
+    breaches = breaches_of(result, baseline, limits) if breaches is None else breaches
+    if breaches:
+        return (f"forgetting limit reached at step {step}: {'; '.join(breaches)}; the best checkpoint within "
+                f"the limit: {tracker.describe()}")
+    if tracker.patience_spent(patience):
+        return (f"early stop at step {step}: {tracker.stale} validation(s) without a better {tracker.metric}; "
+                f"{tracker.describe()}")
+    return None
+
+
+def judge(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
+          limits: dict[str | None, float], patience: int) -> tuple[bool, str | None]:
+    """Record a validation: (is it a new best, why the run ends now or None)."""
+    breaches = breaches_of(result, baseline, limits)
+    new_best = tracker.update(metric_value(result, tracker.metric), step, eligible=not breaches)
+    return new_best, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience,
+                             breaches=breaches)

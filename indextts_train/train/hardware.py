@@ -1,0 +1,440 @@
+"""Precision, micro-batch, gradient accumulation and data workers, chosen from the device itself.
+
+Users rent whatever GPU is free. Nothing here keys on marketing sizes ("80 GB"): an A100 80GB reports
+79.15 GiB, so a `>= 80 GiB` branch never fires. Instead the micro-batch comes from an estimate of
+this config's memory at its longest sequence, compared with a stated share of the memory the device
+reports, and gradient accumulation makes up the rest so that the effective batch (samples per
+optimizer step) is the one asked for on every GPU.
+
+The memory estimate it compares with the device is memory.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from indextts_train.config.settings import GPTConfig
+from indextts_train.errors import UserError
+from indextts_train.model.scope import ScopeSettings
+from indextts_train.train.memory import (
+    CUDA_RESERVE_BYTES,
+    FULL_SCOPE,
+    GIB,
+    WEIGHT_BYTES_PER_PARAM,
+    ParamCounts,
+    activation_bytes_per_sample,
+    estimate_memory,
+    max_sequence_positions,
+    param_counts,
+    state_bytes_per_trainable,
+)
+
+CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a step short
+MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light
+DEFAULT_MEMORY_SHARE = 0.85
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
+
+
+@dataclass
+class DeviceInfo:
+    """A description of the device to plan for: the one found (`detect_device`) or an assumed one."""
+
+    kind: str  # "cuda" | "cpu"
+    name: str  # "NVIDIA A100-SXM4-80GB", "cpu"
+    total_memory: int  # bytes, as the driver reports it (below the marketing size)
+    capability: tuple[int, int]  # CUDA compute capability; (0, 0) on CPU
+    bf16: bool  # native bfloat16 tensor cores (compute capability >= 8.0)
+    cpu_count: int  # cores this process may use
+    cpu_count_assumed: bool = False  # a named GPU's typical box, not a count read from a machine
+
+
+# Totals are what cudaGetDeviceProperties (and so torch) reports, as printed by CUDA's deviceQuery
+# on these cards; all sit below the size on the box. `cpu_count` is a typical rented single-GPU
+# box; `assume_device(name, cpu_count=...)` replaces it.
+KNOWN_GPUS: dict[str, DeviceInfo] = {
+    "A100-80GB": DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", 84_987_740_160, (8, 0), True, 8),
+    "A100-40GB": DeviceInfo("cuda", "NVIDIA A100-SXM4-40GB", 42_298_834_944, (8, 0), True, 8),
+    "H100-80GB": DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 85_045_477_376, (9, 0), True, 8),
+    "L4": DeviceInfo("cuda", "NVIDIA L4", 23_612_293_120, (8, 9), True, 8),
+    "V100-16GB": DeviceInfo("cuda", "Tesla V100-SXM2-16GB", 16_945_512_448, (7, 0), False, 8),
+    "V100-32GB": DeviceInfo("cuda", "Tesla V100-SXM2-32GB", 34_089_730_048, (7, 0), False, 8),
+    "T4": DeviceInfo("cuda", "Tesla T4", 15_843_721_216, (7, 5), False, 8),
+    # The cards most fine-tuning runs on. Their totals are nvidia-smi's (MiB x 2^20), a little above
+    # what torch reports; the plan aims at 0.85 of it, so the difference stays inside the margin.
+    "RTX-4090": DeviceInfo("cuda", "NVIDIA GeForce RTX 4090", 24_564 * 2**20, (8, 9), True, 8),
+    "RTX-3090": DeviceInfo("cuda", "NVIDIA GeForce RTX 3090", 24_576 * 2**20, (8, 6), True, 8),
+    "A10G": DeviceInfo("cuda", "NVIDIA A10G", 23_028 * 2**20, (8, 6), True, 8),
+    "L40S": DeviceInfo("cuda", "NVIDIA L40S", 46_068 * 2**20, (8, 9), True, 8),
+    "RTX-A6000": DeviceInfo("cuda", "NVIDIA RTX A6000", 49_140 * 2**20, (8, 6), True, 8),
+}
+
+# `--assume 24GiB@8.9`: any GPU, by what the plan is made of (reported memory, compute capability).
+_SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB)\s*@\s*(?:cc\s*)?(\d+)\.(\d)\s*$", re.IGNORECASE)
+
+
+def _normal(name: str) -> str:
+    """`rtx 4090`, `RTX_4090` and `RTX-4090` name the same card."""
+    return re.sub(r"[\s_-]+", "-", name.strip().lower())
+
+
+def device_from_spec(spec: str) -> DeviceInfo | None:
+    """A GPU described by memory and compute capability (`24GiB@8.9`, `48GB@8.6`); None if not such a spec."""
+    match = _SPEC.match(spec)
+    if match is None:
+        return None
+    amount, unit, major, minor = match.groups()
+    total = int(float(amount) * (2**30 if unit.lower() == "gib" else 10**9))
+    capability = (int(major), int(minor))
+    return DeviceInfo("cuda", f"GPU with {amount} {unit}, compute capability {major}.{minor}", total,
+                      capability, capability >= (8, 0), 8)
+
+
+def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
+    """The KNOWN_GPUS entry for `name` (case, spaces and dashes ignored) or a `MEM@CC` spec, for
+    `--assume` and the docs table. The plan depends only on the memory and compute capability."""
+    by_name = {_normal(key): key for key in KNOWN_GPUS}
+    key = by_name.get(_normal(name))
+    found = KNOWN_GPUS[key] if key is not None else device_from_spec(name)
+    if found is None:
+        raise UserError(f"--assume: unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)}; or describe it as "
+                        "MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
+    device = dataclasses.replace(found, cpu_count_assumed=cpu_count is None)
+    if cpu_count is not None:
+        device.cpu_count = cpu_count
+    return device
+
+
+def _usable_cpu_count() -> int:
+    """Cores this process may run on (a container or `taskset` may allow fewer than the machine has)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _system_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def detect_device(local_rank: int = 0) -> DeviceInfo:
+    """The CUDA device `local_rank` when CUDA is available, else this machine's CPU."""
+    cpu_count = _usable_cpu_count()
+    if not torch.cuda.is_available():
+        return DeviceInfo("cpu", "cpu", _system_memory(), (0, 0), False, cpu_count)
+    visible = torch.cuda.device_count()
+    if not 0 <= local_rank < visible:
+        raise UserError(f"LOCAL_RANK {local_rank} but {visible} CUDA device(s) are visible; "
+                        "check CUDA_VISIBLE_DEVICES and --nproc-per-node")
+    props = torch.cuda.get_device_properties(local_rank)
+    capability = (props.major, props.minor)
+    # Not torch.cuda.is_bf16_supported(): by default it also says True where bf16 is only emulated
+    # (a V100), which runs far slower than fp16 there.
+    return DeviceInfo("cuda", props.name, props.total_memory, capability, capability >= (8, 0), cpu_count)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class HardwarePlan:
+    """What the trainer runs with, and one sentence per choice saying why."""
+
+    device: str  # "cuda" | "cpu"
+    device_name: str
+    precision: str  # "bf16" | "fp16" | "fp32"
+    amp_dtype: str | None  # "bfloat16" | "float16" | None
+    use_grad_scaler: bool
+    tf32: bool
+    micro_batch: int
+    grad_accumulation: int
+    effective_batch: int  # micro_batch * grad_accumulation * world_size
+    world_size: int
+    num_workers: int
+    memory_share: float
+    estimated_bytes: int
+    budget_bytes: int
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HardwarePlan:
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        missing = [name for name in names if name not in data]
+        if unknown or missing:
+            raise UserError(f"hardware plan: unknown key(s) {unknown}, missing key(s) {missing}; "
+                            "the checkpoint was written by another version")
+        return cls(**{**data, "reasons": list(data["reasons"])})
+
+    def describe(self) -> str:
+        head = (f"{self.device_name} ({self.device}): {self.precision}, micro-batch {self.micro_batch} x "
+                f"accumulation {self.grad_accumulation} x {self.world_size} process(es) = effective batch "
+                f"{self.effective_batch}, {self.num_workers} data worker(s)")
+        return "\n".join([head, *(f"  - {reason}" for reason in self.reasons)])
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _cc(device: DeviceInfo) -> str:
+    return f"{device.capability[0]}.{device.capability[1]}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choose_precision(device: DeviceInfo, amp: bool | None) -> tuple[str, str]:
+    if device.kind == "cpu":
+        if amp:
+            return "fp32", ("--amp ignored: CPU trains in fp32 (CPU autocast is slow on most CPUs and "
+                            "would give up bit-exact resume).")
+        return "fp32", "fp32: CPU trains in full precision."
+    if amp is False:
+        return "fp32", "fp32: --no-amp asked for full precision (no autocast, no GradScaler)."
+    cc = _cc(device)
+    if device.bf16:
+        return "bf16", f"bf16 autocast: compute capability {cc} has bfloat16, so no GradScaler is needed."
+    return "fp16", (f"fp16 autocast with a GradScaler: compute capability {cc} has no native bfloat16 "
+                    "(needs 8.0), and fp16 gradients need loss scaling not to underflow.")
+
+
+def _tf32(device: DeviceInfo) -> tuple[bool, str]:
+    if device.kind == "cuda" and device.capability >= (8, 0):
+        return True, ("TF32 matmuls on: Ampere or newer (compute capability >= 8.0) runs fp32 matmuls "
+                      "on tensor cores.")
+    return False, "TF32 off: it needs an Ampere or newer GPU (compute capability >= 8.0)."
+
+
+def _per_rank_batch(effective_batch: int, world_size: int) -> tuple[int, list[str]]:
+    """Samples each process contributes per optimizer step."""
+    if effective_batch % world_size == 0:
+        return effective_batch // world_size, []
+    per_rank = math.ceil(effective_batch / world_size)
+    return per_rank, [f"Effective batch {effective_batch} does not split over {world_size} processes; "
+                      f"using {per_rank} per process ({per_rank * world_size} per step)."]
+
+
+def _auto_gpu_micro_batch(per_rank: int, estimate: Callable[[int], int], budget: int) -> tuple[int, str]:
+    """Largest divisor of the per-process batch whose estimate fits the budget; 1 when none does."""
+    divisors = _divisors(per_rank)
+    fitting = [d for d in divisors if estimate(d) <= budget]
+    if not fitting:
+        return 1, "Micro-batch 1: even one sample of maximum length is over the budget."
+    micro = fitting[-1]
+    larger = [d for d in divisors if d > micro]
+    if not larger:
+        return micro, f"Micro-batch {micro}: the whole per-process batch {per_rank} fits."
+    return micro, (f"Micro-batch {micro}: the largest divisor of the per-process batch {per_rank} that fits; "
+                   f"the next one, {larger[0]}, would need {_gib(estimate(larger[0]))}.")
+
+
+def _choose_batches(device: DeviceInfo, per_rank: int, batch_size: int, grad_accumulation: int,
+                    estimate: Callable[[int], int], budget: int) -> tuple[int, int, str]:
+    """(micro_batch, grad_accumulation, why). Explicit values win; 0 means choose."""
+    if batch_size and grad_accumulation:
+        return batch_size, grad_accumulation, "Micro-batch and accumulation as given."
+    if batch_size:
+        accum = max(1, math.ceil(per_rank / batch_size))
+        return batch_size, accum, (f"Micro-batch {batch_size} as given; accumulation {accum} to reach "
+                                   "the batch.")
+    if grad_accumulation:
+        micro = max(1, per_rank // grad_accumulation)
+        return micro, grad_accumulation, (f"Accumulation {grad_accumulation} as given; micro-batch {micro} "
+                                          "= per-process batch / accumulation.")
+    if device.kind == "cpu":
+        micro = max(d for d in _divisors(per_rank) if d <= CPU_MICRO_BATCH_CAP)
+        return micro, per_rank // micro, (f"Micro-batch {micro}: on CPU the largest divisor of the "
+                                          f"per-process batch {per_rank} up to {CPU_MICRO_BATCH_CAP}, "
+                                          "to keep a step short.")
+    micro, why = _auto_gpu_micro_batch(per_rank, estimate, budget)
+    return micro, per_rank // micro, why
+
+
+def _batch_sentence(micro: int, accum: int, world_size: int, effective: int, asked: int) -> str:
+    product = f"{micro} x {accum} accumulation x {world_size} process(es) = effective batch {effective}"
+    if effective == asked:
+        return f"Gradient accumulation {accum}: {product}, as asked (the same on any GPU)."
+    return f"Effective batch is NOT the one asked for: {product}, asked {asked}."
+
+
+def _params_phrase(counts: ParamCounts, scope: ScopeSettings, world_size: int) -> str:
+    state = "gradients and AdamW state" + (", DDP buckets" if world_size > 1 else "")
+    extra = state_bytes_per_trainable(world_size)
+    if scope.train_scope == "full":
+        return f"{counts.model:,} trained parameters at {WEIGHT_BYTES_PER_PARAM + extra} bytes for weights, {state}"
+    adapters = f" ({counts.adapters:,} of them LoRA adapters)" if counts.adapters else ""
+    return (f"train scope {scope.describe()}: {counts.model + counts.adapters:,} parameters at "
+            f"{WEIGHT_BYTES_PER_PARAM} bytes for weights, of which {counts.trainable:,} trainable{adapters} "
+            f"at {extra} more for {state}")
+
+
+def _memory_sentence(device: DeviceInfo, cfg: GPTConfig, micro: int, estimate: int, budget: int,
+                     share: float, precision: str, activation_checkpointing: bool, world_size: int,
+                     scope: ScopeSettings) -> str:
+    ckpt = "on" if activation_checkpointing else "off"
+    act = 4 if precision == "fp32" else 2
+    per_sample = activation_bytes_per_sample(cfg, act, activation_checkpointing, scope)
+    text = (f"Memory budget {_gib(budget)} = {share:g} of {_gib(device.total_memory)}; estimate for "
+            f"micro-batch {micro} at the longest sample ({max_sequence_positions(cfg)} positions), "
+            f"activation checkpointing {ckpt}: {_gib(estimate)} "
+            f"({_params_phrase(param_counts(cfg, scope), scope, world_size)}, a "
+            f"{_gib(CUDA_RESERVE_BYTES)} reserve, {_gib(per_sample)} per sample).")
+    if estimate <= budget:
+        return text
+    advice = ("set train.activation_checkpointing: true" if not activation_checkpointing
+              else "lower the micro-batch or gpt.max_mel_tokens, or use a GPU with more memory")
+    return f"{text} OVER the budget: it may run out of memory; {advice}."
+
+
+def _choose_workers(cpu_count: int, world_size: int, requested: int, kind: str) -> tuple[int, str]:
+    if requested:
+        return requested, f"{requested} data worker(s) as given."
+    if kind == "cpu":
+        # Training on the CPU, the model's own threads use every core: a loader process would only
+        # take cores from the compute (bench_trainer on 2 cores: 17% slower with 1 worker), so load in
+        # the main process.
+        return 0, "0 data workers: training on the CPU, whose cores the model's threads already use."
+    # Assumes every process shares this machine's cores: never oversubscribes, at worst leaves
+    # cores idle on a multi-node run.
+    cores = max(1, cpu_count // world_size)
+    workers = min(MAX_AUTO_WORKERS, cores - 1)
+    return workers, (f"{workers} data worker(s): {cores} CPU core(s) per process, one left for the main "
+                     f"process, at most {MAX_AUTO_WORKERS}.")
+
+
+def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int, num_workers: int,
+                  world_size: int, memory_share: float) -> None:
+    if effective_batch < 1:
+        raise UserError(f"train.effective_batch_size must be >= 1, got {effective_batch}")
+    for flag, value in (("--batch-size", batch_size), ("--grad-accumulation", grad_accumulation),
+                        ("--num-workers", num_workers)):
+        if value < 0:
+            raise UserError(f"{flag} must be >= 0 (0 = auto), got {value}")
+    if world_size < 1:
+        raise UserError(f"WORLD_SIZE must be >= 1, got {world_size}")
+    if not 0.0 < memory_share <= 1.0:
+        raise UserError(f"memory share must be in (0, 1], got {memory_share}")
+
+
+def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int, batch_size: int = 0,
+                grad_accumulation: int = 0, num_workers: int = 0, amp: bool | None = None,
+                activation_checkpointing: bool = False, world_size: int = 1,
+                memory_share: float = DEFAULT_MEMORY_SHARE, scope: ScopeSettings = FULL_SCOPE) -> HardwarePlan:
+    """What to run with on `device`. 0 for batch_size/grad_accumulation/num_workers means auto.
+
+    `scope` (--train-scope) decides which tensors carry gradients and AdamW state in the estimate.
+    """
+    _check_inputs(effective_batch, batch_size, grad_accumulation, num_workers, world_size, memory_share)
+    cc = f", compute capability {_cc(device)}" if device.kind == "cuda" else ""
+    assumed = (" (assumed: a typical rented single-GPU box; the data workers follow the real count when "
+               "training)") if device.cpu_count_assumed else ""
+    reasons = [f"Device {device.name}: {_gib(device.total_memory)} reported{cc}, "
+               f"{device.cpu_count} CPU core(s){assumed}."]
+    precision, why = _choose_precision(device, amp)
+    reasons.append(why)
+    tf32, why = _tf32(device)
+    reasons.append(why)
+
+    budget = int(memory_share * device.total_memory)
+
+    def estimate(micro: int) -> int:
+        return estimate_memory(gpt_cfg, micro, precision=precision,
+                               activation_checkpointing=activation_checkpointing, world_size=world_size,
+                               scope=scope)
+
+    per_rank, notes = _per_rank_batch(effective_batch, world_size)
+    reasons += notes
+    micro, accum, why = _choose_batches(device, per_rank, batch_size, grad_accumulation, estimate, budget)
+    reasons.append(why)
+    effective = micro * accum * world_size
+    reasons.append(_batch_sentence(micro, accum, world_size, effective, effective_batch))
+    estimated = estimate(micro)
+    reasons.append(_memory_sentence(device, gpt_cfg, micro, estimated, budget, memory_share, precision,
+                                    activation_checkpointing, world_size, scope))
+    workers, why = _choose_workers(device.cpu_count, world_size, num_workers, device.kind)
+    reasons.append(why)
+    return HardwarePlan(
+        device=device.kind, device_name=device.name, precision=precision, amp_dtype=AMP_DTYPES[precision],
+        use_grad_scaler=precision == "fp16", tf32=tf32, micro_batch=micro, grad_accumulation=accum,
+        effective_batch=effective, world_size=world_size, num_workers=workers, memory_share=memory_share,
+        estimated_bytes=estimated, budget_bytes=budget, reasons=reasons,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Out of memory
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """True for a device out-of-memory error (the typed one, or an older RuntimeError saying so)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def halve_for_oom(plan: HardwarePlan, error: BaseException | None = None) -> HardwarePlan:
+    """The same plan at (at most) half the micro-batch, with the same effective batch.
+
+    The new micro-batch is the largest divisor of the per-process batch that is <= micro/2, so the
+    accumulation stays an integer. `estimated_bytes` is left as it was: the error just showed that
+    the estimate was too low for this machine, and the reasons say so. At micro-batch 1 there is
+    nothing left to halve: raises UserError (chained to `error` when given).
+    """
+    if plan.micro_batch <= 1:
+        cause = f" ({str(error).splitlines()[0]})" if error is not None and str(error) else ""
+        raise UserError(f"out of memory at micro-batch 1 on {plan.device_name}{cause}; set "
+                        "train.activation_checkpointing: true if it is off, lower gpt.max_mel_tokens, "
+                        "or use a GPU with more memory") from error
+    per_rank = plan.micro_batch * plan.grad_accumulation
+    micro = max(d for d in _divisors(per_rank) if d <= plan.micro_batch // 2)
+    reason = (f"Out of memory at micro-batch {plan.micro_batch} (estimated {_gib(plan.estimated_bytes)}, "
+              f"too low for this machine): now micro-batch {micro} x accumulation {per_rank // micro}, "
+              f"effective batch still {plan.effective_batch}.")
+    return dataclasses.replace(plan, micro_batch=micro, grad_accumulation=per_rank // micro,
+                               reasons=[*plan.reasons, reason])
+
+
+# ---------------------------------------------------------------------------------------------
+# The docs table
+
+
+TABLE_SCOPES = (ScopeSettings("full"), ScopeSettings("partial"), ScopeSettings("lora"))
+
+
+def gpu_table(gpt_cfg: GPTConfig, *, effective_batch: int = 64) -> str:
+    """Markdown: what auto mode picks on each KNOWN_GPUS entry, activation checkpointing off and on,
+    for each --train-scope at its default settings (partial: last 4 blocks; lora: rank 16, all targets)."""
+    rows = [
+        "| GPU | reports | precision | activation checkpointing | full: micro-batch x accumulation "
+        "| partial | lora | estimate full / partial / lora, budget |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, device in KNOWN_GPUS.items():
+        for ckpt in (False, True):
+            plans = [choose_plan(device, gpt_cfg, effective_batch=effective_batch, activation_checkpointing=ckpt,
+                                 scope=scope) for scope in TABLE_SCOPES]
+            cells = [f"{p.micro_batch} x {p.grad_accumulation}" + (" (over)" if p.estimated_bytes > p.budget_bytes
+                                                                    else "") for p in plans]
+            estimates = " / ".join(f"{p.estimated_bytes / GIB:.1f}" for p in plans)
+            plan = plans[0]
+            rows.append(
+                f"| {key} | {device.total_memory / GIB:.2f} GiB, cc {_cc(device)} "
+                f"| {plan.precision}{' + GradScaler' if plan.use_grad_scaler else ''} "
+                f"| {'on' if ckpt else 'off'} | {' | '.join(cells)} "
+                f"| {estimates}, {plan.budget_bytes / GIB:.1f} GiB |"
+            )
+    return "\n".join(rows) + "\n"

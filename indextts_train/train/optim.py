@@ -1,0 +1,161 @@
+"""The optimizer set: AdamW, its LR schedule and the fp16 gradient scaler, restored or reset together.
+
+Invariant 2 of the design: the three are one matched set. This module builds them, gives their
+checkpoint part (`state_dict`), and loads it back through every case a resume meets: the same run,
+a grown vocabulary (moments remapped by row), a repaired community checkpoint (moments matched by
+parameter name, or none at all), and flags that changed the learning rate or weight decay.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from indextts_train.config.constants import TEXT_ROW_KEYS
+from indextts_train.config.settings import TrainConfig
+from indextts_train.errors import UserError
+from indextts_train.text.vocab import VocabPlan, remap_optimizer_rows
+from indextts_train.train.accel import adamw_options
+from indextts_train.train.hardware import HardwarePlan
+from indextts_train.ui.console import RunLogger
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine to min_ratio at total_steps (LambdaLR multiplier)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_adamw(named: list[tuple[str, nn.Parameter]], train: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
+    """AdamW over `named` (the trainable tensors of the scope: frozen ones get no state); no weight
+    decay on biases, norms and the speed embedding (1-D or tiny tensors).
+
+    Returns the optimizer and the parameter names in optimizer order, which the checkpoint stores
+    so optimizer state can be remapped by name when the vocabulary grows. Fused on CUDA (accel.py):
+    the same state_dict format, so a checkpoint resumes across implementations.
+    """
+    decay, no_decay = [], []
+    for name, param in named:
+        (decay if param.dim() >= 2 and not name.startswith("speed_emb") else no_decay).append((name, param))
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": train.weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
+    device = named[0][1].device
+    optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps,
+                                  **adamw_options(device))
+    return optimizer, [n for n, _ in decay] + [n for n, _ in no_decay]
+
+
+def remap_optimizer_state(state: dict, names: list[str], growth: VocabPlan) -> dict:
+    """Optimizer state after vocab growth: resized tensors get remapped rows, the rest unchanged."""
+    for position, name in enumerate(names):
+        if name in TEXT_ROW_KEYS and position in state["state"]:
+            state["state"][position] = remap_optimizer_rows(state["state"][position], growth)
+    return state
+
+
+@dataclass
+class OptimizerSet:
+    """AdamW + LambdaLR + GradScaler; in a checkpoint: optimizer, optimizer_param_names, scheduler, scaler."""
+
+    optimizer: torch.optim.AdamW
+    param_names: list[str]
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+
+    @classmethod
+    def build(cls, named: list[tuple[str, nn.Parameter]], train: TrainConfig, plan: HardwarePlan,
+              total_steps: int) -> OptimizerSet:
+        optimizer, names = build_adamw(named, train)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, train.warmup_steps, total_steps, train.min_lr_ratio))
+        return cls(optimizer, names, scheduler, torch.amp.GradScaler("cuda", enabled=plan.use_grad_scaler))
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "optimizer_param_names": list(self.param_names),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None}
+
+    def load_from(self, ckpt: dict, path: Path, growth: VocabPlan, train: TrainConfig, total_steps: int,
+                  log: RunLogger) -> None:
+        """Load the checkpoint's set; `growth` (saved -> current text tokens) says how to remap grown rows."""
+        opt_state = self._saved_state(ckpt, path)
+        if opt_state is None:  # a repaired checkpoint whose optimizer could not be recovered
+            log.warn(f"{path} has no usable optimizer state (repaired): optimizer, scheduler and scaler "
+                     f"start fresh together at step {ckpt['progress']['step']}")
+            self.scheduler.last_epoch = ckpt["progress"]["step"]
+            self.apply_changed_settings({}, train, total_steps)
+        else:
+            if growth.new_ids:
+                opt_state = remap_optimizer_state(opt_state, self.param_names, growth)
+            self.optimizer.load_state_dict(opt_state)
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+            self.apply_changed_settings(ckpt["hparams"], train, total_steps)
+        self._load_scaler(ckpt.get("scaler"), log)
+
+    def _saved_state(self, ckpt: dict, path: Path) -> dict | None:
+        """The saved optimizer state in this optimizer's parameter order (None: none is usable).
+
+        Our own checkpoints match name for name. A repaired community checkpoint holds one group over
+        every parameter in weight order, so its moments are moved to our groups by parameter name.
+        """
+        saved_names, names = ckpt["optimizer_param_names"], self.param_names
+        if names == saved_names:
+            return ckpt["optimizer"]
+        if not ckpt.get("repaired"):
+            raise UserError(f"{path}: its optimizer was built for other parameters; resume with the config it was "
+                            "trained with, or start a new --output-dir with it as --base-checkpoint")
+        if ckpt["optimizer"] is None:
+            return None
+        position = {name: i for i, name in enumerate(saved_names)}
+        saved_state = ckpt["optimizer"]["state"]
+        state = self.optimizer.state_dict()
+        state["state"] = {j: saved_state[position[name]] for j, name in enumerate(names)
+                          if position.get(name) in saved_state}
+        return state
+
+    def apply_changed_settings(self, saved: dict, train: TrainConfig, total_steps: int) -> None:
+        """Loading optimizer/scheduler state brings back the old LR and weight decay; new flags win.
+
+        Untouched when nothing changed, so an ordinary resume stays bit-exact.
+        """
+        optimizer, scheduler = self.optimizer, self.scheduler
+        if saved.get("learning_rate") != train.learning_rate or saved.get("total_steps") != total_steps:
+            scheduler.base_lrs = [train.learning_rate for _ in optimizer.param_groups]
+            factor = scheduler.lr_lambdas[0](scheduler.last_epoch)  # the schedule of this run, at the saved step
+            for group in optimizer.param_groups:
+                group["lr"] = train.learning_rate * factor
+        if saved.get("weight_decay") != train.weight_decay:
+            optimizer.param_groups[0]["weight_decay"] = train.weight_decay
+
+    def _load_scaler(self, saved: dict | None, log: RunLogger) -> None:
+        if self.scaler.is_enabled() and saved:
+            self.scaler.load_state_dict(saved)
+        elif self.scaler.is_enabled():
+            log.warn("the checkpoint has no fp16 gradient-scaler state (it was trained without fp16); "
+                     "starting a fresh scaler")
+        elif saved:
+            log.info("the checkpoint's fp16 gradient-scaler state is not needed in this precision; dropped")
+
+    def vocab_change_block(self, growth: VocabPlan, *, reset: bool) -> str:
+        old_tokens, new_tokens, at, added = growth.base_tokens, growth.tokens, growth.growth_at, len(growth.new_ids)
+        moved = (f"rows {at}..{old_tokens} (special tokens and the extra row) moved up by {added}"
+                 if at < old_tokens else f"extra row moved {old_tokens} -> {new_tokens}")
+        lines = [f"vocabulary changed: {old_tokens} -> {new_tokens} text tokens "
+                 f"(text rows {old_tokens + 1} -> {new_tokens + 1})",
+                 f"  rows 0..{at - 1} kept; {moved}; {added} new rows initialised at {at}..{at + added - 1}"]
+        if reset:
+            lines.append("  --on-vocab-change reset: optimizer, scheduler and scaler reset together; "
+                         "step 0, warmup again, data from the start")
+        else:
+            lines.append(f"  optimizer state kept for {len(self.param_names) - len(TEXT_ROW_KEYS)} tensors and "
+                         f"remapped for {', '.join(TEXT_ROW_KEYS)} (old rows keep their moments, new rows start "
+                         "at zero); scheduler and scaler kept: training continues on its schedule")
+        return "\n".join(lines)

@@ -1,0 +1,204 @@
+"""One training run per output dir: an exclusive lock, and a preflight of the folder itself.
+
+Two runs writing one output dir would publish `model_step{N}.pth` files from different trajectories
+under the same names and rotate each other's checkpoints away. So a run holds an exclusive
+`fcntl.flock` on `OUTPUT_DIR/train.lock` for its whole life.
+
+Contract (the WebUI and scripts rely on it):
+
+- The lock is the flock, not the file. The kernel releases it when the holding process dies, however
+  it dies (`kill -9`, OOM killer), so a stale lock cannot exist and nobody ever needs to delete
+  `train.lock`; the file stays on disk after a run and is reused by the next one.
+- While a run holds it, the file holds one line of text: `pid=<PID> started=<ISO-8601 UTC time>`.
+  The text is written after the lock is taken, so a reader that sees the lock held and an empty
+  file has caught the instant between the two: treat it as "held, PID not known yet".
+- `holder_pid(output_dir)` tells whether the lock is held right now and by which PID (None when it
+  is free or the folder has no lock file). It takes no lock of its own beyond a probing, at once
+  released, shared flock, and never creates or writes anything: safe to call from any process,
+  any number of times.
+- Under torchrun only rank 0 holds the lock; it is the process to name.
+- Data-loader worker processes forked by the run close their inherited copy of the descriptor, so
+  a worker left behind by a killed parent does not keep the lock.
+
+flock is advisory and local: it does not protect an output dir shared over NFS by two machines.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from indextts_train.errors import UserError
+
+if TYPE_CHECKING:  # torch only for a run's claim: a process that only asks holder_pid() stays light
+    import torch
+
+    from indextts_train.train.distributed import DistInfo
+
+LOCK_NAME = "train.lock"
+
+_held_fds: set[int] = set()  # descriptors this process holds a run lock on (closed in forked children)
+
+
+def _close_in_child() -> None:
+    # A forked child shares the parent's open file description; closing the child's copy (never
+    # LOCK_UN, which would release the parent's lock) lets the lock die with the parent.
+    for fd in list(_held_fds):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+def _parse_pid(text: str) -> int | None:
+    for word in text.split():
+        if word.startswith("pid=") and word[4:].isdigit():
+            return int(word[4:])
+    return None
+
+
+def _read_holder(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def holder_pid(output_dir: str | Path) -> int | None:
+    """The PID holding OUTPUT_DIR's run lock right now, or None when no run holds it.
+
+    Returns -1 when the lock is held but the holder has not written its PID yet (a run starting).
+    """
+    path = Path(output_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            pid = _parse_pid(_read_holder(path))
+            return pid if pid is not None else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class RunLock:
+    """The exclusive run lock on one output dir; `acquire()` or raise UserError naming the holder."""
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.path = Path(output_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        # O_CREAT without O_TRUNC: the holder's text must survive our failed attempt.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UserError(f"{self.path}: cannot lock the output dir ({exc.strerror}); "
+                                "use an output dir on a local disk") from None
+            raise UserError(self._busy_message()) from None
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid={os.getpid()} started={started}\n".encode())
+        self._fd = fd
+        _held_fds.add(fd)
+        return self
+
+    def _busy_message(self) -> str:
+        text = _read_holder(self.path)
+        pid = _parse_pid(text)
+        if pid is None:
+            return (f"{self.path.parent} is in use by another training run that is just starting; wait "
+                    "for it, or choose another --output-dir")
+        started = text.split("started=", 1)[1] if "started=" in text else "unknown"
+        return (f"{self.path.parent} is in use by another training run (PID {pid}, started {started}); "
+                f"wait for it to finish, stop it (kill {pid}), or choose another --output-dir")
+
+    def release(self) -> None:
+        """Drop the lock (the file stays: it is reused, and holds no lock by itself)."""
+        if self._fd is None:
+            return
+        _held_fds.discard(self._fd)
+        try:
+            os.ftruncate(self._fd, 0)  # no PID left behind that a reader could take for a holder
+        except OSError:
+            pass
+        os.close(self._fd)  # closing the last descriptor releases the flock
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def preflight_output_dir(output_dir: str | Path) -> Path:
+    """Create OUTPUT_DIR if needed and prove it is a writable folder, before any work is done.
+
+    A file in its place, a file among its parents, a parent that cannot be created or a read-only
+    folder each end with one UserError line (exit 2) instead of a traceback minutes later.
+    """
+    path = Path(output_dir)
+    flag = f"--output-dir {path}"
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag}: is a file, not a folder; choose a folder path for the run")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UserError(f"{flag}: {blocking} is a file, so no folder can be made under it; choose another path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot create the folder ({exc.strerror or exc}); check the path and "
+                        "its permissions") from None
+    probe = path / f".write-test-{os.getpid()}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"ok")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot write there ({exc.strerror or exc}); choose a writable folder "
+                        "or free space") from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return path
+
+
+def claim_output_dir(output_dir: Path, dist_info: DistInfo, device: torch.device) -> RunLock | None:
+    """Preflight and lock OUTPUT_DIR on rank 0; every rank stops (exit 2) when rank 0 could not.
+
+    Returns the held lock on rank 0, None on the other ranks.
+    """
+    from indextts_train.train.distributed import any_rank
+
+    error, lock = None, None
+    if dist_info.is_main:
+        try:
+            preflight_output_dir(output_dir)
+            lock = RunLock(output_dir).acquire()
+        except UserError as exc:
+            error = exc
+    if any_rank(error is not None, dist_info, device):
+        raise error or UserError(f"rank 0 could not claim --output-dir {output_dir} (see its message)")
+    return lock

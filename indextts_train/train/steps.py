@@ -1,0 +1,184 @@
+"""One optimizer step and one validation pass, each with its CUDA out-of-memory handling.
+
+An OOM in a step clears the gradients and surfaces as `OutOfMemory`, so the loop can halve the
+micro-batch and retry the same samples; validation retries by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from indextts_train.data.manifest import make_loader
+from indextts_train.data.sampling import ResumableBatchSampler
+from indextts_train.errors import UserError
+from indextts_train.files.faults import crash_point, nan_loss_at
+from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
+from indextts_train.train.distributed import all_reduce_sum, any_rank
+from indextts_train.train.guard import collate_skipping
+from indextts_train.train.hardware import halve_for_oom, is_oom_error
+from indextts_train.train.validation import evaluate_groups
+
+if TYPE_CHECKING:
+    from indextts_train.train.setup import Run
+
+
+class LossModule(nn.Module):
+    """DDP only syncs gradients through `forward`, so the loss computation is the forward here.
+
+    It owns the LoRA adapters too (when the scope has them), so DDP syncs their gradients.
+    """
+
+    def __init__(self, model: UnifiedVoiceGPT, adapters: nn.Module | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.adapters = adapters
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        out = self.model.compute_losses(batch)
+        return (out.text_loss, out.mel_loss, out.text_ce_sum, out.text_count, out.mel_ce_sum,
+                out.mel_count, out.mel_correct)
+
+
+class OutOfMemory(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+StepBatches = list[tuple[Batch | None, list[str]]]  # per micro-batch: its good samples, the bad ones' reasons
+
+
+def micro_batches(run: Run) -> Iterator[tuple[Batch | None, list[str]]]:
+    """This rank's micro-batches from the current sample of the epoch onward.
+
+    Rebuilt only at an epoch change, a resume or an OOM retry; slicing the epoch order at
+    `samples_in_epoch` is what makes a resume cost nothing and an OOM retry see the same samples.
+    """
+    plan, progress = run.plan, run.progress
+    sampler = ResumableBatchSampler(
+        run.epoch_order(progress.epoch), micro_batch=plan.micro_batch, start_sample=progress.samples_in_epoch,
+        world_size=plan.world_size, rank=run.dist.rank)
+    return iter(make_loader(run.dataset, sampler, plan.num_workers, run.device.type == "cuda",
+                            collate_fn=collate_skipping))
+
+
+def step_is_finite(loss: torch.Tensor, grad_norm: torch.Tensor, *, scaled: bool) -> bool:
+    """Whether the divergence guard lets this step update the weights (guard.py): its loss and gradient
+    norm are finite. The guard's one read of the device per step (never per micro-batch).
+
+    With the fp16 gradient scaler (`scaled`) a gradient that overflowed under a finite loss is the
+    scaler's ordinary skip (it lowers its scale and `scaler.step` updates nothing), not a divergence.
+    """
+    grads_ok = torch.isfinite(grad_norm) | scaled
+    return bool((torch.isfinite(loss) & grads_ok).item())
+
+
+def fetch_step(run: Run, batches: Iterator[tuple[Batch | None, list[str]]]) -> StepBatches | UserError:
+    """The step's micro-batches, all loaded before any compute, or the UserError of a bad sample.
+
+    Loading first means a bad sample costs no half-done step, and every rank learns of it at the
+    same step (a rank that stopped alone would leave the others waiting in an all-reduce).
+    """
+    error = None
+    try:
+        step_batches = [next(batches) for _ in range(run.plan.grad_accumulation)]
+        if run.dist.enabled and any(batch is None for batch, _ in step_batches):
+            raise UserError("every sample of a micro-batch failed to load, which --skip-bad-lines cannot "
+                            "skip with several processes: " + step_batches[0][1][0])
+    except UserError as exc:
+        error = exc
+    if any_rank(error is not None, run.dist, run.device):
+        return error or UserError("another rank found a bad sample (see its message)")
+    return step_batches
+
+
+def _accumulate(run: Run, step_batches: StepBatches, step: int) -> torch.Tensor:
+    """Forward and backward over the step's micro-batches.
+
+    Returns the logged sums (6,) float64 *on the device*: total loss, text_ce, text_count, mel_ce,
+    mel_count, mel_correct. Nothing here waits for the device: a `.item()` per micro-batch would
+    stop the CPU from queueing the next kernels until the GPU caught up.
+    """
+    accumulation, wrapped, autocast = run.plan.grad_accumulation, run.wrapped, run.autocast
+    non_blocking = run.device.type == "cuda"  # batches come from pinned memory there
+    sums = torch.zeros(6, dtype=torch.float64, device=run.device)
+    for micro, (batch, _) in enumerate(step_batches):
+        if batch is None:  # every sample of it failed to load (--skip-bad-lines, one process)
+            continue
+        # DDP: all-reduce gradients only on the last micro-batch of the step.
+        last = micro == accumulation - 1
+        sync = contextlib.nullcontext() if last or not run.dist.enabled else wrapped.no_sync()
+        with sync:
+            with autocast():
+                text_loss, mel_loss, *counts = wrapped(batch.to(run.device, non_blocking=non_blocking))
+                loss = run.config.train.loss(text_loss, mel_loss)
+                if nan_loss_at(step):
+                    loss = loss * float("nan")
+            run.optim.scaler.scale(loss / accumulation).backward()
+        crash_point("accumulation", step)
+        sums += torch.stack([loss.detach().double() / accumulation, *(c.detach().double() for c in counts)])
+    return sums
+
+
+def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torch.Tensor, bool]:
+    """One optimizer step over the step's micro-batches.
+
+    Returns [loss, text_loss, mel_loss, mel_top1, grad_norm] for logging as a (5,) float64 tensor on
+    the device (the loop reads it once per log interval, and once per step for a terminal's live
+    line), and whether the step was applied: a step whose loss or gradient norm is not finite
+    changes no weight and no optimizer moment (the scheduler still advances with the step count).
+    A CUDA OOM surfaces as `OutOfMemory` with the gradients cleared, so the caller can retry the
+    same samples.
+    """
+    optim = run.optim
+    try:
+        sums = _accumulate(run, step_batches, step)
+    except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
+        if not is_oom_error(exc):
+            raise
+        optim.optimizer.zero_grad(set_to_none=True)
+        if run.device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise OutOfMemory(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    for _, skipped in step_batches:  # counted once the step went through (an OOM retry loads them again)
+        run.data.add_skipped(skipped)
+    run.freezer.mask_grads()  # frozen rows: no update, and no weight in the clipping norm
+    optim.scaler.unscale_(optim.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in run.weights.trainable()], run.config.train.grad_clip)
+    finite = not any_rank(not step_is_finite(sums[0], grad_norm, scaled=optim.scaler.is_enabled()), run.dist,
+                          run.device)
+    if finite:
+        optim.scaler.step(optim.optimizer)
+        run.freezer.restore()  # undo AdamW's decoupled decay and stale momentum on the frozen rows
+    optim.scaler.update()  # fp16: a skipped step lowers the scale, as the scaler's own skip would
+    optim.scheduler.step()
+    optim.optimizer.zero_grad(set_to_none=True)
+    if run.dist.enabled:  # log the whole effective batch, not rank 0's share
+        sums[0] /= run.dist.world_size
+        all_reduce_sum(sums, run.dist)
+    total, text_ce, text_n, mel_ce, mel_n, mel_ok = sums
+    metrics = torch.stack([total, text_ce / text_n.clamp(min=1.0), mel_ce / mel_n.clamp(min=1.0),
+                           mel_ok / mel_n.clamp(min=1.0), grad_norm.detach().to(sums.device, torch.float64)])
+    return metrics, finite
+
+
+def validate(run: Run) -> dict:
+    """Validation per group (validation.py) over this rank's shard, in manifest order: {"total", "groups"}.
+
+    An OOM halves the micro-batch and retries.
+    """
+    while True:
+        try:
+            return evaluate_groups(run.model, run.val.dataset, run.val.groups, batch_size=run.plan.micro_batch,
+                                   config=run.config, device=run.device, num_workers=run.plan.num_workers,
+                                   dist_info=run.dist, autocast=run.autocast)
+        except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
+            if not is_oom_error(exc):
+                raise
+            run.plan = halve_for_oom(run.plan, exc)
+            run.log.warn(f"CUDA out of memory in validation; retrying with micro-batch {run.plan.micro_batch}")

@@ -1,0 +1,200 @@
+"""`indextts-train export`: train with a grown vocabulary, export, and load with IndexTTS2's strict key set.
+
+The grown run is the tiny config at 150 text tokens fine-tuned from a 100-token base (base rows
+frozen, weight decay on), so the export must show: the official keys in release order and shapes for
+151 text rows, base rows and carried encoder tensors bit-identical to the base, a config.yaml that
+says number_text_tokens 150, and the same losses as the training checkpoint it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers import CheckpointReads
+from typer.testing import CliRunner
+
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.cli import app
+from indextts_train.config.settings import load_config
+from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.model.layout import official_shapes, split_state_dict
+from indextts_train.train.loop import TrainOptions, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
+TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
+
+
+def cli(*args: object):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def grown_run(tiny_data, tmp_path_factory) -> dict:
+    """2 steps at 150 text tokens from the 100-token base, weight decay 0.5 on: frozen rows must not move."""
+    folder = tmp_path_factory.mktemp("grown")
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    config["gpt"]["number_text_tokens"] = 150
+    config_path = folder / "grown.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    out = folder / "run"
+    code = train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=config_path,
+                              base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
+                              effective_batch_size=4, num_workers=0, max_steps=2, epochs=10,
+                              weight_decay=0.5, tensorboard=False))
+    assert code == 0
+    return {"checkpoint": out / "latest.pth", "run": out, "config": config_path, "base": tiny_data["base"],
+            "val": tiny_data["val"]}
+
+
+@pytest.fixture(scope="module")
+def exported(grown_run, tmp_path_factory) -> dict:
+    """The export made by the real entry point, with --config-out."""
+    folder = tmp_path_factory.mktemp("export")
+    before = snapshot(grown_run["run"])
+    gpt, config = folder / "gpt.pth", folder / "config.yaml"
+    proc = subprocess.run([sys.executable, "-m", "indextts_train", "export", str(grown_run["checkpoint"]),
+                           "-o", str(gpt), "--config-out", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert snapshot(grown_run["run"]) == before  # the run is untouched
+    return {"gpt": gpt, "config": config, "stdout": proc.stdout}
+
+
+def test_export_has_the_official_keys_order_and_shapes(grown_run, exported) -> None:
+    step = load_checkpoint(grown_run["checkpoint"])["progress"]["step"]
+    lines = exported["stdout"].splitlines()
+    assert lines[0].startswith(f"exported {grown_run['checkpoint']} (step {step}")  # which step it exported
+    assert lines[1:] == [
+        f"wrote {exported['gpt']}: 184 tensors, text rows 151 (number_text_tokens 150), float32",
+        f"wrote {exported['config']}"]
+    weights = torch.load(exported["gpt"], map_location="cpu", weights_only=True)
+    shapes = official_shapes(load_config(grown_run["config"]).gpt)
+    assert list(weights) == list(shapes)  # the release key order, nothing more, nothing less
+    assert {k: tuple(v.shape) for k, v in weights.items()} == shapes
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    assert weights["text_embedding.weight"].shape[0] == 151
+    # The shipped config builds a model that takes these weights strictly, as IndexTTS2's loader does.
+    shipped = load_config(exported["config"]).gpt
+    assert official_shapes(shipped) == shapes
+    trained, _carried = split_state_dict(weights, shipped)
+    UnifiedVoiceGPT(shipped, dropout=0.0).load_state_dict(trained, strict=True)
+
+
+def test_export_config_names_the_grown_vocabulary(exported) -> None:
+    config = yaml.safe_load(exported["config"].read_text())
+    assert config["gpt"]["number_text_tokens"] == 150
+    assert config["dataset"]["bpe_model"] == "bpe.model"
+    assert config["gpt_checkpoint"] == "gpt.pth"
+    assert "train" not in config  # our own section is not IndexTTS2's
+
+
+def test_export_keeps_frozen_and_carried_tensors_bit_for_bit(grown_run, exported) -> None:
+    base = torch.load(grown_run["base"], weights_only=True)
+    weights = torch.load(exported["gpt"], weights_only=True)
+    checkpoint = load_checkpoint(grown_run["checkpoint"])["model"]
+    for key in TEXT_KEYS:
+        assert torch.equal(weights[key][:100], base[key][:100]), key  # base ids, frozen
+        assert torch.equal(weights[key][150], base[key][100]), key  # the old extra row, moved to the end
+    trained, carried = split_state_dict(weights, load_config(grown_run["config"]).gpt)
+    assert carried and all(torch.equal(v, base[k]) for k, v in carried.items())
+    assert all(torch.equal(weights[k], checkpoint[k]) for k in weights)  # exactly the trained weights
+    assert not torch.equal(trained["gpt.h.0.attn.c_attn.weight"], base["gpt.h.0.attn.c_attn.weight"])
+
+
+def test_exported_gpt_pth_evaluates_like_the_checkpoint(grown_run, exported) -> None:
+    def losses(checkpoint: Path, config: Path) -> dict:
+        result = cli("evaluate", "--checkpoint", checkpoint, "--manifest", grown_run["val"],
+                     "--config", config, "--batch-size", 4, "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    ours = losses(grown_run["checkpoint"], grown_run["config"])
+    theirs = losses(exported["gpt"], exported["config"])
+    assert ours["text_tokens"] == theirs["text_tokens"] == 150
+    for key in ("text_loss", "mel_loss", "mel_top1", "loss"):
+        assert math.isclose(ours[key], theirs[key], abs_tol=1e-6), key
+
+
+def test_float16_export(grown_run, tmp_path) -> None:
+    out = tmp_path / "gpt16.pth"
+    result = cli("export", grown_run["checkpoint"], "-o", out, "--dtype", "float16")
+    assert result.exit_code == 0 and result.stdout.strip().endswith("float16")
+    weights = torch.load(out, weights_only=True)
+    checkpoint = load_checkpoint(grown_run["checkpoint"])["model"]
+    assert all(v.dtype == torch.float16 for v in weights.values())
+    assert all(torch.equal(v, checkpoint[k].half()) for k, v in weights.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt16.pth"]  # no config unless asked
+
+
+def test_export_into_an_indextts2_config_keeps_its_other_sections(grown_run, tmp_path) -> None:
+    base = yaml.safe_load((TINY / "config.yaml").read_text())
+    base["dataset"] = {"bpe_model": "bpe.model", "sample_rate": 24000, "squeeze": False}
+    base["s2mel"] = {"preprocess_params": {"sr": 22050, "spect_params": {"n_fft": 1024, "hop_length": 256}}}
+    base["semantic_codec"] = {"codebook_size": 8192, "hidden_size": 1024}
+    base["vocoder"] = {"type": "bigvgan", "name": "nvidia/bigvgan_v2_22khz_80band_256x"}
+    base_path = tmp_path / "config.yaml"
+    base_path.write_text(yaml.safe_dump(base, sort_keys=False))
+    before = base_path.read_bytes()
+    out, config_out = tmp_path / "out" / "gpt_am.pth", tmp_path / "out" / "config.yaml"
+    result = cli("export", grown_run["checkpoint"], "-o", out, "--config", base_path, "--config-out", config_out,
+                 "--tokenizer-name", "am_bpe.model")
+    assert result.exit_code == 0, result.output
+    assert base_path.read_bytes() == before
+    written = yaml.safe_load(config_out.read_text())
+    for section in ("s2mel", "semantic_codec", "vocoder"):
+        assert written[section] == base[section], section
+    assert written["dataset"] == {"bpe_model": "am_bpe.model", "sample_rate": 24000, "squeeze": False}
+    assert written["version"] == base["version"] and written["gpt_checkpoint"] == "gpt_am.pth"
+    assert written["gpt"] == {**base["gpt"], "number_text_tokens": 150}
+    assert list(torch.load(out, weights_only=True)) == list(official_shapes(load_config(config_out).gpt))
+
+
+def test_export_reads_the_checkpoint_once(grown_run, tmp_path, monkeypatch) -> None:
+    """A real checkpoint is several GB: one CRC pass and one load serve the checks, the stored config,
+    the weights, the borrowed-rows notes and the provenance line."""
+    reads = CheckpointReads(grown_run["checkpoint"]).install(monkeypatch)
+    result = cli("export", grown_run["checkpoint"], "-o", tmp_path / "gpt.pth", "--config-out",
+                 tmp_path / "config.yaml")
+    assert result.exit_code == 0, result.output
+    assert f"exported {grown_run['checkpoint']} (step 2" in result.stdout  # the provenance, from that read
+    assert (reads.loads, reads.crc_passes) == (1, 1)
+
+
+@pytest.mark.parametrize("case", ["onto the checkpoint", "onto its hard link", "config onto gpt.pth",
+                                  "missing checkpoint", "unknown dtype"])
+def test_export_refusals_change_nothing(grown_run, tmp_path, case) -> None:
+    run, checkpoint = grown_run["run"], grown_run["checkpoint"]
+    step_file = next(run.glob("model_step*.pth"))
+    assert os.path.samefile(step_file, checkpoint)  # latest.pth is a hard link of the newest step file
+    args, needles = {
+        "onto the checkpoint": ([checkpoint, "-o", checkpoint], ["refusing to overwrite an input"]),
+        "onto its hard link": ([checkpoint, "-o", step_file], [step_file.name, "refusing to overwrite an input"]),
+        "config onto gpt.pth": ([checkpoint, "-o", tmp_path / "g.pth", "--config-out", tmp_path / "g.pth"],
+                                ["--config-out and -o are the same file"]),
+        "missing checkpoint": ([run / "nope.pth", "-o", tmp_path / "g.pth"], ["nope.pth", "no such checkpoint"]),
+        "unknown dtype": ([checkpoint, "-o", tmp_path / "g.pth", "--dtype", "int8"], ["--dtype int8"]),
+    }[case]
+    before = snapshot(run)
+    result = cli("export", *args)
+    assert result.exit_code == 2 and result.stdout == "" and "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert all(needle in lines[0] for needle in needles), lines[0]
+    assert snapshot(run) == before
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,298 @@
+"""Checkpoint storage: atomic save, rotation, safe load, verify, resume selection, RNG."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import community_state, names, trained
+
+from indextts_train.checkpoint import files as ckpt
+from indextts_train.checkpoint.files import CheckpointError, CheckpointSaveError
+from indextts_train.checkpoint.state import History, capture_rng, restore_rng
+
+
+def make_state(step: int = 1) -> dict:
+    model, optimizer, scheduler = trained(step)
+    return {
+        "format": ckpt.FORMAT, "format_version": ckpt.FORMAT_VERSION,
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "optimizer_param_names": [n for n, _ in model.named_parameters()],
+        "scheduler": scheduler.state_dict(), "scaler": None,
+        "progress": {"step": step, "epoch": 0, "samples_in_epoch": 4 * step, "samples_total": 4 * step,
+                     "sampler_seed": 7, "micro_batch": 2, "grad_accumulation": 2, "world_size": 1,
+                     "bad_steps": 0, "bad_streak": 0, "bad_streak_start": 0},
+        "data": {"fingerprint": None, "skipped_loads": 0, "skipped_lines": []},
+        "rng": [capture_rng()],
+        "history": {**History().state_dict(), "train": [{"step": step, "loss": 1.5}]},
+        "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
+        "vocab_plan": {"base_tokens": 10, "tokens": 12, "freeze_base": True},
+        "hardware": {"device": "cpu"}, "created": "2025-01-01T00:00:00",
+    }
+
+
+def save_steps(output_dir: Path, steps: list[int], keep: int = 10) -> None:
+    for step in steps:
+        ckpt.save_checkpoint(make_state(step), output_dir, step, keep=keep)
+
+
+def largest_member_offset(path: Path) -> int:
+    """Byte offset of the middle of the largest tensor storage (zip members named .../data/N)."""
+    with zipfile.ZipFile(path) as archive:
+        info = max((m for m in archive.infolist() if "/data/" in m.filename), key=lambda m: m.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+
+
+# ----------------------------------------------------------------------------- save / load
+
+
+def test_round_trip_loads_with_weights_only(tmp_path: Path) -> None:
+    state = make_state(2)
+    path = ckpt.save_checkpoint(state, tmp_path, 2, keep=3)
+    assert path == tmp_path / "model_step2.pth"
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    assert loaded.keys() == state.keys()
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    assert loaded["progress"] == state["progress"]
+    assert ckpt.load_checkpoint(path)["scheduler"] == state["scheduler"]
+
+
+def test_latest_is_the_newest_complete_file(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1, 2, 3])
+    latest = tmp_path / "latest.pth"
+    assert latest.read_bytes() == (tmp_path / "model_step3.pth").read_bytes()
+    assert os.path.samefile(latest, tmp_path / "model_step3.pth")
+    assert ckpt.list_checkpoints(tmp_path)[-2:] == [tmp_path / "model_step3.pth", latest]
+
+
+def test_latest_falls_back_to_a_copy_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(src: os.PathLike, dst: os.PathLike) -> None:
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    monkeypatch.setattr(ckpt.os, "link", no_links)
+    save_steps(tmp_path, [1, 2], keep=1)
+    latest = tmp_path / "latest.pth"
+    assert not os.path.samefile(latest, tmp_path / "model_step2.pth")
+    assert latest.read_bytes() == (tmp_path / "model_step2.pth").read_bytes()
+    assert ckpt.verify_checkpoint(latest).status == "COMPLETE"
+
+
+def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1, 2, 3, 4, 5], keep=2)
+    assert names(tmp_path) == {"model_step4.pth", "model_step5.pth", "latest.pth"}
+
+
+def test_milestones_and_best_survive_rotation(tmp_path: Path) -> None:
+    for step in range(1, 8):
+        ckpt.save_checkpoint(make_state(step), tmp_path, step, keep=1, keep_every=3, best=step == 2)
+    assert names(tmp_path) == {"model_step3.pth", "model_step6.pth", "model_step7.pth", "latest.pth", "best.pth"}
+    assert torch.load(tmp_path / "best.pth", weights_only=True)["progress"]["step"] == 2
+    assert os.path.samefile(tmp_path / "latest.pth", tmp_path / "model_step7.pth")
+
+
+def test_rotation_never_deletes_what_latest_refers_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save_steps(tmp_path, [1], keep=1)
+    # latest.pth stays on step 1 (as when publishing it failed); rotation must still spare its target.
+    monkeypatch.setattr(ckpt, "publish", lambda *args: None)
+    save_steps(tmp_path, [2, 3], keep=1)
+    assert names(tmp_path) == {"model_step1.pth", "model_step3.pth", "latest.pth"}
+    assert os.path.samefile(tmp_path / "latest.pth", tmp_path / "model_step1.pth")
+
+
+def test_stale_temp_files_are_removed_by_the_next_save(tmp_path: Path) -> None:
+    for stale in (".model_step5.pth.tmp-99999", ".latest.pth.tmp-12345"):
+        (tmp_path / stale).write_bytes(b"half a checkpoint")
+    (tmp_path / ".model_step5.pth.tmp-notes").write_text("not ours")
+    (tmp_path / "notes.txt").write_text("user file")
+    save_steps(tmp_path, [1])
+    assert names(tmp_path) == {"model_step1.pth", "latest.pth", ".model_step5.pth.tmp-notes", "notes.txt"}
+
+
+def enospc_writer(state: dict, handle) -> None:
+    handle.write(b"PK\x03\x04 partial")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def enospc_inside_torch(state: dict, handle) -> None:
+    """torch.save reports a failed write as a RuntimeError raised while handling the OSError."""
+    handle.write(b"PK\x03\x04 partial")
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+
+@pytest.mark.parametrize("writer", [enospc_writer, enospc_inside_torch])
+def test_disk_full_leaves_previous_checkpoint_and_latest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          writer) -> None:
+    save_steps(tmp_path, [1])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    state = make_state(2)
+    monkeypatch.setattr(torch, "save", writer)  # the write itself fails, inside atomic_write
+    with pytest.raises(CheckpointSaveError) as info:
+        ckpt.save_checkpoint(state, tmp_path, 2, keep=3)
+    message = str(info.value)
+    assert "could not save checkpoint step 2" in message and "disk full" in message
+    assert "model_step1.pth is intact" in message and "\n" not in message
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file left either
+    assert ckpt.find_resume_checkpoint(tmp_path)[0] == tmp_path / "latest.pth"
+
+
+def test_save_refuses_a_state_weights_only_cannot_load(tmp_path: Path) -> None:
+    state = make_state(1)
+    state["history"]["train"].append({"loss": np.float32(1.0)})
+    with pytest.raises(ValueError, match=r"state\['history'\]\['train'\]\[1\]\['loss'\] is a numpy"):
+        ckpt.save_checkpoint(state, tmp_path, 1, keep=3)
+    assert not tmp_path.joinpath("model_step1.pth").exists()
+
+
+def test_save_refuses_a_state_missing_resume_keys(tmp_path: Path) -> None:
+    state = make_state(1)
+    del state["rng"]
+    with pytest.raises(ValueError, match="missing rng"):
+        ckpt.save_checkpoint(state, tmp_path, 1, keep=3)
+
+
+# ----------------------------------------------------------------------------- unsafe / damaged files
+
+
+class Payload:
+    """Unpickling this creates the marker file: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_malicious_pickle_is_refused_without_running_code(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.pth"
+    torch.save({"model": {"w": torch.zeros(2)}, "optimizer": Payload(marker)}, evil)
+    with pytest.raises(CheckpointError, match="contains pickled Python objects that could run code"):
+        ckpt.load_checkpoint(evil)
+    verdict = ckpt.verify_checkpoint(evil)
+    assert (verdict.status, verdict.exit_code) == ("INCOMPLETE", 2)
+    assert not marker.exists()
+    torch.load(evil, weights_only=False)  # control: the payload is live when unpickled unsafely
+    assert marker.exists()
+
+
+def test_truncated_latest_is_skipped_and_left_on_disk(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1, 2])
+    latest = tmp_path / "latest.pth"
+    data = latest.read_bytes()
+    for cut in (0, 1, 100, len(data) // 3, len(data) // 2, len(data) - 100, len(data) - 1):
+        replacement = tmp_path / "cut.tmp"
+        replacement.write_bytes(data[:cut])  # a non-atomic writer killed mid-write (new inode)
+        os.replace(replacement, latest)
+        chosen, skipped = ckpt.find_resume_checkpoint(tmp_path)
+        assert chosen == tmp_path / "model_step2.pth", cut
+        assert [p for p, _ in skipped] == [latest]
+        assert "INCOMPLETE" in skipped[0][1] and "\n" not in skipped[0][1]
+        assert latest.read_bytes() == data[:cut]
+        with pytest.raises(CheckpointError):
+            ckpt.load_checkpoint(latest)
+
+
+def test_truncated_in_place_skips_its_hard_link_too(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1, 2])
+    with open(tmp_path / "latest.pth", "r+b") as f:  # damage to the inode shared with model_step2.pth
+        f.truncate(f.seek(0, os.SEEK_END) // 2)
+    chosen, skipped = ckpt.find_resume_checkpoint(tmp_path)
+    assert chosen == tmp_path / "model_step1.pth"
+    assert [p.name for p, _ in skipped] == ["latest.pth", "model_step2.pth"]
+    assert skipped[1][1].startswith("same file as latest.pth")
+    assert names(tmp_path) == {"model_step1.pth", "model_step2.pth", "latest.pth"}
+
+
+def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1, 2], keep=3)
+    latest = tmp_path / "latest.pth"
+    flipped = bytearray(latest.read_bytes())
+    flipped[largest_member_offset(latest)] ^= 0xFF
+    replacement = tmp_path / "flip.tmp"
+    replacement.write_bytes(bytes(flipped))
+    os.replace(replacement, latest)
+    torch.load(latest, weights_only=True)  # control: torch alone loads the damaged tensor silently
+    chosen, skipped = ckpt.find_resume_checkpoint(tmp_path)
+    assert chosen == tmp_path / "model_step2.pth"
+    assert "CRC-32" in skipped[0][1]
+    assert latest.read_bytes() == bytes(flipped)
+
+
+def test_no_complete_checkpoint_means_none(tmp_path: Path) -> None:
+    (tmp_path / "model_step5.pth").write_bytes(b"garbage")
+    assert ckpt.find_resume_checkpoint(tmp_path)[0] is None
+    assert ckpt.find_resume_checkpoint(tmp_path / "missing") == (None, [])
+    assert (tmp_path / "model_step5.pth").read_bytes() == b"garbage"
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def test_verify_statuses_and_exit_codes(tmp_path: Path) -> None:
+    complete = ckpt.save_checkpoint(make_state(2), tmp_path / "run", 2, keep=3)
+    community = tmp_path / "community.pth"
+    torch.save(community_state(), community)
+    bare = tmp_path / "gpt.pth"
+    torch.save(trained(0)[0].state_dict(), bare)
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(os.urandom(4096))
+    got = {p.name: ckpt.verify_checkpoint(p) for p in (complete, community, bare, garbage)}
+    assert {n: (v.status, v.kind, v.exit_code) for n, v in got.items()} == {
+        "model_step2.pth": ("COMPLETE", "indextts-train", 0),
+        "community.pth": ("PARTIAL", "community", 1),
+        "gpt.pth": ("PARTIAL", "gpt.pth", 1),
+        "garbage.pth": ("INCOMPLETE", "unknown", 2),
+    }
+    summary = got["model_step2.pth"].to_dict()["summary"]
+    assert (summary["step"], summary["samples_in_epoch"], summary["precision"]) == (2, 8, "fp32")
+    assert summary["sizes"]["tensors"] == 6 and summary["sizes"]["params"] == 40 + 104 + 16 + 117
+    assert "lacks RNG states" in " ".join(got["community.pth"].reasons)
+    assert "--base-checkpoint" in got["gpt.pth"].reasons[0]
+
+
+def test_verify_names_what_a_resume_lacks(tmp_path: Path) -> None:
+    state = make_state(1)
+    del state["rng"]
+    state["progress"]["samples_in_epoch"] = -1
+    path = tmp_path / "old.pth"
+    torch.save(state, path)
+    verdict = ckpt.verify_checkpoint(path)
+    assert verdict.status == "PARTIAL" and verdict.reasons == ["missing rng (needed for an exact resume)"]
+    state["rng"] = [capture_rng()]
+    torch.save(state, path)
+    assert ckpt.verify_checkpoint(path).reasons == ["progress: samples_in_epoch missing or not a non-negative int"]
+
+
+# ----------------------------------------------------------------------------- RNG
+
+
+def draws() -> tuple:
+    return random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist(), np.random.randn()
+
+
+def test_rng_round_trip_through_a_weights_only_file(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.randn()  # leaves a cached gaussian in numpy's state
+    torch.save(capture_rng(), tmp_path / "rng.pth")
+    expected = draws()
+    state = torch.load(tmp_path / "rng.pth", weights_only=True)
+    restore_rng(state)
+    assert draws() == expected
+    with pytest.raises(CheckpointError, match="RNG state is malformed"):
+        restore_rng({**state, "numpy": {"bit_generator": "PCG64"}})

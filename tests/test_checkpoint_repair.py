@@ -1,0 +1,65 @@
+"""Repair of community and partial checkpoints: key mapping, optimizer matching, backups, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import community_state, names, trained
+
+from indextts_train.checkpoint.files import CheckpointError, load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.repair import repair_checkpoint
+
+
+def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "model_step3.pth"
+    source = community_state()
+    torch.save(source, path)
+    original = path.read_bytes()
+    written, notes = repair_checkpoint(path, config={"gpt": {}, "train": {"seed": 99}})
+    assert written == path
+    assert (tmp_path / "model_step3.pth.bak").read_bytes() == original
+    verdict = verify_checkpoint(path)
+    assert verdict.status == "COMPLETE" and "repaired from a community checkpoint" in verdict.reasons[0]
+    state = load_checkpoint(path)
+    model = trained(0)[0]
+    assert list(state["model"]) == list(model.state_dict())  # "module." stripped
+    assert state["optimizer_param_names"] == [n for n, _ in model.named_parameters()]  # buffer excluded
+    assert torch.equal(state["optimizer"]["state"][1]["exp_avg_sq"], source["optimizer"]["state"][1]["exp_avg_sq"])
+    assert state["progress"]["step"] == 3 and state["progress"]["epoch"] == 2
+    assert state["progress"]["samples_in_epoch"] == 0 and state["progress"]["sampler_seed"] == 99
+    assert {"rng", "progress.samples_in_epoch", "history"} <= set(state["repaired"]["unknown"])
+    assert "optimizer" not in state["repaired"]["unknown"]
+    assert state["vocab_plan"] == {"base_tokens": 12, "tokens": 12, "freeze_base": False, "insert_at": None}
+    assert any("restarts epoch 2" in n for n in notes)
+    repair_checkpoint(path)  # already COMPLETE: nothing written, no second backup
+    assert not (tmp_path / "model_step3.pth.bak.1").exists()
+
+
+def test_repair_drops_an_unmatched_optimizer_set_together(tmp_path: Path) -> None:
+    source = community_state()
+    source["optimizer"]["param_groups"][0]["params"].append(99)  # one parameter more than the weights
+    path, out = tmp_path / "community.pth", tmp_path / "repaired.pth"
+    torch.save(source, path)
+    original = path.read_bytes()
+    repair_checkpoint(path, out)
+    assert path.read_bytes() == original and not (tmp_path / "community.pth.bak").exists()
+    state = load_checkpoint(out)
+    assert verify_checkpoint(out).status == "COMPLETE"
+    assert (state["optimizer"], state["scheduler"], state["scaler"], state["optimizer_param_names"]) == (
+        None, None, None, [])
+    assert {"optimizer", "scheduler", "scaler"} <= set(state["repaired"]["unknown"])
+
+
+def test_repair_refuses_garbage_and_bare_weights(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"\x00" * 300)
+    with pytest.raises(CheckpointError, match="cannot repair"):
+        repair_checkpoint(garbage)
+    bare = tmp_path / "gpt.pth"
+    torch.save(trained(0)[0].state_dict(), bare)
+    with pytest.raises(CheckpointError, match="--base-checkpoint"):
+        repair_checkpoint(bare)
+    assert sorted(names(tmp_path)) == ["garbage.pth", "gpt.pth"]
+    assert garbage.read_bytes() == b"\x00" * 300

@@ -1,0 +1,100 @@
+"""config.py: IndexTTS2's own config.yaml is accepted as users have it; typos are refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainOptions, config_to_dict, load_config
+from indextts_train.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_CONFIG = ROOT / "tests" / "data" / "reference" / "tiny" / "config.yaml"
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_official_config_format_loads_with_float_perceiver_mult_and_other_sections(tmp_path) -> None:
+    data = yaml.safe_load(REFERENCE_CONFIG.read_text())
+    data["s2mel"] = {"anything": 1}  # IndexTTS2 sections we do not read are ignored
+    data["dataset"] = {"bpe_model": "bpe.model"}
+    config = load_config(write(tmp_path, data))
+    assert config.gpt.emo_condition_module.perceiver_mult == 0.02
+    assert config.gpt.text_rows == 101  # tokenizer size + the official extra row
+    assert config.train.text_loss_weight == 0.2 and config.train.mel_loss_weight == 0.8
+
+
+def test_shipped_configs_match_the_reference_sizes() -> None:
+    real, tiny = load_config(ROOT / "configs" / "indextts2.yaml"), load_config(ROOT / "configs" / "tiny.yaml")
+    assert (real.gpt.model_dim, real.gpt.layers, real.gpt.heads, real.gpt.number_text_tokens) == (1280, 24, 20, 12000)
+    assert config_to_dict(tiny)["gpt"] == yaml.safe_load(REFERENCE_CONFIG.read_text())["gpt"]
+
+
+@pytest.mark.parametrize(("section", "key"), [("gpt", "model_dimm"), ("train", "learning_rat")])
+def test_unknown_keys_are_refused_by_name(tmp_path, section, key) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data[section][key] = 1
+    with pytest.raises(UserError, match=rf"{section}: unknown key\(s\) {key}"):
+        load_config(write(tmp_path, data))
+
+
+def test_bad_files_give_one_clear_line(tmp_path) -> None:
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("gpt:\n  model_dim: [1,\n")
+    with pytest.raises(UserError, match=r"broken\.yaml line \d+: not valid YAML"):
+        load_config(broken)
+    with pytest.raises(UserError, match="no 'gpt:' section"):
+        load_config(write(tmp_path, {"train": {}}))
+    with pytest.raises(UserError, match="not divisible"):
+        load_config(write(tmp_path, {"gpt": {"model_dim": 65, "heads": 4}}))
+    with pytest.raises(UserError, match=r"train\.learning_rate \(--learning-rate\) must be > 0"):
+        load_config(write(tmp_path, {"gpt": {}, "train": {"learning_rate": 0}}))
+
+
+def test_misspelled_section_is_refused_and_official_sections_are_kept(tmp_path) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data["trian"] = data.pop("train")
+    with pytest.raises(UserError, match=r"unknown top-level key\(s\) trian; ours are gpt, train, version"):
+        load_config(write(tmp_path, data))
+    official = yaml.safe_load(REFERENCE_CONFIG.read_text())
+    official.update(OFFICIAL := dict.fromkeys(OFFICIAL_SECTIONS, {}))  # every IndexTTS2 section we do not read
+    assert set(OFFICIAL) >= {"dataset", "s2mel", "vocoder"}
+    assert load_config(write(tmp_path, official)).gpt.family == "indextts2"  # its `version: 2.0`
+    official["version"] = {}
+    with pytest.raises(UserError, match=r"version \{\} is not a known model family"):
+        load_config(write(tmp_path, official))
+
+
+@pytest.mark.parametrize(("section", "key", "value", "expected"), [
+    ("train", "epochs", "twenty", r"train\.epochs: expected int, got 'twenty'"),
+    ("train", "learning_rate", "fast", r"train\.learning_rate: expected float, got 'fast'"),
+    ("train", "freeze_base_vocab", "yes", r"train\.freeze_base_vocab: expected bool, got 'yes'"),
+    ("gpt", "layers", 2.5, r"gpt\.layers: expected int, got 2\.5"),
+])
+def test_wrong_types_name_the_key_and_the_expected_type(tmp_path, section, key, value, expected) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data[section][key] = value
+    with pytest.raises(UserError, match=expected) as info:
+        load_config(write(tmp_path, data))
+    assert "\n" not in str(info.value)
+
+
+def test_flags_override_the_train_section_and_are_revalidated() -> None:
+    options = TrainOptions(train_manifests=["t.jsonl"], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
+                           epochs=3, learning_rate=None)
+    assert options.overrides == {"epochs": 3}  # None: not given, the config decides
+    config = options.load_config()
+    assert config.train.epochs == 3 and config.train.learning_rate == 3e-3
+    with pytest.raises(TypeError, match="unknown option"):
+        TrainOptions(train_manifests=[], output_dir=Path("out"), epoch=3)
+    with pytest.raises(UserError, match=r"--log-interval\) must be > 0"):
+        TrainOptions(train_manifests=[], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
+                     log_interval=0).load_config()

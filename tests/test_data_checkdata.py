@@ -1,0 +1,152 @@
+"""check-data: every bad line found and named, the report's statistics, the clean manifest."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_data_manifest import DIM, GPT, TINY, read_lines, write_dataset, write_lines
+
+from indextts_train.data.checkdata import check_manifests, render_check_report, write_clean_manifest
+from indextts_train.data.manifest import ManifestDataset, ManifestIndex
+from indextts_train.errors import UserError
+
+
+def make_bad_lines(root: Path) -> tuple[Path, dict[int, str]]:
+    """A 12-line manifest whose lines 2..10 each have one kind of fault; line -> expected message.
+
+    Sample i (line i+1) has text_len 3 + i % 5 and code_len 4 + 3i % 7 (see write_dataset).
+    """
+    manifest = write_dataset(root, 12)
+    objs = read_lines(manifest)
+    lines = [json.dumps(obj) for obj in objs]
+    lines[1] = lines[1][:-3]
+    del objs[2]["target_text_len"]
+    lines[2] = json.dumps(objs[2])
+    (root / "arrays" / "emo3.npy").unlink()
+    np.save(root / "arrays" / "cond4.npy", np.zeros((32, DIM + 2), np.float32))
+    np.save(root / "arrays" / "text5.npy", np.array([2, 3, 50], np.int32))  # vocabulary is 50
+    np.save(root / "arrays" / "codes6.npy", np.array([1, 2, 40, 3, 4, 5, 6, 7], np.int32))  # 40 mel codes
+    lines[7] = json.dumps({**objs[7], "target_text_len": 8})  # its array holds 5 ids
+    lines[8] = json.dumps({**objs[8], "target_code_len": 31})
+    lines[9] = json.dumps({**objs[9], "prompt_speaker": "spk1", "target_speaker": "spk9"})
+    write_lines(manifest, lines)
+    return manifest, {
+        2: "not valid JSON",
+        3: "missing field(s) target_text_len",
+        4: "emo3.npy not found",
+        5: "has D=10 but gpt.model_dim is 8",
+        6: "holds id 50, outside [0, 50)",
+        7: "holds id 40, outside [0, 40)",
+        8: "has 5 ids but the manifest says 8",
+        9: "target_code_len 31 > gpt.max_mel_tokens 30",
+        10: "prompt and target speakers differ (speaker='spk1', prompt_speaker='spk1', target_speaker='spk9')",
+    }
+
+
+def test_check_manifests_finds_each_kind_of_bad_line(tmp_path: Path) -> None:
+    manifest, expected = make_bad_lines(tmp_path)
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    json.dumps(report)  # JSON-able
+    assert report["lines_bad"] == len(expected) == 9 and report["lines_ok"] == 3
+    assert report["bad_lines"] == [[str(manifest), line] for line in sorted(expected)]
+    for error, (line, message) in zip(report["errors"], sorted(expected.items()), strict=True):
+        assert error.startswith(f"{manifest}:{line}: ") and message in error, error
+    summary = render_check_report(report)
+    assert "9 BAD" in summary and f"{manifest}:10: prompt and target speakers differ" in summary
+
+
+def test_nonfinite_features_negative_ids_and_mel_specials_are_bad_lines(tmp_path: Path) -> None:
+    """Each of these reached the model silently before: NaN/Inf made every loss NaN, a negative id
+    was an IndexError traceback, a start/stop code inside a target taught the model to stop early."""
+    manifest = write_dataset(tmp_path, 6)
+    cond = np.load(tmp_path / "arrays" / "cond1.npy")
+    cond[3, 2] = np.nan
+    np.save(tmp_path / "arrays" / "cond1.npy", cond)
+    emo = np.load(tmp_path / "arrays" / "emo2.npy")
+    emo[0] = np.inf
+    np.save(tmp_path / "arrays" / "emo2.npy", emo)
+    np.save(tmp_path / "arrays" / "text3.npy", np.array([2, -1, 4, 5, 6, 7], np.int32))
+    np.save(tmp_path / "arrays" / "codes4.npy", np.array([1, 2, 38, 3, 4, 5, 6, 7, 8, 9], np.int32))
+    np.save(tmp_path / "arrays" / "codes5.npy", np.array([1, 39, 3, 4, 5, 6, 7, 8], np.int32)[:4 + 15 % 7])
+    expected = {2: "cond1.npy holds NaN or Inf", 3: "emo2.npy holds NaN or Inf", 4: "holds id -1, which is negative",
+                5: "start/stop mel token 38 at position 2", 6: "start/stop mel token 39 at position 1"}
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    assert report["bad_lines"] == [[str(manifest), line] for line in sorted(expected)]
+    for error, (line, message) in zip(report["errors"], sorted(expected.items()), strict=True):
+        assert error.startswith(f"{manifest}:{line}: ") and message in error, error
+    dataset = ManifestDataset(ManifestIndex.build([manifest]), model_dim=DIM)  # training loads the same way
+    for i in (1, 2):
+        with pytest.raises(UserError, match=rf"^{re.escape(str(manifest))}:{i + 1}: .*NaN or Inf"):
+            dataset[i]
+
+
+def test_check_manifests_refuses_an_empty_manifest(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"empty\.jsonl: manifest is empty"):
+        check_manifests([write_dataset(tmp_path, 2), tmp_path / "empty.jsonl"], gpt_cfg=GPT)
+
+
+def test_check_manifests_statistics_and_extended_share(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path, 6)
+    report = check_manifests([manifest], gpt_cfg=GPT, base_vocab=30)
+    assert (report["lines_ok"], report["lines_bad"], report["errors"]) == (6, 0, [])
+    texts = [np.load(tmp_path / "arrays" / f"text{i}.npy") for i in range(6)]
+    share = sum(int((t >= 30).sum()) for t in texts) / sum(len(t) for t in texts)
+    assert report["extended_token_share"] == pytest.approx(share) and 0 < share < 1
+    assert report["text_len"] == {"min": 3, "mean": 4.667, "p50": 4.5, "p95": 6.75, "max": 7}
+    assert report["code_len"]["max"] == 10
+    assert report["speakers"] == {"count": 2, "top": [("spk0", 3), ("spk1", 3)]}
+    assert report["languages"] == {"am": 6}
+    assert report["durations_s"] == {"target_duration": 9.0}
+    assert "extended-vocabulary tokens (id >= 30)" in render_check_report(report)
+    # vocab_size overrides the config's number_text_tokens
+    assert check_manifests([manifest], gpt_cfg=GPT, vocab_size=10)["lines_bad"] == 6
+
+
+def test_check_manifests_on_reference_data() -> None:
+    report = check_manifests([TINY / "pairs.jsonl"], base_vocab=100)
+    assert report["lines_ok"] == 3 and report["extended_token_share"] == 0.0
+    assert report["durations_s"] == {"prompt_duration": 9.0}
+
+
+def test_write_clean_manifest_elsewhere_reindexes_cleanly(tmp_path: Path) -> None:
+    manifest, expected = make_bad_lines(tmp_path / "data")
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    out = tmp_path / "clean" / "deeper" / "train_clean.jsonl"
+    out.parent.mkdir(parents=True)
+    assert write_clean_manifest(report, out) == 3
+    index = ManifestIndex.build([out], max_text_tokens=20, max_mel_tokens=30)
+    assert len(index) == 3 and index.skipped == 0
+    assert check_manifests([out], gpt_cfg=GPT)["lines_bad"] == 0
+    assert [ManifestDataset(index)[i]["text_len"] for i in range(3)] == [3, 3, 4]  # lines 1, 11, 12
+    assert read_lines(out)[0]["prompt_condition_path"] == "../../data/arrays/cond0.npy"
+
+
+def test_write_clean_manifest_in_same_folder_keeps_bytes(tmp_path: Path) -> None:
+    manifest, _ = make_bad_lines(tmp_path)
+    raw_lines = manifest.read_bytes().splitlines(keepends=True)
+    out = tmp_path / "clean.jsonl"
+    assert write_clean_manifest([manifest], out, gpt_cfg=GPT) == 3
+    assert out.read_bytes() == raw_lines[0] + raw_lines[10] + raw_lines[11]
+    with pytest.raises(UserError, match="is an input manifest"):
+        write_clean_manifest([manifest], manifest, gpt_cfg=GPT)
+
+
+def test_duplicate_ids_are_reported_with_both_lines(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path, 6)
+    lines = read_lines(manifest)
+    lines[4]["id"] = lines[1]["id"]  # line 5 reuses line 2's id
+    lines[5]["id"] = lines[1]["id"]  # and line 6 too
+    write_lines(manifest, lines)
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    assert report["lines_bad"] == 0 and report["duplicate_ids"] == 2  # a warning: the lines still train
+    first = f"{manifest}:2"
+    assert report["duplicates"] == [f"{manifest}:5: id {lines[1]['id']!r} is also the id of {first}",
+                                    f"{manifest}:6: id {lines[1]['id']!r} is also the id of {first}"]
+    text = render_check_report(report)
+    assert "duplicate ids (first 2 of 2" in text and f"is also the id of {first}" in text
+    assert check_manifests([manifest], gpt_cfg=GPT, max_lines=4)["duplicate_ids"] == 0  # only the head read

@@ -1,0 +1,100 @@
+"""The weights-only loader accepts plain numpy arrays (the community latest.pth) and nothing more."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from indextts_train.checkpoint import files as ckpt
+from indextts_train.checkpoint.files import CheckpointError
+from indextts_train.files.numpy_pickle import PLAIN_DTYPES, load_weights_only
+
+
+class Reduces:
+    """Pickles as `func(*args)` (then BUILD with `state` when given): how an attacker writes a pickle."""
+
+    def __init__(self, func, args: tuple, state=None) -> None:
+        self.func, self.args, self.state = func, args, state
+
+    def __reduce__(self):
+        return (self.func, self.args) if self.state is None else (self.func, self.args, self.state)
+
+
+def saved(tmp_path: Path, obj) -> Path:
+    path = tmp_path / "file.pth"
+    torch.save(obj, path)
+    return path
+
+
+def test_community_rng_state_loads_as_plain_values(tmp_path: Path) -> None:
+    numpy_state = np.random.RandomState(1234).get_state()  # ('MT19937', uint32 (624,), pos, has_gauss, gauss)
+    path = saved(tmp_path, {"rng_state": {"torch_cpu": torch.get_rng_state(), "numpy": numpy_state,
+                                          "python": random.Random(1234).getstate()},
+                            "pytorch_version": torch.__version__, "step": 3})
+    with pytest.raises(pickle.UnpicklingError):  # control: a plain weights-only load refuses this file
+        torch.load(path, weights_only=True)
+    loaded = load_weights_only(path)
+    key = loaded["rng_state"]["numpy"][1]
+    assert type(key) is np.ndarray and key.dtype == np.uint32 and key.flags.writeable
+    assert np.array_equal(key, numpy_state[1]) and loaded["rng_state"]["numpy"][2:] == numpy_state[2:]
+    assert type(loaded["pytorch_version"]) is str and loaded["pytorch_version"] == str(torch.__version__)
+    restored = np.random.RandomState()
+    restored.set_state(loaded["rng_state"]["numpy"])
+    assert restored.randint(0, 2**31, 8).tolist() == np.random.RandomState(1234).randint(0, 2**31, 8).tolist()
+
+
+def test_every_plain_dtype_byte_order_and_layout_round_trips(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for spec in sorted(PLAIN_DTYPES):
+        values = rng.integers(0, 100, size=(3, 4)).astype(spec)
+        arrays[spec] = values
+        arrays[f"{spec} fortran"] = np.asfortranarray(values)
+        arrays[f"{spec} swapped"] = values.astype(np.dtype(spec).newbyteorder(">" if spec not in ("b1", "i1", "u1")
+                                                                              else "|"))
+    loaded = load_weights_only(saved(tmp_path, arrays))
+    for name, array in arrays.items():
+        assert type(loaded[name]) is np.ndarray, name
+        assert loaded[name].dtype == array.dtype and loaded[name].shape == array.shape, name
+        assert np.array_equal(loaded[name], array), name
+
+
+def test_a_file_written_under_numpy_1_loads_too(tmp_path: Path) -> None:
+    # numpy 1.x pickles its arrays as numpy.core.multiarray._reconstruct (2.x: numpy._core...).
+    path = tmp_path / "legacy.pth"
+    key = np.random.RandomState(7).get_state()[1]
+    torch.save({"numpy": key}, path, _use_new_zipfile_serialization=False)  # one plain pickle stream
+    data = path.read_bytes()
+    assert b"numpy._core.multiarray" in data
+    path.write_bytes(data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray"))
+    loaded = load_weights_only(path)["numpy"]
+    assert type(loaded) is np.ndarray and loaded.dtype == np.uint32 and np.array_equal(loaded, key)
+
+
+@pytest.mark.parametrize("case", ["object array", "structured dtype", "datetime array", "object flags",
+                                  "ndarray called", "subclass", "short data"])
+def test_numpy_content_beyond_plain_arrays_is_refused(tmp_path: Path, case: str) -> None:
+    marker = tmp_path / "PWNED"
+    evil = {
+        "object array": lambda: np.array([1, Reduces(open, (str(marker), "w"))], dtype=object),
+        "structured dtype": lambda: np.zeros(2, dtype=[("a", "i4"), ("b", "f4")]),
+        "datetime array": lambda: np.zeros(2, dtype="M8[s]"),
+        # a uint32 dtype whose state claims it holds Python objects (flags 63)
+        "object flags": lambda: Reduces(np.dtype, ("u4", False, True), (3, "<", None, None, None, -1, -1, 63)),
+        "ndarray called": lambda: Reduces(np.ndarray, ((2,), "O")),
+        "subclass": lambda: np.ma.masked_array([1, 2], mask=[0, 1]),
+        "short data": lambda: Reduces(np.zeros(1).__reduce__()[0], (np.ndarray, (0,), b"b"),
+                                      (1, (4,), np.dtype("u4"), False, b"\0" * 8)),
+    }[case]()
+    path = saved(tmp_path, {"model": {"w": torch.zeros(2)}, "rng_state": {"numpy": evil}})
+    with pytest.raises(CheckpointError, match="refusing to load") as refused:
+        ckpt.load_checkpoint(path)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
+    verdict = ckpt.verify_checkpoint(path)
+    assert (verdict.status, verdict.exit_code) == ("INCOMPLETE", 2)
+    assert not marker.exists()
