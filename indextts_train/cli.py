@@ -29,7 +29,7 @@ except ImportError:
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Fine-tune the IndexTTS2 GPT with an extended tokenizer; kill it anytime, resume exactly.")
+                  help="Fine-tune the IndexTTS2 / IndexTTS-2.5 GPT with an extended tokenizer; kill it anytime, resume exactly.")
 
 
 def fail(message: str) -> None:
@@ -63,30 +63,41 @@ def say_text_path(normalizer_name: str, notes: list[str]) -> None:
 
 
 def _shown(value: Any) -> str:
+    """A default as the user would type it; an empty one (no list, no text) is 'not set'."""
     if isinstance(value, bool):
         return "on" if value else "off"
+    if value in ("", [], ()):
+        return "not set"
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+# The inputs a run cannot do without; not required by the parser, so that --from-run can supply them.
+REQUIRED_INPUTS = {"train_manifests": "--train-manifest", "output_dir": "--output-dir"}
 
 
 def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Parameter:
     """One `train-gpt` flag from a dataclass field: name, type, help and default all come from it."""
     meta = f.metadata
     decls = (meta["flag"],) if meta.get("flag") else ()
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"metavar": meta["metavar"]} if meta.get("metavar") else {}
     if meta.get("choices"):  # Typer shows and checks choices through an Enum type
         tp = Enum(f.name, {choice: choice for choice in meta["choices"]}, type=str)
     if from_config:  # None = not given: the config's train: section decides, else the field default
         info = typer.Option(*decls, help=f"{meta['help']} [default: train.{f.name} from --config, else "
-                                         f"{_shown(f.default)}]", show_default=False, **extra)
+                                         f"{_shown(_default_of(f))}]", show_default=False, **extra)
         return inspect.Parameter(f.name, KEYWORD, default=None, annotation=Annotated[tp | None, info])
-    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    default = inspect.Parameter.empty if required else (None if f.default is dataclasses.MISSING else f.default)
+    help_text = meta["help"]
+    if f.name in REQUIRED_INPUTS:
+        help_text += " [required, unless --from-run gives it]"
     if tp == list[str]:
-        extra["metavar"] = "PATH"
-    if f.default == DEFAULT_CONFIG:
-        extra["show_default"] = "configs/indextts2.yaml of this checkout"
-    info = typer.Option(*decls, help=meta["help"], **extra)
-    return inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[tp, info])
+        extra.setdefault("metavar", "PATH")
+    default = _default_of(f) if f.name not in REQUIRED_INPUTS else None
+    info = typer.Option(*decls, help=help_text, show_default=default not in (None, [], ()), **extra)
+    return inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[tp | None, info])
 
 
 def train_parameters() -> list[inspect.Parameter]:
@@ -94,25 +105,42 @@ def train_parameters() -> list[inspect.Parameter]:
     option_types, config_types = field_types(TrainOptions), field_types(TrainConfig)
     inputs = [_option(f, option_types[f.name], from_config=False)
               for f in dataclasses.fields(TrainOptions) if f.metadata.get("cli", True)]
-    return inputs + [_option(f, config_types[f.name], from_config=True) for f in train_flags()]
+    context = inspect.Parameter("ctx", KEYWORD, annotation=typer.Context)  # which flags were typed
+    return [context, *inputs, *[_option(f, config_types[f.name], from_config=True) for f in train_flags()]]
+
+
+def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:
+    """The values for TrainOptions: with --from-run, the recorded run's, then the flags typed beside it."""
+    from indextts_train.ui.run_record import recorded_options
+
+    plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
+    from_run = plain.pop("from_run", None)
+    if from_run is not None:
+        plain = {**run_guarded(recorded_options, from_run), **{k: v for k, v in plain.items() if k in typed}}
+    for name, flag in REQUIRED_INPUTS.items():
+        if not plain.get(name):
+            fail(f"{flag} is required (or --from-run OUTPUT_DIR/run.yaml of an earlier run)")
+    return plain
 
 
 def train(**values: Any) -> None:
-    """Train the IndexTTS2 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by Ctrl+C/SIGTERM/SIGHUP
-    after a safe save."""
+    """Train the IndexTTS2 / IndexTTS-2.5 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by
+    Ctrl+C/SIGTERM/SIGHUP after a safe save."""
     from indextts_train.train.loop import train as run_train
 
-    plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
-    options = run_guarded(TrainOptions, **plain)
+    ctx = values.pop("ctx")
+    # By name: Typer may carry its own copy of click, whose ParameterSource is another enum.
+    typed = {name for name in values if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
+    options = run_guarded(TrainOptions, **train_values(values, typed))
     raise typer.Exit(run_guarded(run_train, options) or 0)
 
 
 train.__signature__ = inspect.Signature(train_parameters())  # what Typer reads to build the command
 train.__annotations__ = {p.name: p.annotation for p in train.__signature__.parameters.values()}
-app.command("train")(train)
+app.command("train", short_help="Train the GPT (the same as train-gpt).")(train)
 
 
-@app.command()
+@app.command(short_help="Demo data, tiny weights, train and export on CPU.")
 def demo(
     out_dir: Annotated[Path, typer.Argument(help="Folder for the demo dataset, tokenizers, base checkpoint and run.")],
     max_steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 150,
@@ -182,10 +210,10 @@ def prepare(
     raise typer.Exit(run_guarded(lambda: run_prepare(build())))
 
 
-@app.command()
+@app.command(short_help="Losses of a checkpoint on manifests.")
 def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
-    manifest: Annotated[list[str], typer.Option(help="Manifest JSONL; repeatable.")],
+    manifest: Annotated[list[str], typer.Option(metavar="PATH", help="Manifest JSONL; repeatable.")],
     config: Annotated[Path | None, typer.Option(help="Config whose gpt: section built the checkpoint (default: the one stored in it; configs/indextts2.yaml for a bare gpt.pth).")] = None,
     batch_size: Annotated[int, typer.Option(help="Examples per batch, in manifest order.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -209,7 +237,7 @@ def evaluate(
                    f"mel_top1 {result['mel_top1']:.6f} loss {result['loss']:.6f} ({result['samples']} samples)")
 
 
-@app.command()
+@app.command(short_help="COMPLETE, PARTIAL or INCOMPLETE, and why.")
 def verify(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint file to inspect.")],
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Step, epoch, samples, vocab plan, precision, hyperparameters, sizes.")] = False,
@@ -231,7 +259,7 @@ def verify(
     raise typer.Exit(verdict.exit_code)
 
 
-@app.command()
+@app.command(short_help="Every checkpoint of a run, in one table.")
 def checkpoints(
     output_dir: Annotated[Path, typer.Argument(help="A run's --output-dir.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -243,7 +271,7 @@ def checkpoints(
     typer.echo(json.dumps(rows, indent=1) if as_json else render_table(rows, output_dir))
 
 
-@app.command()
+@app.command(short_help="Bring a community or older checkpoint to this format.")
 def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
@@ -266,13 +294,13 @@ def repair(
         typer.echo(f"  - {note}")
 
 
-@app.command("check-data")
+@app.command("check-data", short_help="Check every manifest line before training.")
 def check_data(
-    manifest: Annotated[list[Path], typer.Argument(help="Manifest JSONL file(s).")],
+    manifest: Annotated[list[Path], typer.Argument(metavar="MANIFEST...", help="Manifest JSONL file(s).")],
     config: Annotated[Path | None, typer.Option(help="Config for shapes, vocab and length limits.")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece .model or .tiktoken: text ids must be below its size (2.5: and start with the language tag).")] = None,
     base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, to report the share of extended tokens.")] = None,
-    borrow_language: Annotated[list[str] | None, typer.Option(help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
+    borrow_language: Annotated[list[str] | None, typer.Option(metavar="NEW=CODE", help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP + " With --tokenizer, a line's text_ids must be its text (text / target_text) as inference encodes it.")] = "auto",
     strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
@@ -309,7 +337,7 @@ def check_data(
     raise typer.Exit(2 if report["lines_bad"] else 0)
 
 
-@app.command("check-tokenizer")
+@app.command("check-tokenizer", short_help="Check an extended tokenizer against its base.")
 def check_tokenizer(
     model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
     base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
@@ -348,10 +376,10 @@ def check_tokenizer(
     raise typer.Exit(tokenizer_exit_code(report))
 
 
-@app.command("extend-tokenizer")
+@app.command("extend-tokenizer", short_help="Grow a tokenizer with pieces from a corpus.")
 def extend_tokenizer(
     base: Annotated[Path, typer.Option(help="Base SentencePiece .model or .tiktoken ranks file (its ids are kept).")],
-    corpus: Annotated[list[Path], typer.Option(help="Text or JSONL ('text' field) file; repeatable.")],
+    corpus: Annotated[list[Path], typer.Option(metavar="PATH", help="Text or JSONL ('text' field) file; repeatable.")],
     target_size: Annotated[int, typer.Option(min=1, max=10_000_000, help="Tokens in the extended vocabulary (>= base size; for .tiktoken: ranks + 1673 specials, the new number_text_tokens).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
@@ -413,7 +441,7 @@ class Pick(str, Enum):
     latest = "latest"
 
 
-@app.command()
+@app.command(short_help="Write the gpt.pth + config.yaml inference loads.")
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="Training checkpoint (ours, community or gpt.pth), or a run's --output-dir (then --pick).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="gpt.pth to write for IndexTTS2 inference.")],
@@ -447,10 +475,10 @@ def export(
             typer.echo(f"wrote {extra}")
 
 
-@app.command()
+@app.command(short_help="What auto mode picks here or on a named GPU.")
 def hardware(
     config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = DEFAULT_CONFIG,
-    assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4.")] = None,
+    assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4, RTX-4090, RTX-3090, A10G, L40S, RTX-A6000; or any GPU as MEMORY@CAPABILITY, e.g. 24GiB@8.9.")] = None,
     effective_batch_size: Annotated[int | None, typer.Option(help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
     train_scope: Annotated[str | None, typer.Option(help="What trains: full, partial or lora; gradients and AdamW state count only for those tensors (default: the config's train.train_scope).")] = None,
@@ -477,7 +505,7 @@ def hardware(
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())
 
 
-@app.command()
+@app.command(short_help="The training page in the browser.")
 def webui(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 7860,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start or resume a run inside a tmux session that survives a dropped SSH connection.
 #   scripts/tmux_train.sh SESSION OUTPUT_DIR [train-gpt flags...]
-# Attach with `tmux attach -t SESSION`; the log is also written to OUTPUT_DIR/train.log.
+# Attach with `tmux attach -t SESSION`. The trainer writes its own timestamped OUTPUT_DIR/train.log; the
+# pane's whole output (retries and crashes included) also goes to OUTPUT_DIR/console.log.
 # Ctrl+C inside the session saves a checkpoint and exits; run this script again to continue.
 set -euo pipefail
 SESSION="${1:?usage: tmux_train.sh SESSION OUTPUT_DIR [train-gpt flags...]}"
@@ -19,9 +20,9 @@ if tmux has-session -t "=$SESSION" 2>/dev/null; then
 fi
 ARGS=$(printf ' %q' "$@")
 # Ctrl+C reaches every process in the pane: `tee -i` ignores it, so the trainer's "saved ..." and
-# "stopped ..." lines still reach the pane and train.log. remain-on-exit is set in the same tmux
+# "stopped ..." lines still reach the pane and console.log. remain-on-exit is set in the same tmux
 # command as the session, before a fast run could end.
 tmux new-session -d -s "$SESSION" \
-    "bash $HERE/smart_start.sh $(printf %q "$OUTPUT_DIR")$ARGS 2>&1 | tee -i -a $(printf %q "$OUTPUT_DIR/train.log")" \
+    "bash $HERE/smart_start.sh $(printf %q "$OUTPUT_DIR")$ARGS 2>&1 | tee -i -a $(printf %q "$OUTPUT_DIR/console.log")" \
     \; set-option -w -t "=$SESSION:" remain-on-exit on
-echo "started in tmux session $SESSION (tmux attach -t $SESSION); log: $OUTPUT_DIR/train.log"
+echo "started in tmux session $SESSION (tmux attach -t $SESSION); logs: $OUTPUT_DIR/train.log, $OUTPUT_DIR/console.log"

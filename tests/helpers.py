@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
+from indextts_train.ui.run_record import unstamp
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_REFERENCE = ROOT / "tests" / "data" / "reference" / "tiny"
@@ -59,7 +60,7 @@ def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
 def wait_for_training(proc: subprocess.Popen) -> bool:
     """Read output until the loop starts; False when the process ended first (run complete)."""
     for line in proc.stdout:
-        if line.startswith("training "):
+        if unstamp(line).startswith("training "):
             return True
     proc.wait()
     return False

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 from typer.testing import CliRunner
 
+from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
 from indextts_train.train.loop import TrainOptions, train
 
@@ -32,7 +35,7 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
                             text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["file", "step", "epoch", "val", "loss", "status", "size", "marks"]
+    assert lines[0].split() == ["file", "step", "epoch", "val", "loss", "status", "size", "age", "marks"]
     headings = [line for line in lines[1:] if line.endswith(":")]
     assert headings[0] == "not written by this program, or unreadable:" and headings[1].startswith("branch ")
     rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ") and line not in headings}
@@ -62,3 +65,14 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
 def test_checkpoints_of_a_missing_folder_is_one_line(tmp_path) -> None:
     result = CliRunner().invoke(app, ["checkpoints", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "no such run folder" in result.output
+
+
+def test_each_row_says_when_its_file_was_written(tmp_path) -> None:
+    (tmp_path / "model_step5.pth").write_bytes(b"PK\x03\x04 not a checkpoint")
+    os.utime(tmp_path / "model_step5.pth", (1_700_000_000, 1_700_000_000))
+    (row,) = checkpoint_rows(tmp_path)
+    assert row["mtime"] == 1_700_000_000 and row["written"] == time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                              time.localtime(1_700_000_000))
+    table = render_table([row], tmp_path, now=1_700_000_000 + 3 * 3600 + 5)
+    assert table.splitlines()[1].split()[-1] == "3h"  # age: no marks on this row
+    assert [age_text(s) for s in (0, 59, 60, 7199, 86400 * 3)] == ["0s", "59s", "1m", "1h", "3d"]

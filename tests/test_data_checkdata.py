@@ -189,3 +189,17 @@ def test_check_data_shows_both_encodings_when_they_differ(tmp_path: Path) -> Non
                      "[26, 54, 20, 59, 42, 64, 63, 66, 6, 4, 17, 11, ...] (16 ids); re-encode with `indextts-train "
                      f"tokenize MANIFEST --tokenizer {TEXT_REFERENCE / 'bpe_tiny.model'} --out NEW_DIR` (or pass "
                      "the tokenizer the data was made with)")
+def test_duplicate_ids_are_reported_with_both_lines(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path, 6)
+    lines = read_lines(manifest)
+    lines[4]["id"] = lines[1]["id"]  # line 5 reuses line 2's id
+    lines[5]["id"] = lines[1]["id"]  # and line 6 too
+    write_lines(manifest, lines)
+    report = check_manifests([manifest], gpt_cfg=GPT)
+    assert report["lines_bad"] == 0 and report["duplicate_ids"] == 2  # a warning: the lines still train
+    first = f"{manifest}:2"
+    assert report["duplicates"] == [f"{manifest}:5: id {lines[1]['id']!r} is also the id of {first}",
+                                    f"{manifest}:6: id {lines[1]['id']!r} is also the id of {first}"]
+    text = render_check_report(report)
+    assert "duplicate ids (first 2 of 2" in text and f"is also the id of {first}" in text
+    assert check_manifests([manifest], gpt_cfg=GPT, max_lines=4)["duplicate_ids"] == 0  # only the head read

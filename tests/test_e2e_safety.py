@@ -148,7 +148,7 @@ def train_args(tiny_data, out: Path, *extra: str) -> list[str]:
 def test_nonsense_setting_is_refused_before_any_work(tiny_data, tmp_path) -> None:
     result = CliRunner().invoke(app, [*train_args(tiny_data, tmp_path / "r"), "--grad-clip", "-1"])
     assert result.exit_code == 2
-    assert result.stderr == "error: train: train.grad_clip (--grad-clip) must be > 0, got -1.0\n"
+    assert result.stderr == "error: train.grad_clip (--grad-clip) must be > 0, got -1.0\n"
     assert not (tmp_path / "r").exists()  # no output dir made, no lock taken
 
 
@@ -176,7 +176,7 @@ def test_every_numeric_flag_is_range_checked(tiny_data, tmp_path, flag, value, m
     result = CliRunner().invoke(app, train_args(tiny_data, tmp_path / "r", flag, value))
     assert result.exit_code == 2, result.output
     key = flag[2:].replace("-", "_")
-    assert result.output.strip().splitlines() == [f"error: train: train.{key} ({flag}) {message}"]
+    assert result.output.strip().splitlines() == [f"error: train.{key} ({flag}) {message}"]
 
 
 def test_both_loss_weights_zero_and_yaml_types_are_refused(tiny_data, tmp_path) -> None:

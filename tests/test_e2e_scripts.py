@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def checkout_env(tmp_path: Path) -> dict[str, str]:
+    """PATH whose `train-gpt` is this checkout's trainer (the installed one may be another checkout's)."""
+    shim = tmp_path / "checkout-bin" / "train-gpt"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m indextts_train train "$@"\n')
+    shim.chmod(0o755)
+    path = os.pathsep.join([str(shim.parent), str(Path(sys.executable).parent), os.environ["PATH"]])
+    return {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT)}
 
 
 def test_smart_start_starts_then_resumes(tiny_data, tmp_path) -> None:
@@ -58,7 +69,7 @@ def test_smart_start_retries_a_crash_but_not_bad_input_or_a_stop(tiny_data, tmp_
 def test_tmux_recipe_runs_the_same_command_in_a_detached_session(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     session = f"indextts-test-{os.getpid()}"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = checkout_env(tmp_path)
     flags = ["--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
              "--base-checkpoint", str(tiny_data["base"]), "--batch-size", "2", "--effective-batch-size", "4",
              "--max-steps", "2"]
@@ -66,12 +77,15 @@ def test_tmux_recipe_runs_the_same_command_in_a_detached_session(tiny_data, tmp_
         started = subprocess.run(["bash", str(ROOT / "scripts" / "tmux_train.sh"), session, str(out), *flags],
                                  capture_output=True, text=True, env=env, timeout=60)
         assert started.returncode == 0 and f"tmux attach -t {session}" in started.stdout, started.stderr
-        log = out / "train.log"
+        log = out / "console.log"  # the pane's output; the trainer keeps its own train.log
         deadline = time.monotonic() + 120
         while "training finished" not in (log.read_text() if log.exists() else ""):
             assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
             time.sleep(0.5)
         assert "starting fresh" in log.read_text() and (out / "latest.pth").exists()
+        trained = (out / "train.log").read_text()
+        assert trained.count("=== start ") == 1
+        assert re.search(r"^\d\d:\d\d:\d\d \+0:\d\d:\d\d done: 2 steps", trained, re.M)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
@@ -93,12 +107,12 @@ def _pane_dead(session: str) -> bool:
 def test_tmux_ctrl_c_saves_into_the_log_and_running_again_resumes(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     session = f"indextts-ctrlc-{os.getpid()}"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = checkout_env(tmp_path)
     flags = ["--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
              "--base-checkpoint", str(tiny_data["base"]), "--batch-size", "2", "--effective-batch-size", "4",
              "--log-interval", "1", "--epochs", "100", "--max-steps", "400"]
     script = ["bash", str(ROOT / "scripts" / "tmux_train.sh"), session, str(out), *flags]
-    log = out / "train.log"
+    log = out / "console.log"
     try:
         started = subprocess.run(script, capture_output=True, text=True, env=env, timeout=60)
         assert started.returncode == 0 and "started in tmux session" in started.stdout, started.stderr

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
 from indextts_train.data.sampling import SamplerSpec, epoch_order
+from indextts_train.ui.run_record import unstamp
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSSES = ("loss", "text_loss", "mel_loss", "mel_top1")
@@ -143,7 +144,7 @@ def test_per_language_validation_and_base_baseline_equal_evaluate(mixed_run, lan
     assert [e.step for e in events.Scalars("val/zh/loss")] == [0, 2, 4, 6, 8, 10, 12]
     log = mixed_run["log"]
     assert "val step 0 (before training): loss" in log
-    line = next(line for line in log.splitlines() if line.startswith("val step 12:"))
+    line = next(line for line in unstamp(log).splitlines() if line.startswith("val step 12:"))
     am = last["groups"]["am"]["loss"]
     change = 100 * (am - history["baseline"]["groups"]["am"]["loss"]) / history["baseline"]["groups"]["am"]["loss"]
     assert f"| am {am:.4f} ({change:+.1f}%)" in line and "vs base)" in line
@@ -191,7 +192,7 @@ def test_forgetting_limit_stops_and_names_the_best_checkpoint_within_it(langs, t
                  "--max-steps", 40, "--val-interval", 2, "--save-interval", 100, "--keep-checkpoints", 1,
                  "--forgetting-limit", "old=5")
     assert result.exit_code == 0, result.output
-    stop = next(line for line in result.output.splitlines() if line.startswith("forgetting limit reached"))
+    stop = next(line for line in unstamp(result.output).splitlines() if line.startswith("forgetting limit reached"))
     assert "old loss" in stop and "(limit 5%)" in stop
     history = load_checkpoint(out / "latest.pth")["history"]
     base = history["baseline"]["groups"]["old"]["loss"]

@@ -466,3 +466,28 @@ def test_more_workers_than_cores_are_lowered_with_a_warning():
     assert plan.num_workers == 6
     assert "warning: --num-workers 100000 is more than the 6 CPU core(s); lowered to 6 data worker(s)." in plan.reasons
     assert choose_plan(device, REAL, effective_batch=64, num_workers=6).num_workers == 6
+CONSUMER = ("RTX-4090", "RTX-3090", "A10G", "L40S", "RTX-A6000")
+
+
+@pytest.mark.parametrize("name", CONSUMER)
+def test_consumer_gpus_plan_from_memory_and_capability_alone(name) -> None:
+    """A named card is only its memory and compute capability: the same numbers given as MEM@CC plan
+    the same, and a spelling with spaces or lower case finds the card."""
+    known = assume_device(name.lower().replace("-", " "))
+    spec = f"{known.total_memory / GIB:.6f}GiB@{known.capability[0]}.{known.capability[1]}"
+    described = assume_device(spec)
+    assert described.capability == known.capability and abs(described.total_memory - known.total_memory) < 2**12
+    plans = [choose_plan(device, REAL, effective_batch=64, activation_checkpointing=True)
+             for device in (known, described)]
+    assert plans[0].precision == "bf16" and not plans[0].use_grad_scaler  # compute capability 8.6 / 8.9
+    assert (plans[0].micro_batch, plans[0].grad_accumulation) == (plans[1].micro_batch, plans[1].grad_accumulation)
+
+
+def test_assume_spec_follows_capability_and_memory() -> None:
+    old = choose_plan(assume_device("16GiB@7.5"), REAL, effective_batch=64, activation_checkpointing=True)
+    assert old.precision == "fp16" and old.use_grad_scaler
+    small, big = (choose_plan(assume_device(f"{gib}GiB@8.9"), REAL, effective_batch=64, activation_checkpointing=True)
+                  for gib in (12, 48))
+    assert small.micro_batch < big.micro_batch
+    with pytest.raises(UserError, match="MEMORY@CAPABILITY"):
+        assume_device("24GB")

@@ -29,6 +29,7 @@ from indextts_train.data.retokenize import tokenize_manifests
 from indextts_train.data.sampling import ManifestSpec, epoch_order, sampler_spec
 from indextts_train.model.layout import official_shapes
 from indextts_train.text.tiktoken_vocab import extend_tiktoken, read_tiktoken
+from indextts_train.train import preflight
 from indextts_train.train.evaluate import evaluate_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,11 +238,14 @@ def test_a_language_without_a_tag_borrows_an_unused_row_and_the_export_says_so(t
     assert (tmp_path / "out" / "c.yaml").read_text().startswith("# indextts-train: language kab was trained")
 
 
-def test_bad_data_mid_run_and_changed_data_lose_nothing(tiny25_data, tmp_path):
+def test_bad_data_mid_run_and_changed_data_lose_nothing(tiny25_data, tmp_path, monkeypatch):
     """Issue 9 on IndexTTS-2.5 data, through the CLI in this process: a bad sample found mid-run (a stop
     mel token inside a target's codes) ends the run with exit 2 after saving the steps done;
     --skip-bad-lines leaves it out instead and lists it; a manifest changed since the checkpoint is
     refused on resume."""
+    # The checks before training read the head of each manifest; this tiny one is all head, so they
+    # step aside here to let the line stand for one deep in a big manifest, found only when loaded.
+    monkeypatch.setattr(preflight, "check_manifest_sample", lambda *args, **kwargs: None)
     folder = tmp_path / "data"
     shutil.copytree(tiny25_data["folder"], folder)
     manifest = folder / Path(tiny25_data["train"]).name

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from indextts_train.ui.progress import DROP_ORDER, EtaClock, format_duration, status_line
+from indextts_train.ui.progress import DROP_ORDER, EtaClock, format_duration, speed_text, status_line
+from indextts_train.ui.run_record import unstamp
 
 VALUES = {"loss": 2.2104, "text_loss": 3.9859, "mel_loss": 1.7723, "mel_top1": 0.629, "lr": 2.67e-3,
           "samples_per_s": 244.1}
@@ -86,5 +87,12 @@ def test_on_an_80_column_terminal_the_line_moves_every_step(tiny_data, tmp_path)
     assert {1, 2, 3, 5, 6, 7} <= moved  # every step between the log lines, not only at them
     first = next(part for part in live if part.startswith("step 1/9"))
     assert re.search(r"ETA \d+:\d\d ", first) and "loss " in first and "lr " in first  # from the first step
-    scrollback = [part for part in drawn if re.match(r"step \d+/9 epoch ", part)]
+    scrollback = [part for part in map(unstamp, drawn) if re.match(r"step \d+/9 epoch ", part)]
     assert [part.split()[1] for part in scrollback] == ["4/9", "8/9", "9/9"]  # one line per log interval
+
+
+def test_a_slow_step_reads_as_seconds_per_sample() -> None:
+    assert speed_text(244.06) == "244.1 samples/s" and speed_text(1.0) == "1.0 samples/s"
+    assert speed_text(1 / 83.8) == "83.8 s/sample"  # the real model on a CPU: not "0.0 samples/s"
+    values = {"loss": 1.0, "text_loss": 1.0, "mel_loss": 1.0, "mel_top1": 0.5, "lr": 1e-3, "samples_per_s": 0.05}
+    assert "20.0 s/sample" in status_line(4, 9, epoch=0, eta_s=None, values=values, width=200)

@@ -19,6 +19,7 @@ from helpers import ROOT
 from indextts_train.checkpoint.files import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
+from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
@@ -229,3 +230,34 @@ def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_it
     curves = records.loss_curves(tmp_path)
     assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
                                               (7, 27.0)]
+
+
+FINISHED = """=== start 2026-11-25 09:00:00 +0000: train-gpt --output-dir /r --max-steps 20
+09:00:01 +0:00:00 step 10/20 epoch 0 loss 4.1 text 5.0 mel 3.8 top1 0.1 lr 1.5e-03 2.3 samples/s
+09:00:02 +0:00:01 stopped by signal after step 10; rerun the same command with --resume auto to continue (exit 130)
+=== start 2026-11-25 10:00:00 +0000: train-gpt --output-dir /r --max-steps 20 --resume auto
+10:00:04 +0:00:03 step 20/20 epoch 1 loss 3.4 text 4.8 mel 3.1 top1 0.4 lr 0.0e+00 2.3 samples/s
+10:00:05 +0:00:04 saved /r/model_step20.pth (step 20, epoch 1, sample 8), best.pth
+10:00:05 +0:00:04 done: 20 steps, 2 epoch(s), best.pth is step 20 (loss 3.4); checkpoints in /r (latest.pth)
+"""
+
+
+def test_watch_shows_a_run_finished_from_the_command_line_from_its_record(tmp_path, monkeypatch) -> None:
+    """No process of this server and no lock holder: the run's own train.log and run.yaml tell."""
+    assert records.status_line(None, "") == "no run in this output dir yet"
+    status = records.status_line(None, FINISHED)
+    assert status.startswith("finished (read from train.log") and "step 20/20" in status
+    assert "checkpoint /r/model_step20.pth" in status
+    stopped = records.status_line(None, FINISHED.split("=== start 2026-11-25 10")[0])
+    assert stopped.startswith("stopped") and "step 10/20" in stopped
+    assert records.recorded_command(tmp_path) == ""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/train-gpt", "--output-dir", "/r", "--max-steps", "20"])
+    write_run_record(tmp_path, {}, {}, {}, 0.0)
+    assert records.recorded_command(tmp_path) == "train-gpt --output-dir /r --max-steps 20"
+    (tmp_path / "train.log").write_text(FINISHED)
+    assert records.status_line(None, read_log(None, tmp_path)).startswith("finished")
+
+
+def test_the_tokenizer_box_names_both_kinds() -> None:
+    source = (ROOT / "indextts_train" / "webui" / "page.py").read_text()
+    assert 'label="Tokenizer (.model or .tiktoken)"' in source and "Tokenizer (.model)\"" not in source

@@ -59,6 +59,22 @@ def settle_family(cfg: GPTConfig, path: Path | None) -> None:
     resolve_family(cfg, weights, path)
 
 
+def check_base_layout(path: Path, cfg: GPTConfig, *, merge_adapters: bool = True,
+                      loaded: object | None = None) -> dict[str, Tensor]:
+    """The checkpoint's weights under official names, refused in one line when their keys and shapes
+    are not the ones `cfg` describes (also sets cfg.family from the keys when the config does not say)."""
+    state = clean_keys(_read_state(path, merge_adapters, loaded)).state
+    resolve_family(cfg, state, path)
+    problems = layout_problems(state, cfg)
+    if problems:
+        raise UserError(
+            f"{path}: does not match the {cfg.family_name} GPT layout that --config describes (model_dim "
+            f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from --config's "
+            "gpt: section: pass the config.yaml that came with the checkpoint"
+        )
+    return state
+
+
 def load_base_checkpoint(
     path: str | Path, cfg: GPTConfig, *, merge_adapters: bool = True, loaded: object | None = None
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
@@ -73,14 +89,7 @@ def load_base_checkpoint(
     the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
     """
     path = Path(path)
-    state = clean_keys(_read_state(path, merge_adapters, loaded)).state
-    resolve_family(cfg, state, path)
-    problems = layout_problems(state, cfg)
-    if problems:
-        raise UserError(
-            f"{path}: does not match the {cfg.family_name} GPT layout of the config (model_dim {cfg.model_dim}, "
-            f"layers {cfg.layers}): {'; '.join(problems)}; check that --config matches the checkpoint"
-        )
+    state = check_base_layout(path, cfg, merge_adapters=merge_adapters, loaded=loaded)
     if cfg.family is None:
         cfg.family = FAMILY_V2
     ordered = {k: state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from indextts_train.checkpoint.adapter_file import adapter_verdict, is_adapter_file, missing_reason
 from indextts_train.checkpoint.state import (  # noqa: F401  (FORMAT_VERSION: re-exported for callers)
     FORMAT,
     FORMAT_VERSION,
@@ -99,7 +100,7 @@ def _check_zip_crc(path: Path) -> None:
 def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
+        raise CheckpointError(f"{path}: {missing_reason(path)}")
     is_zip = zipfile.is_zipfile(path)
     if is_zip and check_crc:
         _check_zip_crc(path)
@@ -205,6 +206,8 @@ def _kind(obj: Any) -> str:
         return "unknown"
     if obj.get("format") == FORMAT:
         return "indextts-train"
+    if is_adapter_file(obj):
+        return "adapters"
     if isinstance(obj.get("model"), dict) and {"optimizer", "step", "epoch"} & obj.keys():
         return "community"
     weights = obj["model"] if set(obj) == {"model"} else obj  # IndexTTS2 also accepts {"model": sd}
@@ -303,6 +306,9 @@ def _verdict(obj: Any, path: Path) -> Verdict:
     if kind == "unknown":
         what = f"a dict with keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
         return Verdict("INCOMPLETE", kind, [f"{path} is not a checkpoint: it holds {what}"])
+    if kind == "adapters":
+        status, reasons, summary = adapter_verdict(obj)
+        return Verdict(status, kind, reasons, summary)
     summary = _summary(obj, kind, path)
     optimizer = obj.get("optimizer") if kind != "gpt.pth" else None
     problem = model_problem(_weights(obj, kind)) or nonfinite_problem(_weights(obj, kind), optimizer)

@@ -3,12 +3,14 @@
 One row per file on disk — `latest.pth` and `best.pth` are usually hard links of a
 `model_step{N}.pth`, so they are marks on that row rather than rows of their own. Each file is
 verified (the same COMPLETE/PARTIAL/INCOMPLETE as `verify`) and its step, epoch and validation
-losses are read with mmap: the tensor data stays on disk.
+losses are read with mmap: the tensor data stays on disk. When each was written is its file's
+modification time (checkpoints are renamed into place complete, so that is when the write ended).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
@@ -82,11 +84,13 @@ def _folder_rows(folder: Path, output_dir: Path) -> list[dict]:
     rows = []
     for names in _files(folder):
         verdict = verify_checkpoint(names[0])
+        stat = names[0].stat()  # a checkpoint is renamed into place complete: its mtime is when it was written
         row = {"file": str(names[0].relative_to(output_dir)), "also": [p.name for p in names[1:]],
                "status": verdict.status,
                "kind": verdict.kind, "reason": verdict.reasons[0] if verdict.status != "COMPLETE" and
-               verdict.reasons else None, "bytes": names[0].stat().st_size, "step": None, "epoch": None,
-               "val": None, "milestone": False}
+               verdict.reasons else None, "bytes": stat.st_size, "step": None, "epoch": None,
+               "val": None, "milestone": False,
+               "written": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stat.st_mtime)), "mtime": stat.st_mtime}
         if verdict.kind == "indextts-train":
             row.update(_metadata(names[0]))
         elif verdict.kind == "community":
@@ -106,6 +110,15 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def age_text(seconds: float) -> str:
+    """How long ago, in the largest unit that is at least 1: `42s`, `17m`, `5h`, `3d` (fits a narrow column)."""
+    seconds = max(seconds, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
 def _marks(row: dict) -> str:
     marks = [name for name, flag in (("latest", row["latest"]), ("best", row["best"]),
                                      ("milestone", row["milestone"])) if flag]
@@ -121,11 +134,13 @@ def _branch_heading(row: dict) -> str:
     return f"{'abandoned ' if row['abandoned'] else ''}branch {name}{origin}:"
 
 
-def render_table(rows: list[dict], output_dir: Path) -> str:
-    """The plain-text table (fits 80 columns without the per-language column)."""
+def render_table(rows: list[dict], output_dir: Path, now: float | None = None) -> str:
+    """The plain-text table (fits 80 columns without the per-language column); `age` is how long ago
+    each file was written (`--json` has the time itself)."""
     if not rows:
         return f"{output_dir}: no checkpoints"
-    head = f"{'file':<22} {'step':>7} {'epoch':>5} {'val loss':>9}  {'status':<10} {'size':>9}  marks"
+    now = time.time() if now is None else now
+    head = f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>8}  {'status':<10} {'size':>8} {'age':>4}  marks"
     lines = [head]
     branch = ()
     for row in rows:
@@ -136,8 +151,8 @@ def render_table(rows: list[dict], output_dir: Path) -> str:
         loss = f"{val['loss']:.4f}" if "loss" in val else "-"
         step = "-" if row["step"] is None else str(row["step"])
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
-        line = (f"{row['file']:<22} {step:>7} {epoch:>5} {loss:>9}  {row['status']:<10} "
-                f"{_size(row['bytes']):>9}  {_marks(row)}").rstrip()
+        line = (f"{row['file']:<20} {step:>6} {epoch:>5} {loss:>8}  {row['status']:<10} "
+                f"{_size(row['bytes']):>8} {age_text(now - row['mtime']):>4}  {_marks(row)}").rstrip()
         if val.get("groups"):
             line += "  [" + " ".join(f"{k} {v:.4f}" for k, v in val["groups"].items()) + "]"
         if row["reason"]:

@@ -88,6 +88,15 @@ def build(cls: type[T], data: Any, where: str) -> T:
     try:
         return cls(**kwargs)
     except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
+        raise UserError(_within(where, str(exc))) from None
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where}: {exc}") from None
+
+
+def _within(where: str, message: str) -> str:
+    """`where: message`, said once: a message that already names the section's key (`train.seed ...`)
+    keeps only the file part of `where`, never `train: train.seed`."""
+    section = where.rpartition(": ")[2]
+    if message.startswith(f"{section}."):
+        return where[: len(where) - len(section)] + message
+    return f"{where}: {message}"

@@ -170,7 +170,7 @@ class TrainConfig:
                                       flag="--train-speaker-proj/--freeze-speaker-proj")
     borrow_languages: list[str] = field(default_factory=list, metadata={
         "help": "IndexTTS-2.5: NEW=CODE lets language NEW (no tag of its own) train the unused row and tag of "
-                "CODE; repeatable.", "flag": "--borrow-language"})
+                "CODE; repeatable.", "flag": "--borrow-language", "metavar": "NEW=CODE"})
     # 4096 = 64 steps of the usual effective batch 64: each step then spans 1/64 of a window's lengths,
     # so even one micro-batch per step pads about 7% (benchmarks/bench_padding.py); 512 padded 22%.
     sort_window: int = option(4096, "Samples sorted by length together, so batches pad little.")
@@ -399,7 +399,9 @@ class TrainOptions:
                                                  "PATH[::lang][@weight], the weight a share of each epoch "
                                                  "(@0.15 = 15%).", flag="--train-manifest")
     output_dir: Path = run_option(help="Where checkpoints (model_step{N}.pth, latest.pth) and logs/ go.")
-    config: Path = run_option(DEFAULT_CONFIG, "IndexTTS2 config.yaml (its gpt: section) or configs/*.yaml.")
+    config: Path | None = run_option(None, "IndexTTS2 / IndexTTS-2.5 config.yaml (its gpt: section) or "
+                                           "configs/*.yaml. Omitted: the config.yaml beside --base-checkpoint when "
+                                           "that folder is an official model folder, else configs/indextts2.yaml.")
     val_manifests: list[str] = run_option(help="Validation manifest JSONL; repeatable. PATH::lang: losses "
                                                "per language.", factory=list,
                                           flag="--val-manifest")
@@ -418,6 +420,9 @@ class TrainOptions:
                                              "and samples that fail to load mid-run (listed at the end).")
     accept_data_change: bool = run_option(False, "Resume although the training data changed since the checkpoint "
                                                  "(continues at the same sample position in the new data's order).")
+    from_run: Path | None = run_option(None, "Rerun a recorded run: OUTPUT_DIR/run.yaml of an earlier start gives "
+                                             "every option and train: setting; flags given beside it win. Omit to take "
+                                             "everything from the flags.")
     tensorboard: bool = run_option(True, "Write TensorBoard logs.", cli=False)
     overrides: dict[str, Any] = run_option(factory=dict, cli=False)
 
@@ -438,8 +443,38 @@ class TrainOptions:
         if self.on_vocab_change not in ("keep", "reset"):
             raise UserError(f"--on-vocab-change {self.on_vocab_change!r}: choose keep or reset")
 
+    def config_path(self) -> tuple[Path, str | None]:
+        """--config, else the official config.yaml beside --base-checkpoint, else ours; and the line that
+        says which was taken when the user did not choose."""
+        if self.config is not None:
+            return Path(self.config), None
+        beside = config_beside(self.base_checkpoint)
+        if beside is not None:
+            return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
+        return DEFAULT_CONFIG, None
+
     def load_config(self) -> Config:
         """The config file with this run's flags applied."""
-        config = load_config(self.config)
+        config = load_config(self.config_path()[0])
         config.override(self.overrides)
         return config
+
+
+OFFICIAL_CONFIG_BYTES = 1024 * 1024  # the official config.yaml is about 2 KiB
+
+
+def config_beside(checkpoint: Path | None) -> Path | None:
+    """The config.yaml in the same folder as `checkpoint` when the folder has the official layout: a
+    config.yaml with a gpt: section whose `gpt_checkpoint` names this very file."""
+    if checkpoint is None:
+        return None
+    candidate = Path(checkpoint).parent / "config.yaml"
+    try:
+        if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
+            return None
+        data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
+        return None
+    return candidate if str(data.get("gpt_checkpoint", "")) == Path(checkpoint).name else None

@@ -47,6 +47,20 @@ class _CheckStats:
     extended_tokens: int = 0
     text_compared: int = 0  # lines whose text_ids were compared with their text's presented encoding
     text_not_compared: int = 0  # ... and lines with digits only WeTextProcessing spells as inference does
+    first_line_of: dict[str, str] = field(default_factory=dict)  # id -> FILE:LINE where it first appeared
+    duplicates: list[str] = field(default_factory=list)  # the first REPORT_ERRORS, both places named
+    duplicate_count: int = 0
+
+    def note_id(self, sample_id: object, where: str) -> None:
+        """An id seen twice is one utterance trained twice as often, or two utterances under one name."""
+        if sample_id is None:
+            return
+        key = str(sample_id)
+        first = self.first_line_of.setdefault(key, where)
+        if first != where:
+            self.duplicate_count += 1
+            if len(self.duplicates) < REPORT_ERRORS:
+                self.duplicates.append(f"{where}: id {key!r} is also the id of {first}")
 
 
 @dataclass
@@ -121,6 +135,7 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
         if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
             stats.durations[name] = stats.durations.get(name, 0.0) + float(obj[name])
     stats.text_tokens += text_len
+    stats.note_id(obj.get("id"), where)
     if limits.base_vocab is not None:
         stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
 
@@ -177,7 +192,8 @@ def _distribution(values: array) -> dict[str, float] | None:
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
                     vocab_size: int | None = None, base_vocab: int | None = None,
-                    borrowed: dict[str, int] | None = None, text_path: TextPath | None = None) -> dict:
+                    borrowed: dict[str, int] | None = None, text_path: TextPath | None = None,
+                    max_lines: int | None = None) -> dict:
     """Check every line of every manifest (JSON, fields, files, shapes, id ranges, lengths, speakers).
 
     Returns a JSON-able report: counts, the first errors, every bad (file, line), and statistics of
@@ -186,6 +202,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     language tag first (when the vocabulary is a full tiktoken one). With `text_path` (the
     tokenizer's official text path), a line that carries its text (`text` / `target_text`) must hold
     that text's presented encoding as its text ids.
+    `max_lines`: only the first lines of each manifest (the trainer's check before a start).
     """
     if vocab_size is None and text_path is not None:
         vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
@@ -211,6 +228,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         manifest_dir = os.path.dirname(os.path.abspath(path))
         seen_lines = 0
         for line_no, _, raw in iter_lines(path):
+            if max_lines is not None and seen_lines >= max_lines:
+                break
             seen_lines += 1
             try:
                 _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
@@ -241,6 +260,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "text": None if text_path is None else {
             "normalizer": text_path.normalizer_name, "compared": stats.text_compared,
             "not_compared": stats.text_not_compared, "notes": text_path.notes()},
+        "duplicate_ids": stats.duplicate_count,
+        "duplicates": stats.duplicates,
     }
 
 
@@ -277,6 +298,10 @@ def render_check_report(report: dict) -> str:
         if text["not_compared"]:
             lines.append(f"  not compared: {text['not_compared']} line(s) with digits, which only WeTextProcessing "
                          "presents as inference does")
+    if report.get("duplicate_ids"):
+        shown = len(report["duplicates"])
+        lines.append(f"duplicate ids (first {shown} of {report['duplicate_ids']}; a warning, the lines are kept):")
+        lines.extend(f"  {duplicate}" for duplicate in report["duplicates"])
     if report["errors"]:
         shown = len(report["errors"])
         lines.append(f"errors (first {shown} of {report['lines_bad']}):")

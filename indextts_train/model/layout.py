@@ -42,7 +42,7 @@ TRAINED_PREFIXES = (
 # Keys only one family has: how a checkpoint tells which family it is.
 FAMILY_MARKERS = {FAMILY_V2: ("speed_emb.weight", "perceiver_encoder.latents"),
                   FAMILY_V25: ("spk_emb_proj.weight", "lang_embedding.weight")}
-_LIST_LIMIT = 8  # names shown per category in a key-mismatch error
+_LIST_LIMIT = 3  # names shown per category in a key-mismatch error
 
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -66,16 +67,46 @@ KNOWN_GPUS: dict[str, DeviceInfo] = {
     "V100-16GB": DeviceInfo("cuda", "Tesla V100-SXM2-16GB", 16_945_512_448, (7, 0), False, 8),
     "V100-32GB": DeviceInfo("cuda", "Tesla V100-SXM2-32GB", 34_089_730_048, (7, 0), False, 8),
     "T4": DeviceInfo("cuda", "Tesla T4", 15_843_721_216, (7, 5), False, 8),
+    # The cards most fine-tuning runs on. Their totals are nvidia-smi's (MiB x 2^20), a little above
+    # what torch reports; the plan aims at 0.85 of it, so the difference stays inside the margin.
+    "RTX-4090": DeviceInfo("cuda", "NVIDIA GeForce RTX 4090", 24_564 * 2**20, (8, 9), True, 8),
+    "RTX-3090": DeviceInfo("cuda", "NVIDIA GeForce RTX 3090", 24_576 * 2**20, (8, 6), True, 8),
+    "A10G": DeviceInfo("cuda", "NVIDIA A10G", 23_028 * 2**20, (8, 6), True, 8),
+    "L40S": DeviceInfo("cuda", "NVIDIA L40S", 46_068 * 2**20, (8, 9), True, 8),
+    "RTX-A6000": DeviceInfo("cuda", "NVIDIA RTX A6000", 49_140 * 2**20, (8, 6), True, 8),
 }
+
+# `--assume 24GiB@8.9`: any GPU, by what the plan is made of (reported memory, compute capability).
+_SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB)\s*@\s*(?:cc\s*)?(\d+)\.(\d)\s*$", re.IGNORECASE)
+
+
+def _normal(name: str) -> str:
+    """`rtx 4090`, `RTX_4090` and `RTX-4090` name the same card."""
+    return re.sub(r"[\s_-]+", "-", name.strip().lower())
+
+
+def device_from_spec(spec: str) -> DeviceInfo | None:
+    """A GPU described by memory and compute capability (`24GiB@8.9`, `48GB@8.6`); None if not such a spec."""
+    match = _SPEC.match(spec)
+    if match is None:
+        return None
+    amount, unit, major, minor = match.groups()
+    total = int(float(amount) * (2**30 if unit.lower() == "gib" else 10**9))
+    capability = (int(major), int(minor))
+    return DeviceInfo("cuda", f"GPU with {amount} {unit}, compute capability {major}.{minor}", total,
+                      capability, capability >= (8, 0), 8)
 
 
 def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
-    """The KNOWN_GPUS entry for `name` (case-insensitive), for `--assume` and the docs table."""
-    by_lower = {key.lower(): key for key in KNOWN_GPUS}
-    key = by_lower.get(name.strip().lower())
-    if key is None:
-        raise UserError(f"--assume: unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)}")
-    device = dataclasses.replace(KNOWN_GPUS[key], cpu_count_assumed=cpu_count is None)
+    """The KNOWN_GPUS entry for `name` (case, spaces and dashes ignored) or a `MEM@CC` spec, for
+    `--assume` and the docs table. The plan depends only on the memory and compute capability."""
+    by_name = {_normal(key): key for key in KNOWN_GPUS}
+    key = by_name.get(_normal(name))
+    found = KNOWN_GPUS[key] if key is not None else device_from_spec(name)
+    if found is None:
+        raise UserError(f"--assume: unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)}; or describe it as "
+                        "MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
+    device = dataclasses.replace(found, cpu_count_assumed=cpu_count is None)
     if cpu_count is not None:
         device.cpu_count = cpu_count
     return device

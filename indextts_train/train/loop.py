@@ -46,6 +46,7 @@ from indextts_train.train.setup import Run, setup
 from indextts_train.train.steps import OutOfMemory, fetch_step, micro_batches, optimizer_step, validate
 from indextts_train.train.validation import describe, scalars
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_record import TextLog
 
 __all__ = ["SignalFlag", "TrainOptions", "lr_factor", "train"]
 
@@ -128,8 +129,9 @@ def train(options: TrainOptions) -> int:
     prepare_exact_resume_env()  # before anything starts CUDA (setup_distributed may)
     dist = setup_distributed()
     run: Run | None = None
+    text_log = TextLog()  # this start's clock; its lines go to OUTPUT_DIR/train.log once setup claims the folder
     try:
-        run = setup(options, dist)
+        run = setup(options, dist, text_log)
         signals.in_setup = False
         return loop(run, signals)
     except SetupInterrupted as stop:  # setup released the lock and removed its temp files on the way out
@@ -138,6 +140,11 @@ def train(options: TrainOptions) -> int:
         run.log.stop()
         run.log.info(str(stop))
         return EXIT_DIVERGED
+    except UserError as exc:
+        if run is not None:  # setup writes its own refusals; this is one found mid-run (bad data, disk full)
+            run.log.stop()
+            text_log.write(text_log.stamp(f"error: {user_line(exc)}"))
+        raise
     finally:
         if run is not None and run.saver is not None:
             with contextlib.suppress(Exception):  # an exception is on its way: a started save still ends
@@ -148,6 +155,7 @@ def train(options: TrainOptions) -> int:
         if run is not None and run.lock is not None:
             run.lock.release()
         signals.uninstall()
+        text_log.close()
         teardown_distributed(dist)
 
 
@@ -259,7 +267,7 @@ def begin(run: Run) -> bool:
     options, progress, plan = run.options, run.progress, run.plan
     options.output_dir.mkdir(parents=True, exist_ok=True)
     run.log = RunLogger(options.output_dir, run.total_steps, enabled=run.dist.is_main,
-                        tensorboard=options.tensorboard, start_step=progress.step)
+                        tensorboard=options.tensorboard, start_step=progress.step, text_log=run.log.text_log)
     if progress.step >= run.total_steps:
         run.log.info(f"nothing to do: the run in {options.output_dir} already reached step {progress.step} "
                      f"of {run.total_steps}")
@@ -478,8 +486,9 @@ def set_aside_abandoned(run: Run) -> None:
 
 def finish(run: Run, exit_code: int) -> None:
     run.log.stop()
-    for line in run.data.skipped_summary():
-        run.log.info(line)
+    skipped = run.data.skipped_summary()
+    if skipped:  # one message: its time stamp heads the list, whose lines stay indented under it
+        run.log.info("\n".join(skipped))
     if run.progress.bad_steps:
         run.log.info(f"{run.progress.bad_steps} step(s) had a non-finite loss or gradient norm and were skipped")
     if exit_code == 0:

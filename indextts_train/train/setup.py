@@ -44,7 +44,7 @@ from indextts_train.data.sampling import (
     parse_manifest_specs,
     sampler_spec,
 )
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, user_line
 from indextts_train.files.faults import crash_point
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import (
@@ -64,7 +64,6 @@ from indextts_train.text.vocab import (
     growth_between_runs,
     growth_point,
     resize_text_rows,
-    tokenizer_size,
 )
 from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
@@ -73,6 +72,7 @@ from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
+from indextts_train.train.preflight import check_inputs
 from indextts_train.train.resume import (
     remembered_oom_plan,
     report_changed_hparams,
@@ -80,9 +80,18 @@ from indextts_train.train.resume import (
     seed_everything,
     select_checkpoint,
 )
+from indextts_train.train.runlock import LOCK_NAME as RUN_LOCK_NAME
 from indextts_train.train.runlock import RunLock, claim_output_dir
 from indextts_train.train.validation import check_limit_groups, group_lines
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_record import (
+    LOG_NAME,
+    TextLog,
+    first_missing,
+    recordable_options,
+    take_back,
+    write_run_record,
+)
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
@@ -477,28 +486,47 @@ def _restore_data(run: Run, ckpt: dict, path: Path) -> None:
     run.last_saved, run.last_saved_step = ckpt_io.step_file_of(path) or path, run.progress.step
 
 
-def setup(options: TrainOptions, dist: DistInfo) -> Run:
-    """Build the run: config + flags, hardware plan, data, weights, optimizer set, resume state."""
+def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None) -> Run:
+    """Build the run: config + flags, checks of every input, hardware plan, data, weights, optimizer set,
+    resume state. Nothing is created on disk before the checks pass; a start refused later removes
+    what it created (the output folder it made, its lock and log)."""
+    startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False, text_log=text_log)
+    chosen = options.config_path()[1]
+    if chosen:
+        startup.info(chosen)
     config = options.load_config()
     settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
-    startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False)
+    tokens = check_inputs(options, config)  # before the plan is printed and before anything is created
     plan, device = _hardware(config, options, dist)
+    # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
+    made = first_missing(options.output_dir)
+    created = [name for name in (RUN_LOCK_NAME, LOG_NAME) if not (options.output_dir / name).exists()]
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
-        return _build(options, dist, config, plan, device, startup, lock)
-    except BaseException:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
+        if dist.is_main:
+            startup.text_log.attach(options.output_dir)
+        run = _build(options, dist, config, plan, device, startup, lock, tokens)
+        if dist.is_main:
+            write_run_record(options.output_dir, recordable_options(options, config), config_to_dict(config),
+                             run.plan.to_dict(), startup.text_log.started)
+        return run
+    except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
+        if isinstance(exc, UserError):
+            startup.text_log.write(startup.text_log.stamp(f"error: {user_line(exc)}"))
+        startup.text_log.close()
+        if dist.is_main:  # while the lock is held: no other start can take a lock file about to be removed
+            take_back(options.output_dir, made, created)
         if lock is not None:
             lock.release()
         raise
 
 
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
-           startup: RunLogger, lock: RunLock | None) -> Run:
+           startup: RunLogger, lock: RunLock | None, tokens: int) -> Run:
     train = config.train
     startup.info(plan.describe())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
-    tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     seed_everything(train.seed + dist.rank)
     ckpt, path, protected = select_checkpoint(options.output_dir, options.resume, startup)
     if ckpt is not None:

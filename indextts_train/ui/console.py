@@ -14,7 +14,8 @@ from pathlib import Path
 from rich.console import Console
 
 from indextts_train.ui.metrics import MetricsWriter, NullWriter, SafeConsole, open_tensorboard, silence_stdout
-from indextts_train.ui.progress import LiveStatus
+from indextts_train.ui.progress import LiveStatus, speed_text
+from indextts_train.ui.run_record import TextLog
 
 
 class _Console(Console):
@@ -38,8 +39,9 @@ def tensorboard_dir(output_dir: Path, start_step: int) -> Path:
 
 class RunLogger:
     def __init__(self, output_dir: Path | None, total_steps: int, *, enabled: bool = True,
-                 tensorboard: bool = True, start_step: int = 0) -> None:
+                 tensorboard: bool = True, start_step: int = 0, text_log: TextLog | None = None) -> None:
         self.enabled = enabled
+        self.text_log = text_log or TextLog()  # timestamps every line; copies it to train.log once attached
         self.interactive = enabled and sys.stdout.isatty()
         # One decision, ours: rich's own terminal detection can disagree (TERM unset, CI variables).
         self.console = _Console(highlight=False, soft_wrap=True, force_terminal=self.interactive or None)
@@ -59,11 +61,15 @@ class RunLogger:
 
     def info(self, message: str) -> None:
         if self.enabled:
-            self._safe.run(lambda: self.console.print(message, markup=False))
+            line = self.text_log.stamp(message)
+            self.text_log.write(line)
+            self._safe.run(lambda: self.console.print(line, markup=False))
 
     def warn(self, message: str) -> None:
         if self.enabled:
-            self._safe.run(lambda: self.console.print(f"warning: {message}", markup=False, style="yellow"))
+            line = self.text_log.stamp(f"warning: {message}")
+            self.text_log.write(line)
+            self._safe.run(lambda: self.console.print(line, markup=False, style="yellow"))
 
     def start(self, step: int) -> None:
         if self.interactive:
@@ -88,7 +94,7 @@ class RunLogger:
         if print_line and values is not None:
             self.info(f"step {step}/{self.total_steps} epoch {epoch} loss {values['loss']:.4f} "
                       f"text {values['text_loss']:.4f} mel {values['mel_loss']:.4f} top1 {values['mel_top1']:.3f} "
-                      f"lr {values['lr']:.2e} {values['samples_per_s']:.1f} samples/s")
+                      f"lr {values['lr']:.2e} {speed_text(values['samples_per_s'])}")
 
     def flush(self) -> None:
         """Events up to now onto disk: called before each checkpoint, so a kill never loses curves

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.webui.roots import Roots
 
 INSTALL_HINT = "the web page needs Gradio: pip install 'indextts-train[webui]' (or: pip install 'gradio>=5,<7')"
 
@@ -34,8 +35,6 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
 
     `roots`: the folders every path the page reads or writes must lie in (default: the current one).
     """
-    from indextts_train.webui.roots import Roots
-
     allowed = Roots(roots or [Path.cwd()])
 
     credentials = parse_auth(auth, share)

@@ -146,7 +146,7 @@ class PageServer:
             return f"error: {exc}", "", "", "", ""
         launch = self.registry.find(folder)
         text = read_log(launch, folder)
-        command = shell_line(launch.argv) if launch is not None and launch.argv else ""
+        command = shell_line(launch.argv) if launch is not None and launch.argv else records.recorded_command(folder)
         tail = "\n".join(text.splitlines()[-LOG_LINES:])
         return records.status_line(launch, text), command, tail, records.plan_text(text), records.notices(text)
 
@@ -211,7 +211,7 @@ def _setup_panel():
     gr.Markdown("## Set up")
     train = gr.Textbox(label="Training manifests (one per line)", lines=2, elem_id="train_manifests")
     val = gr.Textbox(label="Validation manifests (one per line)", lines=1, elem_id="val_manifests")
-    tokenizer = gr.Textbox(label="Tokenizer (.model)", elem_id="tokenizer")
+    tokenizer = gr.Textbox(label="Tokenizer (.model or .tiktoken)", elem_id="tokenizer")
     config = gr.Textbox(label="Config", value=str(DEFAULT_CONFIG), elem_id="config")
     base = gr.Textbox(label="Base checkpoint (gpt.pth)", elem_id="base_checkpoint")
     output_dir = gr.Textbox(label="Output dir", elem_id="output_dir")

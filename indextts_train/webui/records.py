@@ -14,28 +14,35 @@ import time
 from pathlib import Path
 
 from indextts_train.checkpoint.files import list_checkpoints, same_file, verify_checkpoint
+from indextts_train.ui.run_record import RECORD_NAME, read_record, unstamp
 from indextts_train.webui.runs import Launch
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.M)
 SAVED_LINE = re.compile(r"^saved (.+?) \(step (\d+)", re.M)
 PLAN_HEAD = re.compile(r"\((cpu|cuda[^)]*)\): (fp32|bf16|fp16), micro-batch ")
+DONE_LINE = re.compile(r"^done: \d+ steps", re.M)
+ERROR_LINE = re.compile(r"^error: ", re.M)
+START_HEAD = "=== start "  # runrecord.TextLog heads each start's lines with it
 NOTICE_STARTS = ("warning:", "error:", "skipping ", "resuming from ", "--resume auto:", "stopped by signal")
 
 
 def progress(text: str) -> tuple[int, int] | None:
     """(step, total steps) of the last progress line, None before the first one."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     found = STEP_LINE.findall(text)
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
 def last_saved(text: str) -> str | None:
     """The checkpoint the run saved last (the one a stop leaves behind)."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     found = SAVED_LINE.findall(text)
     return found[-1][0] if found else None
 
 
 def plan_text(text: str) -> str:
     """The hardware plan the run chose, as it printed it (first line and its reasons)."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if PLAN_HEAD.search(line):
@@ -50,6 +57,7 @@ def plan_text(text: str) -> str:
 
 def notices(text: str) -> str:
     """Warnings, errors, resume decisions and the settings-drift report, in the order they came."""
+    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
     kept, in_drift = [], False
     for line in text.splitlines():
         if line.startswith("settings changed since the checkpoint:"):
@@ -76,10 +84,36 @@ def eta_text(launch: Launch, step: int, total: int, now: float | None = None) ->
     return f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def last_start(text: str) -> str:
+    """The part of train.log written by the last start (the trainer heads each start with `=== start`)."""
+    return text[text.rfind(START_HEAD):] if START_HEAD in text else text
+
+
+def recorded_status(text: str) -> str:
+    """How a run nobody is watching ended, from its log: finished, stopped or refused, step, checkpoint."""
+    part = unstamp(last_start(text))
+    if DONE_LINE.search(part):
+        how = "finished"
+    elif "stopped by signal" in part or "stopped:" in part:
+        how = "stopped"
+    elif ERROR_LINE.search(part):
+        how = "ended with an error"
+    else:
+        how = "not running (it ended without a last line: killed?)"
+    parts = [f"{how} (read from train.log; not running now)"]
+    step = progress(part)
+    if step:
+        parts.append(f"step {step[0]}/{step[1]}")
+    saved = last_saved(part)
+    if saved:
+        parts.append(f"checkpoint {saved}")
+    return " · ".join(parts)
+
+
 def status_line(launch: Launch | None, text: str) -> str:
     """One line: running/ended, step, ETA, exit code, the checkpoint left behind."""
     if launch is None:
-        return "no run in this output dir yet"
+        return recorded_status(text) if text.strip() else "no run in this output dir yet"
     step = progress(text)
     parts = []
     if launch.running():
@@ -156,3 +190,9 @@ def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> l
                      "size_mb": round(summary.get("sizes", {}).get("file_bytes", 0) / 2**20, 2),
                      "reasons": "; ".join(found.get("reasons", []))})
     return rows
+
+
+def recorded_command(output_dir: Path) -> str:
+    """The command line run.yaml recorded for the last start ('' when there is no record)."""
+    record = read_record(Path(output_dir) / RECORD_NAME)
+    return str(record.get("command_line", "")) if record else ""

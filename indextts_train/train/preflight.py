@@ -1,0 +1,84 @@
+"""Checks before any work: a start that is going to fail says so first, and changes nothing on disk.
+
+`check_inputs` runs after the config is read and before the hardware plan is printed or the output
+folder is created: every path, the base checkpoint's header (its keys and shapes against the
+config, read by mmap), the tokenizer, and the first lines of every manifest (fields, files, text
+ids against the tokenizer's range, lengths against the config's limits), each refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from indextts_train.checkpoint.base import check_base_layout
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.config.settings import Config, TrainOptions
+from indextts_train.data.checkdata import check_manifests
+from indextts_train.data.sampling import parse_manifest_specs
+from indextts_train.errors import UserError
+from indextts_train.text.languages import parse_borrowed
+from indextts_train.text.vocab import tokenizer_size
+
+# Lines read from the head of each manifest: enough to catch data made with another tokenizer or
+# for another config (every line is alike then), bounded so a start stays quick on any manifest.
+SAMPLE_LINES = 64
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """The run folder can be made and written, checked without making it."""
+    path = Path(output_dir)
+    flag = f"--output-dir {path}"
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag}: is a file, not a folder; choose a folder path for the run")
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{flag}: {existing} is a file, so no folder can be made under it; choose another path")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: {existing} is not writable; choose a writable folder")
+
+
+def check_paths(options: TrainOptions) -> None:
+    """Every file the start names exists, in the order the flags are usually written."""
+    specs = parse_manifest_specs(options.train_manifests, "--train-manifest", weights=True)
+    specs += parse_manifest_specs(options.val_manifests or [], "--val-manifest", weights=False)
+    for spec in specs:
+        if not Path(spec.path).is_file():
+            raise UserError(f"{spec.path}: manifest not found; check the path you passed")
+    for flag, value in (("--tokenizer", options.tokenizer), ("--base-checkpoint", options.base_checkpoint)):
+        if value is not None and not Path(value).is_file():
+            raise UserError(f"{flag} {value}: no such file; check the path")
+    resume = options.resume
+    if resume not in (None, "auto") and not Path(resume).is_file():
+        raise UserError(f"--resume {resume}: no such checkpoint file; use --resume auto to pick the newest one")
+    check_output_dir(options.output_dir)
+
+
+def check_base_checkpoint(options: TrainOptions, config: Config) -> None:
+    """The base checkpoint's keys and shapes against the config (mmap: tensor data stays on disk)."""
+    if options.base_checkpoint is None:
+        return
+    loaded = load_checkpoint(Path(options.base_checkpoint), mmap=True)
+    check_base_layout(Path(options.base_checkpoint), config.gpt, loaded=loaded)
+
+
+def check_manifest_sample(options: TrainOptions, config: Config, tokens: int) -> None:
+    """The first SAMPLE_LINES lines of every manifest, as check-data checks them; the first bad one
+    is refused (under --skip-bad-lines the run skips such lines itself)."""
+    paths = [spec.path for flag, values in (("--train-manifest", options.train_manifests),
+                                            ("--val-manifest", options.val_manifests or []))
+             for spec in parse_manifest_specs(values, flag, weights=flag == "--train-manifest")]
+    report = check_manifests(paths, gpt_cfg=config.gpt, vocab_size=tokens if options.tokenizer else None,
+                             borrowed=parse_borrowed(config.train.borrow_languages), max_lines=SAMPLE_LINES)
+    if report["lines_bad"] and not options.skip_bad_lines:
+        raise UserError(f"{report['errors'][0]} (checked before training; `indextts-train check-data` lists "
+                        "every bad line)")
+
+
+def check_inputs(options: TrainOptions, config: Config) -> int:
+    """All the checks above, cheapest first; returns the text vocabulary size the run will use."""
+    check_paths(options)
+    tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
+    check_base_checkpoint(options, config)
+    check_manifest_sample(options, config, tokens)
+    return tokens

@@ -1,0 +1,252 @@
+"""A run folder that explains itself: `train.log` (the console, timestamped) and `run.yaml`.
+
+Every start appends its console lines to OUTPUT_DIR/train.log, each with the wall-clock time and the
+time since the start, and writes OUTPUT_DIR/run.yaml: the exact command line, the options and the
+fully resolved configuration, library versions and the hardware plan. `train-gpt --from-run
+OUT/run.yaml` reads the options back (`recorded_options`), so a run started in tmux last week can be
+rerun as it was.
+
+Lines are kept in memory until the output folder has been claimed (`TextLog.attach`): a start that
+fails its checks creates nothing on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from indextts_train.config.settings import Config, TrainOptions
+from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write_text
+
+LOG_NAME = "train.log"
+RECORD_NAME = "run.yaml"
+RECORD_FORMAT = "indextts-train run record 1"  # marks run.yaml as ours: a foreign file is never replaced
+LIBRARIES = ("torch", "numpy", "sentencepiece", "tiktoken", "typer", "pyyaml", "tensorboard", "rich")
+MAX_RECORD_BYTES = 4 * 1024 * 1024  # a run.yaml is a few KiB; anything bigger is not one
+
+
+# The stamp TextLog.stamp puts before each console line: `13:02:41 +0:04:10 `.
+STAMP = re.compile(r"^\d\d:\d\d:\d\d \+\d+:\d\d:\d\d ", re.M)
+
+
+def unstamp(text: str) -> str:
+    """Console text without the stamps, for readers that match what a line says (the web page, tests)."""
+    return STAMP.sub("", text)
+
+
+def elapsed_text(seconds: float) -> str:
+    """`0:04:10`: hours are not wrapped, so a week-long run reads `170:02:11`."""
+    whole = int(max(seconds, 0))
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+class TextLog:
+    """Timestamps for console lines, and their copy in OUTPUT_DIR/train.log once the folder is ours."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.started = time.time() if started is None else started
+        self._pending: list[str] = []  # lines before attach(): written then, or never if the start fails
+        self._file: TextIO | None = None
+        self._failed = False
+
+    def stamp(self, message: str, now: float | None = None) -> str:
+        """`13:02:41 +0:04:10 message`: the time of day and the time since this start."""
+        now = time.time() if now is None else now
+        return f"{time.strftime('%H:%M:%S', time.localtime(now))} +{elapsed_text(now - self.started)} {message}"
+
+    def write(self, line: str) -> None:
+        """One stamped line (may hold several text lines); a failing disk ends the copy, never the run."""
+        if self._failed:
+            return
+        if self._file is None:
+            self._pending.append(line)
+            return
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError:
+            self._failed = True
+
+    def attach(self, output_dir: Path) -> None:
+        """Start appending to OUTPUT_DIR/train.log, with the lines said so far.
+
+        When stdout already appends to that very file (the web page starts runs that way), the lines
+        reach it through stdout and are not written twice.
+        """
+        path = Path(output_dir) / LOG_NAME
+        if _stdout_is(path):
+            self._pending.clear()
+            self._failed = True
+            return
+        try:
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the whole run
+        except OSError:
+            self._failed = True
+            return
+        when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
+        self.write(f"=== start {when}: {command_line(sys.argv)}")
+        pending, self._pending = self._pending, []
+        for line in pending:
+            self.write(line)
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as the user typed it: `train-gpt ...`, or `python -m indextts_train ...` (whose argv[0]
+    is the package's __main__.py path)."""
+    program = "python -m indextts_train" if Path(argv[0]).name == "__main__.py" else Path(argv[0]).name
+    return " ".join([program, *map(shlex.quote, argv[1:])])
+
+
+def _stdout_is(path: Path) -> bool:
+    try:
+        return path.exists() and os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured by a test, closed)
+        return False
+
+
+def library_versions() -> dict[str, str]:
+    """Python, this package and the libraries that decide the numbers."""
+    versions = {"python": platform.python_version(), "indextts-train": _version("indextts-train")}
+    versions.update({name: _version(name) for name in LIBRARIES})
+    return versions
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def write_run_record(output_dir: Path, options: dict[str, Any], config: dict, plan: dict,
+                     started: float) -> Path | None:
+    """OUTPUT_DIR/run.yaml for this start (atomic); None when a run.yaml that is not ours is in the way."""
+    path = Path(output_dir) / RECORD_NAME
+    if path.exists() and not _is_ours(path):
+        return None
+    record = {
+        "format": RECORD_FORMAT,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "command_line": command_line(sys.argv),
+        "argv": list(sys.argv),
+        "cwd": os.getcwd(),
+        "host": platform.node(),
+        "options": options,
+        "config": config,
+        "hardware": plan,
+        "versions": library_versions(),
+    }
+    atomic_write_text(path, yaml.safe_dump(record, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def _is_ours(path: Path) -> bool:
+    try:
+        return path.stat().st_size <= MAX_RECORD_BYTES and _read(path).get("format") == RECORD_FORMAT
+    except (OSError, UserError):
+        return False
+
+
+def _read(path: Path) -> dict:
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise UserError(f"--from-run {path}: {path.stat().st_size} bytes is not a run.yaml; pass OUT/run.yaml")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"--from-run {path}: not valid YAML ({exc}); pass the run.yaml a run wrote") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--from-run {path}: not a run record; pass the run.yaml a run wrote")
+    return data
+
+
+def read_record(path: Path) -> dict | None:
+    """A run.yaml this trainer wrote, or None (missing, foreign, unreadable): for readers that only show it."""
+    try:
+        data = _read(Path(path))
+    except (OSError, UserError):
+        return None
+    return data if data.get("format") == RECORD_FORMAT else None
+
+
+def recorded_options(path: Path) -> dict[str, Any]:
+    """The `train-gpt` values a run.yaml recorded, ready for TrainOptions: its inputs and every
+    resolved `train:` setting (so the config file's train: section no longer matters). Relative
+    paths are taken from the folder the run was started in."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--from-run {path}: no such file; pass OUTPUT_DIR/run.yaml of an earlier run")
+    data = _read(path)
+    if data.get("format") != RECORD_FORMAT or not isinstance(data.get("options"), dict):
+        raise UserError(f"--from-run {path}: not a run record of this trainer (no format: {RECORD_FORMAT!r})")
+    cwd = Path(str(data.get("cwd") or "."))
+    options = {name: _absolute(value, cwd) if name in PATH_OPTIONS else value
+               for name, value in data["options"].items()}
+    train = (data.get("config") or {}).get("train") or {}
+    return {**options, **train}
+
+
+# TrainOptions fields that hold paths (a manifest spec keeps its ::lang / @weight suffix).
+PATH_OPTIONS = ("train_manifests", "val_manifests", "output_dir", "config", "tokenizer", "base_checkpoint")
+
+
+def _absolute(value: Any, cwd: Path) -> Any:
+    """A recorded path as the run meant it: manifest specs stay text (they carry suffixes), files are Paths."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [str(_absolute(v, cwd)) for v in value]
+    return Path(value) if os.path.isabs(str(value)) else cwd / str(value)
+
+
+def recordable_options(options: TrainOptions, config: Config) -> dict:
+    """The inputs of this start for run.yaml (the train: settings are in the resolved config)."""
+    skip = ("overrides", "tensorboard", "from_run")
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name not in skip}
+    values["config"] = config.source
+    return {name: [str(v) for v in value] if isinstance(value, list) else
+            (str(value) if isinstance(value, Path) else value) for name, value in values.items()}
+
+
+def first_missing(output_dir: Path) -> Path | None:
+    """The topmost folder of output_dir that does not exist yet (None: it exists)."""
+    missing = None
+    for folder in (Path(output_dir), *Path(output_dir).parents):
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
+
+
+def take_back(output_dir: Path, made: Path | None, names: list[str]) -> None:
+    """Remove what a refused start created: `names` in output_dir (its lock, its log), then the folders
+    it made (`made`: the topmost, None when the output folder was there), each only if empty."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            (Path(output_dir) / name).unlink()
+    folder = Path(output_dir)
+    while made is not None:
+        try:
+            folder.rmdir()  # only an empty folder: anything else in it stays
+        except OSError:
+            return
+        if folder == made:
+            return
+        folder = folder.parent

@@ -1,0 +1,144 @@
+"""A start that is going to fail says so in one line before the hardware plan, exits 2, and leaves
+the file system as it found it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from indextts_train.cli import app
+from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions, config_beside, load_config
+from indextts_train.errors import UserError
+from indextts_train.train.preflight import SAMPLE_LINES, check_manifest_sample, check_output_dir
+from indextts_train.ui.run_record import first_missing
+
+PLAN_WORDS = "micro-batch"  # the first line of the hardware plan says it
+
+
+def snapshot(folder: Path) -> dict[str, int]:
+    """Every path under `folder` with its size: what a refused start must leave as it was."""
+    return {str(p.relative_to(folder)): (p.stat().st_size if p.is_file() else -1) for p in folder.rglob("*")}
+
+
+def start(tiny_data: dict, out: Path, *extra: str, manifest: Path | None = None) -> tuple[int, str]:
+    args = ["train", "--train-manifest", str(manifest or tiny_data["train"]), "--config", str(tiny_data["config"]),
+            "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(out), "--max-steps", "1", *extra]
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.output
+
+
+def bad_ids_manifest(tiny_data: dict, folder: Path, line_no: int, *, repeat: int = 1) -> Path:
+    """The training manifest (repeated `repeat` times) with line `line_no` holding text id 5000 (the
+    vocabulary is 100); its paths made absolute, as the copy lives in another folder."""
+    source = Path(tiny_data["train"]).parent
+    objs = [json.loads(line) for line in Path(tiny_data["train"]).read_text().splitlines()] * repeat
+    objs = [{k: str(source / v) if k.endswith("_path") else v for k, v in obj.items()} for obj in objs]
+    np.save(folder / "bad_text.npy", np.array([3, 5000, 4], dtype=np.int32))
+    objs[line_no - 1] = {**objs[line_no - 1], "target_text_ids_path": str(folder / "bad_text.npy"),
+                         "target_text_len": 3}
+    manifest = folder / "bad.jsonl"
+    manifest.write_text("".join(json.dumps(obj) + "\n" for obj in objs))
+    return manifest
+
+
+@pytest.mark.parametrize("what", ["manifest", "base", "tokenizer", "ids"])
+def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, tmp_path, what) -> None:
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    manifest, extra = None, []
+    if what == "manifest":
+        manifest = inputs / "missing.jsonl"
+    elif what == "base":
+        extra = ["--base-checkpoint", str(inputs / "missing_gpt.pth")]
+    elif what == "tokenizer":
+        extra = ["--tokenizer", str(inputs / "missing.model")]
+    else:
+        manifest = bad_ids_manifest(tiny_data, inputs, line_no=3)
+    before = snapshot(tmp_path)
+    code, output = start(tiny_data, tmp_path / "runs" / "am", *extra, manifest=manifest)
+    assert code == 2
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and PLAN_WORDS not in output, output
+    needle = {"manifest": "missing.jsonl: manifest not found", "base": "--base-checkpoint", "tokenizer": "--tokenizer",
+              "ids": "bad.jsonl:3: target_text_ids_path holds id 5000"}[what]
+    assert needle in lines[0]
+    assert snapshot(tmp_path) == before  # no runs/, no runs/am, no train.lock, no log
+
+
+def test_a_refusal_after_the_folder_was_claimed_takes_it_back(tiny_data, tmp_path) -> None:
+    """--early-stop-patience without validation is found while the data is read (after the lock):
+    the folders, lock and log this start made go again; a folder that was there stays as it was, and
+    a run folder's own train.log gets the refusal."""
+    code, output = start(tiny_data, tmp_path / "new" / "run", "--early-stop-patience", "2")
+    assert code == 2 and "pass --val-manifest" in output
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    code, _ = start(tiny_data, kept, "--early-stop-patience", "2")
+    assert code == 2 and sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    (kept / "train.log").write_text("an earlier start\n")
+    code, _ = start(tiny_data, kept, "--early-stop-patience", "2")
+    assert code == 2 and sorted(p.name for p in kept.iterdir()) == ["notes.txt", "train.log"]
+    assert "error: --early-stop-patience" in (kept / "train.log").read_text()  # the refusal is in the run's log
+
+
+def test_the_sample_is_the_head_of_each_manifest(tiny_data, tmp_path) -> None:
+    """SAMPLE_LINES lines are read, no more: a bad line just past them is the run's to find; within
+    them it is refused, unless --skip-bad-lines hands such lines to the run."""
+    config = load_config(tiny_data["config"])
+    repeat = SAMPLE_LINES // 24 + 1
+    for line_no, refused in ((SAMPLE_LINES, True), (SAMPLE_LINES + 1, False)):
+        options = TrainOptions(train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, line_no, repeat=repeat))],
+                               output_dir=tmp_path / "run")
+        if refused:
+            with pytest.raises(UserError, match=f"bad.jsonl:{line_no}: target_text_ids_path holds id 5000"):
+                check_manifest_sample(options, config, 100)
+        else:
+            check_manifest_sample(options, config, 100)
+    options.skip_bad_lines = True
+    options.train_manifests = [str(bad_ids_manifest(tiny_data, tmp_path, 1))]
+    check_manifest_sample(options, config, 100)
+
+
+@pytest.mark.slow
+def test_config_defaults_to_the_official_one_beside_the_base_checkpoint(tiny_data, tmp_path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    base = folder / "gpt.pth"
+    base.write_bytes(Path(tiny_data["base"]).read_bytes())
+    official = yaml.safe_load(Path(tiny_data["config"]).read_text())
+    (folder / "config.yaml").write_text(yaml.safe_dump({**official, "gpt_checkpoint": "gpt.pth"}))
+    options = TrainOptions(train_manifests=[str(tiny_data["train"])], output_dir=tmp_path / "run", base_checkpoint=base)
+    path, line = options.config_path()
+    assert path == folder / "config.yaml" and line.startswith("--config not given: using")
+    assert config_beside(folder / "other.pth") is None  # gpt_checkpoint names another file
+    assert TrainOptions(train_manifests=["x"], output_dir=tmp_path).config_path() == (DEFAULT_CONFIG, None)
+    result = CliRunner().invoke(app, ["train", "--train-manifest", str(tiny_data["train"]), "--base-checkpoint",
+                                      str(base), "--output-dir", str(tmp_path / "run"), "--max-steps", "1"])
+    assert result.exit_code == 0 and result.output.splitlines()[0].endswith(
+        f"--config not given: using {folder / 'config.yaml'}, the config.yaml of --base-checkpoint's model folder")
+
+
+def test_one_error_prefix_for_a_bad_setting(tiny_data, tmp_path) -> None:
+    code, output = start(tiny_data, tmp_path / "run", "--learning-rate", "-1")
+    assert code == 2 and output.strip() == "error: train.learning_rate (--learning-rate) must be > 0, got -1.0"
+    bad = tmp_path / "bad.yaml"
+    config = yaml.safe_load(Path(tiny_data["config"]).read_text())
+    bad.write_text(yaml.safe_dump({**config, "train": {**config.get("train", {}), "seed": -3}}))
+    code, output = start(tiny_data, tmp_path / "run", "--config", str(bad))
+    assert code == 2 and output.strip() == f"error: {bad}: train.seed (--seed) must be >= 0, got -3"
+
+
+def test_output_dir_checks_make_nothing(tmp_path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        check_output_dir(tmp_path / "file" / "run")
+    check_output_dir(tmp_path / "a" / "b")
+    assert not (tmp_path / "a").exists() and first_missing(tmp_path / "a" / "b") == tmp_path / "a"
+    assert first_missing(tmp_path) is None

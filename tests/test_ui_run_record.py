@@ -1,0 +1,109 @@
+"""A run folder that explains itself: train.log (stamped console lines of every start) and run.yaml,
+from which `train-gpt --from-run` reruns the run to the same weights."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from indextts_train.cli import app
+from indextts_train.ui.run_record import (
+    RECORD_FORMAT,
+    TextLog,
+    command_line,
+    elapsed_text,
+    read_record,
+    recorded_options,
+    unstamp,
+    write_run_record,
+)
+
+STAMPED = re.compile(r"^\d\d:\d\d:\d\d \+\d+:\d\d:\d\d ")
+
+
+def test_stamps_and_lines_held_until_the_folder_is_claimed(tmp_path) -> None:
+    log = TextLog(started=1000.0)
+    line = log.stamp("step 1/9 loss 1.0", now=1000.0 + 3 * 3600 + 62)
+    assert STAMPED.match(line) and line.split()[1] == "+3:01:02" and unstamp(line) == "step 1/9 loss 1.0"
+    assert elapsed_text(170 * 3600 + 131) == "170:02:11"  # a week-long run is not wrapped at 24 h
+    log.write("before the folder exists")
+    assert not (tmp_path / "train.log").exists()
+    log.attach(tmp_path)
+    log.write("after")
+    log.close()
+    text = (tmp_path / "train.log").read_text().splitlines()
+    assert text[0].startswith("=== start ") and text[1:] == ["before the folder exists", "after"]
+
+
+def test_a_log_that_stdout_already_writes_is_not_written_twice(tmp_path, monkeypatch) -> None:
+    """The web page starts runs with stdout appended to OUTPUT_DIR/train.log."""
+    with open(tmp_path / "train.log", "a") as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        log = TextLog()
+        log.write("said once, through stdout")
+        log.attach(tmp_path)
+        log.write("again")
+        log.close()
+    assert (tmp_path / "train.log").read_text() == ""
+
+
+def test_command_line_is_what_the_user_typed() -> None:
+    assert command_line(["/x/indextts_train/__main__.py", "train", "--seed", "1"]) == \
+        "python -m indextts_train train --seed 1"
+    assert command_line(["/venv/bin/train-gpt", "--output-dir", "my runs/a"]) == "train-gpt --output-dir 'my runs/a'"
+
+
+def test_a_run_yaml_that_is_not_ours_is_never_replaced(tmp_path) -> None:
+    (tmp_path / "run.yaml").write_text("my: own notes\n")
+    assert write_run_record(tmp_path, {}, {}, {}, 0.0) is None
+    assert (tmp_path / "run.yaml").read_text() == "my: own notes\n" and read_record(tmp_path / "run.yaml") is None
+    result = CliRunner().invoke(app, ["train", "--from-run", str(tmp_path / "run.yaml")])
+    assert result.exit_code == 2 and "not a run record of this trainer" in result.output
+    result = CliRunner().invoke(app, ["train", "--from-run", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "no such file" in result.output
+    result = CliRunner().invoke(app, ["train", "--output-dir", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--train-manifest is required" in result.output
+
+
+@pytest.mark.slow
+def test_rerun_from_run_yaml_gives_the_same_weights_bit_for_bit(tiny_data, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths in the command resolve from here, and run.yaml says so
+    first = Path("runs") / "first"
+    args = ["train", "--train-manifest", str(tiny_data["train"]), "--val-manifest", str(tiny_data["val"]),
+            "--config", str(tiny_data["config"]), "--base-checkpoint", str(tiny_data["base"]),
+            "--output-dir", str(first), "--max-steps", "3", "--learning-rate", "3e-3", "--seed", "7",
+            "--resume", "auto"]
+    monkeypatch.setattr(sys, "argv", ["train-gpt", *args[1:]])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = yaml.safe_load((first / "run.yaml").read_text())
+    assert record["format"] == RECORD_FORMAT and record["command_line"].startswith("train-gpt --train-manifest")
+    assert record["cwd"] == str(tmp_path) and record["options"]["output_dir"] == str(first)
+    assert record["config"]["train"]["learning_rate"] == 3e-3 and record["config"]["train"]["seed"] == 7
+    assert record["config"]["gpt"]["model_dim"] > 0 and record["hardware"]["micro_batch"] >= 1
+    assert record["versions"]["torch"] == torch.__version__
+    log = (first / "train.log").read_text()
+    assert log.startswith("=== start ") and re.search(r"^\d\d:\d\d:\d\d \+0:\d\d:\d\d step 3/3 ", log, re.M)
+    assert recorded_options(first / "run.yaml")["output_dir"] == tmp_path / first
+
+    monkeypatch.chdir(tmp_path.parent)  # from elsewhere: the recorded folder resolves the relative paths
+    again = tmp_path / "again"
+    result = CliRunner().invoke(app, ["train", "--from-run", str(tmp_path / first / "run.yaml"),
+                                      "--output-dir", str(again)])
+    assert result.exit_code == 0, result.output
+    reference = torch.load(tmp_path / first / "latest.pth", weights_only=True)
+    rerun = torch.load(again / "latest.pth", weights_only=True)
+    assert list(reference["model"]) == list(rerun["model"])
+    assert all(torch.equal(reference["model"][k], rerun["model"][k]) for k in reference["model"])
+    assert rerun["hparams"] == reference["hparams"]
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)  # the same command again: nothing to do, one more start in the log
+    assert result.exit_code == 0 and "nothing to do" in result.output
+    assert (tmp_path / first / "train.log").read_text().count("=== start ") == 2
