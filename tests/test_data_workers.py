@@ -88,5 +88,8 @@ def test_a_stop_during_setup_ends_the_run_before_any_step(tiny_data, tmp_path: P
     assert proc.returncode == code, output[-2000:]
     assert "during setup, before the first step" in output and "Traceback" not in output
     assert "step 1" not in output
-    assert sorted(p.name for p in out.iterdir() if p.name != "train.lock") == []  # nothing written, nothing half
-    RunLock(out).acquire().release()  # the lock was released
+    # Nothing written, nothing half: a refused start takes back the folder it created (lock and log
+    # included), so the output dir does not exist; had it existed before, only its lock would remain.
+    assert not out.exists()
+    out.mkdir()
+    RunLock(out).acquire().release()  # nobody holds a lock on it

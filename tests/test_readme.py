@@ -167,7 +167,7 @@ def test_the_readme_blocks_run_in_a_fresh_venv(tmp_path) -> None:
     marked = [(marker, body) for marker, _, body in blocks(README) if marker]
     assert [m for m, _ in marked].count("run") >= 2 and [m for m, _ in marked].count("install") == 1
     install = next(body for marker, body in marked if marker == "install")
-    assert "python3 -m venv .venv" in install and "pip install -e ." in install
+    assert "python3 -m venv .venv" in install and "pip install -e '.[prepare]'" in install
     venv = fresh_venv(tmp_path)
     located = subprocess.run([str(venv / "bin" / "python"), "-c", "import indextts_train as p; print(p.__file__)"],
                              capture_output=True, text=True, check=True, cwd=tmp_path).stdout

@@ -64,7 +64,7 @@ def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not [d for d in project["dependencies"] if d.startswith(("gradio", "playwright"))]
     assert project["optional-dependencies"]["webui"][0].startswith("gradio")
-    assert "${EXTRAS:-dev}" in (ROOT / "scripts" / "install.sh").read_text()  # what demo.sh installs
+    assert "${EXTRAS:-dev,prepare}" in (ROOT / "scripts" / "install.sh").read_text()  # what demo.sh installs
     assert "EXTRAS" not in (ROOT / "scripts" / "demo.sh").read_text()
     loaded = subprocess.run([sys.executable, "-c", "import sys, indextts_train.cli, indextts_train.train.loop, "
                              "indextts_train.webui.form, indextts_train.webui.records; print('gradio' in sys.modules)"],

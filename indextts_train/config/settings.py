@@ -376,7 +376,7 @@ def gpt_from_dict(data: dict) -> GPTConfig:
 
 
 # The real IndexTTS2 sizes, from this checkout (not the working directory).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "indextts2.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
 
 
 def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
