@@ -20,9 +20,7 @@ import errno
 import io
 import json
 import os
-import pickle
 import re
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,14 @@ from typing import Any, BinaryIO
 
 import torch
 
-from indextts_train.checkpoint.adapter_file import adapter_verdict, is_adapter_file, missing_reason
+from indextts_train.checkpoint.adapter_file import adapter_verdict, is_adapter_file
+from indextts_train.checkpoint.reader import (  # noqa: F401  (re-exported: callers import them from here)
+    _first_line,
+    _read,
+    config_for,
+    load_checkpoint,
+    read_unchecked,
+)
 from indextts_train.checkpoint.state import (  # noqa: F401  (FORMAT_VERSION: re-exported for callers)
     FORMAT,
     FORMAT_VERSION,
@@ -42,13 +47,11 @@ from indextts_train.checkpoint.state import (  # noqa: F401  (FORMAT_VERSION: re
     validate,
 )
 from indextts_train.config.schema import is_int
-from indextts_train.config.settings import FAMILY_NAMES, Config, config_from_dict, load_config
+from indextts_train.config.settings import FAMILY_NAMES
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.atomic import atomic_write as atomic_write_file
 from indextts_train.files.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.files.faults import crash_armed, crash_point
-from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
-from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 from indextts_train.model.layout import (
     clean_keys,
     family_of_keys,
@@ -72,111 +75,6 @@ class ProtectedNameError(CheckpointSaveError):
 
 class NonFiniteStateError(Exception):
     """A state with a NaN/Inf weight or optimizer tensor: refused before anything touches the disk."""
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def _first_line(exc: BaseException) -> str:
-    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    return (text[:160] + "...") if len(text) > 160 else (text or type(exc).__name__)
-
-
-def _check_zip_crc(path: Path) -> None:
-    """Raise CheckpointError when a zip member fails its CRC-32 (torch.load would not notice)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = [m for m in archive.infolist() if m.file_size]
-            if members and all(m.CRC == 0 for m in members):
-                return  # written with torch's compute_crc32 off: nothing to check against
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"{path} is corrupt: its zip structure is damaged ({_first_line(exc)})") from None
-    if bad:
-        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 checksum "
-                              "(damaged on disk or in a copy); it is left on disk")
-
-
-def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
-    """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: {missing_reason(path)}")
-    is_zip = zipfile.is_zipfile(path)
-    if is_zip and check_crc:
-        _check_zip_crc(path)
-    try:
-        return load_weights_only(path, mmap=mmap and is_zip)
-    except pickle.UnpicklingError as exc:
-        if str(exc).startswith(NOT_OURS):
-            raise CheckpointError(f"refusing to load {path}: {exc}") from None
-        refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
-        if refused:
-            raise CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
-                                  "and numpy arrays of plain number types are accepted") from None
-        unsafe = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        if unsafe:
-            raise CheckpointError(
-                f"refusing to load {path}: it contains pickled Python objects that could run code "
-                f"({unsafe.group(1)}); only tensors and plain containers are accepted") from None
-        raise CheckpointError(f"{path} is not a readable checkpoint: {_unpickle_reason(exc)}") from None
-    except EOFError:
-        raise CheckpointError(f"{path} is not a readable checkpoint: the file ends early "
-                              "(empty or truncated)") from None
-    except Exception as exc:  # anything else a hostile or damaged file provokes means "unreadable"
-        if not is_zip and _starts_like_zip(path):
-            reason = "the zip archive has no end record: the file is truncated (an interrupted save or copy)"
-        else:
-            reason = f"truncated, corrupt or not written by torch.save ({_first_line(exc)})"
-        raise CheckpointError(f"{path} is not a readable checkpoint: {reason}") from None
-
-
-def _starts_like_zip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"PK\x03\x04"
-
-
-def _unpickle_reason(exc: BaseException) -> str:
-    detail = re.search(r"Unsupported operand \S+", str(exc))
-    return f"not written by torch.save, or damaged ({detail.group(0) if detail else 'unpickling failed'})"
-
-
-def read_unchecked(path: Path) -> Any:
-    """The file's objects with tensor data left on disk and no CRC pass: cheap, for a quick look."""
-    return _read(path, mmap=True, check_crc=False)
-
-
-def load_checkpoint(path: Path, *, mmap: bool = False, crc_checked: bool = False) -> dict:
-    """Load a checkpoint on the CPU, refusing anything that would need code to unpickle. Deletes nothing.
-
-    A checkpoint of our format comes back migrated to the current format_version (state.migrate).
-
-    `mmap` leaves tensor data on disk until touched (enough to read a stored config); `crc_checked`
-    skips the checksum pass when verify_checkpoint just read the whole file, as resume does.
-    """
-    path = Path(path)
-    obj = _read(path, mmap=mmap, check_crc=not crc_checked)
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
-    return migrate(obj) if obj.get("format") == FORMAT else obj
-
-
-def config_for(path: Path, explicit: Path | None, *, fallback: Path | None = None,
-               loaded: dict | None = None) -> Config:
-    """The config a checkpoint was trained with: `explicit` if given, else the one stored in it.
-
-    `loaded` is the file's contents when the caller has read it already (load_verified); otherwise
-    it is read by mmap: only the small config is touched, not the tensors. `fallback` serves files
-    that store none (a bare gpt.pth); without one, such a file is a one-line error.
-    """
-    if explicit is not None:
-        return load_config(explicit)
-    state = loaded if loaded is not None else load_checkpoint(path, mmap=True)
-    stored = state.get("config")
-    if isinstance(stored, dict) and "gpt" in stored:
-        return config_from_dict(stored, f"{path} (stored config)")
-    if fallback is not None:
-        return load_config(fallback)
-    raise UserError(f"{path} stores no config; pass --config with the IndexTTS2 config.yaml it was trained with")
 
 
 # ----------------------------------------------------------------------------- verify

@@ -190,6 +190,25 @@ def _distribution(values: array) -> dict[str, float] | None:
             "p95": float(np.percentile(arr, 95)), "max": int(arr.max())}
 
 
+def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: int | None,
+                borrowed: dict[str, int] | None, text_path: TextPath | None) -> _Limits:
+    """What every line is checked against: the config's sizes, the tokenizer's id range, the family."""
+    text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
+    return _Limits(
+        max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
+        max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
+        model_dim=gpt_cfg.model_dim if gpt_cfg else None,
+        text_vocab=text_vocab,
+        mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
+        base_vocab=base_vocab,
+        family=gpt_cfg.family if gpt_cfg else None,
+        borrowed=borrowed or {},
+        text_vocab_from_tokenizer=vocab_size is not None,
+        mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
+        text_path=text_path,
+    )
+
+
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
                     vocab_size: int | None = None, base_vocab: int | None = None,
                     borrowed: dict[str, int] | None = None, text_path: TextPath | None = None,
@@ -206,20 +225,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     """
     if vocab_size is None and text_path is not None:
         vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
-    text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
-    limits = _Limits(
-        max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
-        max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
-        model_dim=gpt_cfg.model_dim if gpt_cfg else None,
-        text_vocab=text_vocab,
-        mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
-        base_vocab=base_vocab,
-        family=gpt_cfg.family if gpt_cfg else None,
-        borrowed=borrowed or {},
-        text_vocab_from_tokenizer=vocab_size is not None,
-        mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
-        text_path=text_path,
-    )
+    limits = _limits_for(gpt_cfg, vocab_size, base_vocab, borrowed, text_path)
     files = [str(p) for p in paths]
     stats = _CheckStats()
     errors: list[str] = []

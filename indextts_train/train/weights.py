@@ -1,0 +1,135 @@
+"""The model's weights of a run: fresh from a base gpt.pth (grown to the tokenizer) or resumed from a
+checkpoint (grown when the tokenizer grew since), with the carried encoder tensors, the vocabulary
+plan and, under --train-scope lora, the adapters. The checkpoint's `model` part, official layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from indextts_train.checkpoint.base import load_base_checkpoint
+from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
+from indextts_train.config.scope_settings import scope_settings
+from indextts_train.config.settings import Config, TrainConfig, TrainOptions
+from indextts_train.errors import UserError
+from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.model.layout import (
+    full_state_dict,
+    init_carried,
+    mismatch_summary,
+    resolve_family,
+    split_state_dict,
+)
+from indextts_train.model.lora import LoraAdapters, adapter_record, load_adapters
+from indextts_train.model.scope import apply_scope, text_rows_trainable, trainable_parameters
+from indextts_train.text.vocab import (
+    VocabPlan,
+    growth_between_runs,
+    growth_point,
+    resize_text_rows,
+)
+from indextts_train.ui.console import RunLogger
+
+Autocast = Callable[[], contextlib.AbstractContextManager]
+
+
+@dataclass
+class Weights:
+    """The model and the carried (untrained) encoder tensors: the checkpoint's `model`, official layout.
+
+    Under --train-scope lora also the adapters (the checkpoint's `lora`); the model's own tensors
+    are then the frozen base.
+    """
+
+    model: UnifiedVoiceGPT
+    carried: dict[str, Tensor]
+    vocab_plan: VocabPlan
+    adapters: LoraAdapters | None = None
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return full_state_dict(self.model, self.carried)
+
+    def adapter_record(self) -> dict | None:
+        return adapter_record(self.adapters) if self.adapters is not None else None
+
+    def trainable(self) -> list[tuple[str, nn.Parameter]]:
+        """What the optimizer steps and clipping measures, in a fixed order."""
+        return trainable_parameters(self.model, self.adapters)
+
+    def apply_scope(self, train: TrainConfig, record: dict | None, source: str) -> None:
+        """Freeze what the scope does not train; lora: new adapters (seeded) or the checkpoint's `record`."""
+        plan = self.vocab_plan
+        rows = text_rows_trainable(bool(plan.new_ids), plan.freeze_base)
+        generator = torch.Generator().manual_seed(train.seed + 1) if record is None else None
+        self.adapters = apply_scope(self.model, scope_settings(train), text_rows_train=rows, generator=generator)
+        if self.adapters is not None and record is not None:
+            load_adapters(self.adapters, record, source)
+
+    def to(self, device: torch.device) -> None:
+        self.model.to(device)
+        if self.adapters is not None:
+            self.adapters.to(device)
+
+
+def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> UnifiedVoiceGPT:
+    train = config.train
+    model = UnifiedVoiceGPT(config.gpt, dropout=train.dropout, activation_checkpointing=train.activation_checkpointing)
+    if trained is not None:
+        model.load_state_dict(trained, strict=True)
+    return model
+
+
+def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLogger) -> Weights:
+    """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init."""
+    train = config.train
+    generator = torch.Generator().manual_seed(train.seed)
+    if options.base_checkpoint is None:
+        log.warn("no --base-checkpoint: the GPT starts from random weights (fine for the demo, "
+                 "not for fine-tuning)")
+        config.gpt.number_text_tokens = tokens
+        return Weights(_new_model(config), init_carried(config.gpt, generator),
+                       VocabPlan(tokens, tokens, train.freeze_base_vocab))
+    # One read (mmap) serves both: what kind of file it is (its keys) and its weights.
+    loaded = load_checkpoint(options.base_checkpoint, mmap=True)
+    ignored = ignored_by_base_checkpoint(options.base_checkpoint, loaded)
+    if ignored:
+        log.warn(ignored)
+    trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt, loaded=loaded)
+    plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab,
+                     insert_at=growth_point(options.tokenizer, base_tokens))
+    if tokens != base_tokens:
+        trained = resize_text_rows(trained, plan, generator)
+    config.gpt.number_text_tokens = tokens
+    return Weights(_new_model(config, trained), carried, plan)
+
+
+def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
+                    tokenizer: Path | None) -> tuple[Weights, VocabPlan]:
+    """The checkpoint's weights, text rows grown when the tokenizer grew; also that growth (saved -> now)."""
+    train = config.train
+    resolve_family(config.gpt, ckpt["model"], path)
+    trained, carried = split_state_dict(ckpt["model"], config.gpt)
+    saved_tokens = trained["text_embedding.weight"].shape[0] - 1
+    if tokens < saved_tokens:
+        raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
+                        f"{saved_tokens}; a vocabulary can grow between runs, not shrink")
+    growth = growth_between_runs(saved_tokens, tokens, tokenizer)
+    if tokens != saved_tokens:
+        trained = resize_text_rows(trained, growth, torch.Generator().manual_seed(train.seed + tokens))
+    config.gpt.number_text_tokens = tokens
+    try:
+        model = _new_model(config, trained)
+    except RuntimeError:
+        raise UserError(f"{path} does not fit --config {config.source}: {mismatch_summary(trained, config.gpt)}; "
+                        "pass the config the checkpoint was trained with") from None
+    saved = VocabPlan.from_dict(ckpt["vocab_plan"])
+    # A repaired community plan does not say where new rows went; the tokenizer's kind does.
+    insert_at = saved.insert_at if saved.insert_at is not None else growth_point(tokenizer, saved.base_tokens)
+    plan = VocabPlan(saved.base_tokens, tokens, train.freeze_base_vocab, insert_at=insert_at)
+    return Weights(model, carried, plan), growth
