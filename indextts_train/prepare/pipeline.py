@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
 from indextts_train.prepare.featurize import (
@@ -37,7 +38,6 @@ from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, 
 from indextts_train.prepare.outputs import OutputFolder, file_stem
 from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
 from indextts_train.prepare.progress import PrepareProgress, print_summary
-from indextts_train.prepare.ranks import RankInfo, broadcast_from_main, start_ranks, stop_ranks, wait_for_all
 
 PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
 LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken")
@@ -201,7 +201,7 @@ def _loaded_batches(batches: list[list[int]], planned: Planned, options: Prepare
 
 
 def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder, options: PrepareOptions,
-                  info: RankInfo) -> None:
+                  info: DistInfo) -> None:
     """This rank's batches (k % world == rank) that are not complete yet."""
     mine = [b for k, b in enumerate(planned.batches) if k % info.world_size == info.rank]
     complete = [all(folder.has_record(planned.stems[i]) for i in b) for b in mine]
@@ -270,7 +270,7 @@ def _report(kept: list[dict], rejected: list[dict], tokens: set[int], pairs: Pai
     }
 
 
-def pick_device(name: str | None, info: RankInfo) -> torch.device:
+def pick_device(name: str | None, info: DistInfo) -> torch.device:
     """--device, else this rank's GPU when there is one, else the CPU."""
     if name:
         try:
@@ -285,14 +285,14 @@ def pick_device(name: str | None, info: RankInfo) -> torch.device:
 
 def run_prepare(options: PrepareOptions) -> int:
     """Exit 0 every utterance kept, 1 some rejected, 2 nothing usable (or a UserError)."""
-    info = start_ranks()
+    info = setup_distributed()
     try:
         return _run(options, info)
     finally:
-        stop_ranks(info)
+        teardown_distributed(info)
 
 
-def _run(options: PrepareOptions, info: RankInfo) -> int:
+def _run(options: PrepareOptions, info: DistInfo) -> int:
     device = pick_device(options.device, info)
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
@@ -314,7 +314,7 @@ def _run(options: PrepareOptions, info: RankInfo) -> int:
     compute_share(planned, featurizer, folder, options, info)
     for note in featurizer.notes() if info.is_main else []:  # rank 0's share of the texts; enough to warn
         print(f"warning: {note}")
-    wait_for_all(info)
+    barrier(info)
     if not info.is_main:
         return 0
     report = assemble(planned, folder, options, models, hashes)

@@ -12,9 +12,9 @@ from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import config_for, load_checkpoint
 from indextts_train.config.settings import DEFAULT_CONFIG, Config
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
+from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 from indextts_train.model.lora import attach_lora, load_adapters, record_spec
-from indextts_train.train.distributed import DistInfo, sum_across_ranks
 
 SUM_NAMES = ("text_ce", "text_count", "mel_ce", "mel_count", "mel_correct", "samples")
 

@@ -35,10 +35,10 @@ from indextts_train.checkpoint.state import nonfinite_problem
 from indextts_train.config.settings import TrainOptions
 from indextts_train.data.sampling import epoch_length
 from indextts_train.data.workers import reap_workers
+from indextts_train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError, user_line
 from indextts_train.files.faults import crash_point
 from indextts_train.train.best import judge, verdict
-from indextts_train.train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
 from indextts_train.train.guard import EXIT_DIVERGED, diverged_message
 from indextts_train.train.hardware import halve_for_oom, prepare_exact_resume_env
 from indextts_train.train.optim import lr_factor

@@ -17,8 +17,8 @@ import torch
 from indextts_train.checkpoint import files as ckpt_io
 from indextts_train.checkpoint.lineage import resume_order
 from indextts_train.checkpoint.rng import restore_rng
+from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
-from indextts_train.train.distributed import DistInfo
 from indextts_train.train.hardware import HardwarePlan
 from indextts_train.ui.console import RunLogger
 

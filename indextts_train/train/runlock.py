@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from indextts_train.distributed import DistInfo, any_rank
 from indextts_train.errors import UserError
-from indextts_train.train.distributed import DistInfo, any_rank
 
 if TYPE_CHECKING:  # torch only for a run's claim: a process that only asks holder_pid() stays light
     import torch

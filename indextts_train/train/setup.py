@@ -44,6 +44,7 @@ from indextts_train.data.sampling import (
     parse_manifest_specs,
     sampler_spec,
 )
+from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError, user_line
 from indextts_train.files.faults import crash_point
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -56,7 +57,6 @@ from indextts_train.text.vocab import (
 )
 from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
-from indextts_train.train.distributed import DistInfo, gather_to_main
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
 from indextts_train.train.loss_module import LossModule

@@ -14,10 +14,10 @@ import torch
 
 from indextts_train.data.manifest import make_loader
 from indextts_train.data.sampling import ResumableBatchSampler
+from indextts_train.distributed import all_reduce_sum, any_rank
 from indextts_train.errors import UserError
 from indextts_train.files.faults import crash_point, nan_loss_at
 from indextts_train.model.gpt import Batch
-from indextts_train.train.distributed import all_reduce_sum, any_rank
 from indextts_train.train.guard import collate_skipping
 from indextts_train.train.hardware import halve_for_oom, is_oom_error
 from indextts_train.train.validation import evaluate_groups

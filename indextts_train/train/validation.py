@@ -28,9 +28,9 @@ from indextts_train.data.manifest import (
     sequential_batches,
 )
 from indextts_train.data.sampling import ManifestSpec
+from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.train.distributed import DistInfo, sum_across_ranks
 from indextts_train.train.evaluate import SUM_NAMES, loss_sums, losses_from_sums
 
 

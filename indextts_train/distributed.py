@@ -1,4 +1,4 @@
-"""torchrun data parallel, reduced to the few calls the loop needs.
+"""torchrun ranks, reduced to the few calls training and `prepare` need (one module both use).
 
 Launched by `torchrun`, every process gets RANK / WORLD_SIZE / LOCAL_RANK in its environment; a plain
 `train-gpt` run has none and is world size 1, where every helper here is a cheap no-op.
@@ -85,3 +85,12 @@ def gather_to_main(obj: Any, info: DistInfo) -> list[Any]:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def broadcast_from_main(value: str | None, info: DistInfo) -> str | None:
+    """Rank 0's value on every rank (a setup error, so that all ranks stop with the same line)."""
+    if not info.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
