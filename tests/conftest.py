@@ -24,6 +24,18 @@ SLOW_FILES = frozenset({
 })
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Hundreds of small ops (the prepare models at tiny size): on a busy shared CPU, thread hand-offs
+    cost more than they save, so these modules run torch on one thread and restore it after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_FILES:

@@ -18,13 +18,7 @@ CPU = torch.device("cpu")
 EMO_KEYS = ("emo_conditioning_encoder.", "emo_perceiver_encoder.", "emovec_layer.", "emo_layer.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small ops on a busy shared CPU: thread hand-offs cost more than they save."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: small ops, one thread
 
 
 def _carried(folder: str) -> tuple[dict, GPTConfig]:

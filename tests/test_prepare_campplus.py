@@ -24,13 +24,7 @@ WEIGHTS = PREPARE / "campplus" / "campplus.pth"
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """CAMPPlus is hundreds of small ops: on a busy shared CPU, thread hand-offs cost more than they save."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: small ops, one thread
 
 
 @pytest.fixture(scope="module")

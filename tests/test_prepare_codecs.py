@@ -50,13 +50,7 @@ def _official(folder: str, name: str) -> torch.Tensor:
     return _array(f"{folder}/codes.{name}.npy")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny codecs' ops are too small to share out: on a busy machine threads only wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: small ops, one thread
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

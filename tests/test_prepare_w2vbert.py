@@ -25,13 +25,7 @@ CLIPS = ["a_44k1_stereo_pcm16", "b_22k05_mono_float", "c_16k_mono_pcm16", "d_16k
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to share out: on a busy machine threads only wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: small ops, one thread
 
 
 @pytest.fixture(scope="module")
