@@ -240,10 +240,10 @@ def test_train_gpt_reads_the_prepared_manifests_unchanged(tmp_path) -> None:
 
 def test_an_unreadable_gpt_pth_is_one_line(tmp_path) -> None:
     (tmp_path / "gpt.pth").write_bytes(b"not a torch file")
-    with pytest.raises(UserError, match=r"gpt\.pth: not a readable gpt\.pth"):
+    with pytest.raises(UserError, match=r"gpt\.pth is not a readable checkpoint: .*the model folder's gpt\.pth$"):
         read_gpt_weights(tmp_path / "gpt.pth")
     torch.save([1, 2], tmp_path / "gpt.pth")
-    with pytest.raises(UserError, match="not a gpt.pth state dict"):
+    with pytest.raises(UserError, match="holds a list, not a checkpoint dict"):
         read_gpt_weights(tmp_path / "gpt.pth")
 
 

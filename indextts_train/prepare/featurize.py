@@ -1,7 +1,7 @@
 """Per-utterance features, computed as official inference computes them (batch size 1), batched where
 batching is safe.
 
-Stages (`../shared/reference/prepare/README.md` has the rules): text ids through the inference text
+Stages (`tests/data/reference/prepare/README.md` has the rules): text ids through the inference text
 path; the speaker-path waveform (soxr to 22,050 Hz, windowed-sinc to 16 kHz) -> w2v-BERT layer 17 ->
 codec codes of the valid frames only (the whole clip: targets are never cut); the prompt, the first
 `prompt_seconds` of the clip -> `condition` (IndexTTS2) or the CAMPPlus `spk_emb` (2.5); the
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from indextts_train.checkpoint.reader import load_checkpoint
 from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.conditioning import ConditioningEncoders
@@ -69,17 +70,17 @@ def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
                 emotion=emotion)
 
 def read_gpt_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a gpt.pth (plain, {"model": ...}, DDP or compiled names), loaded without pickled code.
+    """The tensors of a gpt.pth (plain, {"model": ...}, DDP or compiled names), read by the checkpoint
+    reader: no pickled code, bounded work, CRC-checked when it is ours.
 
     Only the speaker/emotion encoders are used here (ConditioningEncoders names any that are missing);
     train-gpt checks the whole file against the config when it trains on it.
     """
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a truncated zip, a pickle with code, not a torch file: one line
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{path}: not a readable gpt.pth ({detail[:200]}); pass the model folder's gpt.pth") from None
-    state = loaded.get("model", loaded) if isinstance(loaded, dict) else None
+        loaded = load_checkpoint(path, mmap=True)  # only the encoders' tensors are touched
+    except UserError as exc:
+        raise UserError(f"{exc}; the speaker and emotion encoders come from the model folder's gpt.pth") from None
+    state = loaded.get("model", loaded)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path}: not a gpt.pth state dict (expected a mapping of key -> tensor)")
     return clean_keys(state).state
