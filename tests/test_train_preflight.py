@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import CheckpointReads
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
@@ -142,3 +143,12 @@ def test_output_dir_checks_make_nothing(tmp_path) -> None:
     check_output_dir(tmp_path / "a" / "b")
     assert not (tmp_path / "a").exists() and first_missing(tmp_path / "a" / "b") == tmp_path / "a"
     assert first_missing(tmp_path) is None
+
+
+def test_a_start_reads_the_base_checkpoint_once(tiny_data, tmp_path, monkeypatch) -> None:
+    """A real gpt.pth is 3.5 GB: one read (mmap, one CRC pass) serves the family, the checks before
+    work and the weights (it was three reads: family, preflight, weights)."""
+    reads = CheckpointReads(tiny_data["base"]).install(monkeypatch)
+    code, output = start(tiny_data, tmp_path / "run")
+    assert code == 0, output
+    assert (reads.loads, reads.crc_passes) == (1, 1)

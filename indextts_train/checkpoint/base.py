@@ -47,15 +47,23 @@ def _read_state(path: Path, merge_adapters: bool, loaded: object | None = None) 
     return dict(obj)
 
 
-def settle_family(cfg: GPTConfig, path: Path | None) -> None:
-    """cfg.family from a checkpoint file's keys when the config does not state it (before anything is sized)."""
-    if cfg.family is not None or path is None or not Path(path).is_file():
-        return
+def read_base(path: Path | None) -> object | None:
+    """The base checkpoint read once for a whole start (mmap: tensor data stays on disk until used; one
+    CRC pass): its family, its layout check and its weights all come from this. None when there is no
+    file to read, or it cannot be read: the checks before training then name the problem."""
+    if path is None or not Path(path).is_file():
+        return None
     try:
-        obj = load_checkpoint(Path(path), mmap=True)  # keys only; tensor data stays on disk
+        return load_checkpoint(Path(path), mmap=True)
     except UserError:
-        return  # load_base_checkpoint reports it in its own words
-    weights = obj["model"] if isinstance(obj.get("model"), Mapping) else obj
+        return None
+
+
+def settle_family(cfg: GPTConfig, loaded: object | None, path: Path | None) -> None:
+    """cfg.family from the base checkpoint's keys when the config does not state it (before anything is sized)."""
+    if cfg.family is not None or not isinstance(loaded, Mapping):
+        return
+    weights = loaded["model"] if isinstance(loaded.get("model"), Mapping) else loaded
     resolve_family(cfg, weights, path)
 
 

@@ -54,11 +54,13 @@ def check_paths(options: TrainOptions) -> None:
     check_output_dir(options.output_dir)
 
 
-def check_base_checkpoint(options: TrainOptions, config: Config) -> None:
-    """The base checkpoint's keys and shapes against the config (mmap: tensor data stays on disk)."""
+def check_base_checkpoint(options: TrainOptions, config: Config, loaded: object | None) -> None:
+    """The base checkpoint's keys and shapes against the config. `loaded` is the start's one read of it
+    (checkpoint.base.read_base); None when it could not be read, which reading again names."""
     if options.base_checkpoint is None:
         return
-    loaded = load_checkpoint(Path(options.base_checkpoint), mmap=True)
+    if loaded is None:
+        loaded = load_checkpoint(Path(options.base_checkpoint), mmap=True)  # raises the one-line reason
     check_base_layout(Path(options.base_checkpoint), config.gpt, loaded=loaded)
 
 
@@ -75,10 +77,10 @@ def check_manifest_sample(options: TrainOptions, config: Config, tokens: int) ->
                         "every bad line)")
 
 
-def check_inputs(options: TrainOptions, config: Config) -> int:
+def check_inputs(options: TrainOptions, config: Config, base: object | None = None) -> int:
     """All the checks above, cheapest first; returns the text vocabulary size the run will use."""
     check_paths(options)
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
-    check_base_checkpoint(options, config)
+    check_base_checkpoint(options, config, base)
     check_manifest_sample(options, config, tokens)
     return tokens

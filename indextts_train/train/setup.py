@@ -21,7 +21,7 @@ from torch import nn
 
 from indextts_train.checkpoint import files as ckpt_io
 from indextts_train.checkpoint.async_save import BackgroundSaver
-from indextts_train.checkpoint.base import settle_family
+from indextts_train.checkpoint.base import read_base, settle_family
 from indextts_train.checkpoint.files import BEST, publish, same_file
 from indextts_train.checkpoint.lineage import run_lineage
 from indextts_train.checkpoint.rng import capture_rng
@@ -389,8 +389,9 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
     if chosen:
         startup.info(chosen)
     config = options.load_config()
-    settle_family(config.gpt, options.base_checkpoint)  # before the hardware plan sizes the model
-    tokens = check_inputs(options, config)  # before the plan is printed and before anything is created
+    base = read_base(options.base_checkpoint)  # one read serves the family, the checks and the weights
+    settle_family(config.gpt, base, options.base_checkpoint)  # before the hardware plan sizes the model
+    tokens = check_inputs(options, config, base)  # before the plan is printed and before anything is created
     plan, device = _hardware(config, options, dist)
     # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
     made = first_missing(options.output_dir)
@@ -400,7 +401,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
         if dist.is_main:
             startup.text_log.attach(options.output_dir)
-        run = _build(options, dist, config, plan, device, startup, lock, tokens)
+        run = _build(options, dist, config, plan, device, startup, lock, tokens, base)
         if dist.is_main:
             write_run_record(options.output_dir, recordable_options(options, config), config_to_dict(config),
                              run.plan.to_dict(), startup.text_log.started)
@@ -417,7 +418,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
 
 
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
-           startup: RunLogger, lock: RunLock | None, tokens: int) -> Run:
+           startup: RunLogger, lock: RunLock | None, tokens: int, base: object | None) -> Run:
     train = config.train
     startup.info(plan.describe())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
@@ -429,7 +430,7 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
         plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup)
     growth = VocabPlan(tokens, tokens)
     if ckpt is None:
-        weights = fresh_weights(options, config, tokens, startup)
+        weights = fresh_weights(options, config, tokens, startup, base)
     else:
         weights, growth = resumed_weights(ckpt, path, config, tokens, options.tokenizer)
     config.gpt.family = config.gpt.family or FAMILY_V2  # a random-init model of an unstated family is IndexTTS2

@@ -85,8 +85,11 @@ def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> Unif
     return model
 
 
-def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLogger) -> Weights:
-    """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init."""
+def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLogger,
+                  loaded: object | None = None) -> Weights:
+    """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init.
+
+    `loaded`: the start's one read of the base checkpoint (checkpoint.base.read_base), when it has one."""
     train = config.train
     generator = torch.Generator().manual_seed(train.seed)
     if options.base_checkpoint is None:
@@ -96,7 +99,8 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
         return Weights(_new_model(config), init_carried(config.gpt, generator),
                        VocabPlan(tokens, tokens, train.freeze_base_vocab))
     # One read (mmap) serves both: what kind of file it is (its keys) and its weights.
-    loaded = load_checkpoint(options.base_checkpoint, mmap=True)
+    if loaded is None:
+        loaded = load_checkpoint(options.base_checkpoint, mmap=True)
     ignored = ignored_by_base_checkpoint(options.base_checkpoint, loaded)
     if ignored:
         log.warn(ignored)
