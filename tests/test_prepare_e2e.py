@@ -135,6 +135,24 @@ def test_condition_and_emo_vec_equal_the_stages_one_clip_at_a_time(tmp_path) -> 
                                    encoders.condition(spk_feat).numpy(), atol=FLOAT_ATOL, rtol=0)
         np.testing.assert_allclose(np.load(tmp_path / "out" / line["emo_vec_path"]),
                                    encoders.emo_vec(emo_feat).numpy(), atol=FLOAT_ATOL, rtol=0)
+    # Prompt features from the first --prompt-seconds (clips a and d are longer than 1 s); the target's
+    # codes still come from the whole clip.
+    assert run_command(tmp_path, False, "cut", "--prompt-seconds", "1")[0] == 0
+    cut_lines = _kept(tmp_path / "cut")
+    for clip, line in cut_lines.items():
+        mono, rate = load_audio(REF / "audio" / f"{clip}.wav")
+        [(spk_feat, _)] = w2v.layer17([speaker_wave(mono, rate, 1.0)])
+        [(emo_feat, _)] = w2v.layer17([emotion_wave(mono, rate, 1.0)])
+        np.testing.assert_allclose(np.load(tmp_path / "cut" / line["condition_path"]),
+                                   encoders.condition(spk_feat).numpy(), atol=FLOAT_ATOL, rtol=0)
+        np.testing.assert_allclose(np.load(tmp_path / "cut" / line["emo_vec_path"]),
+                                   encoders.emo_vec(emo_feat).numpy(), atol=FLOAT_ATOL, rtol=0)
+        full_line = _kept(tmp_path / "out")[clip]
+        assert np.array_equal(np.load(tmp_path / "cut" / line["codes_path"]),
+                              np.load(tmp_path / "out" / full_line["codes_path"]))
+    long_clip, uncut = cut_lines["a_44k1_stereo_pcm16"], _kept(tmp_path / "out")["a_44k1_stereo_pcm16"]
+    assert not np.array_equal(np.load(tmp_path / "cut" / long_clip["condition_path"]),
+                              np.load(tmp_path / "out" / uncut["condition_path"]))
 
 
 @pytest.mark.slow

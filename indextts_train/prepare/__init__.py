@@ -3,6 +3,6 @@ corpus readers, the two official audio paths, w2v-BERT layer 17, the codecs, CAM
 resumable pipeline. Its third-party libraries (transformers, soundfile, soxr, ...) are the
 `[prepare]` extra, imported only here.
 
-Imports: `checkpoint` (its bounded reader, for gpt.pth), `data`, `model`, `text`, `config`,
-`distributed`, `files`, `errors`; `train/demo.py` and `cli.py` call it.
+Imports: `ui` (durations), `checkpoint` (its bounded reader, for gpt.pth), `data`, `model`, `text`,
+`config`, `distributed`, `files`, `errors`; `train/demo.py` and `cli.py` call it.
 """

@@ -147,6 +147,16 @@ def speaker_wave(mono: np.ndarray, sr: int, max_seconds: float | None) -> np.nda
     return sinc_resample(at_22k, LIBROSA_RATE, W2V_RATE)
 
 
+def speaker_waves(mono: np.ndarray, sr: int, prompt_seconds: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """The speaker path of the whole clip (the target's codes) and of its prompt cut (the first
+    `prompt_seconds`, None when the clip is no longer), from one soxr pass at 22,050 Hz."""
+    at_22k = soxr_resample(mono, sr, LIBROSA_RATE)
+    full = sinc_resample(at_22k, LIBROSA_RATE, W2V_RATE)
+    if at_22k.shape[0] <= int(prompt_seconds * LIBROSA_RATE):
+        return full, None
+    return full, sinc_resample(_cut(at_22k, LIBROSA_RATE, prompt_seconds), LIBROSA_RATE, W2V_RATE)
+
+
 def emotion_wave(mono: np.ndarray, sr: int, max_seconds: float | None) -> np.ndarray:
     """The official emotion-path waveform: soxr straight to 16 kHz, then the cut; float32."""
     return np.ascontiguousarray(_cut(soxr_resample(mono, sr, W2V_RATE), W2V_RATE, max_seconds))

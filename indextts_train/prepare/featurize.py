@@ -12,7 +12,6 @@ they see each clip alone.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +24,13 @@ from indextts_train.errors import UserError
 from indextts_train.model.conditioning import ConditioningEncoders
 from indextts_train.model.layout import clean_keys
 from indextts_train.prepare.audio import (
+    LIBROSA_RATE,
     W2V_RATE,
     AudioError,
     emotion_wave,
     load_audio,
     sinc_output_length,
-    speaker_wave,
+    speaker_waves,
 )
 from indextts_train.prepare.campplus import CampPlus
 from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
@@ -39,7 +39,6 @@ from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
 from indextts_train.text.inference_text import TextPath
 
-SPEAKER_RATE = 22_050  # the official speaker path's intermediate rate, where the prompt cut happens
 SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from
 
 
@@ -60,14 +59,11 @@ def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
         return f"audio: {exc}"
     if mono.size == 0 or float(np.max(np.abs(mono))) < SILENCE_PEAK:
         return "audio: silent (peak below 1e-4)"
-    full = speaker_wave(mono, rate, None)
+    full, prompt = speaker_waves(mono, rate, prompt_seconds)
     emotion = emotion_wave(mono, rate, prompt_seconds)
     if min(full.shape[0], emotion.shape[0]) < MIN_SAMPLES:
         return f"too short: {min(full.shape[0], emotion.shape[0])} samples at 16 kHz, w2v-BERT needs {MIN_SAMPLES}"
-    at_speaker_rate = mono.shape[0] if rate == SPEAKER_RATE else math.ceil(mono.shape[0] * SPEAKER_RATE / rate)
-    cut = at_speaker_rate > int(prompt_seconds * SPEAKER_RATE)
-    return Clip(speaker_full=full, speaker_prompt=speaker_wave(mono, rate, prompt_seconds) if cut else None,
-                emotion=emotion)
+    return Clip(speaker_full=full, speaker_prompt=prompt, emotion=emotion)
 
 def read_gpt_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a gpt.pth (plain, {"model": ...}, DDP or compiled names), read by the checkpoint
@@ -96,8 +92,8 @@ class CodeLimit:
 
 def expected_codes(frames: int, rate: int, frames_per_code: int) -> int:
     """The valid codes of a clip of `frames` samples at `rate`, from the speaker path's length rules alone."""
-    at_speaker_rate = frames if rate == SPEAKER_RATE else int(np.ceil(frames * (float(SPEAKER_RATE) / rate)))
-    _, n_valid = w2vbert_frames(sinc_output_length(at_speaker_rate, SPEAKER_RATE, W2V_RATE))
+    at_speaker_rate = frames if rate == LIBROSA_RATE else int(np.ceil(frames * (float(LIBROSA_RATE) / rate)))
+    _, n_valid = w2vbert_frames(sinc_output_length(at_speaker_rate, LIBROSA_RATE, W2V_RATE))
     return valid_code_count(n_valid, frames_per_code)
 
 
@@ -163,7 +159,9 @@ class Featurizer:
 
     def _features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
         full = self.w2v.layer17([clip.speaker_full for clip in clips])  # one padded forward
-        long = [i for i, clip in enumerate(clips) if clip.speaker_prompt is not None]
+        # A long clip's prompt cut gets its own layer-17 pass only where it is used: IndexTTS2's
+        # `condition` (IndexTTS-2.5's speaker vector comes from the waveform, through CAMPPlus).
+        long = [] if self.is_v25 else [i for i, clip in enumerate(clips) if clip.speaker_prompt is not None]
         prompts = dict(zip(long, self.w2v.layer17([clips[i].speaker_prompt for i in long]), strict=True)) \
             if long else {}
         emotions = self.w2v.layer17([clip.emotion for clip in clips])
@@ -176,11 +174,11 @@ class Featurizer:
                 out.append(too_long_reason(codes.numel(), self.gpt_cfg.max_mel_tokens))
                 continue
             arrays = {"codes": codes.numpy().astype(np.int32)}
-            prompt_feat = prompts.get(i, full[i])[0]
             if self.is_v25:
                 arrays["spk_emb"] = np.asarray(self.campplus.speaker_vector(
                     clip.speaker_full if clip.speaker_prompt is None else clip.speaker_prompt), dtype=np.float32)
             else:
+                prompt_feat = prompts.get(i, full[i])[0]
                 arrays["condition"] = self._float(self.encoders.condition(prompt_feat.to(self.device)))
             arrays["emo_vec"] = self._float(self.encoders.emo_vec(emotions[i][0].to(self.device)))
             out.append(arrays)

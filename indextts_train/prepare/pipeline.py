@@ -297,7 +297,7 @@ def _run(options: PrepareOptions, info: DistInfo) -> int:
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
     models = locate_models(options.model_dir, options.overrides, download=options.download)
-    hashes = model_hashes(models)
+    hashes = model_hashes(models) if info.is_main else {}  # only rank 0 records them (GBs to read)
     utterances = read_corpora(options.corpora, options.defaults)
     folder = OutputFolder(options.out)
     error = None

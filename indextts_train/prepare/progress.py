@@ -10,12 +10,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
-
-def format_duration(seconds: float) -> str:
-    """1:02:03 from an hour on, else 4:05."""
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+from indextts_train.ui.progress import format_duration
 
 
 class PrepareProgress:
