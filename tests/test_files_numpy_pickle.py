@@ -144,3 +144,14 @@ def test_a_pickle_past_its_size_bound_is_refused_before_unpickling(tmp_path: Pat
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load reached"))
     with pytest.raises(CheckpointError, match="not a checkpoint this program wrote: its pickle holds"):
         ckpt.load_checkpoint(path)
+
+
+def test_a_chain_of_shared_lists_first_met_near_the_top_is_still_too_deep(tmp_path: Path) -> None:
+    """Each link is first reached at depth 1 (listed in order beside the others), so the deep end is
+    only ever reached through the memo: the memo must carry each subtree's height."""
+    chain: list = [[]]
+    for _ in range(40):
+        chain.append([chain[-1]])
+    path = saved(tmp_path, {"model": {"w": torch.zeros(2)}, "history": {"train": chain}})
+    with pytest.raises(CheckpointError, match="not a checkpoint this program wrote: .*nested deeper than 32"):
+        ckpt.load_checkpoint(path)

@@ -43,7 +43,7 @@ def test_paths_resolve_inside_a_root_or_are_refused(folders) -> None:
 
 @pytest.mark.parametrize("argv", [["--tokenizer", "{out}/bpe.model"], ["--tokenizer={out}/bpe.model"],
                                   ["--train-manifest", "{out}/am.jsonl::am@0.5"], ["--resume", "{out}/x.pth"],
-                                  ["--output-dir", "{root}/link/run"]])
+                                  ["--output-dir", "{root}/link/run"], ["--from-run", "{out}/run.yaml"]])
 def test_every_path_flag_of_a_run_is_checked(folders, argv) -> None:
     argv = [arg.format(out=folders["outside"], root=folders["root"]) for arg in argv]
     with pytest.raises(UserError, match="outside the folders"):

@@ -120,6 +120,9 @@ class _BoundedWalk:
 
     def __init__(self) -> None:
         self.memo: dict[int, tuple[Any, int, int]] = {}  # id -> (plain value, nodes, payload bytes)
+        # id -> how many levels a container reaches below itself, so that a memo hit deeper down still
+        # counts its whole height against MAX_DEPTH (a chain of shared lists is as deep as it looks)
+        self.height: dict[int, int] = {}
 
     def plain(self, obj: Any, depth: int = 0) -> tuple[Any, int, int]:
         """(the plain value of `obj`, the nodes reachable through it, their payload bytes)."""
@@ -129,6 +132,8 @@ class _BoundedWalk:
             return _leaf(obj)
         known = self.memo.get(id(obj))
         if known is not None:
+            if depth + self.height.get(id(obj), 0) > MAX_DEPTH:
+                raise _not_ours(f"data nested deeper than {MAX_DEPTH} levels")
             return known
         if isinstance(obj, (_Array, _Dtype)):
             value = _real(obj)
@@ -143,6 +148,7 @@ class _BoundedWalk:
 
     def _container(self, obj: dict | list | tuple, depth: int) -> tuple[Any, int, int]:
         nodes, size = 1, 0
+        children = list(obj.values()) if isinstance(obj, dict) else list(obj)
         if isinstance(obj, dict):
             for key, value in obj.items():
                 _, key_nodes, key_bytes = _leaf(key)
@@ -150,16 +156,22 @@ class _BoundedWalk:
                 nodes, size = nodes + key_nodes + value_nodes, size + key_bytes + value_bytes
                 if new is not value:
                     obj[key] = new
+            self._note_height(obj, children)
             return obj, nodes, size
         walked = [self.plain(value, depth + 1) for value in obj]
         nodes += sum(n for _, n, _ in walked)
         size += sum(b for _, _, b in walked)
         items = [value for value, _, _ in walked]
+        self._note_height(obj, children)
         if isinstance(obj, list):
             obj[:] = items
             return obj, nodes, size
         same = type(obj) is not tuple or all(a is b for a, b in zip(items, obj, strict=True))
         return (obj if same else tuple(items)), nodes, size
+
+
+    def _note_height(self, obj: Any, children: list) -> None:
+        self.height[id(obj)] = max((1 + self.height.get(id(child), 0) for child in children), default=0)
 
 
 def _not_ours(why: str) -> pickle.UnpicklingError:

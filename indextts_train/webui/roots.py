@@ -9,16 +9,28 @@ module here imports Gradio.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from indextts_train.config.schema import field_types
+from indextts_train.config.settings import TrainOptions
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 
 MANIFEST_FLAGS = ("--train-manifest", "--val-manifest")
 # train-gpt flags whose value is a path (TrainOptions' inputs); --resume also takes 'auto'.
-PATH_FLAGS = (*MANIFEST_FLAGS, "--config", "--tokenizer", "--base-checkpoint", "--output-dir", "--resume")
+def _path_flags() -> tuple[str, ...]:
+    """Every TrainOptions input that holds a path, read from the schema so a new path flag (such as
+    --from-run) cannot slip past the roots; --resume (a path or 'auto') too."""
+    types = field_types(TrainOptions)
+    named = [f.metadata.get("flag") or "--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainOptions)
+             if f.metadata.get("cli", True) and "Path" in str(types[f.name])]
+    return (*MANIFEST_FLAGS, *named, "--resume")
+
+
+PATH_FLAGS = _path_flags()
 
 
 class Roots:
