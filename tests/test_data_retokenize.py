@@ -12,6 +12,7 @@ import sentencepiece
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
+from indextts_train.text.tiktoken_vocab import read_tiktoken
 from tests.conftest import REFERENCE
 
 TEXT = REFERENCE / "prepare" / "text"
@@ -103,10 +104,14 @@ def test_tokenize_indextts25_lines_with_their_languages(tmp_path: Path):
     ids = [np.load(out / line["target_text_ids_path"]).tolist() for line in new]
     assert ids[0] == V25_CASES["en_case"]["ids_as_gpt_sees_them"]
     assert ids[1][0] == 102 + 7 and ids[2][0] == 102 + 9  # <|ja|>, <|tr|>
-    from indextts_train.text.inference_text import TextPath
+    # The official rule spelled out, independent of the text path: "<|lang|> " + the text (ja lower-cased,
+    # tr as written), every special allowed, ids 0 and 1 dropped.
+    encoding = read_tiktoken(TEXT / "toy_base.tiktoken").encoding()
 
-    path = TextPath.open(TEXT / "toy_base.tiktoken", normalizer="none")
-    assert ids[1] == path.encode("hola amigo", "ja") and ids[2] == path.encode("Merhaba Dunya", "tr")
+    def official(text: str) -> list[int]:
+        return [i for i in encoding.encode(text, allowed_special="all") if i not in (0, 1)]
+
+    assert ids[1] == official("<|ja|> hola amigo") and ids[2] == official("<|tr|> Merhaba Dunya")
     assert all(0 not in row and 1 not in row for row in ids)
 
 

@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from indextts_train.config.constants import LANG_ROWS
 from indextts_train.config.settings import FAMILY_V25
 from indextts_train.data.checkdata import relocate_paths
 from indextts_train.data.manifest import iter_lines
@@ -75,12 +76,19 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
 
 
 def _language(obj: dict, text_path: TextPath, where: str) -> str | None:
+    """The code a 2.5 line's text is presented with: its `language`, else the code of its `lang_id`
+    (the two must agree, as check-data and training require)."""
     if text_path.family != FAMILY_V25:
         return None
     language, lang_id = obj.get("language"), obj.get("lang_id")
+    if lang_id is not None and (type(lang_id) is not int or not 0 <= lang_id < LANG_ROWS):
+        raise UserError(f"{where}: lang_id {lang_id!r} must be a whole number in 0..{LANG_ROWS - 1}; fix the line")
     if isinstance(language, str) and language.strip():
+        if lang_id is not None and text_path.lang_id(language) != lang_id:
+            raise UserError(f"{where}: lang_id {lang_id} disagrees with language {language!r} (row "
+                            f"{text_path.lang_id(language)}); fix one of them")
         return language
-    if type(lang_id) is int and 0 <= lang_id:
+    if lang_id is not None:
         return language_code(lang_id)
     raise UserError(f"{where}: an IndexTTS-2.5 line needs `language` (or `lang_id`) to be encoded")
 
@@ -92,18 +100,18 @@ def _encode_slot(text: object, text_path: TextPath, language: str | None, where:
         raise UserError(f"{where}: {name} has digits, which official inference spells out with {WETEXT_PACKAGE} "
                         f"(here: {CHARMAP_ONLY}); {WETEXT_INSTALL}, or write the numbers in words")
     try:
-        pieces = text_path.encode_pieces(text, language)
+        ids = text_path.encode(text, language)
     except UserError as exc:  # its language or bytes: the line is what the user fixes
         raise UserError(f"{where}: {name}: {exc}") from None
-    unknown = [piece.replace("\u2581", "") for token, piece in pieces
-               if text_path.processor is not None and token == text_path.processor.unk_id()]
+    unknown = text_path.unknown(text, language) if text_path.processor is not None \
+        and text_path.processor.unk_id() in ids else []
     if unknown:
         raise UserError(f"{where}: {name} has {len(unknown)} run(s) the tokenizer cannot encode "
                         f"({', '.join(map(repr, unknown[:5]))}); grow the tokenizer on text with them, or drop "
                         "the line")
-    if not pieces:
+    if not ids:
         raise UserError(f"{where}: {name} {text!r} encodes to no ids; fix or drop the line")
-    return np.asarray([token for token, _ in pieces], dtype=np.int32)
+    return np.asarray(ids, dtype=np.int32)
 
 
 def _new_line(obj: dict, where: str, text_path: TextPath, ids_dir: Path, line_no: int, to_dir: str) -> dict:

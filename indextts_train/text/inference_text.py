@@ -332,22 +332,23 @@ class TextPath:
 
     def encode(self, text: str, language: str | None = None) -> list[int]:
         """Ids as the GPT sees them (2.5: language tag first, every 0 and 1 dropped)."""
-        return [token for token, _ in self.encode_pieces(text, language)]
+        return self._ids(self.present(text, language), text)
 
     def encode_pieces(self, text: str, language: str | None = None) -> list[tuple[int, str]]:
         """(id, piece) pairs; SentencePiece gives an unknown run's own text as its piece."""
         presented = self.present(text, language)
+        ids = self._ids(presented, text)
+        if self.family == FAMILY_V25:
+            return [(i, self.encoding.decode_single_token_bytes(i).decode("utf-8", "replace")) for i in ids]
+        return list(zip(ids, self.processor.encode(presented, out_type=str), strict=True)) if ids else []
+
+    def _ids(self, presented: str, text: str) -> list[int]:
         if self.family == FAMILY_V25:
             if self.missing_bytes and not self.missing_bytes.isdisjoint(presented.encode("utf-8")):
                 raise UserError(f"{text!r}: has bytes {self.tokenizer} has no rank for (a cut-down vocabulary); "
                                 "use a vocabulary with all 256 single bytes")
-            ids = self.encoding.encode(presented, allowed_special="all")
-            return [(i, self.encoding.decode_single_token_bytes(i).decode("utf-8", "replace"))
-                    for i in ids if i not in START_STOP_IDS]
-        if not presented:
-            return []
-        ids = self.processor.encode(presented)
-        return list(zip(ids, self.processor.encode(presented, out_type=str), strict=True))
+            return [i for i in self.encoding.encode(presented, allowed_special="all") if i not in START_STOP_IDS]
+        return self.processor.encode(presented) if presented else []
 
     def unknown(self, text: str, language: str | None = None) -> list[str]:
         """Text the tokenizer cannot encode (its <unk> pieces, without the ▁ word mark); [] when none.
