@@ -18,7 +18,7 @@ from helpers import start
 from test_e2e_nothing_lost import assert_same_state, cli, finish, train_args
 
 from indextts_train.checkpoint.files import load_checkpoint, save_checkpoint
-from indextts_train.checkpoint.lineage import ABANDONED, lineage_of, set_aside
+from indextts_train.checkpoint.lineage import ABANDONED, lineage_of, owned_by, set_aside
 from indextts_train.checkpoint.state import FORMAT, Lineage, migrate
 
 
@@ -98,7 +98,7 @@ def test_rotation_deletes_only_this_branchs_files_and_milestones_do_not_count(re
     for step in (10, 12, 14, 16):
         state["progress"]["step"] = step
         save_checkpoint(state, out, step, keep=2, keep_every=12,
-                        own=lambda path: lineage_of(path).branch == mine)
+                        own=owned_by(Lineage(branch=mine, parent=None, parent_step=None, born=1, forks=[])))
     names = sorted(p.name for p in out.glob("model_step*.pth"))
     # Another branch's files stay; of ours, the milestone 12 stays aside and two others are kept.
     assert names == sorted(["model_step2.pth", "model_step4.pth", "model_step6.pth", "model_step8.pth",

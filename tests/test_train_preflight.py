@@ -47,7 +47,7 @@ def bad_ids_manifest(tiny_data: dict, folder: Path, line_no: int, *, repeat: int
     return manifest
 
 
-@pytest.mark.parametrize("what", ["manifest", "base", "tokenizer", "ids"])
+@pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids"])
 def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, tmp_path, what) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -56,6 +56,11 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
         manifest = inputs / "missing.jsonl"
     elif what == "base":
         extra = ["--base-checkpoint", str(inputs / "missing_gpt.pth")]
+    elif what == "layout":  # a base checkpoint of another model size: its keys are checked, not only its path
+        deeper = yaml.safe_load(Path(tiny_data["config"]).read_text())
+        deeper["gpt"]["layers"] += 1
+        (inputs / "deeper.yaml").write_text(yaml.safe_dump(deeper))
+        extra = ["--config", str(inputs / "deeper.yaml")]
     elif what == "tokenizer":
         extra = ["--tokenizer", str(inputs / "missing.model")]
     else:
@@ -65,7 +70,8 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
     assert code == 2
     lines = output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and PLAN_WORDS not in output, output
-    needle = {"manifest": "missing.jsonl: manifest not found", "base": "--base-checkpoint", "tokenizer": "--tokenizer",
+    needle = {"manifest": "missing.jsonl: manifest not found", "base": "--base-checkpoint",
+              "layout": "does not match the IndexTTS2 GPT layout", "tokenizer": "--tokenizer",
               "ids": "bad.jsonl:3: target_text_ids_path holds id 5000"}[what]
     assert needle in lines[0]
     assert snapshot(tmp_path) == before  # no runs/, no runs/am, no train.lock, no log
