@@ -238,7 +238,7 @@ _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
 # so a typo is one line; the seed is a 64-bit unsigned integer (what torch and numpy accept).
 # --num-workers has none: above the CPU count it is lowered, with a warning (hardware.py).
 # --learning-rate has none either: any finite rate is a valid (if diverging) request; tests use 1e30.
-_TRAIN_MAX = {
+TRAIN_MAX = {
     "batch_size": 65_536, "grad_accumulation": 65_536, "effective_batch_size": 1 << 24,
     "weight_decay": 100.0, "adam_eps": 1.0, "warmup_steps": 1 << 40, "epochs": 1_000_000,
     "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
@@ -256,7 +256,7 @@ def _check_range(name: str, value: Any, rule: str) -> None:
         raise UserError(f"{where} must be a finite number, got {value!r}")
     if not ok(value):
         raise UserError(f"{where} must be {text}, got {value!r}")
-    high = _TRAIN_MAX.get(name)
+    high = TRAIN_MAX.get(name)
     if high is not None and value > high:
         raise UserError(f"{where} must be at most {high:_}, got {value:_}")
 

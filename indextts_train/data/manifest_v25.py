@@ -23,6 +23,7 @@ from indextts_train.errors import UserError
 from indextts_train.text.tiktoken_vocab import (
     LANGUAGE_CODES,
     SPECIAL_TOKENS,
+    START_STOP_IDS,
     TAG_OFFSET,
     TAGGED_LANGUAGES,
     language_id,
@@ -48,7 +49,6 @@ FORMS = {True: (PAIRED_FIELDS, frozenset(PAIRED_FIELDS.values())),  # paired? ->
          False: (SINGLE_FIELDS, frozenset(SINGLE_FIELDS.values()))}
 MARKERS = ("prompt_spk_emb_path", "spk_emb_path")  # a line with one of these is an IndexTTS-2.5 line
 V2_MARKERS = ("prompt_condition_path", "condition_path")  # ... and one with these an IndexTTS2 line
-START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; inference drops them from the text
 
 
 def line_family(obj: dict, where: str, family: str | None) -> str:

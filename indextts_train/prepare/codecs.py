@@ -13,8 +13,7 @@ batch-size-1 inference gets. Weights load strictly: every expected key with its 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.model.conditioning import full_float32 as exact_float32  # TF32 off: see its docstring
 
 LAYER_NORM_EPS = 1e-6  # Vocos backbone: every LayerNorm
 SECTION = "semantic_codec"  # the config.yaml section both families describe their codec in
@@ -80,21 +80,6 @@ def _backbone_shapes(prefix: str, cfg: CodecConfig) -> dict[str, tuple[int, ...]
     shapes.update({f"{prefix}.0.final_layer_norm.weight": (dim,), f"{prefix}.0.final_layer_norm.bias": (dim,),
                    f"{prefix}.1.weight": (hidden, dim), f"{prefix}.1.bias": (hidden,)})
     return shapes
-
-
-@contextmanager
-def exact_float32() -> Iterator[None]:
-    """Run CUDA matmuls and convolutions in true float32, not TF32, then restore the settings.
-
-    TF32 keeps 10 mantissa bits (~1e-3 relative): enough to move layer-17 features past their 1e-4
-    tolerance and codes past their 1e-3 score margin. No effect on the CPU.
-    """
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def codec_shapes(cfg: CodecConfig) -> dict[str, tuple[int, ...]]:

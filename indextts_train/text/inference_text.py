@@ -37,6 +37,7 @@ from indextts_train.errors import UserError
 from indextts_train.text.tiktoken_vocab import (
     COMMON_LANGUAGE,
     LANGUAGE_CODES,
+    START_STOP_IDS,
     TiktokenVocab,
     is_tiktoken,
     language_id,
@@ -47,7 +48,6 @@ NORMALIZER_CHOICES = ("auto", "wetext", "none")
 CHARMAP_ONLY = "character map only"
 WETEXT_PACKAGE = "WeTextProcessing"
 WETEXT_INSTALL = "pip install 'indextts-train[normalizer]' (WeTextProcessing, needs pynini)"
-START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
 
 # The normaliser's character map as (from, to) pairs, in the order the official alternation tries
 # them at one position: a full-width comma is replaced on its own before `，，，` could match.

@@ -30,6 +30,8 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.text.corpus_lines import iter_text_lines
 
+START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
+
 # indextts/utils/tokenizer.py LANGUAGES order: the index is the lang_embedding row (LANGUAGE_DICT).
 LANGUAGE_CODES = (
     "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt "
@@ -314,7 +316,7 @@ def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None,
     lines = tokens = chars = byte_chars = new_tokens = 0
     for text in iter_text_lines(path):
         # ids 0 and 1 (`!`, `"`) are dropped as inference drops them: the GPT never sees them
-        ids = [i for i in encoding.encode(present(text), allowed_special="all") if i > 1]
+        ids = [i for i in encoding.encode(present(text), allowed_special="all") if i not in START_STOP_IDS]
         lines, tokens, chars = lines + 1, tokens + len(ids), chars + len(text)
         if base_ranks is not None:
             new_tokens += sum(base_ranks <= i < vocab.n_ranks for i in ids)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from indextts_train.config.scope_settings import ScopeSettings
-from indextts_train.config.settings import GPTConfig
+from indextts_train.config.settings import TRAIN_MAX, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.train.memory import (
     CUDA_RESERVE_BYTES,
@@ -37,7 +37,6 @@ from indextts_train.train.memory import (
 )
 
 CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a step short
-MAX_EFFECTIVE_BATCH = 1 << 24  # the schema's bound (config.py); the planner is also called without it
 MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light
 DEFAULT_MEMORY_SHARE = 0.85
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
@@ -322,8 +321,9 @@ def _choose_workers(cpu_count: int, world_size: int, requested: int, kind: str) 
 
 def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int, num_workers: int,
                   world_size: int, memory_share: float) -> None:
-    if not 1 <= effective_batch <= MAX_EFFECTIVE_BATCH:
-        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{MAX_EFFECTIVE_BATCH:_}, "
+    largest = TRAIN_MAX["effective_batch_size"]  # the schema's bound; the planner is also called without it
+    if not 1 <= effective_batch <= largest:
+        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{largest:_}, "
                         f"got {effective_batch:_}")
     for flag, value in (("--batch-size", batch_size), ("--grad-accumulation", grad_accumulation),
                         ("--num-workers", num_workers)):

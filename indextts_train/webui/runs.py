@@ -27,8 +27,8 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
+from indextts_train.ui.run_record import LOG_NAME
 
-LOG_NAME = "train.log"
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
 
 
