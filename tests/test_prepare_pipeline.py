@@ -164,8 +164,12 @@ def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, fake_models) -> 
     run_prepare(_options(tmp_path, corpus))
     stale = tmp_path / "out" / "codes" / ".utt0000.npy.tmp-99999"
     stale.write_bytes(b"half")
+    beside = tmp_path / "out" / ".train.jsonl.tmp-99999"  # a kill while the manifests were written
+    beside.write_bytes(b"half")
+    foreign = tmp_path / "out" / ".notes.txt.tmp-99999"  # not a name prepare writes: not its to remove
+    foreign.write_bytes(b"mine")
     assert run_prepare(_options(tmp_path, corpus)) == 1
-    assert not stale.exists()
+    assert not stale.exists() and not beside.exists() and foreign.read_bytes() == b"mine"
 
 
 def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, fake_models) -> None:

@@ -22,6 +22,11 @@ def temp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
 
 
+def stale_temps(final: Path) -> list[Path]:
+    """The temp files of `final` that killed writers left behind (`temp_name` of any PID)."""
+    return sorted(final.parent.glob(f".{final.name}.tmp-*"))
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename durable. Some filesystems cannot fsync a directory; the rename is still atomic there."""
     fd = os.open(directory, os.O_RDONLY)

@@ -11,7 +11,6 @@ mix with them, and `--restart` removes what prepare wrote here (and nothing else
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import atomic_write, atomic_write_text
+from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
 
 SETTINGS_FILE = "prepare.settings.json"
 RECORDS = "records"
@@ -75,9 +74,7 @@ class OutputFolder:
         for name, array in arrays.items():
             path = self.array_path(name, stem)
             path.parent.mkdir(parents=True, exist_ok=True)
-            buffer = io.BytesIO()
-            np.save(buffer, array, allow_pickle=False)
-            atomic_write(path, lambda handle, data=buffer.getvalue(): handle.write(data))
+            atomic_write(path, lambda handle, a=array: np.save(handle, a, allow_pickle=False))
             paths[f"{name}_path"] = f"{name}/{stem}.npy"
         return paths
 
@@ -109,15 +106,15 @@ class OutputFolder:
         atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True) + "\n")
 
     def remove_stale_temp_files(self) -> int:
-        """Temp files a killed run left in prepare's own folders (`.NAME.tmp-PID`, see atomic.py)."""
-        removed = 0
+        """Temp files a killed run left: anywhere in prepare's own folders, and beside the manifests and
+        settings file it writes into --out itself (`.NAME.tmp-PID`, see atomic.py)."""
+        stale = [temp for name in (*MANIFESTS, SETTINGS_FILE) for temp in stale_temps(self.root / name)]
         for name in (RECORDS, *ARRAY_FOLDERS):
-            folder = self.root / name
-            if folder.is_dir():
-                for stale in folder.glob(".*.tmp-*"):
-                    stale.unlink(missing_ok=True)
-                    removed += 1
-        return removed
+            if (self.root / name).is_dir():
+                stale += (self.root / name).glob(".*.tmp-*")
+        for temp in stale:
+            temp.unlink(missing_ok=True)
+        return len(stale)
 
     def _previous_settings(self, path: Path) -> dict:
         try:
