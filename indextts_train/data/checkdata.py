@@ -1,6 +1,6 @@
 """`indextts-train check-data`: every manifest line checked, a report, and a clean manifest.
 
-The checks are the ones training applies when it reads a line (data.py), run over every line at
+The checks are the ones training applies when it reads a line (data/manifest.py), run over every line at
 once so a user sees all bad lines before a GPU run, not the first one an hour in.
 """
 
@@ -92,10 +92,6 @@ def _check_speakers(obj: dict, where: str) -> None:
         listed = ", ".join(f"{name}={value!r}" for name, value in named.items())
         raise UserError(f"{where}: prompt and target speakers differ ({listed}); pair each target "
                         "with a prompt of the same speaker")
-
-
-
-
 
 
 def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
