@@ -1,6 +1,7 @@
 """The GPT's own speaker and emotion encoders, run on the carried weights of a base gpt.pth.
 
-Fine-tuning never trains these encoders (model/layout.py keeps them as carried tensors beside model/gpt.py), but `prepare` needs their output:
+Fine-tuning never trains these encoders (model/layout.py keeps them as carried tensors beside
+model/gpt.py), but `prepare` needs their output:
 - `condition` (IndexTTS2 only): `UnifiedVoice.get_conditioning`, a conformer over the layer-17
   w2v-BERT features followed by a perceiver resampler with 32 latents -> (32, model_dim);
 - `emo_vec` (both families): `UnifiedVoice.get_emovec`, the emotion conformer, a perceiver with one
