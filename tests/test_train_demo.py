@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.train.demo import run_demo
+
+
+def assert_extended_share(prepared, grown: range, printed: str) -> None:
+    """prepare.json's text coverage, recounted from the text_ids arrays it wrote: the ids in `grown` are
+    the pieces the demo's tokenizer has beyond the base checkpoint's rows."""
+    counts = json.loads((prepared / "prepare.json").read_text())["counts"]
+    ids = [np.load(prepared / line["text_ids_path"]) for line in
+           map(json.loads, (prepared / "utterances.jsonl").read_text().splitlines())]
+    every = np.concatenate(ids)
+    extended = int(np.count_nonzero((every >= grown.start) & (every < grown.stop)))
+    assert 0 < extended < every.size
+    assert counts["text_tokens"] == every.size and counts["extended_text_tokens"] == extended
+    assert counts["extended_token_share"] == round(extended / every.size, 4)
+    used = len({int(t) for t in every if int(t) in grown})
+    assert counts["extended_pieces"] == len(grown) and counts["extended_pieces_used"] == used
+    assert (f"extended pieces: {extended} tokens ({100 * extended / every.size:.1f}% of the text), {used} of the "
+            f"{len(grown)} grown pieces occur") in printed
 
 
 @pytest.mark.slow
@@ -19,6 +37,7 @@ def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys) -> No
     assert "100 base tokens -> 150 tokens" in printed and "exported" in printed
     report = json.loads((tmp_path / "data" / "prepared" / "prepare.json").read_text())  # made by the real prepare
     assert report["family"] == "IndexTTS2" and report["counts"]["kept"] > 20 and report["counts"]["val_pairs"] > 0
+    assert_extended_share(tmp_path / "data" / "prepared", range(100, 150), printed)  # SentencePiece: appended
     state = load_checkpoint(tmp_path / "run" / "latest.pth")
     losses = [row[1] for row in state["history"]["train"]]
     assert losses[-1] < 0.7 * losses[0], losses  # the loss visibly falls
@@ -41,6 +60,7 @@ def test_demo_25_trains_with_a_grown_tiktoken_vocabulary_and_exports(tmp_path, c
     assert "1993 base tokens -> 2043 tokens" in printed and "moved up by 50" in printed
     report = json.loads((tmp_path / "data" / "prepared" / "prepare.json").read_text())
     assert report["family"] == "IndexTTS-2.5" and set(report["counts"]["languages"]) == {"en", "am"}
+    assert_extended_share(tmp_path / "data" / "prepared", range(320, 370), printed)  # tiktoken: before the specials
     losses = [row[1] for row in load_checkpoint(tmp_path / "run" / "latest.pth")["history"]["train"]]
     assert losses[-1] < 0.85 * losses[0], losses  # the loss visibly falls (real prepared codes: 0.81 measured)
     base = torch.load(tmp_path / "models" / "gpt.pth", weights_only=True)["text_embedding.weight"]

@@ -38,6 +38,7 @@ from indextts_train.prepare.corpus import Utterance
 from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
 from indextts_train.text.inference_text import TextPath
+from indextts_train.text.vocab import growth_between_runs, tokenizer_size
 
 SILENCE_PEAK = 1e-4  # a clip whose loudest sample is below this has nothing to learn from
 
@@ -64,6 +65,18 @@ def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
     if min(full.shape[0], emotion.shape[0]) < MIN_SAMPLES:
         return f"too short: {min(full.shape[0], emotion.shape[0])} samples at 16 kHz, w2v-BERT needs {MIN_SAMPLES}"
     return Clip(speaker_full=full, speaker_prompt=prompt, emotion=emotion)
+
+def grown_ids(models: ModelFiles, weights: dict[str, torch.Tensor]) -> range:
+    """Ids of the pieces the tokenizer has beyond the base model's text rows (`--tokenizer` an extended
+    one), placed where training grows them (vocab.growth_between_runs); empty when it has none."""
+    table = weights.get("text_embedding.weight")
+    if table is None:  # ConditioningEncoders names the missing tensors; nothing to count here
+        return range(0)
+    base_tokens, tokens = int(table.shape[0]) - 1, tokenizer_size(models.tokenizer)
+    if tokens <= base_tokens:
+        return range(0)
+    return growth_between_runs(base_tokens, tokens, models.tokenizer).new_ids
+
 
 def read_gpt_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a gpt.pth (plain, {"model": ...}, DDP or compiled names), read by the checkpoint
@@ -105,6 +118,7 @@ def too_long_reason(codes: int, max_codes: int) -> str:
 class TextIds:
     ids: np.ndarray  # (N,) int32
     lang_id: int | None  # IndexTTS-2.5 only
+    extended: int = 0  # how many of `ids` are pieces the tokenizer grew beyond the base model's vocabulary
 
 
 class Featurizer:
@@ -112,17 +126,18 @@ class Featurizer:
 
     def __init__(self, *, gpt_cfg: GPTConfig, text: TextPath, w2v: W2vBert, codec: SemanticCodec | EnhancedCodec,
                  encoders: ConditioningEncoders, campplus: CampPlus | None, device: torch.device,
-                 allow_unk: bool) -> None:
+                 allow_unk: bool, new_ids: range = range(0)) -> None:
         self.gpt_cfg, self.text, self.w2v, self.codec = gpt_cfg, text, w2v, codec
         self.encoders, self.campplus, self.device, self.allow_unk = encoders, campplus, device, allow_unk
         self.is_v25 = campplus is not None
+        self.new_ids = new_ids  # the grown pieces' ids (empty: the tokenizer is the base model's own)
 
     @classmethod
     def load(cls, models: ModelFiles, device: torch.device, *, allow_unk: bool = False) -> Featurizer:
         gpt_cfg = load_config(models.config).gpt
         carried = read_gpt_weights(models.gpt)
         codec_type = EnhancedCodec if models.is_v25 else SemanticCodec
-        return cls(gpt_cfg=gpt_cfg, text=TextPath.open(models.tokenizer),
+        return cls(gpt_cfg=gpt_cfg, text=TextPath.open(models.tokenizer), new_ids=grown_ids(models, carried),
                    w2v=W2vBert.load(models.w2v_bert, models.stats, device),
                    codec=codec_type.load(models.codec, models.codec_config, device),
                    encoders=ConditioningEncoders.from_gpt(carried, gpt_cfg, device),
@@ -150,7 +165,8 @@ class Featurizer:
             return "text: no tokens"
         if ids.size > self.gpt_cfg.max_text_tokens:
             return f"too long: {ids.size} text tokens > gpt.max_text_tokens {self.gpt_cfg.max_text_tokens}"
-        return TextIds(ids, self.text.lang_id(utt.language) if self.is_v25 else None)
+        extended = int(np.count_nonzero((ids >= self.new_ids.start) & (ids < self.new_ids.stop)))
+        return TextIds(ids, self.text.lang_id(utt.language) if self.is_v25 else None, extended)
 
     def features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
         """Arrays of each clip (codes, condition or spk_emb, emo_vec), or the reason it is rejected."""

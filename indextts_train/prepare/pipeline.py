@@ -184,7 +184,7 @@ def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featu
         arrays = {"text_ids": texts[i].ids, **results[i]}
         paths = folder.write_arrays(stem, arrays)
         folder.write_record(stem, {"id": utt.id, "kept": _line(utt, planned.durations[i], texts[i], arrays, paths),
-                                   "tokens": sorted({int(t) for t in texts[i].ids})})
+                                   "tokens": sorted({int(t) for t in texts[i].ids}), "extended": texts[i].extended})
 
 
 def _loaded_batches(batches: list[list[int]], planned: Planned, options: PrepareOptions,
@@ -218,16 +218,16 @@ def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder
 
 
 def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, models: ModelFiles,
-             hashes: dict[str, str]) -> dict:
+             hashes: dict[str, str], new_ids: range = range(0)) -> dict:
     """Manifests from the records, in corpus order (rank 0, after every rank finished)."""
-    kept, rejected, tokens = [], [], set()
+    kept, rejected, tokens = [], [], TokenCount(new_ids)
     for i, utt in enumerate(planned.utterances):
         record = {"rejected": planned.early[i]} if i in planned.early else folder.read_record(planned.stems[i])
         if record is None:
             raise UserError(f"{folder.root}: no record for {utt.id} after all ranks finished; rerun the same command")
         if "kept" in record:
             kept.append(record["kept"])
-            tokens.update(record["tokens"])
+            tokens.add(record, folder.root)
         else:
             rejected.append({"id": utt.id, "audio": utt.audio, "reason": record["rejected"]})
     pairs = make_pairs(kept, options.split)
@@ -250,7 +250,33 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _report(kept: list[dict], rejected: list[dict], tokens: set[int], pairs: Pairs, options: PrepareOptions,
+class TokenCount:
+    """Text-token coverage of the kept utterances: distinct ids, and how much of the text is made of the
+    pieces an extended tokenizer grew (`new_ids`). A grown piece that never occurs keeps its new,
+    untrained row after training: inference that meets it reads noise."""
+
+    def __init__(self, new_ids: range) -> None:
+        self.new_ids, self.distinct, self.total, self.extended = new_ids, set(), 0, 0
+
+    def add(self, record: dict, root: Path) -> None:
+        line = record["kept"]
+        self.distinct.update(record["tokens"])
+        self.total += int(line["text_len"])
+        extended = record.get("extended")
+        if extended is None:  # a record of an earlier version: count from the array itself
+            ids = np.load(root / line["text_ids_path"], allow_pickle=False)
+            extended = int(np.count_nonzero((ids >= self.new_ids.start) & (ids < self.new_ids.stop)))
+        self.extended += int(extended)
+
+    def counts(self) -> dict:
+        used = sum(1 for t in self.distinct if t in self.new_ids)
+        return {"distinct_text_tokens": len(self.distinct), "text_tokens": self.total,
+                "extended_pieces": len(self.new_ids), "extended_pieces_used": used,
+                "extended_text_tokens": self.extended,
+                "extended_token_share": round(self.extended / self.total, 4) if self.total else 0.0}
+
+
+def _report(kept: list[dict], rejected: list[dict], tokens: TokenCount, pairs: Pairs, options: PrepareOptions,
             models: ModelFiles, hashes: dict[str, str]) -> dict:
     """prepare.json: settings, model hashes, versions, counts, hours (no times: the bytes are reproducible)."""
     return {
@@ -264,8 +290,8 @@ def _report(kept: list[dict], rejected: list[dict], tokens: set[int], pairs: Pai
                    "train_pairs": len(pairs.train), "val_pairs": len(pairs.val),
                    "speakers": len({line["speaker"] for line in kept}),
                    "single_utterance_speakers": len(pairs.lone_speakers),
-                   "languages": dict(sorted(Counter(str(line["language"]) for line in kept).items())),
-                   "distinct_text_tokens": len(tokens)},
+                   "languages": dict(sorted(Counter(line["language"] or "unspecified" for line in kept).items())),
+                   } | tokens.counts(),
         "hours": round(sum(line["duration"] for line in kept) / 3600, 4),
     }
 
@@ -317,7 +343,7 @@ def _run(options: PrepareOptions, info: DistInfo) -> int:
     barrier(info)
     if not info.is_main:
         return 0
-    report = assemble(planned, folder, options, models, hashes)
+    report = assemble(planned, folder, options, models, hashes, featurizer.new_ids)
     print_summary(report, options.out)
     counts = report["counts"]
     return 2 if counts["kept"] == 0 else (1 if counts["rejected"] else 0)

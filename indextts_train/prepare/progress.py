@@ -65,6 +65,21 @@ class PrepareProgress:
             self.console.print(f"prepare: {self.status()}")
 
 
+def text_coverage(counts: dict) -> str:
+    """Text tokens and, with an extended tokenizer, how much of the text its grown pieces make up."""
+    line = f"text tokens: {counts['text_tokens']} ({counts['distinct_text_tokens']} distinct)"
+    grown = counts["extended_pieces"]
+    if not grown:
+        return line + "; the tokenizer has no pieces beyond the base model's vocabulary"
+    line += (f"; extended pieces: {counts['extended_text_tokens']} tokens ({100 * counts['extended_token_share']:.1f}% "
+             f"of the text), {counts['extended_pieces_used']} of the {grown} grown pieces occur")
+    unused = grown - counts["extended_pieces_used"]
+    if unused:
+        line += (f"\nwarning: {unused} grown pieces never occur in these texts: their new rows will not be trained "
+                 "(more text of the new language, or a tokenizer grown on text like this corpus)")
+    return line
+
+
 def print_summary(report: dict, out: Path) -> None:
     """The end of a run: kept, rejected by reason, hours, speakers, languages, text-token coverage, files."""
     counts = report["counts"]
@@ -72,7 +87,7 @@ def print_summary(report: dict, out: Path) -> None:
     languages = ", ".join(f"{lang} {n}" for lang, n in counts["languages"].items()) or "none"
     print(f"prepared {counts['kept']}/{counts['utterances']} utterances ({report['hours']:.3f} h) of "
           f"{counts['speakers']} speakers; rejected {counts['rejected']} ({reasons}; see {out / 'rejected.jsonl'})")
-    print(f"languages: {languages}; distinct text tokens: {counts['distinct_text_tokens']}; pairs: "
-          f"{counts['train_pairs']} train, {counts['val_pairs']} val "
+    print(f"languages: {languages}; pairs: {counts['train_pairs']} train, {counts['val_pairs']} val "
           f"({counts['single_utterance_speakers']} single-utterance speakers left out)")
+    print(text_coverage(counts))
     print(f"manifests: {out / 'train.jsonl'}, {out / 'val.jsonl'}, {out / 'utterances.jsonl'}")
