@@ -51,17 +51,17 @@ def _lhotse_line(path: Path) -> bool:
         or {"recording_id", "start", "duration"} <= first.keys()
 
 
-def _load(kind: str, path: Path):
+def _load(kind: str, path: Path) -> list:
     import lhotse
 
     loader = {"cuts": lhotse.CutSet, RECORDINGS: lhotse.RecordingSet, SUPERVISIONS: lhotse.SupervisionSet}[kind]
     try:
-        loaded = loader.from_file(path)
+        loaded = list(loader.from_file(path) or [])  # lhotse reads .jsonl lazily: parse errors come here
     except Exception as exc:  # lhotse raises many types for a file that is not its manifest
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"{path}: not a lhotse {kind} manifest lhotse can read ({type(exc).__name__}: "
                         f"{detail}); check the file") from None
-    if loaded is None or len(loaded) == 0:
+    if not loaded:
         raise UserError(f"{path}: an empty lhotse {kind} manifest; check the path")
     return loaded
 
@@ -149,7 +149,7 @@ def _read_cuts(path: Path, defaults: tuple) -> list[Utterance]:
 
 
 def _read_pair(recordings_path: Path, supervisions_path: Path, defaults: tuple) -> list[Utterance]:
-    recordings = _load(RECORDINGS, recordings_path)
+    recordings = {recording.id: recording for recording in _load(RECORDINGS, recordings_path)}
     out = []
     for sup in _load(SUPERVISIONS, supervisions_path):
         where = f"{supervisions_path}: supervision {sup.id!r}"
