@@ -308,3 +308,15 @@ def test_a_row_without_audio_is_rejected_with_its_reason(tmp_path, wave_models) 
     assert [(r["id"], r["audio"].rsplit("#", 1)[1]) for r in rejected] == [("clip1", "1"), ("clip2", "2")]
     assert rejected[0]["reason"] == "audio: row 1 has no audio (neither bytes nor a path)"
     assert rejected[1]["reason"].startswith("audio: unreadable")
+
+
+def test_a_missing_library_is_named_with_the_extra_to_install(tmp_path, monkeypatch) -> None:
+    from indextts_train.prepare import corpus
+
+    (tmp_path / "cuts.jsonl.gz").write_bytes(b"")
+    (tmp_path / "train.parquet").write_bytes(b"")
+    monkeypatch.setattr(corpus.importlib.util, "find_spec", lambda name: None)
+    for path, library in (("cuts.jsonl.gz", "lhotse"), ("train.parquet", "datasets")):
+        with pytest.raises(UserError, match=rf"a {library} corpus, but {library} is not installed; "
+                                            r"`pip install 'indextts-train\[corpora\]'`"):
+            read_corpora([tmp_path / path], Defaults())

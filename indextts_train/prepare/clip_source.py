@@ -23,6 +23,9 @@ def _opened(utt: Utterance):
         return row_audio(utt.audio, utt.row)
     except RowAudioError as exc:
         raise AudioError(str(exc)) from None
+    except Exception as exc:  # pyarrow / datasets: a damaged file; one rejection, not a crash of the loader
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise AudioError(f"unreadable row {utt.row} of {utt.audio}: {detail}") from None
 
 
 def audio_header(utt: Utterance) -> tuple[int, int] | str:
