@@ -195,7 +195,10 @@ def test_hf_save_to_disk_and_parquet_rows_read_lazily(tmp_path) -> None:
     dataset, reference = _hf_dataset(tmp_path / "clips")
     dataset.save_to_disk(str(tmp_path / "saved"))
     (tmp_path / "pq").mkdir()
-    dataset.to_parquet(str(tmp_path / "pq" / "train.parquet"))
+    dataset.to_parquet(str(tmp_path / "pq" / "train.parquet"), batch_size=1)  # a row group a row
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(str(tmp_path / "pq" / "train.parquet")).num_row_groups == 3
     ref = read_corpora([reference], Defaults())
     for corpus in (tmp_path / "saved", tmp_path / "pq" / "train.parquet", tmp_path / "pq"):
         utts = read_corpora([corpus], Defaults())

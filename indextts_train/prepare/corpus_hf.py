@@ -16,6 +16,7 @@ from that file, relative to the dataset's folder.
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import threading
@@ -88,7 +89,7 @@ class _Rows:
         """The stored {"bytes", "path"} of one row (nothing else is read)."""
         if self._parquet is None:
             return self._table.column(name)[row].as_py() or {}
-        group = next(g for g in range(len(self._starts) - 1) if row < self._starts[g + 1])
+        group = bisect.bisect_right(self._starts, row) - 1
         with _LOCK:  # one reader of the file at a time; two row groups kept for neighbouring rows
             if (name, group) not in self._groups:
                 self._groups[(name, group)] = self._parquet.read_row_group(group, columns=[name]).column(0)
