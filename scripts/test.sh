@@ -4,6 +4,6 @@
 # install none of these.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${EXTRAS:-dev,prepare,webui,browser-test}" bash scripts/install.sh
+EXTRAS="${EXTRAS:-dev,prepare,corpora,webui,browser-test}" bash scripts/install.sh
 bash scripts/install_chromium.sh
 exec "${PYTHON:-python3}" -m pytest -q "$@"

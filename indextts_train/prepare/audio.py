@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -33,20 +34,27 @@ class AudioError(Exception):
     """A clip that cannot be used; str() is the reason, for rejected.jsonl."""
 
 
-def _read_error(path: Path, exc: BaseException) -> AudioError:
+def _read_error(path, exc: BaseException) -> AudioError:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return AudioError(f"unreadable audio file {path}: {first}")
+    name = path if isinstance(path, (str, Path)) else "(embedded bytes)"
+    return AudioError(f"unreadable audio file {name}: {first}")
+
+
+def segment_frames(total: int, rate: int, offset_seconds: float, duration_seconds: float | None) -> tuple[int, int]:
+    """(first frame, frame count) of a selection in a file of `total` frames, counted in whole samples as
+    librosa counts them; the header (planning) and the read share this rule. Raises AudioError."""
+    start = int(offset_seconds * rate)
+    if start < 0 or (start > 0 and start >= total):
+        raise AudioError(f"offset {offset_seconds:g} s lies outside the {total / rate:.2f} s of the file")
+    frames = total - start if duration_seconds is None else int(duration_seconds * rate)
+    return start, max(0, min(frames, total - start))
 
 
 def _read_segment(handle, offset_seconds: float, duration_seconds: float | None,
                   max_seconds: float | None) -> np.ndarray:
     """The selected frames of an open soundfile as float32 (N, channels), bounded by max_seconds."""
-    rate, total = int(handle.samplerate), int(handle.frames)
-    start = int(offset_seconds * rate)
-    if start < 0 or (start > 0 and start >= total):
-        raise AudioError(f"offset {offset_seconds:g} s lies outside the {total / rate:.2f} s of the file")
-    frames = total - start if duration_seconds is None else int(duration_seconds * rate)
-    frames = max(0, min(frames, total - start))
+    rate = int(handle.samplerate)
+    start, frames = segment_frames(int(handle.frames), rate, offset_seconds, duration_seconds)
     if max_seconds is not None and frames > max_seconds * rate:
         raise AudioError(f"{frames / rate:.1f} s of audio, more than the {max_seconds:g} s this reads")
     if start > 0:
@@ -54,25 +62,26 @@ def _read_segment(handle, offset_seconds: float, duration_seconds: float | None,
     return handle.read(frames, dtype="float32", always_2d=True)
 
 
-def load_audio(path: Path, *, offset_seconds: float = 0.0, duration_seconds: float | None = None,
+def load_audio(path: Path | BinaryIO, *, offset_seconds: float = 0.0, duration_seconds: float | None = None,
                max_seconds: float | None = MAX_LOAD_SECONDS) -> tuple[np.ndarray, int]:
     """float32 mono samples at the file's own rate, read as librosa.load(mono=True, sr=None) reads them.
 
     Several channels are averaged in float32 (librosa's to_mono), 16-bit PCM is divided by 32768.
     `offset_seconds` / `duration_seconds` select a segment (a lhotse supervision), counted in whole
     samples as librosa counts them. A selection longer than `max_seconds` is refused before decoding.
+    `path` may also be an open binary file (a Hugging Face row's embedded bytes in a BytesIO).
     Raises AudioError for a missing, unreadable, empty, too long or non-finite clip.
     """
     import soundfile
 
     try:
-        with soundfile.SoundFile(str(path)) as handle:
+        with soundfile.SoundFile(str(path) if isinstance(path, (str, Path)) else path) as handle:
             rate = int(handle.samplerate)
             data = _read_segment(handle, offset_seconds, duration_seconds, max_seconds)  # (N, channels)
     except AudioError:
         raise
     except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, OSError, TypeError, ...
-        raise _read_error(Path(path), exc) from exc
+        raise _read_error(path, exc) from exc
     if data.shape[0] == 0:
         raise AudioError("empty audio (0 samples)")
     mono = np.mean(data.T, axis=0) if data.shape[1] > 1 else data[:, 0]  # librosa: mean over the channel axis

@@ -5,7 +5,8 @@ Forms (several may be mixed in one run):
 - LJSpeech: `metadata.csv` (`id|text|normalized`), clips in `wavs/<id>.wav`;
 - Common Voice: a `*.tsv` with `path`, `sentence`, `client_id`, `locale`, clips in `clips/`;
 - a folder of audio files with same-named `.txt` / `.lab` transcripts (speaker = the parent folder);
-- lhotse manifests and Hugging Face `datasets` only where those libraries are installed.
+- lhotse manifests (corpus_lhotse.py) and Hugging Face `datasets` (corpus_hf.py), where those libraries
+  are installed.
 
 Every read is bounded (line length, transcript size, file count) so a wrong path (a binary file, a
 disk root) ends in one clear line instead of a hang. Ids must be unique across all corpora: a
@@ -20,37 +21,18 @@ import io
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
+from indextts_train.prepare.corpus_lhotse import is_lhotse_corpus, read_lhotse
+from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utterance
 
 MAX_LINE_BYTES = 1 << 20  # a transcript line longer than 1 MiB is not a transcript
 MAX_TRANSCRIPT_BYTES = 1 << 20
 MAX_FOLDERS = 1_000_000  # a folder corpus walk stops here (a disk root passed by mistake)
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
 TRANSCRIPT_SUFFIXES = (".txt", ".lab")
-DEFAULT_SPEAKER = "speaker"
-
-
-@dataclass(frozen=True)
-class Utterance:
-    """One clip and its transcript, as a corpus names it."""
-
-    id: str
-    audio: str  # absolute path
-    text: str
-    speaker: str
-    language: str | None
-    where: str  # "file:line" for messages
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """`--speaker` / `--language`: what a source that lacks them gets."""
-
-    speaker: str | None = None
-    language: str | None = None
 
 
 def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:
@@ -72,12 +54,16 @@ def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:
 
 
 def read_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
-    """One CORPUS argument, its form told by its name."""
+    """One CORPUS argument, its form told by its name (and a .jsonl's first line: ours or a lhotse one)."""
     if not path.exists():
         raise UserError(f"{path}: corpus not found; pass a JSONL file, metadata.csv, a Common Voice .tsv or a folder")
     name = path.name.lower()
-    if name.endswith((".jsonl.gz", ".parquet", ".arrow")) or (path / "dataset_info.json").is_file():
-        return _optional_form(path, name)
+    if is_lhotse_corpus(path):
+        _need(path, "lhotse")
+        return read_lhotse(path, defaults.speaker, defaults.language)
+    if is_hf_corpus(path):
+        _need(path, "datasets")
+        return read_hf_corpus(path, defaults.speaker, defaults.language)
     if path.is_dir():
         if (path / "metadata.csv").is_file():
             return read_ljspeech(path / "metadata.csv", defaults)
@@ -89,17 +75,15 @@ def read_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
     if name.endswith(".tsv"):
         return read_common_voice(path, defaults)
     raise UserError(f"{path}: not a corpus form this command reads (.jsonl, metadata.csv, a Common Voice .tsv, "
-                    "or a folder of audio with .txt/.lab transcripts)")
+                    "a folder of audio with .txt/.lab transcripts, lhotse manifests, a Hugging Face dataset)")
 
 
-def _optional_form(path: Path, name: str) -> list[Utterance]:
+def _need(path: Path, library: str) -> None:
     """lhotse / datasets corpora: only where the library is installed; say so clearly when it is not."""
-    library = "lhotse" if name.endswith(".jsonl.gz") else "datasets"
     if importlib.util.find_spec(library) is None:
-        raise UserError(f"{path}: a {library} corpus, but {library} is not installed; `pip install {library}`, "
+        raise UserError(f"{path}: a {library} corpus, but {library} is not installed; "
+                        f"`pip install 'indextts-train[corpora]'` (or `pip install {library}`), "
                         "or export the corpus as JSONL ({\"audio\", \"text\", \"speaker\"} lines)")
-    raise UserError(f"{path}: reading {library} corpora is not supported yet; export the corpus as JSONL "
-                    "({\"audio\", \"text\", \"speaker\"} lines)")
 
 
 def bounded_lines(path: Path) -> Iterator[tuple[int, str]]:

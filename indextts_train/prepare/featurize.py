@@ -28,14 +28,14 @@ from indextts_train.prepare.audio import (
     W2V_RATE,
     AudioError,
     emotion_wave,
-    load_audio,
     sinc_output_length,
     speaker_waves,
 )
 from indextts_train.prepare.campplus import CampPlus
+from indextts_train.prepare.clip_source import read_samples
 from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
-from indextts_train.prepare.corpus import Utterance
 from indextts_train.prepare.models import ModelFiles
+from indextts_train.prepare.utterance import Utterance
 from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
 from indextts_train.text.inference_text import TextPath
 from indextts_train.text.vocab import growth_between_runs, tokenizer_size
@@ -55,7 +55,7 @@ class Clip:
 def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
     """The clip's waveforms, or the reason it cannot be used (unreadable, empty, non-finite, silent)."""
     try:
-        mono, rate = load_audio(Path(utt.audio))
+        mono, rate = read_samples(utt)
     except AudioError as exc:
         return f"audio: {exc}"
     if mono.size == 0 or float(np.max(np.abs(mono))) < SILENCE_PEAK:

@@ -11,7 +11,6 @@ after every rank is done, from the records, in corpus order: the same bytes what
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import torch
 
 from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError
+from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
 from indextts_train.prepare.featurize import (
     Clip,
@@ -93,20 +93,6 @@ class Planned:
     early: dict[int, str]  # corpus index -> reason
 
 
-def audio_header(path: str) -> tuple[int, int] | str:
-    """(frames, sample rate) from the file header (no decoding), or why the file cannot be read."""
-    import soundfile
-
-    if not os.path.isfile(path):
-        return "audio: file not found"
-    try:
-        info = soundfile.info(path)
-    except Exception as exc:  # soundfile raises several types for unreadable files; each is one rejection
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        return f"audio: unreadable ({detail})"
-    return (int(info.frames), int(info.samplerate)) if info.samplerate > 0 else "audio: unreadable (no sample rate)"
-
-
 def _early_reason(frames: int, rate: int, options: PrepareOptions, limit: CodeLimit | None) -> str | None:
     """Why a clip cannot be kept, from its header alone (the code count follows the length rules exactly)."""
     seconds = frames / rate
@@ -125,7 +111,7 @@ def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit 
     """Durations from the headers, the rejections that need no model, and the batches (see the module doc)."""
     durations, early = [], {}
     for i, utt in enumerate(utterances):
-        header = audio_header(utt.audio)
+        header = audio_header(utt)
         if isinstance(header, str):
             early[i], seconds = header, 0.0
         else:
@@ -148,8 +134,8 @@ def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit 
 def _line(utt: Utterance, duration: float, text: TextIds, arrays: dict[str, np.ndarray],
           paths: dict[str, str]) -> dict:
     """The single-form line of a kept utterance (utterances.jsonl)."""
-    line = {"id": utt.id, "audio": utt.audio, "text": utt.text, "speaker": utt.speaker, "language": utt.language,
-            "duration": round(duration, 4)}
+    line = {"id": utt.id, **utt.audio_fields(), "text": utt.text, "speaker": utt.speaker,
+            "language": utt.language, "duration": round(duration, 4)}
     if text.lang_id is not None:
         line["lang_id"] = text.lang_id
     return line | paths | {"text_len": int(arrays["text_ids"].size), "code_len": int(arrays["codes"].size)}
@@ -229,7 +215,7 @@ def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, mo
             kept.append(record["kept"])
             tokens.add(record, folder.root)
         else:
-            rejected.append({"id": utt.id, "audio": utt.audio, "reason": record["rejected"]})
+            rejected.append({"id": utt.id, **utt.audio_fields(), "reason": record["rejected"]})
     pairs = make_pairs(kept, options.split)
     folder.write_manifest("utterances.jsonl", kept)
     folder.write_manifest("rejected.jsonl", rejected)

@@ -1,0 +1,43 @@
+"""What every corpus reader gives: one `Utterance` per clip and transcript, and the defaults it fills in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_SPEAKER = "speaker"
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One clip and its transcript, as a corpus names it."""
+
+    id: str
+    audio: str  # absolute path (of the file, the recording, or the Hugging Face dataset when `row` is set)
+    text: str
+    speaker: str
+    language: str | None
+    where: str  # "file:line" for messages
+    offset: float = 0.0  # seconds into `audio` where the clip starts (a lhotse supervision)
+    duration: float | None = None  # seconds from `offset`; None: to the end of the file
+    row: int | None = None  # the clip is row `row` of the dataset at `audio` (its audio column, read lazily)
+
+    @property
+    def is_segment(self) -> bool:
+        return self.offset != 0.0 or self.duration is not None
+
+    def audio_fields(self) -> dict:
+        """How manifests name the clip: `audio` a readable string (`<dataset>#<row>` for a dataset row),
+        and for a segment of a longer recording its `offset` and `duration` in seconds."""
+        if self.row is not None:
+            return {"audio": f"{self.audio}#{self.row}"}
+        if self.is_segment:
+            return {"audio": self.audio, "offset": self.offset, "duration": self.duration}
+        return {"audio": self.audio}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """`--speaker` / `--language`: what a source that lacks them gets."""
+
+    speaker: str | None = None
+    language: str | None = None
