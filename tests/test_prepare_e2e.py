@@ -70,13 +70,13 @@ def reference_corpus(root: Path, is_v25: bool) -> Path:
     return corpus
 
 
-def run_command(root: Path, is_v25: bool, out: str, *extra: str) -> tuple[int, str]:
+def run_command(root: Path, is_v25: bool, out: str, *extra: str, corpus: str = "corpus.jsonl") -> tuple[int, str]:
     model_dir = root / "models"
     flags = ["--campplus", str(REF / "campplus" / "campplus.pth"), "--language", "en",
              "--tokenizer", str(REF / "text" / "toy_base.tiktoken")] if is_v25 else \
         ["--semantic-codec", str(REF / "semantic_codec" / "model.safetensors"),
          "--tokenizer", str(REF / "text" / "bpe_tiny.model")]
-    args = ["prepare", str(root / "corpus.jsonl"), "--model-dir", str(model_dir), "--out", str(root / out),
+    args = ["prepare", str(root / corpus), "--model-dir", str(model_dir), "--out", str(root / out),
             "--w2v-bert", str(model_dir / "hf_cache" / "w2v"), "--device", "cpu", "--val-fraction", "0",
             *flags, *extra]
     result = CliRunner().invoke(app, args)
@@ -115,6 +115,37 @@ def test_public_command_equals_the_official_features(tmp_path, is_v25) -> None:
             spk = np.load(out / line["spk_emb_path"])
             np.testing.assert_allclose(spk, np.load(REF / "campplus" / f"{clip}.spk_emb.npy"), atol=1e-3, rtol=0)
             assert line["lang_id"] == TEXT_V25["lang_id"]
+
+
+@pytest.mark.slow
+def test_parquet_and_lhotse_corpora_give_the_arrays_the_jsonl_corpus_gives(tmp_path) -> None:
+    """The oracle's clips as a Parquet dataset with the WAV bytes embedded and as lhotse cuts (each a whole
+    recording, stereo included): the real stages write byte-identical arrays and the same text ids."""
+    import datasets
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    reference_model_dir(tmp_path, is_v25=False)
+    reference_corpus(tmp_path, is_v25=False)
+    assert run_command(tmp_path, False, "jsonl")[0] == 0
+    rows = {"id": list(CLIPS), "text": [TEXT_V2["text"]] * len(CLIPS), "speaker": ["s"] * len(CLIPS),
+            "audio": [{"bytes": (REF / "audio" / f"{clip}.wav").read_bytes(), "path": None} for clip in CLIPS]}
+    datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio()).to_parquet(str(tmp_path / "clips.parquet"))
+    recordings = RecordingSet.from_recordings(Recording.from_file(REF / "audio" / f"{clip}.wav", recording_id=clip)
+                                              for clip in CLIPS)
+    supervisions = SupervisionSet.from_segments(
+        SupervisionSegment(clip, clip, 0.0, recordings[clip].duration, channel=recordings[clip].channel_ids,
+                           text=TEXT_V2["text"], speaker="s") for clip in CLIPS)
+    CutSet.from_manifests(recordings, supervisions).to_file(tmp_path / "cuts.jsonl.gz")
+    want = _kept(tmp_path / "jsonl")
+    for corpus, out in (("clips.parquet", "parquet"), ("cuts.jsonl.gz", "lhotse")):
+        code, output = run_command(tmp_path, False, out, corpus=corpus)
+        assert code == 0, output
+        got = _kept(tmp_path / out)
+        assert sorted(got) == sorted(want)
+        for clip, line in got.items():
+            for name in ("text_ids", "codes", "condition", "emo_vec"):
+                assert (tmp_path / out / line[f"{name}_path"]).read_bytes() == \
+                    (tmp_path / "jsonl" / want[clip][f"{name}_path"]).read_bytes(), (corpus, clip, name)
 
 
 @pytest.mark.slow
