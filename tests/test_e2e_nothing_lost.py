@@ -321,9 +321,25 @@ def test_sigterm_to_the_group_saves_and_resumes_exactly_and_a_second_run_is_refu
     assert "Traceback" not in output and output.count("saved ") == 1 and "(exit 143)" in output
     assert (out / "train.lock").read_text() == ""  # released: no PID left behind
     assert verify_checkpoint(out / "latest.pth").status == "COMPLETE"
-    assert load_checkpoint(out / "latest.pth")["progress"]["step"] < STEPS  # stopped mid-run
+    stopped = load_checkpoint(out / "latest.pth")["progress"]["step"]
+    assert stopped < STEPS  # stopped mid-run
+    assert_same_weights_where_both_saved(out / "latest.pth", reference, stopped)
     assert cli(train_args(data, out))[0] == 0  # with 0 workers: the batches do not depend on them
     assert_same_state(out / "latest.pth", reference / "latest.pth")
+
+
+def assert_same_weights_where_both_saved(stop_file: Path, reference: Path, step: int) -> None:
+    """The stop's checkpoint has the uninterrupted run's weights and moments at that step (the reference
+    saves every 2 steps): a difference after the resume is then the resume's, not the stopped run's."""
+    if step % 2:
+        return
+    got, want = load_checkpoint(stop_file), load_checkpoint(reference / f"model_step{step}.pth")
+    for key, tensor in want["model"].items():
+        assert torch.equal(got["model"][key], tensor), f"at the stop (step {step}): parameter {key} differs"
+    for index, slots in want["optimizer"]["state"].items():
+        for slot, tensor in slots.items():
+            assert torch.equal(got["optimizer"]["state"][index][slot], tensor), \
+                f"at the stop (step {step}): optimizer {index}.{slot} differs"
 
 
 def test_sighup_with_the_terminal_gone_saves_and_resumes_exactly(data, reference, tmp_path) -> None:
@@ -342,7 +358,9 @@ def test_sighup_with_the_terminal_gone_saves_and_resumes_exactly(data, reference
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     assert verify_checkpoint(out / "latest.pth").status == "COMPLETE"
-    assert load_checkpoint(out / "latest.pth")["progress"]["step"] < STEPS
+    stopped = load_checkpoint(out / "latest.pth")["progress"]["step"]
+    assert stopped < STEPS
+    assert_same_weights_where_both_saved(out / "latest.pth", reference, stopped)
     assert cli(train_args(data, out))[0] == 0
     assert_same_state(out / "latest.pth", reference / "latest.pth")
 
