@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install with the dev tools and what the browser test needs (the webui extra, Playwright, and the
-# Debian Chromium it drives), then run the whole test suite (CPU only). The demo and the trainer
+# Debian Chromium it drives), then run the whole test suite (CPU only), and the w2v-BERT stages again
+# under the transformers release official IndexTTS pins (4.52.1). The demo and the trainer
 # install none of these.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${EXTRAS:-dev,prepare,corpora,webui,browser-test}" bash scripts/install.sh
 bash scripts/install_chromium.sh
-exec "${PYTHON:-python3}" -m pytest -q "$@"
+"${PYTHON:-python3}" -m pytest -q "$@"
+bash scripts/test_transformers_pin.sh  # the w2v-BERT stages under the transformers official IndexTTS pins
