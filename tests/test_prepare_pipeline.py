@@ -72,8 +72,9 @@ def fake_models(tmp_path, monkeypatch) -> ModelFiles:
 
 
 def _options(tmp_path: Path, corpus: Path, **kw) -> PrepareOptions:
-    return PrepareOptions(corpora=[corpus], model_dir=tmp_path / "models", out=tmp_path / "out", device="cpu",
-                          split=SplitRule(val_fraction=0.0, prompts_per_target=1), **{"min_seconds": 0.3, **kw})
+    return PrepareOptions(corpora=[corpus], model_dir=tmp_path / "models", device="cpu",
+                          split=SplitRule(val_fraction=0.0, prompts_per_target=1),
+                          **{"min_seconds": 0.3, "out": tmp_path / "out", **kw})
 
 
 def _corpus(tmp_path: Path) -> Path:
@@ -118,6 +119,36 @@ def test_rerun_skips_complete_work_and_gives_the_same_bytes(tmp_path, fake_model
     assert run_prepare(_options(tmp_path, corpus)) == 1
     assert len(FakeFeaturizer.calls) == 1  # only that utterance's batch
     assert _outputs(tmp_path / "out") == first
+
+
+def test_a_rerun_recomputes_what_changed_in_the_corpus_and_ends_as_a_fresh_run(tmp_path, fake_models) -> None:
+    """A fixed transcript (rejected before, kept now), an edited one and a replaced clip are recomputed on
+    the rerun; the rest is skipped; the folder ends with the manifests a fresh run on the new corpus writes."""
+    import soundfile
+
+    corpus = _corpus(tmp_path)
+    assert run_prepare(_options(tmp_path, corpus)) == 1
+    old_condition = np.load(tmp_path / "out" / "condition" / "utt0004.npy")  # the fake's: from the waveform
+    lines = [json.loads(line) for line in corpus.read_text().splitlines()]
+    lines[2]["text"], lines[1]["text"] = "fixed text", "a better day"
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    clip = tmp_path / "clips" / "utt0004.wav"
+    wave, rate = soundfile.read(clip, dtype="float32")
+    soundfile.write(clip, np.roll(wave, 1000) * 0.5, rate)  # another recording of the same length
+    FakeFeaturizer.calls.clear()
+    assert run_prepare(_options(tmp_path, corpus)) == 1  # utt0003 (empty text) and utt0007 stay rejected
+    assert sum(FakeFeaturizer.calls) < 7  # batches without a changed member were skipped
+    fresh = tmp_path / "fresh"
+    assert run_prepare(_options(tmp_path, corpus, out=fresh)) == 1
+    for name in ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", "prepare.json"):
+        assert (tmp_path / "out" / name).read_text().replace(str(tmp_path / "out"), "") == \
+            (fresh / name).read_text().replace(str(fresh), ""), name
+    lines = (tmp_path / "out" / "utterances.jsonl").read_text().splitlines()
+    kept = {line["id"]: line for line in map(json.loads, lines)}
+    assert kept["utt0002"]["text"] == "fixed text" and kept["utt0001"]["text"] == "a better day"
+    assert not np.array_equal(np.load(tmp_path / "out" / "condition" / "utt0004.npy"), old_condition)
+    assert np.array_equal(np.load(tmp_path / "out" / "condition" / "utt0004.npy"),
+                          np.load(fresh / "condition" / "utt0004.npy"))
 
 
 def test_batches_depend_only_on_corpus_and_budget(tmp_path) -> None:

@@ -2,10 +2,12 @@
 
 Layout: `<name>/<stem>.npy` per array (text_ids, codes, condition or spk_emb, emo_vec), and
 `records/<stem>.json`, written last, that says the utterance is complete (kept: its manifest line;
-rejected: the reason). Every file is written atomically, so a kill leaves either nothing or a whole
-file under a final name; a rerun skips utterances that have a record. `prepare.settings.json` holds
-what decides the arrays (model hashes and feature settings): a rerun with other values refuses to
-mix with them, and `--restart` removes what prepare wrote here (and nothing else).
+rejected: the reason) and what it was computed from (`source`: Utterance.source_key). Every file is
+written atomically, so a kill leaves either nothing or a whole file under a final name; a rerun skips
+utterances whose record has the same source, and recomputes those whose text or audio changed.
+`prepare.settings.json` holds what decides the arrays (model hashes and feature settings): a rerun
+with other values refuses to mix with them, and `--restart` removes what prepare wrote here (and
+nothing else).
 """
 
 from __future__ import annotations
@@ -54,19 +56,25 @@ class OutputFolder:
     def record_path(self, stem: str) -> Path:
         return self.root / RECORDS / f"{stem}.json"
 
-    def has_record(self, stem: str) -> bool:
-        return self.record_path(stem).is_file()
+    def has_record(self, stem: str, source: str) -> bool:
+        """Whether the utterance is complete: its record exists and was computed from `source`
+        (Utterance.source_key); an older record of other text or audio is recomputed, then replaced."""
+        return self.read_record(stem, source) is not None
 
-    def read_record(self, stem: str) -> dict | None:
+    def read_record(self, stem: str, source: str) -> dict | None:
+        """The utterance's record, or None when it has none or a stale one (another `source`)."""
         path = self.record_path(stem)
         if not path.is_file():
             return None
         if path.stat().st_size > MAX_RECORD_BYTES:
             raise UserError(f"{path}: larger than any record prepare writes; rerun with --restart")
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            record = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{path}: not a record prepare wrote; rerun with --restart") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path}: not a record prepare wrote; rerun with --restart")
+        return record if record.get("source") == source else None
 
     def write_arrays(self, stem: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
         """Each array to `<name>/<stem>.npy`, atomically; returns `<name>_path` -> path relative to the folder."""

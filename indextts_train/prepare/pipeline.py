@@ -91,6 +91,7 @@ class Planned:
     stems: list[str]
     batches: list[list[int]]
     early: dict[int, str]  # corpus index -> reason
+    sources: list[str] = field(default_factory=list)  # Utterance.source_key of each: a record of another is stale
 
 
 def _early_reason(frames: int, rate: int, options: PrepareOptions, limit: CodeLimit | None) -> str | None:
@@ -128,7 +129,7 @@ def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit 
         else:
             batches.append([i])
     stems = [file_stem(utt.id) for utt in utterances]
-    return Planned(utterances, durations, stems, batches, early)
+    return Planned(utterances, durations, stems, batches, early, [utt.source_key() for utt in utterances])
 
 
 def _line(utt: Utterance, duration: float, text: TextIds, arrays: dict[str, np.ndarray],
@@ -162,14 +163,16 @@ def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featu
                             "--batch-seconds (finished utterances are kept)") from None
     for i in batch:
         stem, utt = planned.stems[i], planned.utterances[i]
-        if folder.has_record(stem):
+        source = planned.sources[i]
+        if folder.has_record(stem, source):
             continue  # done before a kill; its arrays came from this same batch
         if isinstance(results[i], str):
-            folder.write_record(stem, {"id": utt.id, "rejected": results[i]})
+            folder.write_record(stem, {"id": utt.id, "source": source, "rejected": results[i]})
             continue
         arrays = {"text_ids": texts[i].ids, **results[i]}
         paths = folder.write_arrays(stem, arrays)
-        folder.write_record(stem, {"id": utt.id, "kept": _line(utt, planned.durations[i], texts[i], arrays, paths),
+        folder.write_record(stem, {"id": utt.id, "source": source,
+                                   "kept": _line(utt, planned.durations[i], texts[i], arrays, paths),
                                    "tokens": sorted({int(t) for t in texts[i].ids}), "extended": texts[i].extended})
 
 
@@ -190,7 +193,7 @@ def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder
                   info: DistInfo) -> None:
     """This rank's batches (k % world == rank) that are not complete yet."""
     mine = [b for k, b in enumerate(planned.batches) if k % info.world_size == info.rank]
-    complete = [all(folder.has_record(planned.stems[i]) for i in b) for b in mine]
+    complete = [all(folder.has_record(planned.stems[i], planned.sources[i]) for i in b) for b in mine]
     todo = [b for b, done in zip(mine, complete, strict=True) if not done]
     seconds = [sum(planned.durations[i] for i in b) for b in mine]
     progress = PrepareProgress(total_clips=sum(map(len, mine)), total_seconds=sum(seconds),
@@ -208,7 +211,8 @@ def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, mo
     """Manifests from the records, in corpus order (rank 0, after every rank finished)."""
     kept, rejected, tokens = [], [], TokenCount(new_ids)
     for i, utt in enumerate(planned.utterances):
-        record = {"rejected": planned.early[i]} if i in planned.early else folder.read_record(planned.stems[i])
+        record = {"rejected": planned.early[i]} if i in planned.early else \
+            folder.read_record(planned.stems[i], planned.sources[i])
         if record is None:
             raise UserError(f"{folder.root}: no record for {utt.id} after all ranks finished; rerun the same command")
         if "kept" in record:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
 
 DEFAULT_SPEAKER = "speaker"
@@ -33,6 +36,19 @@ class Utterance:
         if self.is_segment:
             return {"audio": self.audio, "offset": self.offset, "duration": self.duration}
         return {"audio": self.audio}
+
+    def source_key(self) -> str:
+        """What an utterance's arrays were computed from: its fields, and the audio file's size and change
+        time (the quick check make and rsync use; reading every clip again on each rerun would cost as
+        much as decoding it). A record whose key differs is stale: a fixed transcript, a replaced clip."""
+        try:
+            stat = os.stat(self.audio)
+            audio = [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            audio = None  # missing or unreadable: planning rejects it, nothing is recorded
+        fields = [self.id, self.audio, self.offset, self.duration, self.row, self.text, self.speaker,
+                  self.language, audio]
+        return hashlib.sha256(json.dumps(fields, ensure_ascii=False).encode("utf-8")).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
