@@ -104,7 +104,8 @@ PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingfac
 @app.command()
 def prepare(
     corpus: Annotated[list[Path], typer.Argument(metavar="CORPUS", help="JSONL, LJSpeech metadata.csv, Common "
-                                                 "Voice .tsv or a folder of audio with .txt/.lab transcripts; several "
+                                                 "Voice .tsv, a folder of audio with .txt/.lab transcripts, a lhotse "
+                                                 "manifest or a Hugging Face dataset (Parquet, save_to_disk); several "
                                                  "may be mixed.")],
     model_dir: Annotated[Path, typer.Option(help="The official model folder (config.yaml, gpt.pth, ...).")],
     out: Annotated[Path, typer.Option(help="Output folder: arrays, utterances/train/val/rejected.jsonl, prepare.json.")],
@@ -115,6 +116,7 @@ def prepare(
     download: Annotated[bool, typer.Option(help="Fetch missing hub files (size and licence printed first).")] = False,
     speaker: Annotated[str | None, typer.Option(help="Speaker for sources that name none.")] = None,
     language: Annotated[str | None, typer.Option(help="Language code for sources that name none (2.5 needs one).")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Hugging Face datasets: the transcript column [default: text, sentence, transcription, normalized_text or transcript].")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 [default: the GPU when there is one].")] = None,
     batch_seconds: Annotated[float, typer.Option(help="Padded audio seconds per w2v-BERT batch.")] = 120.0,
     prompt_seconds: Annotated[float, typer.Option(help="Prompt features from the first seconds (as inference).")] = 15.0,
@@ -144,7 +146,7 @@ def prepare(
             corpora=corpus, model_dir=model_dir, out=out, device=device,
             overrides=Overrides(w2v_bert=w2v_bert, semantic_codec=semantic_codec, campplus=campplus,
                                 tokenizer=tokenizer),
-            defaults=Defaults(speaker=speaker, language=language),
+            defaults=Defaults(speaker=speaker, language=language, text_column=text_column),
             split=SplitRule(val_fraction=val_fraction, val_speakers=val_speakers,
                             prompts_per_target=prompts_per_target, seed=seed),
             batch_seconds=batch_seconds, prompt_seconds=prompt_seconds, min_seconds=min_seconds,

@@ -227,8 +227,13 @@ def test_hf_without_a_text_column_is_one_line(tmp_path) -> None:
     datasets.Dataset.from_dict({"audio": [{"bytes": _wav_bytes(_samples(0.5, 1)), "path": None}],
                                 "words": ["x"]}).cast_column("audio", datasets.Audio()) \
         .save_to_disk(str(tmp_path / "ds"))
-    with pytest.raises(UserError, match=r"ds: no text column \(looked for text, sentence, .*columns: audio, words"):
+    with pytest.raises(UserError, match=r"ds: no text column \(looked for text, sentence, .*columns: audio, words\); "
+                                         "name the transcript column with --text-column"):
         read_corpora([tmp_path / "ds"], Defaults())
+    [utt] = read_corpora([tmp_path / "ds"], Defaults(text_column="words"))
+    assert utt.text == "x"
+    with pytest.raises(UserError, match=r"ds: no text column \(--text-column wrds; columns: audio, words\)"):
+        read_corpora([tmp_path / "ds"], Defaults(text_column="wrds"))
     datasets.Dataset.from_dict({"text": ["x"]}).to_parquet(str(tmp_path / "t.parquet"))
     with pytest.raises(UserError, match=r"t\.parquet: no audio column"):
         read_corpora([tmp_path / "t.parquet"], Defaults())

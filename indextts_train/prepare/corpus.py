@@ -63,7 +63,7 @@ def read_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
         return read_lhotse(path, defaults.speaker, defaults.language)
     if is_hf_corpus(path):
         _need(path, "datasets")
-        return read_hf_corpus(path, defaults.speaker, defaults.language)
+        return read_hf_corpus(path, defaults)
     if path.is_dir():
         if (path / "metadata.csv").is_file():
             return read_ljspeech(path / "metadata.csv", defaults)

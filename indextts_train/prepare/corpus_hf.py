@@ -2,7 +2,7 @@
 
 Columns (first match wins; `id`, speaker and language are optional):
 - audio: the column of `datasets.Audio` type, else one named `audio` ({"bytes", "path"} structs);
-- text: `text`, `sentence`, `transcription`, `normalized_text`, `transcript`;
+- text: `--text-column`, else the first of `text`, `sentence`, `transcription`, `normalized_text`, `transcript`;
 - speaker: `speaker_id`, `speaker`, `client_id` (else --speaker, else the dataset's name);
 - language: `language`, `locale` (else --language); id: `id`, else `<dataset name>-<row>`.
 
@@ -24,7 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.prepare.utterance import Utterance
+from indextts_train.prepare.utterance import Defaults, Utterance
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "normalized_text", "transcript")
 SPEAKER_COLUMNS = ("speaker_id", "speaker", "client_id")
@@ -150,36 +150,37 @@ def dataset_name(path: Path) -> str:
     return path.name if path.is_dir() else path.name.split(".")[0]
 
 
-def read_dataset(path: Path, default_speaker: str | None, default_language: str | None) -> list[Utterance]:
+def read_dataset(path: Path, defaults: Defaults) -> list[Utterance]:
     """Every row as an Utterance naming its row; the audio is not read here."""
     rows = _open(path)
     if rows.num_rows > MAX_ROWS:
         raise UserError(f"{path}: {rows.num_rows} rows, more than {MAX_ROWS}; is this a TTS corpus?")
     audio_column(rows)  # named now: a dataset without one is refused before any work
-    text = _first(rows, TEXT_COLUMNS)
-    if text is None:
-        raise UserError(f"{path}: no text column (looked for {', '.join(TEXT_COLUMNS)}; columns: "
-                        f"{', '.join(rows.features)}); rename the transcript column to `text`")
+    text = defaults.text_column or _first(rows, TEXT_COLUMNS)
+    if text is None or text not in rows.features:
+        looked = f"--text-column {text}" if text else f"looked for {', '.join(TEXT_COLUMNS)}"
+        raise UserError(f"{path}: no text column ({looked}; columns: {', '.join(rows.features)}); name the "
+                        "transcript column with --text-column")
     texts = _strings(rows, text, "text")
     speakers = _strings(rows, _first(rows, SPEAKER_COLUMNS), "speaker")
     languages = _strings(rows, _first(rows, LANGUAGE_COLUMNS), "language")
     ids = _strings(rows, ID_COLUMN if ID_COLUMN in rows.features else None, "id")
     name, where = dataset_name(path), os.path.abspath(path)
     return [Utterance(ids[row] or f"{name}-{row}", where, texts[row] or "",
-                      speakers[row] or default_speaker or name, languages[row] or default_language,
+                      speakers[row] or defaults.speaker or name, languages[row] or defaults.language,
                       f"{where}#{row}", row=row)
             for row in range(rows.num_rows)]
 
 
-def read_hf_corpus(path: Path, default_speaker: str | None, default_language: str | None) -> list[Utterance]:
+def read_hf_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
     """A dataset file or folder; a folder of Parquet files is read file by file, in name order."""
     if path.is_dir() and not any((path / n).is_file() for n in ("dataset_info.json", "state.json",
                                                                  "dataset_dict.json")):
         out = []
         for file in sorted(path.glob("*.parquet")):
-            out.extend(read_dataset(file, default_speaker, default_language))
+            out.extend(read_dataset(file, defaults))
         return out
-    return read_dataset(path, default_speaker, default_language)
+    return read_dataset(path, defaults)
 
 
 def row_audio(path: str, row: int) -> io.BytesIO | str:

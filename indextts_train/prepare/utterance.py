@@ -53,7 +53,9 @@ class Utterance:
 
 @dataclass(frozen=True)
 class Defaults:
-    """`--speaker` / `--language`: what a source that lacks them gets."""
+    """`--speaker` / `--language`: what a source that lacks them gets; `--text-column`: which column of a
+    Hugging Face dataset holds the transcript (None: the first of the usual names)."""
 
     speaker: str | None = None
     language: str | None = None
+    text_column: str | None = None
