@@ -40,7 +40,8 @@ from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_li
 from indextts_train.prepare.progress import PrepareProgress, print_summary
 
 PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
-LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken")
+LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken",
+             "lhotse", "datasets")  # the last two read some corpus forms (prepare.json says which were installed)
 
 
 @dataclass
