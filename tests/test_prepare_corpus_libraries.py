@@ -20,13 +20,12 @@ import lhotse  # noqa: F401 (used through `from lhotse import ...` below; a miss
 import numpy as np
 import pytest
 import soundfile
+from helpers import stand_in_models
 
 from indextts_train.errors import UserError
-from indextts_train.prepare import pipeline
 from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, read_corpora
 from indextts_train.prepare.featurize import Clip, CodeLimit, TextIds, load_clip
-from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.pairs import SplitRule
 from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
 
@@ -263,13 +262,7 @@ class WaveFeaturizer:
 
 @pytest.fixture
 def wave_models(tmp_path, monkeypatch) -> None:
-    model_dir = tmp_path / "models"
-    model_dir.mkdir()
-    models = ModelFiles(model_dir=model_dir, is_v25=False, config=model_dir / "config.yaml", gpt=model_dir / "g",
-                        stats=model_dir / "s", tokenizer=model_dir / "t", w2v_bert=model_dir, codec=model_dir / "c")
-    monkeypatch.setattr(pipeline, "locate_models", lambda *a, **k: models)
-    monkeypatch.setattr(pipeline, "model_hashes", lambda m: {"gpt": "0" * 64})
-    monkeypatch.setattr(pipeline.Featurizer, "load", classmethod(lambda cls, *a, **k: WaveFeaturizer()))
+    stand_in_models(tmp_path, monkeypatch, WaveFeaturizer())
 
 
 def _prepare(tmp_path: Path, corpus: Path, out: str) -> dict[str, np.ndarray]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import stand_in_models
 
 from indextts_train.errors import UserError
-from indextts_train.prepare import pipeline
 from indextts_train.prepare.corpus import Defaults
 from indextts_train.prepare.featurize import Clip, CodeLimit, TextIds
 from indextts_train.prepare.models import ModelFiles
@@ -59,16 +59,7 @@ class FakeFeaturizer:
 
 @pytest.fixture
 def fake_models(tmp_path, monkeypatch) -> ModelFiles:
-    model_dir = tmp_path / "models"
-    model_dir.mkdir()
-    models = ModelFiles(model_dir=model_dir, is_v25=False, config=model_dir / "config.yaml", gpt=model_dir / "g",
-                        stats=model_dir / "s", tokenizer=model_dir / "t", w2v_bert=model_dir, codec=model_dir / "c")
-    hashes = {"gpt": "0" * 64}
-    monkeypatch.setattr(pipeline, "locate_models", lambda *a, **k: models)
-    monkeypatch.setattr(pipeline, "model_hashes", lambda m: dict(hashes))
-    monkeypatch.setattr(pipeline.Featurizer, "load", classmethod(lambda cls, *a, **k: FakeFeaturizer()))
-    models.hashes = hashes  # the test changes it to mean "other weights"
-    return models
+    return stand_in_models(tmp_path, monkeypatch, FakeFeaturizer())
 
 
 def _options(tmp_path: Path, corpus: Path, **kw) -> PrepareOptions:
