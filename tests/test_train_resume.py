@@ -281,11 +281,30 @@ def test_smaller_micro_batch_on_resume_continues_from_the_same_sample(tiny_data,
     printed = capsys.readouterr().out
     assert "micro_batch: 2 -> 1" in printed and "grad_accumulation: 2 -> 4" in printed
     assert "same effective batch: training continues from the same sample" in printed
+    assert "resuming on another setup (micro-batch 2 -> 1, accumulation 2 -> 4): training continues" in printed
     assert "learning rate changed" in printed
     assert f"starting at step 7 (epoch {before['epoch']}, sample {before['samples_in_epoch']})" in printed
     after = load_checkpoint(out / "latest.pth")
     assert after["progress"]["samples_total"] == before["samples_total"] + 5 * 4
     assert after["scheduler"]["base_lrs"] == [1e-3, 1e-3]  # the new peak LR took effect
+
+
+def test_a_resume_with_another_cpu_thread_count_says_it_rounds_differently(tiny_data, grown, tmp_path,
+                                                                          capsys) -> None:
+    """On the CPU the thread count splits every sum: the run continues, and says it is not bit for bit."""
+    out, threads = tmp_path / "run", torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert train(options(tiny_data, grown, out, max_steps=2)) == 0
+        assert "1 torch thread(s)" in capsys.readouterr().out
+        torch.set_num_threads(3)
+        assert train(options(tiny_data, grown, out, max_steps=4)) == 0
+        assert "resuming on another setup (torch threads 1 -> 3): training continues from the same sample" \
+            in capsys.readouterr().out
+        assert train(options(tiny_data, grown, out, max_steps=6)) == 0
+        assert "another setup" not in capsys.readouterr().out  # the same setup again: nothing to say
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_changed_effective_batch_is_allowed_with_a_warning(tiny_data, grown, tmp_path, capsys) -> None:

@@ -164,6 +164,9 @@ class HardwarePlan:
     estimated_bytes: int
     budget_bytes: int
     reasons: list[str] = field(default_factory=list)
+    # torch's intra-op threads. On the CPU they set how every sum is split, so another count rounds
+    # differently (a resume stays exact in data and batch, not bit for bit). 0: not recorded (older).
+    cpu_threads: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,7 +175,8 @@ class HardwarePlan:
     def from_dict(cls, data: dict) -> HardwarePlan:
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(names))
-        missing = [name for name in names if name not in data]
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        missing = [name for name in names if name not in data and name not in optional]
         if unknown or missing:
             raise UserError(f"hardware plan: unknown key(s) {unknown}, missing key(s) {missing}; "
                             "the checkpoint was written by another version")
@@ -182,6 +186,8 @@ class HardwarePlan:
         head = (f"{self.device_name} ({self.device}): {self.precision}, micro-batch {self.micro_batch} x "
                 f"accumulation {self.grad_accumulation} x {self.world_size} process(es) = effective batch "
                 f"{self.effective_batch}, {self.num_workers} data worker(s)")
+        if self.device == "cpu" and self.cpu_threads:
+            head += f", {self.cpu_threads} torch thread(s)"
         return "\n".join([head, *(f"  - {reason}" for reason in self.reasons)])
 
 
@@ -395,7 +401,7 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
         device=device.kind, device_name=device.name, precision=precision, amp_dtype=AMP_DTYPES[precision],
         use_grad_scaler=precision == "fp16", tf32=tf32, micro_batch=micro, grad_accumulation=accum,
         effective_batch=effective, world_size=world_size, num_workers=workers, memory_share=memory_share,
-        estimated_bytes=estimated, budget_bytes=budget, reasons=reasons,
+        estimated_bytes=estimated, budget_bytes=budget, reasons=reasons, cpu_threads=torch.get_num_threads(),
     )
 
 

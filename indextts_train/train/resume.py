@@ -117,6 +117,29 @@ def remembered_oom_plan(plan: HardwarePlan, saved: dict, log: RunLogger) -> Hard
                                reasons=[*plan.reasons, *(r for r in saved["reasons"] if r.startswith("Out of memory"))])
 
 
+# What decides the floating-point rounding of a step besides the data and the weights.
+ARITHMETIC = (("device_name", "device"), ("precision", "precision"), ("tf32", "TF32"), ("world_size", "processes"),
+              ("micro_batch", "micro-batch"), ("grad_accumulation", "accumulation"))
+
+
+def note_changed_arithmetic(plan: HardwarePlan, saved: dict, log: RunLogger) -> None:
+    """Say so when the run resumes on a setup that rounds differently from the one that saved it.
+
+    The run goes on from the same sample with the same effective batch, but "exactly as if it had
+    never stopped" is bit for bit only on the same device, precision, batch split and, on the CPU,
+    the same thread count (another count sums in another order).
+    """
+    changes = [f"{label} {saved[key]} -> {getattr(plan, key)}" for key, label in ARITHMETIC
+               if key in saved and saved[key] != getattr(plan, key)]
+    if plan.device == "cpu" and saved.get("device") == "cpu" and saved.get("cpu_threads") \
+            and saved["cpu_threads"] != plan.cpu_threads:
+        changes.append(f"torch threads {saved['cpu_threads']} -> {plan.cpu_threads}")
+    if changes:
+        log.warn(f"resuming on another setup ({', '.join(changes)}): training continues from the same sample "
+                 "with the same effective batch, but rounds differently, so the weights will not match bit for "
+                 "bit a run that never stopped (they follow the same course)")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

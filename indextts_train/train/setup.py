@@ -63,6 +63,7 @@ from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.preflight import check_inputs
 from indextts_train.train.resume import (
+    note_changed_arithmetic,
     remembered_oom_plan,
     report_changed_hparams,
     restore_rng_for_rank,
@@ -428,6 +429,8 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
         check_resume_scope(ckpt["config"].get("train") or {}, scope_settings(train), path)
     if ckpt is not None and train.batch_size == 0:
         plan = remembered_oom_plan(plan, ckpt.get("hardware") or {}, startup)
+    if ckpt is not None:
+        note_changed_arithmetic(plan, ckpt.get("hardware") or {}, startup)
     growth = VocabPlan(tokens, tokens)
     if ckpt is None:
         weights = fresh_weights(options, config, tokens, startup, base)
