@@ -324,7 +324,8 @@ def test_sigterm_to_the_group_saves_and_resumes_exactly_and_a_second_run_is_refu
     stopped = load_checkpoint(out / "latest.pth")["progress"]["step"]
     assert stopped < STEPS  # stopped mid-run
     assert_same_weights_where_both_saved(out / "latest.pth", reference, stopped)
-    assert cli(train_args(data, out))[0] == 0  # with 0 workers: the batches do not depend on them
+    code, stdout, stderr = cli(train_args(data, out))  # with 0 workers: the batches do not depend on them
+    assert code == 0 and "another setup" not in stdout, stdout + stderr  # bit for bit needs the same setup
     assert_same_state(out / "latest.pth", reference / "latest.pth")
 
 
@@ -361,7 +362,8 @@ def test_sighup_with_the_terminal_gone_saves_and_resumes_exactly(data, reference
     stopped = load_checkpoint(out / "latest.pth")["progress"]["step"]
     assert stopped < STEPS
     assert_same_weights_where_both_saved(out / "latest.pth", reference, stopped)
-    assert cli(train_args(data, out))[0] == 0
+    code, stdout, stderr = cli(train_args(data, out))
+    assert code == 0 and "another setup" not in stdout, stdout + stderr
     assert_same_state(out / "latest.pth", reference / "latest.pth")
 
 

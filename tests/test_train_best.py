@@ -89,8 +89,9 @@ def mixed_run(langs, tmp_path_factory) -> dict:
     killed = tmp_path_factory.mktemp("killed") / "run"
     kills = 0
     for marker in ("val step 6:", "step 10/12", None):
-        code, _ = run_until(train_args(langs, killed, *args), marker)
+        code, output = run_until(train_args(langs, killed, *args), marker)
         kills += code is None
+        assert "another setup" not in output, output  # bit for bit needs the same setup
     assert code == 0 and kills == 2
     return {"plain": plain, "killed": killed, "log": log}
 
