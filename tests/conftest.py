@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# Every process of the suite, pytest's own and the CLI runs it starts, uses one torch thread count,
+# read once here: on the CPU the count decides how sums are split, and the kill/resume tests compare
+# runs of different processes bit for bit (a resume on another count rounds differently and says
+# so: train/resume.note_changed_arithmetic; the tests also check it did not).
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1))
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "data" / "reference"
