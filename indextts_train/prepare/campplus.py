@@ -315,14 +315,16 @@ class CampPlus:
 
 
 TINY_SIZES = CampPlusSizes(head_channels=32, init_channels=8, growth_rate=4, bottleneck=4, embedding_size=192)
+REAL_SIZES = CampPlusSizes(head_channels=32, init_channels=128, growth_rate=32, bottleneck=128, embedding_size=192)
 
 
-def write_tiny_campplus(path: Path, seed: int) -> None:
-    """Seeded random CAMPPlus weights at the reference's tiny size, in the official layout (a plain
-    state dict). Non-trivial BatchNorm statistics, so a wrong normalisation shows in tests."""
+def write_tiny_campplus(path: Path, seed: int, sizes: CampPlusSizes = TINY_SIZES) -> None:
+    """Seeded random CAMPPlus weights at the reference's tiny size (or `sizes`: REAL_SIZES is
+    campplus_cn_common.bin's), in the official layout (a plain state dict). Non-trivial BatchNorm
+    statistics, so a wrong normalisation shows in tests."""
     generator = torch.Generator().manual_seed(seed)
     state: dict[str, Tensor] = {}
-    for key, shape in campplus_shapes(TINY_SIZES).items():
+    for key, shape in campplus_shapes(sizes).items():
         if key.endswith("num_batches_tracked"):
             state[key] = torch.tensor(0, dtype=torch.int64)
         elif key.endswith("running_var"):

@@ -267,6 +267,7 @@ def first_line(exc: BaseException) -> str:
 
 TINY_SIZES = {"codebook_size": 64, "codebook_dim": 8, "vocos_dim": 16, "vocos_intermediate_dim": 24,
               "vocos_num_layers": 2}
+REAL_SIZES = {name: getattr(CodecConfig(), name) for name in TINY_SIZES}  # the official classes' defaults
 
 
 def _random_state(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
@@ -289,16 +290,17 @@ def _random_state(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str,
     return state
 
 
-def write_tiny_codec(path: Path, family: str, seed: int, hidden: int = 32) -> dict:
+def write_tiny_codec(path: Path, family: str, seed: int, hidden: int = 32, sizes: Mapping | None = None) -> dict:
     """Random tiny codec weights in the official file format of `family`; returns the config section.
 
     IndexTTS2 ("indextts2"): a safetensors file like MaskGCT's; IndexTTS-2.5 ("indextts2.5"): a
     torch file {"model": state_dict} like codec.pth. The same arguments give the same bytes; an
-    existing file with other contents is never replaced.
+    existing file with other contents is never replaced. `sizes` (default TINY_SIZES; REAL_SIZES with
+    hidden 1024 for the released codecs' shapes) sets everything but the hidden size.
     """
     if family not in (FAMILY_V2, FAMILY_V25):
         raise ValueError(f"family must be {FAMILY_V2!r} or {FAMILY_V25!r}, not {family!r}")
-    section = {**TINY_SIZES, "hidden_size": hidden}
+    section = {**(TINY_SIZES if sizes is None else sizes), "hidden_size": hidden}
     cfg = CodecConfig(**section, downsample_scale=2 if family == FAMILY_V25 else 1)
     state = _random_state(codec_shapes(cfg), seed)
     if family == FAMILY_V2:

@@ -4,7 +4,9 @@
 (with its `semantic_codec:` section and `version`), gpt.pth, wav2vec2bert_stats.pt, the tokenizer,
 hf_cache/w2v-bert-2.0/, and the codec (MaskGCT safetensors under hf_cache/semantic_codec/ for
 IndexTTS2; codec.pth for 2.5) and, for 2.5, hf_cache/campplus_cn_common.bin. All weights are seeded
-random tensors; the GPT's conditioning encoders take the tiny w2v-BERT's width.
+random tensors; the GPT's conditioning encoders take the tiny w2v-BERT's width. With `real_size`
+every file has the released shapes instead (w2v-BERT 2.0, the codec of the `semantic_codec:` defaults,
+CAMPPlus; the GPT is the config's own): a benchmark's stand-in for the real folder, ~4-5 GB on disk.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import CONFORMER_INPUT_KEY, full_state_dict, init_carried
+from indextts_train.prepare import campplus, codecs, w2vbert
 from indextts_train.prepare.campplus import write_tiny_campplus
 from indextts_train.prepare.codecs import write_tiny_codec
 from indextts_train.prepare.models import CAMPPLUS_HUB, TOKENIZER_NAMES
@@ -45,25 +48,31 @@ def write_tiny_gpt(config_path: Path, path: Path, width: int, seed: int) -> None
 
 
 def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, seed: int = 0,
-                         width: int = TINY_W2V_WIDTH) -> Path:
+                         width: int = TINY_W2V_WIDTH, real_size: bool = False) -> Path:
     """The official layout of the config's family, every weight random and seeded; returns model_dir.
 
-    `width`: the w2v-BERT hidden size, which the codec and the GPT's encoders then take."""
+    `width`: the w2v-BERT hidden size, which the codec and the GPT's encoders then take. `real_size`:
+    w2v-BERT, codec and CAMPPlus at the released sizes (width 1024; `width` is then not used)."""
+    if real_size:
+        width = w2vbert.REAL_WIDTH
     model_dir.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))
     is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
     hf_cache = model_dir / "hf_cache"
-    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width)
+    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width,
+                       sizes=w2vbert.REAL_SIZES if real_size else w2vbert.TINY_SIZES)
+    codec_sizes = codecs.REAL_SIZES if real_size else codecs.TINY_SIZES
     stats = hf_cache / "w2v-bert-2.0" / "wav2vec2bert_stats.pt"
     if stats.is_file():  # the official folder keeps the statistics beside gpt.pth
         shutil.move(stats, model_dir / "wav2vec2bert_stats.pt")
     if is_v25:
-        raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, width)
-        write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2)
+        raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, width, codec_sizes)
+        write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2,
+                            campplus.REAL_SIZES if real_size else campplus.TINY_SIZES)
     else:
         (hf_cache / "semantic_codec").mkdir(parents=True, exist_ok=True)
         raw["semantic_codec"] = write_tiny_codec(hf_cache / "semantic_codec" / "model.safetensors", FAMILY_V2,
-                                                 seed + 1, width)
+                                                 seed + 1, width, codec_sizes)
         raw["version"] = 2.0
     raw.pop("train", None)  # the official config has no train: section
     config_path = model_dir / "config.yaml"

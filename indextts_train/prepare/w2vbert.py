@@ -208,32 +208,55 @@ class W2vBert:
         return [(normalised[row, :frames].clone(), int(n_valid[row])) for row, frames in enumerate(batch.frames)]
 
 
-def _perturbed_model(hidden: int, seed: int) -> torch.nn.Module:
+@dataclass(frozen=True)
+class W2vBertSizes:
+    """The sizes of a written w2v-BERT; `perturb` scales the noise added to every weight after init."""
+
+    layers: int
+    heads: int
+    intermediate: int | None  # None: the hidden size
+    perturb: float
+
+
+# 18 layers as the oracle: layer 17 is then not the last hidden state, so a wrong index shows
+TINY_SIZES = W2vBertSizes(layers=LAYER + 1, heads=2, intermediate=None, perturb=0.1)
+# facebook/w2v-bert-2.0 (hidden 1024): 24 layers, 16 heads, intermediate 4096; transformers' own init,
+# unperturbed (noise of 0.1 on 1024-wide matrices would blow the activations up)
+REAL_SIZES = W2vBertSizes(layers=24, heads=16, intermediate=4096, perturb=0.0)
+REAL_WIDTH = 1024
+
+
+def _perturbed_model(hidden: int, seed: int, sizes: W2vBertSizes = TINY_SIZES) -> torch.nn.Module:
     from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
-    # 18 layers as the oracle: layer 17 is then not the last hidden state, so a wrong index shows
-    config = Wav2Vec2BertConfig(hidden_size=hidden, num_hidden_layers=LAYER + 1, num_attention_heads=2,
-                                intermediate_size=hidden, output_hidden_size=hidden, conv_depthwise_kernel_size=31)
+    config = Wav2Vec2BertConfig(hidden_size=hidden, num_hidden_layers=sizes.layers, num_attention_heads=sizes.heads,
+                                intermediate_size=sizes.intermediate or hidden, output_hidden_size=hidden,
+                                conv_depthwise_kernel_size=31)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Wav2Vec2BertModel(config)
+    if not sizes.perturb:
+        return model
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # without this, LayerNorms are identities and many mistakes would not show
         for _, parameter in model.named_parameters():
-            parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+            parameter.add_(sizes.perturb * torch.randn(parameter.shape, generator=generator))
     return model
 
 
-def write_tiny_w2vbert(out_dir: Path, seed: int, hidden: int = 32) -> None:
+def write_tiny_w2vbert(out_dir: Path, seed: int, hidden: int = 32, sizes: W2vBertSizes = TINY_SIZES) -> None:
     """A tiny random w2v-BERT in the Hugging Face layout (config.json, model.safetensors,
     preprocessor_config.json) plus wav2vec2bert_stats.pt, all in `out_dir`. Seeded: the same
-    arguments give the same bytes; an existing file with other contents is never replaced."""
+    arguments give the same bytes; an existing file with other contents is never replaced.
+    `sizes=REAL_SIZES` with `hidden=REAL_WIDTH`: the real model's shapes (2.3 GB of random weights)."""
     from safetensors.torch import save
 
     if hidden < 2 or hidden % 2:
         raise ValueError(f"hidden must be an even number >= 2 (two attention heads), not {hidden}")
+    if hidden % sizes.heads:
+        raise ValueError(f"hidden {hidden} is not a multiple of {sizes.heads} attention heads")
     out_dir = Path(out_dir)
-    model = _perturbed_model(hidden, seed)
+    model = _perturbed_model(hidden, seed, sizes)
     weights = save({k: v.contiguous() for k, v in model.state_dict().items()}, metadata={"format": "pt"})
     generator = torch.Generator().manual_seed(seed + 2)
     stats = {"mean": 0.5 * torch.randn(hidden, generator=generator),
