@@ -30,8 +30,10 @@ weights give a fair speed figure; the features themselves are meaningless. The f
 written to the temp folder in a child process, so the peak RSS recorded is that of the timed work.
 Defaults then: 16 clips of 3-8 s. `--no-loop` skips the one-clip loop (the result says so).
 
-Both modes also time one model load on its own (`model_load_seconds`, warm page cache) and report the
-pipeline's rate without it (`pipeline_without_load`): the rate a long run approaches.
+Both modes also time the fixed costs on their own, warm page cache: one model load
+(`model_load_seconds`, both sides pay it) and the sha256 of every model file that prepare.json
+records (`model_hash_seconds`, the pipeline only); `pipeline_without_load` and `loop_without_load`
+leave them out: the rates a long run approaches, and `steady_ratio` compares those.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from report import write_result
 from indextts_train.model.conditioning import COND_PREFIXES, EMO_PREFIXES
 from indextts_train.prepare.corpus import Defaults, read_corpora
 from indextts_train.prepare.featurize import Featurizer, load_clip, read_gpt_weights
-from indextts_train.prepare.models import Overrides, locate_models
+from indextts_train.prepare.models import Overrides, locate_models, model_hashes
 from indextts_train.prepare.pairs import SplitRule
 from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
 from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_dir
@@ -150,6 +152,13 @@ def time_load(root: Path, args: argparse.Namespace) -> float:
     return times[-1]
 
 
+def time_hashes(root: Path) -> float:
+    """Seconds for the sha256 of every model file (prepare.json records them; rank 0, once a run)."""
+    start = time.perf_counter()
+    model_hashes(locate_models(root / "models", Overrides()))
+    return time.perf_counter() - start
+
+
 def time_loop(root: Path, corpus: Path, args: argparse.Namespace) -> float:
     """The plain loop: every stage, one clip at a time, in corpus order, arrays saved."""
     start = time.perf_counter()
@@ -205,6 +214,7 @@ def main() -> None:
         corpus = make_inputs(root, args)
         setup_s = time.perf_counter() - start
         load_s = time_load(root, args)
+        hash_s = time_hashes(root)
         loop_s = None if args.no_loop else time_loop(root, corpus, args)
         pipeline_s = time_pipeline(root, corpus, args)
         kept = [json.loads(line) for line in (root / "pipeline" / "utterances.jsonl").read_text().splitlines()]
@@ -220,12 +230,16 @@ def main() -> None:
         "clip_seconds": [args.min_seconds, args.max_seconds], "w2v_bert_width": sizes.pop("w2v_bert_width"),
         "parameters": sizes, "batch_seconds": args.batch_seconds, "workers": args.workers,
         "setup_seconds": round(setup_s, 1),
-        "model_load_seconds": round(load_s, 2),
+        "model_load_seconds": round(load_s, 2), "model_hash_seconds": round(hash_s, 2),
         "pipeline": _rates(pipeline_s, args.clips, audio_seconds),
-        "pipeline_without_load": _rates(pipeline_s - load_s, args.clips, audio_seconds) if pipeline_s > load_s
-        else None,
+        "pipeline_without_load": _rates(pipeline_s - load_s - hash_s, args.clips, audio_seconds)
+        if pipeline_s > load_s + hash_s else None,
         "loop": "skipped (--no-loop)" if loop_s is None else _rates(loop_s, args.clips, audio_seconds),
+        "loop_without_load": None if loop_s is None or loop_s <= load_s
+        else _rates(loop_s - load_s, args.clips, audio_seconds),
         "ratio": None if loop_s is None else round(loop_s / pipeline_s, 2),
+        "steady_ratio": None if loop_s is None or pipeline_s <= load_s + hash_s or loop_s <= load_s
+        else round((loop_s - load_s) / (pipeline_s - load_s - hash_s), 2),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     if not args.real_size:
