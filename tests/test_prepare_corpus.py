@@ -28,7 +28,7 @@ def test_jsonl_paths_relative_to_the_file_and_defaults(tmp_path) -> None:
     assert read_corpora([tmp_path / "sub" / "am.jsonl"], Defaults(speaker="S"))[1].speaker == "S"
 
 
-def test_ljspeech_common_voice_and_folder_forms(tmp_path) -> None:
+def test_ljspeech_common_voice_and_folder_forms(tmp_path, capsys) -> None:
     lj = tmp_path / "LJ"
     lj.mkdir()
     (lj / "metadata.csv").write_text("LJ001|Hello 1|Hello one\nLJ002|Bye|\n", encoding="utf-8")
@@ -46,6 +46,22 @@ def test_ljspeech_common_voice_and_folder_forms(tmp_path) -> None:
         ("c1", "Selam", "abc", "am"), ("spkA/u1", "Hi there", "spkA", None)]
     assert utts[0].audio == os.path.abspath(lj / "wavs" / "LJ001.wav")
     assert utts[2].audio == os.path.abspath(cv / "clips" / "c1.mp3")
+    assert capsys.readouterr().out == (
+        f"warning: {tmp_path / 'folder'}: 1 of 2 audio files have no same-named .txt/.lab transcript and are not "
+        f"part of the corpus, e.g. {folder / 'u2.wav'}\n")
+
+
+def test_a_folder_of_audio_without_transcripts_names_the_manifest_beside_it(tmp_path) -> None:
+    """The demo's clips folder: wav files and the corpus.jsonl that names them, no .txt beside any clip."""
+    (tmp_path / "clips").mkdir()
+    for name in ("a.wav", "b.wav"):
+        (tmp_path / "clips" / name).write_bytes(b"")
+    (tmp_path / "clips" / "corpus.jsonl").write_text('{"audio": "a.wav", "text": "x"}\n', encoding="utf-8")
+    with pytest.raises(UserError) as caught:
+        read_corpora([tmp_path / "clips"], Defaults())
+    assert str(caught.value) == (f"{tmp_path / 'clips'}: 2 audio files, none with a same-named .txt or .lab "
+                                 f"transcript beside it (e.g. {tmp_path / 'clips' / 'a.txt'}); is the corpus "
+                                 f"{tmp_path / 'clips' / 'corpus.jsonl'}? pass that file instead")
 
 
 def test_duplicate_ids_refused_naming_both_lines(tmp_path) -> None:

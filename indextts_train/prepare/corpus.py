@@ -193,13 +193,28 @@ def read_folder(root: Path, defaults: Defaults) -> list[Utterance]:
         if count > MAX_FOLDERS:
             raise UserError(f"{root}: more than {MAX_FOLDERS} folders; pass the corpus folder itself")
         found.extend(Path(folder) / name for name in sorted(files) if name.lower().endswith(AUDIO_SUFFIXES))
-    out = []
+    out, untranscribed = [], []
     for audio in found:
         transcript = next((audio.with_suffix(s) for s in TRANSCRIPT_SUFFIXES if audio.with_suffix(s).is_file()), None)
         if transcript is None:
-            continue  # an audio file without a transcript is not part of the corpus
+            untranscribed.append(audio)
+            continue
         uid = audio.relative_to(root).with_suffix("").as_posix()
         speaker = defaults.speaker or (audio.parent.name if audio.parent != root else root.name) or DEFAULT_SPEAKER
         out.append(Utterance(uid, os.path.abspath(audio), _read_transcript(transcript), speaker, defaults.language,
                              str(transcript)))
+    _say_untranscribed(root, untranscribed, kept=len(out))
     return out
+
+
+def _say_untranscribed(root: Path, audio: list[Path], kept: int) -> None:
+    """Audio without a same-named transcript is not part of a folder corpus: said, never silently left out."""
+    if not audio:
+        return
+    manifests = sorted(p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in (".jsonl", ".csv", ".tsv"))
+    hint = f"; is the corpus {root / manifests[0]}? pass that file instead" if manifests else ""
+    if not kept:
+        raise UserError(f"{root}: {len(audio)} audio files, none with a same-named .txt or .lab transcript beside it "
+                        f"(e.g. {audio[0].with_suffix('.txt')}){hint}")
+    print(f"warning: {root}: {len(audio)} of {len(audio) + kept} audio files have no same-named .txt/.lab transcript "
+          f"and are not part of the corpus, e.g. {audio[0]}{hint}")
