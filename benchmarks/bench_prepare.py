@@ -66,32 +66,37 @@ from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "prepare.json"
 REAL_RESULT = ROOT / "benchmarks" / "results" / "prepare_real_cpu.json"
-REAL_CONFIG = ROOT / "configs" / "indextts2.yaml"
-TOKENIZER = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
+TEXT_DIR = ROOT / "tests" / "data" / "reference" / "prepare" / "text"
+# family -> (tiny config, real config, tokenizer, language of the clips)
+FAMILIES = {"2": (ROOT / "configs" / "tiny.yaml", ROOT / "configs" / "indextts2.yaml", TEXT_DIR / "bpe_tiny.model",
+                  None),
+            "2.5": (ROOT / "configs" / "tiny_v25.yaml", ROOT / "configs" / "indextts2_5.yaml",
+                    TEXT_DIR / "toy_base.tiktoken", "en")}
 TEXT = "Hello world, this is a test."
 
 
-def _write_models(model_dir: Path, config: Path, width: int, real_size: bool) -> None:
-    write_tiny_model_dir(model_dir, gpt_config=config, tokenizer=TOKENIZER, seed=0, width=width, real_size=real_size)
+def _write_models(model_dir: Path, config: Path, tokenizer: Path, width: int, real_size: bool) -> None:
+    write_tiny_model_dir(model_dir, gpt_config=config, tokenizer=tokenizer, seed=0, width=width, real_size=real_size)
 
 
 def make_inputs(root: Path, args: argparse.Namespace) -> Path:
     """The config (tiny, fitted to the longest clip; or the real one), its model folder, and the clips;
     returns the corpus. The models are written in a child process: its memory is not the timed run's."""
+    tiny, real, tokenizer, language = FAMILIES[args.family]
     if args.real_size:
-        config = REAL_CONFIG
+        config = real
     else:
-        raw = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+        raw = yaml.safe_load(tiny.read_text())
         raw["gpt"]["max_mel_tokens"] = int(args.max_seconds * 50) + 10  # 50 codes a second
         config = root / "bench.yaml"
         config.write_text(yaml.safe_dump(raw))
     writer = multiprocessing.get_context("spawn").Process(
-        target=_write_models, args=(root / "models", config, args.width, args.real_size))
+        target=_write_models, args=(root / "models", config, tokenizer, args.width, args.real_size))
     writer.start()
     writer.join()
     if writer.exitcode != 0:
         sys.exit(f"writing the model folder failed (exit {writer.exitcode})")
-    return write_synthetic_clips(root / "clips", [(TEXT, None)] * args.clips, speakers=4, seed=1,
+    return write_synthetic_clips(root / "clips", [(TEXT, language)] * args.clips, speakers=4, seed=1,
                                  seconds=(args.min_seconds, args.max_seconds))
 
 
@@ -114,13 +119,23 @@ def model_sizes(model_dir: Path) -> dict:
     models = locate_models(model_dir, Overrides())
     w2v, w2v_total = _safetensors_counts(models.w2v_bert / "model.safetensors",
                                          re.compile(r"^encoder\.layers\.(1[7-9]|[2-9]\d)\."))
-    codec, codec_total = _safetensors_counts(models.codec, re.compile(r"^(decoder|up)\.|out_project"))
+    unused = re.compile(r"^(decoder|up)\.|out_project")
+    if models.is_v25:  # codec.pth {"model": state dict}; the speaker vector comes from CAMPPlus
+        codec_state = torch.load(models.codec, map_location="cpu", weights_only=True, mmap=True)["model"]
+        codec_total = sum(v.numel() for v in codec_state.values())
+        codec = sum(v.numel() for k, v in codec_state.items() if not unused.search(k))
+    else:
+        codec, codec_total = _safetensors_counts(models.codec, unused)
     gpt = read_gpt_weights(models.gpt)
     keep = (*COND_PREFIXES, *EMO_PREFIXES, "emovec_layer", "emo_layer")
     encoders = sum(v.numel() for k, v in gpt.items() if k.split(".")[0] in keep)
-    return {"w2v_bert_loaded": w2v, "w2v_bert_file": w2v_total, "codec_quantize_path": codec,
-            "codec_file": codec_total, "gpt_encoders": encoders, "gpt_file": sum(v.numel() for v in gpt.values()),
-            "w2v_bert_width": models_width(models.w2v_bert)}
+    sizes = {"w2v_bert_loaded": w2v, "w2v_bert_file": w2v_total, "codec_quantize_path": codec,
+             "codec_file": codec_total, "gpt_encoders": encoders, "gpt_file": sum(v.numel() for v in gpt.values()),
+             "w2v_bert_width": models_width(models.w2v_bert)}
+    if models.campplus is not None:
+        campplus = torch.load(models.campplus, map_location="cpu", weights_only=True)
+        sizes["campplus"] = sum(v.numel() for v in campplus.values() if isinstance(v, torch.Tensor))
+    return sizes
 
 
 def models_width(w2v_dir: Path) -> int:
@@ -180,6 +195,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--real-size", action="store_true",
                         help="the released model sizes (IndexTTS2, random weights); defaults 16 clips of 3-8 s")
     parser.add_argument("--no-loop", action="store_true", help="time the pipeline only")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="2", help="IndexTTS2 (2) or IndexTTS-2.5")
     parser.add_argument("--clips", type=int, default=None, help="default 48 (real size: 16)")
     parser.add_argument("--width", type=int, default=32, help="w2v-BERT hidden size (tiny: 32; --real-size: 1024)")
     parser.add_argument("--min-seconds", type=float, default=None, help="default 1 (real size: 3)")
@@ -196,6 +212,8 @@ def parse_args() -> argparse.Namespace:
                              ("result", RESULT, REAL_RESULT)):
         if getattr(args, name) is None:
             setattr(args, name, full if real else tiny)
+    if args.family == "2.5" and args.result in (RESULT, REAL_RESULT):
+        args.result = args.result.with_name(args.result.stem + "_v25.json")
     return args
 
 
@@ -225,7 +243,8 @@ def main() -> None:
         "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "model_sizes": "real (IndexTTS2, random seeded weights)" if args.real_size else "tiny (random weights)",
+        "family": "IndexTTS-2.5" if args.family == "2.5" else "IndexTTS2",
+        "model_sizes": "real (random seeded weights)" if args.real_size else "tiny (random weights)",
         "clips": args.clips, "kept": len(kept), "audio_seconds": round(audio_seconds, 2),
         "clip_seconds": [args.min_seconds, args.max_seconds], "w2v_bert_width": sizes.pop("w2v_bert_width"),
         "parameters": sizes, "batch_seconds": args.batch_seconds, "workers": args.workers,
