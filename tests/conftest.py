@@ -12,8 +12,9 @@ import pytest
 # Every process of the suite, pytest's own and the CLI runs it starts, computes on one torch thread.
 # The kill/resume tests compare runs of different processes bit for bit, and on this project's VM
 # multi-threaded CPU kernels are not reproducible from one process to the next: with 2 threads, 6 of
-# 473 fresh processes computed `x.exp().sum(1)` with other last bits (and a CI run saw an unbroken
-# tiny training run differ from its twin at step 1); with 1 thread, 0 of 400 (benchmarks/README.md).
+# 1,420 fresh processes computed a few seeded ops (`x.exp().sum(1)` among them) with other last bits,
+# and a CI run saw an unbroken tiny training run differ from its twin at step 1; with 1 thread, none
+# (benchmarks/README.md).
 # The tests are of this program's exactness, not of the platform's threading.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
