@@ -219,22 +219,25 @@ def test_a_rerun_may_change_batch_seconds(tmp_path, fake_models) -> None:
     assert {k for k in first if first[k] != again[k]} == {"prepare.json"}  # only the recorded setting
 
 
-def test_token_count_reports_the_grown_pieces_share_and_counts_old_records_from_their_arrays(tmp_path) -> None:
-    """Ids 10..14 are grown pieces. A record written by an earlier version has no "extended" count: it
-    is recounted from the utterance's text_ids array."""
+def test_token_count_reports_the_grown_pieces_share_and_records_of_earlier_versions_are_recomputed(tmp_path) -> None:
+    """Ids 10..14 are grown pieces. A record without a source (an earlier version wrote it, before the
+    extended count existed) is stale: the utterance is recomputed, never counted from the old record."""
+    from indextts_train.prepare.outputs import OutputFolder
     from indextts_train.prepare.pipeline import TokenCount
     from indextts_train.prepare.progress import text_coverage
 
-    np.save(tmp_path / "old.npy", np.array([3, 10, 10, 11, 20], dtype=np.int32))
+    folder = OutputFolder(tmp_path)
+    folder.write_record("old", {"id": "old", "kept": {"text_len": 5}, "tokens": [3, 10, 11, 20]})
+    assert folder.read_record("old", "any source") is None and not folder.has_record("old", "any source")
     count = TokenCount(range(10, 15))
-    count.add({"kept": {"text_len": 4}, "tokens": [1, 2, 12], "extended": 1}, tmp_path)
-    count.add({"kept": {"text_len": 5, "text_ids_path": "old.npy"}, "tokens": [3, 10, 11, 20]}, tmp_path)
+    count.add({"kept": {"text_len": 4}, "tokens": [1, 2, 12], "extended": 1})
+    count.add({"kept": {"text_len": 5}, "tokens": [3, 10, 11, 20], "extended": 3})  # ids 3, 10, 10, 11, 20
     assert count.counts() == {"distinct_text_tokens": 7, "text_tokens": 9, "extended_pieces": 5,
                               "extended_pieces_used": 3, "extended_text_tokens": 4, "extended_token_share": 0.4444}
     line = text_coverage(count.counts())
     assert line.startswith("text tokens: 9 (7 distinct); extended pieces: 4 tokens (44.4% of the text), 3 of the 5 "
                            "grown pieces occur\nwarning: 2 grown pieces never occur in these texts")
     plain = TokenCount(range(0))
-    plain.add({"kept": {"text_len": 2}, "tokens": [1, 2], "extended": 0}, tmp_path)
+    plain.add({"kept": {"text_len": 2}, "tokens": [1, 2], "extended": 0})
     assert text_coverage(plain.counts()) == ("text tokens: 2 (2 distinct); the tokenizer has no pieces beyond the "
                                             "base model's vocabulary")

@@ -218,7 +218,7 @@ def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, mo
             raise UserError(f"{folder.root}: no record for {utt.id} after all ranks finished; rerun the same command")
         if "kept" in record:
             kept.append(record["kept"])
-            tokens.add(record, folder.root)
+            tokens.add(record)
         else:
             rejected.append({"id": utt.id, **utt.audio_fields(), "reason": record["rejected"]})
     pairs = make_pairs(kept, options.split)
@@ -249,15 +249,11 @@ class TokenCount:
     def __init__(self, new_ids: range) -> None:
         self.new_ids, self.distinct, self.total, self.extended = new_ids, set(), 0, 0
 
-    def add(self, record: dict, root: Path) -> None:
-        line = record["kept"]
+    def add(self, record: dict) -> None:
+        """A kept utterance's record (records of earlier versions have no source, so they were recomputed)."""
         self.distinct.update(record["tokens"])
-        self.total += int(line["text_len"])
-        extended = record.get("extended")
-        if extended is None:  # a record of an earlier version: count from the array itself
-            ids = np.load(root / line["text_ids_path"], allow_pickle=False)
-            extended = int(np.count_nonzero((ids >= self.new_ids.start) & (ids < self.new_ids.stop)))
-        self.extended += int(extended)
+        self.total += int(record["kept"]["text_len"])
+        self.extended += int(record["extended"])
 
     def counts(self) -> dict:
         used = sum(1 for t in self.distinct if t in self.new_ids)
