@@ -18,7 +18,8 @@ from typing import Annotated, Any
 import typer
 
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
-from indextts_train.errors import UserError, user_line
+from indextts_train.errors import UserError, text_problem, user_line
+from indextts_train.prepare.utterance import MAX_SECONDS
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
     from typer._click.exceptions import ClickException
@@ -44,12 +45,6 @@ def run_guarded(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except UserError as exc:
         fail(user_line(exc))
-
-
-def require_positive(value: int | None, flag: str) -> None:
-    """Flags that count things: 0 or less is a typo, never a request."""
-    if value is not None and value < 1:
-        fail(f"{flag} must be >= 1, got {value}")
 
 
 def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:
@@ -86,7 +81,7 @@ app.command("train", short_help="Train the GPT (the same as train-gpt).")(train)
 @app.command(short_help="Demo data, tiny weights, train and export on CPU.")
 def demo(
     out_dir: Annotated[Path, typer.Argument(help="Folder for the demo dataset, tokenizers, base checkpoint and run.")],
-    max_steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 150,
+    max_steps: Annotated[int, typer.Option(min=1, max=1_000_000, help="Optimizer steps to train.")] = 150,
     resume: Annotated[str | None, typer.Option(help="'auto' to continue an interrupted demo run.")] = "auto",
     family: Annotated[str, typer.Option(help="Model family: 2 (IndexTTS2, SentencePiece) or 2.5 (IndexTTS-2.5, tiktoken).")] = "2",
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
@@ -96,6 +91,11 @@ def demo(
 
     raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
                                  train_scope=train_scope) or 0)
+
+
+# Upper ends of the numeric flags besides train's (TrainConfig holds those): far beyond any real use,
+# so that a typo or an inf is one line before any work instead of an overflow deep inside.
+MAX_VOCAB = 10_000_000  # as gpt.number_text_tokens
 
 
 PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingface_hub")
@@ -118,16 +118,16 @@ def prepare(
     language: Annotated[str | None, typer.Option(help="Language code for sources that name none (2.5 needs one).")] = None,
     text_column: Annotated[str | None, typer.Option(help="Hugging Face datasets: the transcript column [default: text, sentence, transcription, normalized_text or transcript].")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 [default: the GPU when there is one].")] = None,
-    batch_seconds: Annotated[float, typer.Option(help="Padded audio seconds per w2v-BERT batch.")] = 120.0,
-    prompt_seconds: Annotated[float, typer.Option(help="Prompt features from the first seconds (as inference).")] = 15.0,
-    min_seconds: Annotated[float, typer.Option(help="Shorter clips are rejected.")] = 0.5,
-    max_seconds: Annotated[float | None, typer.Option(help="Longer clips are rejected (targets are never cut).")] = None,
-    prompts_per_target: Annotated[int, typer.Option(help="Prompts of the same speaker per target.")] = 2,
-    val_fraction: Annotated[float, typer.Option(help="Validation share, by a stable hash of the id.")] = 0.05,
-    val_speakers: Annotated[int, typer.Option(help="Hold out this many whole speakers instead.")] = 0,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
+    batch_seconds: Annotated[float, typer.Option(min=0, max=MAX_SECONDS, help="Padded audio seconds per w2v-BERT batch.")] = 120.0,
+    prompt_seconds: Annotated[float, typer.Option(min=0.1, max=MAX_SECONDS, help="Prompt features from the first seconds (as inference).")] = 15.0,
+    min_seconds: Annotated[float, typer.Option(min=0, max=MAX_SECONDS, help="Shorter clips are rejected.")] = 0.5,
+    max_seconds: Annotated[float | None, typer.Option(min=0, max=MAX_SECONDS, help="Longer clips are rejected (targets are never cut).")] = None,
+    prompts_per_target: Annotated[int, typer.Option(min=1, max=10_000, help="Prompts of the same speaker per target.")] = 2,
+    val_fraction: Annotated[float, typer.Option(min=0, max=1, help="Validation share, by a stable hash of the id.")] = 0.05,
+    val_speakers: Annotated[int, typer.Option(min=0, max=1_000_000, help="Hold out this many whole speakers instead.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**64 - 1, help="Seed of the prompt choice.")] = 0,
     allow_unk: Annotated[bool, typer.Option(help="Keep texts with characters the tokenizer does not know.")] = False,
-    workers: Annotated[int, typer.Option(help="Threads that load and resample audio ahead of the models.")] = 2,
+    workers: Annotated[int, typer.Option(min=1, max=256, help="Threads that load and resample audio ahead of the models.")] = 2,
     restart: Annotated[bool, typer.Option(help="Remove what prepare wrote in --out and start over.")] = False,
 ) -> None:
     """Audio clips + transcripts -> the arrays and manifests train-gpt reads. Exit 0 all kept, 1 some rejected, 2 none."""
@@ -160,7 +160,7 @@ def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
     manifest: Annotated[list[str], typer.Option(metavar="PATH", help="Manifest JSONL; repeatable.")],
     config: Annotated[Path | None, typer.Option(help="Config whose gpt: section built the checkpoint (default: the one stored in it; configs/indextts2.yaml for a bare gpt.pth).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Examples per batch, in manifest order.")] = 8,
+    batch_size: Annotated[int, typer.Option(min=1, max=65_536, help="Examples per batch, in manifest order.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
@@ -168,7 +168,6 @@ def evaluate(
     from indextts_train.data.sampling import parse_manifest_specs
     from indextts_train.train.evaluate import evaluate_checkpoint
 
-    require_positive(batch_size, "--batch-size")
     # The one read; a missing, damaged or unsafe file stops here, in the checkpoint module's words
     # (loaders further down only know "a base checkpoint", so their wording would mislead).
     loaded = run_guarded(load_verified, checkpoint)
@@ -221,14 +220,13 @@ def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
     config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
-    base_vocab: Annotated[int | None, typer.Option(help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
+    base_vocab: Annotated[int | None, typer.Option(min=1, max=MAX_VOCAB, help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
     from indextts_train.checkpoint.files import verify_checkpoint
     from indextts_train.checkpoint.repair import repair_checkpoint
     from indextts_train.config.settings import config_to_dict, load_config
 
-    require_positive(base_vocab, "--base-vocab")
     if verify_checkpoint(checkpoint).status == "COMPLETE":
         typer.echo(f"{checkpoint}: already COMPLETE; nothing to repair, nothing written")
         raise typer.Exit(0)
@@ -244,7 +242,7 @@ def check_data(
     manifest: Annotated[list[Path], typer.Argument(metavar="MANIFEST...", help="Manifest JSONL file(s).")],
     config: Annotated[Path | None, typer.Option(help="Config for shapes, vocab and length limits.")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece .model or .tiktoken: text ids must be below its size (2.5: and start with the language tag).")] = None,
-    base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, to report the share of extended tokens.")] = None,
+    base_vocab: Annotated[int | None, typer.Option(min=1, max=MAX_VOCAB, help="Base vocabulary size, to report the share of extended tokens.")] = None,
     borrow_language: Annotated[list[str] | None, typer.Option(metavar="NEW=CODE", help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP + " With --tokenizer, a line's text_ids must be its text (text / target_text) as inference encodes it.")] = "auto",
     strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
@@ -254,7 +252,6 @@ def check_data(
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
     from indextts_train.data.checkdata import check_manifests, render_check_report, write_clean_manifest
 
-    require_positive(base_vocab, "--base-vocab")
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
@@ -286,7 +283,7 @@ def check_data(
 def check_tokenizer(
     model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
     base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
-    base_vocab: Annotated[int | None, typer.Option(help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
+    base_vocab: Annotated[int | None, typer.Option(min=1, max=MAX_VOCAB, help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
     sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on (as official inference presents it).")] = None,
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
     language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: language of --sample-text (its tag and case rule).")] = None,
@@ -424,7 +421,7 @@ def export(
 def hardware(
     config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = DEFAULT_CONFIG,
     assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4, RTX-4090, RTX-3090, A10G, L40S, RTX-A6000; or any GPU as MEMORY@CAPABILITY, e.g. 24GiB@8.9.")] = None,
-    effective_batch_size: Annotated[int | None, typer.Option(help="Effective batch (default: the config's).")] = None,
+    effective_batch_size: Annotated[int | None, typer.Option(min=1, max=1 << 24, help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
     train_scope: Annotated[str | None, typer.Option(help="What trains: full, partial or lora; gradients and AdamW state count only for those tensors (default: the config's train.train_scope).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -434,7 +431,6 @@ def hardware(
     from indextts_train.config.settings import load_config
     from indextts_train.train.hardware import assume_device, choose_plan, detect_device
 
-    require_positive(effective_batch_size, "--effective-batch-size")
 
     def run():
         cfg = load_config(config)
@@ -464,12 +460,30 @@ def webui(
     raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root) or 0)
 
 
+def unusable_argument(args: list[str]) -> str | None:
+    """The first command-line word no command can use (a NUL byte, bytes that are not UTF-8), named by its
+    flag: refused before any work, as no path, name or text holding it can be written or printed."""
+    for at, arg in enumerate(args):
+        problem = text_problem(arg)
+        if problem:
+            flag, equals, value = arg.partition("=")
+            if not (equals and flag.startswith("--")):
+                before = args[at - 1] if at else ""
+                flag, value = (before if before.startswith("-") else f"argument {at + 1}"), arg
+            return f"{flag} {value!r} {problem}; pass UTF-8 text (rename such a file)"
+    return None
+
+
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     """Run `command` as its entry point does and return the exit code.
 
     Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
     it is one line on stderr like every other refusal, with the same exit code 2.
     """
+    bad = unusable_argument(sys.argv[1:] if args is None else args)
+    if bad:
+        typer.echo(f"error: {bad}", err=True)
+        return 2
     try:
         code = command(args=args, standalone_mode=False)
     except ClickException as exc:

@@ -39,7 +39,7 @@ from indextts_train.config.constants import CONDITION_LATENTS
 from indextts_train.config.settings import FAMILY_V25
 from indextts_train.data import manifest_v25 as data_v25
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, text_problem
 from indextts_train.model.gpt import Batch
 
 # Canonical name -> manifest field, per form.
@@ -151,6 +151,8 @@ def parse_line(
         raise UserError(f"{where}: JSON nested too deeply to be a manifest line; {FIX_LINE}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
+    if b"\\u" in raw:  # only a \u escape puts a NUL or a lone surrogate into a decoded UTF-8 line
+        check_strings(obj, where)
     fields = _form(obj, where, family)
     for key in array_keys(fields):
         value = obj[fields[key]]
@@ -159,6 +161,16 @@ def parse_line(
     text_len = _length(obj, fields["text_len"], max_text, "max_text_tokens", where)
     code_len = _length(obj, fields["code_len"], max_mel, "max_mel_tokens", where)
     return obj, fields, text_len, code_len
+
+
+def check_strings(obj: dict, where: str) -> None:
+    """The line's keys and text values are usable: no NUL (no path holds one) and no lone surrogate (no
+    UTF-8 file, log or console can hold one); else one UserError naming the field."""
+    for key, value in obj.items():
+        for text in (key, value) if isinstance(value, str) else (key,):
+            problem = text_problem(text)
+            if problem:
+                raise UserError(f"{where}: field {key!r}: {text!r} {problem}; {FIX_LINE}")
 
 
 def resolve_paths(obj: dict, manifest_dir: str) -> dict:

@@ -26,7 +26,7 @@ import numpy as np
 from indextts_train.config.constants import LANG_ROWS
 from indextts_train.config.settings import FAMILY_V25
 from indextts_train.data.checkdata import relocate_paths
-from indextts_train.data.manifest import iter_lines
+from indextts_train.data.manifest import check_strings, iter_lines
 from indextts_train.data.manifest_v25 import language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
@@ -145,6 +145,7 @@ def _write_manifest(manifest: Path, new: Path, ids_dir: Path, text_path: TextPat
             obj = json.loads(raw)
             if not isinstance(obj, dict):
                 raise UserError(f"{where}: expected a JSON object")
+            check_strings(obj, where)
             line = _new_line(relocate_paths(obj, from_dir, to_dir), where, text_path, ids_dir, line_no, to_dir)
         except (json.JSONDecodeError, UnicodeDecodeError):
             tally.refuse(f"{where}: not valid JSON; fix or drop the line")

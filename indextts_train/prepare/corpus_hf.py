@@ -81,9 +81,14 @@ class _Rows:
             self._table = dataset.data.table  # memory-mapped pyarrow Table; datasets' decoding is bypassed
 
     def column(self, name: str) -> list:
-        if self._parquet is not None:
-            return self._parquet.read(columns=[name]).column(0).to_pylist()
-        return self._table.column(name).to_pylist()
+        try:
+            if self._parquet is not None:
+                return self._parquet.read(columns=[name]).column(0).to_pylist()
+            return self._table.column(name).to_pylist()
+        except Exception as exc:  # pyarrow raises several types for a damaged page or a truncated file
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(f"{self.path}: column {name!r} cannot be read ({type(exc).__name__}: {detail}); the "
+                            "file is damaged: copy or download it again") from None
 
     def audio(self, name: str, row: int) -> dict:
         """The stored {"bytes", "path"} of one row (nothing else is read)."""

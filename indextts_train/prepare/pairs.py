@@ -40,6 +40,8 @@ class SplitRule:
             raise UserError(f"--val-speakers {self.val_speakers}: must be >= 0")
         if self.prompts_per_target < 1:
             raise UserError(f"--prompts-per-target {self.prompts_per_target}: must be >= 1")
+        if not 0 <= self.seed < 2**64:  # numpy's generators take unsigned 64-bit seeds
+            raise UserError(f"--seed {self.seed}: must be in 0..2**64-1")
 
 
 @dataclass

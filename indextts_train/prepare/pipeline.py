@@ -11,6 +11,7 @@ after every rank is done, from the records, in corpus order: the same bytes what
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, 
 from indextts_train.prepare.outputs import OutputFolder, file_stem
 from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
 from indextts_train.prepare.progress import PrepareProgress, print_summary
+from indextts_train.prepare.utterance import MAX_SECONDS
 
 PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
 LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken",
@@ -63,6 +65,12 @@ class PrepareOptions:
     workers: int = 2
 
     def __post_init__(self) -> None:
+        # A NaN passes every comparison below unnoticed and, once written into prepare's settings, makes
+        # each rerun refuse them (NaN != NaN); an inf overflows the first sample count made from it.
+        for flag, value in (("--batch-seconds", self.batch_seconds), ("--prompt-seconds", self.prompt_seconds),
+                            ("--min-seconds", self.min_seconds), ("--max-seconds", self.max_seconds)):
+            if value is not None and not (math.isfinite(value) and value <= MAX_SECONDS):
+                raise UserError(f"{flag} {value}: must be a number of seconds up to {MAX_SECONDS:g}")
         for flag, value, least in (("--batch-seconds", self.batch_seconds, 0.0),
                                    ("--prompt-seconds", self.prompt_seconds, 0.1)):
             if not value > least:
@@ -71,6 +79,7 @@ class PrepareOptions:
             raise UserError(f"--min-seconds {self.min_seconds} / --max-seconds {self.max_seconds}: need 0 <= min < max")
         if self.workers < 1:
             raise UserError(f"--workers {self.workers}: must be >= 1")
+        check_device_name(self.device)
 
     def feature_settings(self) -> dict:
         """What decides the arrays (a rerun with other values refuses to mix with them).
@@ -283,15 +292,26 @@ def _report(kept: list[dict], rejected: list[dict], tokens: TokenCount, pairs: P
     }
 
 
+def check_device_name(name: str | None) -> None:
+    """cpu, cuda or cuda:N: the devices prepare's models run on (meta, mps, xla and the like would fail
+    inside a model, after the corpus was read)."""
+    if name is None:
+        return
+    kind, colon, index = name.partition(":")
+    if kind == "cpu" and not colon or kind == "cuda" and (not colon or index.isascii() and index.isdigit()):
+        return
+    raise UserError(f"--device {name!r}: not a device prepare runs on; use cpu, cuda or cuda:N (N: a GPU's index)")
+
+
 def pick_device(name: str | None, info: DistInfo) -> torch.device:
     """--device, else this rank's GPU when there is one, else the CPU."""
-    if name:
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            raise UserError(f"--device {name}: not a device (cpu, cuda, cuda:1)") from None
+    if name is not None:
+        device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"--device {name}: no CUDA GPU here; use --device cpu")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), "
+                            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
         return device
     return torch.device("cuda", info.local_rank) if torch.cuda.is_available() else torch.device("cpu")
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 
+from indextts_train.errors import UserError, text_problem
+
 DEFAULT_SPEAKER = "speaker"
+MAX_SECONDS = 86_400.0  # a day of audio: longer than any clip, prompt or batch; beyond it, a typo or an inf
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,20 @@ class Utterance:
     offset: float = 0.0  # seconds into `audio` where the clip starts (a lhotse supervision)
     duration: float | None = None  # seconds from `offset`; None: to the end of the file
     row: int | None = None  # the clip is row `row` of the dataset at `audio` (its audio column, read lazily)
+
+    def __post_init__(self) -> None:
+        """Every reader's utterance is checked here, once: a value that would stop the run later (a path
+        the OS refuses, a transcript that cannot be written, a NaN time) is named with its line now."""
+        for name in ("id", "audio", "text", "speaker", "language"):
+            value = getattr(self, name)
+            problem = text_problem(value) if value is not None else None
+            if problem:
+                raise UserError(f"{self.where}: {name} {value!r} {problem}; fix the corpus")
+        for name in ("offset", "duration"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+                raise UserError(f"{self.where}: {name} {value!r} is not a time in seconds (0 to {MAX_SECONDS:g}); "
+                                "fix the corpus")
 
     @property
     def is_segment(self) -> bool:

@@ -26,8 +26,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from indextts_train.config.settings import Config, TrainOptions
-from indextts_train.errors import UserError
+from indextts_train.config.schema import field_types, type_problem
+from indextts_train.config.settings import Config, TrainConfig, TrainOptions
+from indextts_train.errors import UserError, text_problem
 from indextts_train.files.atomic import atomic_write_text
 
 LOG_NAME = "train.log"
@@ -196,11 +197,43 @@ def recorded_options(path: Path) -> dict[str, Any]:
     data = _read(path)
     if data.get("format") != RECORD_FORMAT or not isinstance(data.get("options"), dict):
         raise UserError(f"--from-run {path}: not a run record of this trainer (no format: {RECORD_FORMAT!r})")
-    cwd = Path(str(data.get("cwd") or "."))
+    where = f"--from-run {path}"
+    config = data.get("config") or {}
+    train = config.get("train") or {} if isinstance(config, dict) else None
+    if not isinstance(train, dict) or not isinstance(data.get("cwd") or ".", str):
+        raise UserError(f"{where}: its config.train is not a mapping or its cwd not a folder name; pass the "
+                        "run.yaml a run wrote")
+    _check_types(data["options"], _recorded_types(), f"{where}: options")
+    _check_types(train, field_types(TrainConfig), f"{where}: config.train")
+    cwd = Path(data.get("cwd") or ".")
     options = {name: _absolute(value, cwd) if name in PATH_OPTIONS else value
                for name, value in data["options"].items()}
-    train = (data.get("config") or {}).get("train") or {}
     return {**options, **train}
+
+
+def _recorded_types() -> dict[str, Any]:
+    """The type each recorded option has in run.yaml: TrainOptions' own, with paths written as text."""
+    types = field_types(TrainOptions)
+    recorded = {f.name: types[f.name] for f in dataclasses.fields(TrainOptions)
+                if f.metadata.get("cli", True) and f.name != "from_run"}
+    for name in PATH_OPTIONS:
+        recorded[name] = list[str] if name.endswith("manifests") else str if name == "output_dir" else str | None
+    return recorded
+
+
+def _check_types(values: dict, types: dict[str, Any], where: str) -> None:
+    """Each recorded value has its setting's type (an edited run.yaml is named by key, never a traceback)."""
+    for name, value in values.items():
+        if name not in types:
+            raise UserError(f"{where}.{name}: not a train-gpt setting; known: {', '.join(types)}")
+        problem = type_problem(value, types[name])
+        if problem is None and types[name] == list[str] and not all(isinstance(v, str) for v in value):
+            problem = f"expected a list of paths, got {value!r}"
+        for text in value if isinstance(value, list) and not problem else [value]:
+            if isinstance(text, str) and text_problem(text):
+                problem = f"{text!r} {text_problem(text)}"
+        if problem:
+            raise UserError(f"{where}.{name}: {problem}; fix it or pass the flag beside --from-run")
 
 
 # TrainOptions fields that hold paths (a manifest spec keeps its ::lang / @weight suffix).
