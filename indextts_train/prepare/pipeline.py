@@ -10,8 +10,10 @@ after every rank is done, from the records, in corpus order: the same bytes what
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import math
+import os
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -321,17 +323,39 @@ def run_prepare(options: PrepareOptions) -> int:
     info = setup_distributed()
     try:
         return _run(options, info)
+    except OSError as exc:
+        error = write_error(exc, options.out)
+        if error is None:
+            raise
+        raise error from None
     finally:
         teardown_distributed(info)
+
+
+# Write failures that are the disk's, not the program's: said in one line naming --out. A write()
+# that fails for space names no file, so these are recognised by their number alone.
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def write_error(exc: OSError, out: Path | str) -> UserError | None:
+    """The one line for a write into --out that the disk refused (full, read-only, not ours), else None."""
+    out = os.path.abspath(out)
+    inside = exc.filename is not None and os.path.commonpath([out, os.path.abspath(exc.filename)]) == out
+    if exc.errno not in _DISK_ERRORS and not (inside and exc.errno in (errno.EACCES, errno.EPERM)):
+        return None
+    reason = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or "cannot write").lower()
+    return UserError(f"--out {out}: cannot write there ({reason}); free some space or pass another --out "
+                     "(a rerun goes on from what was already written)")
 
 
 def _run(options: PrepareOptions, info: DistInfo) -> int:
     device = pick_device(options.device, info)
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
+    # The corpus first: a bad line is named in a second, not after the models' GBs were hashed.
+    utterances = read_corpora(options.corpora, options.defaults)
     models = locate_models(options.model_dir, options.overrides, download=options.download)
     hashes = model_hashes(models) if info.is_main else {}  # only rank 0 records them (GBs to read)
-    utterances = read_corpora(options.corpora, options.defaults)
     folder = OutputFolder(options.out)
     error = None
     if info.is_main:
