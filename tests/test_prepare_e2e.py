@@ -250,7 +250,7 @@ def test_missing_model_files_are_listed_with_where_to_put_them(tmp_path, monkeyp
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--batch-seconds", "0"], "--batch-seconds 0.0: must be > 0"),
-    (["--val-fraction", "1.5"], "--val-fraction 1.5: must be >= 0 and < 1"),
+    (["--val-fraction", "1"], "--val-fraction 1.0: must be >= 0 and < 1"),
     (["--min-seconds", "3", "--max-seconds", "2"], "need 0 <= min < max"),
     (["--semantic-codec", "nope.safetensors"], "--semantic-codec nope.safetensors: file not found"),
     (["--device", "potato"], "--device potato: not a device"),
