@@ -434,7 +434,7 @@ def hardware(
 
     def run():
         cfg = load_config(config)
-        device = assume_device(assume) if assume else detect_device()
+        device = assume_device(assume) if assume is not None else detect_device()
         checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
         effective = cfg.train.effective_batch_size if effective_batch_size is None else effective_batch_size
         train = dataclasses.replace(cfg.train, train_scope=train_scope) if train_scope else cfg.train

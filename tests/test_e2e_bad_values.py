@@ -271,6 +271,23 @@ def test_tokenize_leaves_out_a_line_whose_text_is_not_utf8_and_says_which(tmp_pa
     assert [json.loads(line)["id"] for line in written] == ["u0", "u1", "u3"]
 
 
+def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys) -> None:
+    spm = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
+    export = ["export", tiny_data["base"], "--config", TINY_CONFIG, "-o", tmp_path / "out" / "gpt.pth"]
+    cases = {
+        (*export, "--tokenizer-name", "../bpe.model"): "--tokenizer-name '../bpe.model'",
+        (*export, "--tokenizer-name", ""): "--tokenizer-name ''",
+        (*export, "--tokenizer-name", "bpe\n.model"): "--tokenizer-name",
+        ("check-tokenizer", spm, "--normalizer", "wetxt"): "--normalizer 'wetxt'",
+        ("demo", tmp_path / "out", "--train-scope", "lroa"): "train_scope 'lroa'",
+        ("demo", tmp_path / "out", "--resume", tmp_path / "nothing.pth"): "--resume",
+        ("hardware", "--config", TINY_CONFIG, "--assume", ""): "--assume",
+    }
+    for args, needle in cases.items():
+        one_line(list(args), capsys, needle)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- --from-run
 
 

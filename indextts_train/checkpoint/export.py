@@ -179,12 +179,14 @@ def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
 
 def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str) -> Path | None:
     """Where the tokenizer copy goes: beside `output`, under the name inference opens."""
+    # Checked also without --tokenizer: the name goes into config.yaml, which inference opens beside -o.
+    if Path(tokenizer_name).name != tokenizer_name or tokenizer_name in ("", ".", "..") \
+            or not tokenizer_name.isprintable():
+        raise UserError(f"--tokenizer-name {tokenizer_name!r}: give a file name (it goes beside -o), not a path")
     if tokenizer is None:
         return None
     if not tokenizer.is_file():
         raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
-    if Path(tokenizer_name).name != tokenizer_name or tokenizer_name in ("", ".", ".."):
-        raise UserError(f"--tokenizer-name {tokenizer_name!r}: give a file name (it goes beside -o), not a path")
     return output.parent / (TIKTOKEN_NAME if is_tiktoken(tokenizer) else tokenizer_name)
 
 

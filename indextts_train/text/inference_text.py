@@ -201,10 +201,15 @@ class WeTextNormalizer:
         return character_map(_restore(result, pinyin, "pinyin", _pinyin_upper), chinese=True)
 
 
-def open_normalizer(choice: str = "auto") -> tuple[Callable[[str], str], str]:
-    """(normalise function, its name). auto: WeTextProcessing when installed, else the character map."""
+def check_normalizer_choice(choice: str) -> None:
+    """--normalizer is one of NORMALIZER_CHOICES, also where no text is normalised (a typo is still said)."""
     if choice not in NORMALIZER_CHOICES:
         raise UserError(f"--normalizer {choice!r}: choose one of {', '.join(NORMALIZER_CHOICES)}")
+
+
+def open_normalizer(choice: str = "auto") -> tuple[Callable[[str], str], str]:
+    """(normalise function, its name). auto: WeTextProcessing when installed, else the character map."""
+    check_normalizer_choice(choice)
     if choice == "none":
         return charmap_normalize, CHARMAP_ONLY
     try:

@@ -22,7 +22,7 @@ import sentencepiece as spm
 
 from indextts_train.errors import UserError
 from indextts_train.text.corpus_lines import iter_text_lines
-from indextts_train.text.inference_text import TextPath
+from indextts_train.text.inference_text import TextPath, check_normalizer_choice
 from indextts_train.text.spm_model import (
     BPE,
     MODEL_TYPES,
@@ -231,6 +231,7 @@ def check_tokenizer(model: Path, *, base: Path | None = None, base_vocab: int | 
     what inference gets; new pieces with lower-case letters (a tokenizer grown from raw text) are a
     problem, as inference upper-cases every text it gives SentencePiece.
     """
+    check_normalizer_choice(normalizer)
     model = Path(model)
     spm_model = read_model(model)
     pieces = spm_model.pieces

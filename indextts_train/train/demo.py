@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from indextts_train.checkpoint.export import export_checkpoint
-from indextts_train.config.settings import load_config
+from indextts_train.config.schema import build
+from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -40,6 +41,10 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
              train_scope: str = "full") -> int:
     if family not in FAMILIES:
         raise UserError(f"--family {family}: choose 2 (IndexTTS2) or 2.5 (IndexTTS-2.5)")
+    # The flags the training part takes are checked now: minutes of demo data are not made for a typo.
+    build(TrainConfig, {"max_steps": max_steps, "train_scope": train_scope}, "train")
+    if resume not in (None, "auto") and not Path(resume).is_file():
+        raise UserError(f"--resume {resume}: no such checkpoint file; use --resume auto to continue the demo run")
     tiny = TINY_CONFIG_V25 if family == "2.5" else TINY_CONFIG
     if not tiny.is_file():
         raise UserError(f"{tiny} not found: run the demo from a checkout of indextts-train (pip install -e .)")
