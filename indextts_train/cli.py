@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
-from indextts_train.errors import UserError, text_problem, user_line
+from indextts_train.errors import UserError, disk_line, text_problem, user_line
 from indextts_train.prepare.utterance import MAX_SECONDS
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
@@ -40,11 +40,16 @@ def fail(message: str) -> None:
 
 
 def run_guarded(fn, *args, **kwargs):
-    """Call fn; a UserError becomes one line and exit 2."""
+    """Call fn; a UserError, or a write the disk refused (full, read-only), becomes one line and exit 2."""
     try:
         return fn(*args, **kwargs)
     except UserError as exc:
         fail(user_line(exc))
+    except OSError as exc:
+        line = disk_line(exc)
+        if line is None:
+            raise
+        fail(line)
 
 
 def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:

@@ -4,6 +4,8 @@ The CLI turns it into a single line on stderr and exit code 2; everything else i
 its traceback. Messages name the file, line or key and say what to do.
 """
 
+import errno
+
 
 class UserError(Exception):
     """Bad input: a file, a flag, a manifest line or a checkpoint the user must fix."""
@@ -37,3 +39,29 @@ def text_problem(value: str) -> str | None:
         return "is not UTF-8 text (a lone surrogate, or bytes in another encoding)"
     return None
 
+
+
+# A write the disk refused is the user's to fix (room, a writable folder), never a bug: said in one line.
+# A write() that fails for space names no file, so those are known by their number alone; a refused
+# permission only where the error names the file.
+_DISK_FULL = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
+_NOT_PERMITTED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
+
+
+def disk_problem(exc: OSError) -> str | None:
+    """'disk full', 'read-only file system', ... for a write the disk refused; None for any other OSError."""
+    if exc.errno in _DISK_FULL:
+        return _DISK_FULL[exc.errno]
+    return _NOT_PERMITTED.get(exc.errno) if exc.filename is not None else None
+
+
+def disk_line(exc: OSError) -> str | None:
+    """The one line for an OSError `disk_problem` knows (naming the file when the error does), else None."""
+    reason = disk_problem(exc)
+    if reason is None:
+        return None
+    where = f"{exc.filename}: " if exc.filename else ""
+    if exc.errno in _NOT_PERMITTED:
+        return f"{where}{reason}; use a path this user may write to"
+    room = "free some space or " if exc.errno != errno.EROFS else ""
+    return f"{where}cannot write ({reason}); {room}write somewhere else"

@@ -181,7 +181,7 @@ class FaultyFolder:
     The fault sits in the calls every writer here goes through (`open` in builtins and io, which
     pathlib, torch.save's file handle and TensorBoard's writer use; `os.open` and `os.mkdir`), for
     paths inside `folder`, and raises the OSError the kernel would: ENOSPC once `capacity` bytes are
-    written (`capacity=None`: unlimited), EROFS for any write, create or mkdir when `read_only`.
+    written (`capacity=None`: unlimited), EROFS for any write, create, mkdir or unlink when `read_only`.
     Install with `install(monkeypatch)`; monkeypatch undoes it after the test.
     """
 
@@ -200,7 +200,7 @@ class FaultyFolder:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
 
     def install(self, monkeypatch) -> FaultyFolder:
-        real_open, real_os_open, real_mkdir = builtins.open, os.open, os.mkdir
+        real_open, real_os_open, real_mkdir, real_unlink = builtins.open, os.open, os.mkdir, os.unlink
 
         def fault_open(file, mode="r", *args, **kwargs):
             writes = any(flag in mode for flag in "wax+")
@@ -224,10 +224,16 @@ class FaultyFolder:
                 self._refuse(path)
             return real_mkdir(path, *args, **kwargs)
 
+        def fault_unlink(path, *args, **kwargs):
+            if self.read_only and self.inside(path):  # a read-only mount says EROFS even for a missing file
+                self._refuse(path)
+            return real_unlink(path, *args, **kwargs)
+
         monkeypatch.setattr(builtins, "open", fault_open)
         monkeypatch.setattr(io, "open", fault_open)
         monkeypatch.setattr(os, "open", fault_os_open)
         monkeypatch.setattr(os, "mkdir", fault_mkdir)
+        monkeypatch.setattr(os, "unlink", fault_unlink)
         return self
 
 

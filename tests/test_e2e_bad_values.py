@@ -49,7 +49,7 @@ def one_line(args: list[str], capsys, needle: str) -> str:
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), (args, lines, captured.out[-500:])
-    assert needle in lines[0], (needle, lines[0])
+    assert needle in lines[0], (args[:2], needle, lines[0])
     return lines[0]
 
 
@@ -376,6 +376,37 @@ def test_prepare_on_a_full_or_read_only_disk_is_one_line_and_a_rerun_goes_on(fau
     faulty.free, faulty.read_only = float("inf"), False  # room again
     assert run_app(app, [str(a) for a in args]) == 0, capsys.readouterr()
     assert len((disk / "prepared" / "utterances.jsonl").read_text().splitlines()) == 3
+
+
+def writers(tiny_data, tmp_path: Path, disk: Path) -> dict[str, list]:
+    """Every command that writes a file the user names, pointed into `disk`."""
+    spm = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("hello world\nanother line of text\n", encoding="utf-8")
+    texts = _jsonl(tmp_path / "texts.jsonl", [{"id": "u0", "target_text": "hello", "target_text_len": 1,
+                                                "target_text_ids_path": "x.npy"}])
+    return {
+        "export": ["export", tiny_data["base"], "--config", TINY_CONFIG, "-o", disk / "gpt.pth"],
+        "extend-tokenizer": ["extend-tokenizer", "--base", spm, "--corpus", corpus, "--target-size", "160",
+                             "-o", disk / "new.model"],
+        "tokenize": ["tokenize", texts, "--tokenizer", spm, "--out", disk / "tok"],
+        "check-data --write-clean": ["check-data", tiny_data["train"], "--write-clean", disk / "clean.jsonl"],
+        "demo": ["demo", disk / "demo"],
+    }
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_every_writer_on_a_full_or_read_only_disk_is_one_line(fault, tiny_data, tmp_path, capsys,
+                                                              monkeypatch) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    commands = writers(tiny_data, tmp_path, disk)
+    FaultyFolder(disk, capacity=0 if fault == "full" else None, read_only=fault == "read-only").install(monkeypatch)
+    for name, args in commands.items():
+        line = one_line(args, capsys, str(disk))  # the file or folder that could not be written
+        words = ("read-only", "Read-only") if fault == "read-only" else ("disk full", "No space left")
+        assert any(word in line for word in words), (name, line)
+        assert not [p for p in disk.rglob("*") if p.is_file()], name  # no temp or half file left
 
 
 # ----------------------------------------------------------------------------- as a shell starts it

@@ -146,7 +146,8 @@ def _publish(files: list[tuple[Path, Writer]]) -> None:
                 os.fsync(handle.fileno())
     except BaseException as exc:  # a signal too: no temp file or new folder stays behind
         for temp in temps:
-            temp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only disk refuses the unlink too (EROFS)
+                temp.unlink(missing_ok=True)
         for folder in reversed(made):
             with contextlib.suppress(OSError):
                 folder.rmdir()

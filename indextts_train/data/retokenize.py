@@ -129,7 +129,12 @@ def _new_line(obj: dict, where: str, text_path: TextPath, ids_dir: Path, line_no
     for (ids_field, len_field), ids in encoded.items():
         path = ids_dir / f"{line_no}.{ids_field.removesuffix('_ids_path')}.npy"
         with open(path, "xb") as handle:  # exclusive: never over a file this run did not just create
-            np.save(handle, ids, allow_pickle=False)
+            try:
+                np.save(handle, ids, allow_pickle=False)
+            except OSError as exc:  # a full disk: no half array stays, and the error names it
+                handle.close()
+                path.unlink(missing_ok=True)
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
         new[ids_field], new[len_field] = os.path.relpath(path, to_dir), len(ids)
     return new
 

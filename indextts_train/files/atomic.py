@@ -67,10 +67,23 @@ def atomic_write(final: Path, write: Writer, *, before_rename: Callable[[], None
         if before_rename is not None:
             before_rename()
         os.replace(tmp, final)
+    except OSError as exc:
+        _remove(tmp)
+        if exc.filename is None or os.fsdecode(exc.filename) == str(tmp):  # a full disk's write() names no file
+            raise OSError(exc.errno, exc.strerror, str(final)) from exc  # the file the user knows
+        raise
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     fsync_dir(final.parent)
+
+
+def _remove(tmp: Path) -> None:
+    """Remove a failed write's temp file; on a read-only disk there is none, and unlink fails (EROFS)."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass  # the write's own error is the one to report
 
 
 def atomic_write_bytes(final: Path, data: bytes) -> None:

@@ -10,7 +10,6 @@ after every rank is done, from the records, in corpus order: the same bytes what
 
 from __future__ import annotations
 
-import errno
 import importlib.metadata
 import math
 import os
@@ -25,7 +24,7 @@ import numpy as np
 import torch
 
 from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, disk_problem
 from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
 from indextts_train.prepare.featurize import (
@@ -333,18 +332,12 @@ def run_prepare(options: PrepareOptions) -> int:
         teardown_distributed(info)
 
 
-# Write failures that are the disk's, not the program's: said in one line naming --out. A write()
-# that fails for space names no file, so these are recognised by their number alone.
-_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
-
-
 def write_error(exc: OSError, out: Path | str) -> UserError | None:
     """The one line for a write into --out that the disk refused (full, read-only, not ours), else None."""
+    reason = disk_problem(exc)
     out = os.path.abspath(out)
-    inside = exc.filename is not None and os.path.commonpath([out, os.path.abspath(exc.filename)]) == out
-    if exc.errno not in _DISK_ERRORS and not (inside and exc.errno in (errno.EACCES, errno.EPERM)):
-        return None
-    reason = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or "cannot write").lower()
+    if reason is None or exc.filename and os.path.commonpath([out, os.path.abspath(exc.filename)]) != out:
+        return None  # another file's problem (a model, the corpus): the CLI names that file
     return UserError(f"--out {out}: cannot write there ({reason}); free some space or pass another --out "
                      "(a rerun goes on from what was already written)")
 
