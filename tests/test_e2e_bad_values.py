@@ -288,6 +288,15 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_text_corpus_line_that_is_not_utf8_is_one_line(tmp_path, capsys) -> None:
+    spm = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
+    corpus = _jsonl(tmp_path / "text.jsonl", [{"text": "hello"}, {"text": "a\ud800b"}, {"text": "x\0y"}])
+    one_line(["extend-tokenizer", "--base", spm, "--corpus", corpus, "--target-size", "160", "-o",
+              tmp_path / "out" / "new.model"], capsys, f'{corpus}:2: "text"')
+    one_line(["check-tokenizer", spm, "--sample-text", corpus], capsys, f'{corpus}:2: "text"')
+    assert not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------- --from-run
 
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, text_problem
 
 
 def iter_text_lines(path: Path) -> Iterator[str]:
@@ -50,4 +50,7 @@ def _jsonl_text(line: str, path: Path, lineno: int) -> str:
     text = record.get("text") if isinstance(record, dict) else None
     if not isinstance(text, str):
         raise UserError(f'{path}:{lineno}: no "text" string field; JSONL corpora need one on every line')
+    problem = text_problem(text)  # a \ud800 escape: no tokenizer can take it
+    if problem:
+        raise UserError(f'{path}:{lineno}: "text" {text!r} {problem}; fix the line or remove it')
     return text.strip()
