@@ -24,6 +24,10 @@ def user_line(exc: BaseException) -> str:
     return message
 
 
+# What a JSON or YAML number of thousands of digits is called (Python refuses to convert more than 4300).
+TOO_LONG_NUMBER = "a number with thousands of digits, which no setting or field takes"
+
+
 def text_problem(value: str) -> str | None:
     """Why a string from the user (a flag, a path, an id, a transcript) cannot be used, else None.
 

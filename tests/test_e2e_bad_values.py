@@ -297,6 +297,37 @@ def test_a_text_corpus_line_that_is_not_utf8_is_one_line(tmp_path, capsys) -> No
     assert not (tmp_path / "out").exists()
 
 
+def test_a_number_of_thousands_of_digits_is_one_line(tiny_data, corpus, tmp_path, capsys) -> None:
+    """Python refuses to convert an integer literal of more than 4300 digits (a ValueError, not a JSON or
+    YAML error): in a manifest, a config, a run.yaml, a corpus or a text corpus it is one line."""
+    huge = "9" * 5000
+    line = Path(tiny_data["train"]).read_text().splitlines()[0]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(line.replace('"target_text_len": ', f'"target_text_len": {huge}, "x": ') + "\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_CONFIG.read_text() + f"version: {huge}\n")
+    record = tmp_path / "run.yaml"
+    record.write_text(f"format: {RECORD_FORMAT}\noptions: {{}}\nseed: {huge}\n")
+    clips = tmp_path / "clips.jsonl"
+    clips.write_text(f'{{"audio": "{corpus.parent}/utt0000.wav", "text": "hi", "n": {huge}}}\n')
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text(f'{{"text": "hello"}}\n{{"text": "world", "n": {huge}}}\n')
+    spm = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
+    out = tmp_path / "out"
+    cases = {
+        ("train", "--train-manifest", manifest, "--config", TINY_CONFIG, "--output-dir", out): f"{manifest}:1",
+        ("check-data", tiny_data["train"], "--config", config): str(config),
+        ("train", "--from-run", record): str(record),
+        ("prepare", clips, "--model-dir", tmp_path / "models", "--out", out, "--device", "cpu"): f"{clips}:1",
+        ("extend-tokenizer", "--base", spm, "--corpus", texts, "--target-size", "160", "-o", out / "x.model"):
+            f"{texts}:2",
+    }
+    before = files_and_bytes(tmp_path)
+    for args, needle in cases.items():
+        one_line(list(args), capsys, needle)
+    assert files_and_bytes(tmp_path) == before and not out.exists()
+
+
 # ----------------------------------------------------------------------------- --from-run
 
 

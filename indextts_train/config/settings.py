@@ -20,7 +20,7 @@ import yaml
 from indextts_train.config.metric_names import LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.errors import UserError
+from indextts_train.errors import TOO_LONG_NUMBER, UserError
 
 # Model families. The official config.yaml names its family with a top-level `version:` key
 # (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
@@ -345,6 +345,8 @@ def load_config(path: str | Path) -> Config:
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
                         "save the config as UTF-8") from None
+    except ValueError:  # an integer of thousands of digits, which Python refuses to convert
+        raise UserError(f"{path}: {TOO_LONG_NUMBER}; pass IndexTTS2's config.yaml or configs/*.yaml") from None
     except RecursionError:  # PyYAML builds nested values recursively
         raise UserError(f"{path}: nested too deeply to be a config; "
                         "pass IndexTTS2's config.yaml or configs/*.yaml") from None
@@ -473,7 +475,7 @@ def config_beside(checkpoint: Path | None) -> Path | None:
         if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
             return None
         data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8, or a number too long
         return None
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
         return None

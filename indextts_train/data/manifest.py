@@ -39,7 +39,7 @@ from indextts_train.config.constants import CONDITION_LATENTS
 from indextts_train.config.settings import FAMILY_V25
 from indextts_train.data import manifest_v25 as data_v25
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
-from indextts_train.errors import UserError, text_problem
+from indextts_train.errors import TOO_LONG_NUMBER, UserError, text_problem
 from indextts_train.model.gpt import Batch
 
 # Canonical name -> manifest field, per form.
@@ -147,6 +147,8 @@ def parse_line(
         raise UserError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos + 1}); {FIX_LINE}") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}); {FIX_LINE}") from None
+    except ValueError:
+        raise UserError(f"{where}: {TOO_LONG_NUMBER}; {FIX_LINE}") from None
     except RecursionError:  # json nests by recursion: a line nested thousands deep is no manifest line
         raise UserError(f"{where}: JSON nested too deeply to be a manifest line; {FIX_LINE}") from None
     if not isinstance(obj, dict):

@@ -152,7 +152,7 @@ def _write_manifest(manifest: Path, new: Path, ids_dir: Path, text_path: TextPat
                 raise UserError(f"{where}: expected a JSON object")
             check_strings(obj, where)
             line = _new_line(relocate_paths(obj, from_dir, to_dir), where, text_path, ids_dir, line_no, to_dir)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except ValueError:  # not JSON, not UTF-8, or a number of thousands of digits
             tally.refuse(f"{where}: not valid JSON; fix or drop the line")
             continue
         except UserError as exc:

@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from indextts_train.errors import UserError
+from indextts_train.errors import TOO_LONG_NUMBER, UserError
 from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
 from indextts_train.prepare.corpus_lhotse import is_lhotse_corpus, read_lhotse
 from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utterance
@@ -127,6 +127,8 @@ def read_jsonl(path: Path, defaults: Defaults) -> list[Utterance]:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UserError(f"{where}: not JSON ({exc.msg}); each line is one {{\"audio\", \"text\"}} object") from None
+        except ValueError:
+            raise UserError(f"{where}: {TOO_LONG_NUMBER}; fix the line") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object with \"audio\" and \"text\"")
         audio = _string_field(obj, "audio", where, required=True)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from indextts_train.errors import UserError, text_problem
+from indextts_train.errors import TOO_LONG_NUMBER, UserError, text_problem
 
 
 def iter_text_lines(path: Path) -> Iterator[str]:
@@ -36,7 +36,7 @@ def iter_text_lines(path: Path) -> Iterator[str]:
 def _is_json_object(line: str) -> bool:
     try:
         return isinstance(json.loads(line), dict)
-    except (json.JSONDecodeError, RecursionError):  # too deep is no corpus record either
+    except (ValueError, RecursionError):  # too deep, or a number too long, is no corpus record either
         return False
 
 
@@ -47,6 +47,8 @@ def _jsonl_text(line: str, path: Path, lineno: int) -> str:
         raise UserError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix the line or remove it") from None
     except RecursionError:
         raise UserError(f"{path}:{lineno}: JSON nested too deeply; fix the line or remove it") from None
+    except ValueError:
+        raise UserError(f"{path}:{lineno}: {TOO_LONG_NUMBER}; fix the line or remove it") from None
     text = record.get("text") if isinstance(record, dict) else None
     if not isinstance(text, str):
         raise UserError(f'{path}:{lineno}: no "text" string field; JSONL corpora need one on every line')

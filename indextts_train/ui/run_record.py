@@ -171,7 +171,7 @@ def _read(path: Path) -> dict:
         raise UserError(f"--from-run {path}: {path.stat().st_size} bytes is not a run.yaml; pass OUT/run.yaml")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: not UTF-8, or a number of thousands of digits
         raise UserError(f"--from-run {path}: not valid YAML ({exc}); pass the run.yaml a run wrote") from None
     if not isinstance(data, dict):
         raise UserError(f"--from-run {path}: not a run record; pass the run.yaml a run wrote")
