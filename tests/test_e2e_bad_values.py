@@ -108,7 +108,7 @@ def test_the_numeric_table_holds_every_command_with_numbers() -> None:
 def test_every_numeric_flag_refuses_nan_inf_negative_and_huge(command, flag, kind, tiny_data, tmp_path,
                                                              capsys) -> None:
     base = [command, *required_args(command, tmp_path, tiny_data)]
-    values = ["nan", "inf", "-1", "1e400", ""] if kind is float else ["-1", "nan", "1e3", ""]
+    values = ["nan", "inf", "-1", "1e400", ""] if kind is float else ["-1", "nan", "1e3", "", "9" * 5000]
     if flag not in NO_UPPER_END:
         values.append(str(10**30))
     before = files_and_bytes(tmp_path)
@@ -349,6 +349,7 @@ FROM_RUN_SPOILS = {
     "a list for the config": (("config",), [1], "config.train is not a mapping"),
     "a list for train": (("config", "train"), [1], "config.train is not a mapping"),
     "a list for cwd": (("cwd",), [1], "cwd not a folder name"),
+    "a NUL in cwd": (("cwd",), "/tmp\0", "cwd not a folder name"),
     "a NaN seed": (("config", "train", "seed"), float("nan"), "config.train.seed: expected int"),
     "a NUL in a path": (("options", "config"), "a\0b", "options.config"),
     "a string for the betas": (("config", "train", "adam_betas"), "x", "config.train.adam_betas"),

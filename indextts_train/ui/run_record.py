@@ -200,12 +200,13 @@ def recorded_options(path: Path) -> dict[str, Any]:
     where = f"--from-run {path}"
     config = data.get("config") or {}
     train = config.get("train") or {} if isinstance(config, dict) else None
-    if not isinstance(train, dict) or not isinstance(data.get("cwd") or ".", str):
+    cwd = data.get("cwd") or "."
+    if not isinstance(train, dict) or not isinstance(cwd, str) or text_problem(cwd):
         raise UserError(f"{where}: its config.train is not a mapping or its cwd not a folder name; pass the "
                         "run.yaml a run wrote")
     _check_types(data["options"], _recorded_types(), f"{where}: options")
     _check_types(train, field_types(TrainConfig), f"{where}: config.train")
-    cwd = Path(data.get("cwd") or ".")
+    cwd = Path(cwd)
     options = {name: _absolute(value, cwd) if name in PATH_OPTIONS else value
                for name, value in data["options"].items()}
     return {**options, **train}
