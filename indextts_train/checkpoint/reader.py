@@ -14,10 +14,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from indextts_train.checkpoint.adapter_file import missing_reason
 from indextts_train.checkpoint.state import FORMAT, migrate
 from indextts_train.config.settings import Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
+from indextts_train.files.bounded import check_regular
 from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 
@@ -44,13 +47,17 @@ def _check_zip_crc(path: Path) -> None:
 
 def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
-    if not path.is_file():
+    if not path.exists() or path.is_dir():
         raise CheckpointError(f"{path}: {missing_reason(path)}")
+    try:
+        check_regular(path, "checkpoint")  # a FIFO would block, a /proc file's size is not its content
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
     is_zip = zipfile.is_zipfile(path)
     if is_zip and check_crc:
         _check_zip_crc(path)
     try:
-        return load_weights_only(path, mmap=mmap and is_zip)
+        obj = load_weights_only(path, mmap=mmap and is_zip)
     except pickle.UnpicklingError as exc:
         if str(exc).startswith(NOT_OURS):
             raise CheckpointError(f"refusing to load {path}: {exc}") from None
@@ -73,6 +80,10 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
         else:
             reason = f"truncated, corrupt or not written by torch.save ({_first_line(exc)})"
         raise CheckpointError(f"{path} is not a readable checkpoint: {reason}") from None
+    foreign = _foreign_structure(obj) if isinstance(obj, dict) else None
+    if foreign:
+        raise CheckpointError(f"{path} is not a checkpoint this program or torch's state_dict writes: {foreign}")
+    return obj
 
 
 def _starts_like_zip(path: Path) -> bool:
@@ -83,6 +94,27 @@ def _starts_like_zip(path: Path) -> bool:
 def _unpickle_reason(exc: BaseException) -> str:
     detail = re.search(r"Unsupported operand \S+", str(exc))
     return f"not written by torch.save, or damaged ({detail.group(0) if detail else 'unpickling failed'})"
+
+
+def _key_problem(mapping: dict, where: str) -> str | None:
+    odd = next((key for key in mapping if not isinstance(key, str)), None)
+    if odd is not None:
+        return f"{where} has a key of type {type(odd).__name__} ({repr(odd)[:40]}); names are strings"
+    return None
+
+
+def _foreign_structure(obj: dict) -> str | None:
+    """Why `obj` cannot be a checkpoint (ours, the community's or a bare state dict), or None: every
+    reader below names weights by their string keys, so a file that breaks that is refused here."""
+    model = obj.get("model") if isinstance(obj.get("model"), dict) else None
+    problem = _key_problem(obj, "the file's dict") or (model is not None and _key_problem(model, "its model dict"))
+    if problem:
+        return problem
+    if model is not None:
+        odd = next((k for k, v in model.items() if not isinstance(v, torch.Tensor)), None)
+        if odd is not None:
+            return f"its model dict's {odd[:80]!r} is a {type(model[odd]).__name__}, not a tensor"
+    return None
 
 
 def read_unchecked(path: Path) -> Any:
