@@ -31,6 +31,7 @@ optimizer, scheduler and scaler together (one matched set, reset together) and l
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -175,6 +176,14 @@ class DataRecord(Component):
         return [f"data.{k}: {p}" for k, t in types.items() if (p := type_problem(state.get(k), t))]
 
 
+BRANCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def is_branch_name(name: Any) -> bool:
+    """Whether `name` can be a branch (and so a folder name): no separators, no '..', not absolute."""
+    return isinstance(name, str) and BRANCH_NAME.fullmatch(name) is not None and ".." not in name
+
+
 @dataclass
 class Lineage(Component):
     """Which branch of the run a checkpoint belongs to (lineage.py decides when a branch is born).
@@ -200,6 +209,12 @@ class Lineage(Component):
         forks = state.get("forks")
         if not problems and not all(isinstance(f, list) and len(f) == 2 and is_int(f[1]) for f in forks):
             problems.append("lineage.forks: expected [branch, step] pairs")
+        if not problems:  # a branch names a folder (abandoned/<branch>/): a value read from a file is data
+            names = [state["branch"], state["parent"], *(f[0] for f in forks)]
+            odd = next((n for n in names if n is not None and not is_branch_name(n)), None)
+            if odd is not None:
+                problems.append(f"lineage: branch name {str(odd)[:60]!r} is not a plain name "
+                                "(letters, digits, '.', '_', '-')")
         return problems
 
 

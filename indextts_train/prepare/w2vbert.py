@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from indextts_train.errors import UserError
+from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.prepare.audio import W2V_RATE, AudioError
 from indextts_train.prepare.codecs import check_state, exact_float32, first_line, write_new_bytes
 
@@ -65,7 +66,7 @@ def _read_stats(path: Path, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     if not path.is_file():
         raise UserError(f"{path}: no such file; expected the w2v-BERT statistics ({STATS_FILE})")
     try:
-        stats = torch.load(path, map_location="cpu", weights_only=True)
+        stats = load_weights_only(path)  # no pickled code; inflation, elements and work bounded
     except Exception as exc:
         raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
                         f"expected {STATS_FILE}") from exc
