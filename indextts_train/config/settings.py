@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from indextts_train.config.metric_names import LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import load_yaml
 
 # Model families. The official config.yaml names its family with a top-level `version:` key
 # (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
@@ -334,20 +333,10 @@ def version_of_family(family: str | None) -> float:
 
 def load_config(path: str | Path) -> Config:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():
         raise UserError(f"{path}: config file not found; pass --config configs/indextts2.yaml or your config.yaml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                        "save the config as UTF-8") from None
-    except RecursionError:  # PyYAML builds nested values recursively
-        raise UserError(f"{path}: nested too deeply to be a config; "
-                        "pass IndexTTS2's config.yaml or configs/*.yaml") from None
+        data = load_yaml(path, "config")  # safe and bounded: size, nesting, anchors expanded
     except OSError as exc:
         raise UserError(f"{path}: cannot read the config ({exc.strerror})") from None
     if not isinstance(data, dict):
@@ -472,8 +461,8 @@ def config_beside(checkpoint: Path | None) -> Path | None:
     try:
         if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
             return None
-        data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = load_yaml(candidate, "config")
+    except (OSError, UserError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
         return None

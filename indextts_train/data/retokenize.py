@@ -30,6 +30,7 @@ from indextts_train.data.manifest import iter_lines
 from indextts_train.data.manifest_v25 import language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
+from indextts_train.files.bounded import parse_json
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
 # (text field, ids path field, length field)
@@ -142,7 +143,7 @@ def _write_manifest(manifest: Path, new: Path, ids_dir: Path, text_path: TextPat
     for line_no, _, raw in iter_lines(str(manifest)):
         where = f"{manifest}:{line_no}"
         try:
-            obj = json.loads(raw)
+            obj = parse_json(raw, where)  # nesting bounded: one line, not a RecursionError
             if not isinstance(obj, dict):
                 raise UserError(f"{where}: expected a JSON object")
             line = _new_line(relocate_paths(obj, from_dir, to_dir), where, text_path, ids_dir, line_no, to_dir)

@@ -33,6 +33,7 @@ from indextts_train.errors import UserError
 MAX_YAML_BYTES = 4 << 20
 MAX_YAML_NODES = 200_000  # scalars, lists and mappings, each alias counted as the whole value it names
 MAX_JSON_DEPTH = 64
+MAX_TOKENIZER_BYTES = 256 << 20  # a SentencePiece model or tiktoken ranks file: a few MB
 MAX_NPY_BYTES = 1 << 30
 PSEUDO_FILE_SYSTEMS = ("/proc/", "/sys/", "/dev/")  # files whose stat size is not what a read returns
 
@@ -198,7 +199,7 @@ def read_npy(path: Path | str, what: str = ".npy file", max_bytes: int = MAX_NPY
             limit = f"; at most {max_bytes} bytes are read" if need > max_bytes else ""
             raise UserError(f"{path}: {what}'s header claims {list(shape)} {dtype} ({need} bytes) but the file "
                             f"holds {have} bytes of data{limit}; re-create it")
-        data = np.frombuffer(handle.read(need), dtype=dtype) if need else np.empty(0, dtype=dtype)
+        data = np.fromfile(handle, dtype=dtype, count=prod(shape))  # exactly what the header said
     if data.size != prod(shape):
         raise UserError(f"{path}: {what} ended while being read; re-create it")
-    return data.reshape(shape, order="F" if fortran else "C").copy()
+    return data.reshape(shape, order="F" if fortran else "C")
