@@ -9,12 +9,13 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-BOMB_INFLATED = 64 << 20  # what the zip bomb's member inflates to; its file is about 64 KB
+BOMB_INFLATED_MIB = 2047  # what the zip bomb's member inflates to (2 GiB); its file is about 2 MB
 
 
 def _torch_zip(obj: object) -> zipfile.ZipFile:
@@ -39,10 +40,37 @@ def _rewrite(source: zipfile.ZipFile, path: Path, replace: dict[str, tuple[bytes
     return path
 
 
-def zip_bomb(path: Path) -> Path:
-    """A checkpoint whose tensor storage is deflated: ~64 KB on disk, BOMB_INFLATED bytes inflated."""
-    source = _torch_zip({"model": {"w": torch.zeros(BOMB_INFLATED // 4)[:1].clone()}})
-    return _rewrite(source, path, {"/data/0": (bytes(BOMB_INFLATED), zipfile.ZIP_DEFLATED)})
+def _deflated_zeros(mib: int) -> bytes:
+    """A raw deflate stream of `mib` MiB of zeros, built from one fully flushed 1 MiB block repeated
+    (a flushed block refers to nothing before it): a 2 GiB member costs milliseconds to build."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = packer.compress(bytes(1 << 20)) + packer.flush(zlib.Z_FULL_FLUSH)
+    return block * mib + packer.flush()
+
+
+def _patch_member(data: bytearray, suffix: str, method: int, size: int) -> None:
+    """Set a member's compression method and inflated size in its local header and central entry."""
+    for signature, name_at, fields in ((b"PK\x03\x04", 26, (8, 22)), (b"PK\x01\x02", 28, (10, 24))):
+        at = data.find(signature)
+        while at != -1:
+            name_len = int.from_bytes(data[at + name_at:at + name_at + 2], "little")
+            start = at + (30 if signature == b"PK\x03\x04" else 46)
+            if bytes(data[start:start + name_len]).decode().endswith(suffix):
+                data[at + fields[0]:at + fields[0] + 2] = method.to_bytes(2, "little")
+                data[at + fields[1]:at + fields[1] + 4] = size.to_bytes(4, "little")
+            at = data.find(signature, at + 4)
+
+
+def zip_bomb(path: Path, inflated_mib: int = BOMB_INFLATED_MIB) -> Path:
+    """A checkpoint whose tensor storage is a deflated member: ~2 MB on disk, inflating to 2 GiB.
+
+    Its CRC is not that of the inflated bytes: a reader must refuse it before inflating anything."""
+    source = _torch_zip({"model": {"w": torch.zeros(1)}})
+    _rewrite(source, path, {"/data/0": (_deflated_zeros(inflated_mib), zipfile.ZIP_STORED)})
+    data = bytearray(path.read_bytes())
+    _patch_member(data, "/data/0", zipfile.ZIP_DEFLATED, inflated_mib << 20)
+    path.write_bytes(bytes(data))
+    return path
 
 
 def strided_view(path: Path, side: int = 10**6) -> Path:
@@ -93,4 +121,19 @@ def deep_json(depth: int = 100_000) -> str:
 def fifo(path: Path) -> Path:
     """A named pipe: opening it for reading blocks until someone writes."""
     os.mkfifo(path)
+    return path
+
+
+def claimed_sizes(path: Path, member_suffix: str, claimed: int) -> Path:
+    """Patch the zip's central directory so that the member ending with `member_suffix` claims
+    `claimed` bytes (stored, uncompressed): what a 240 MB pickle's entry says, in a file of a few KB."""
+    data = bytearray(path.read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at != -1:
+        name_len = int.from_bytes(data[at + 28:at + 30], "little")
+        name = bytes(data[at + 46:at + 46 + name_len]).decode()
+        if name.endswith(member_suffix):
+            data[at + 20:at + 28] = claimed.to_bytes(4, "little") * 2  # compressed and uncompressed size
+        at = data.find(b"PK\x01\x02", at + 46)
+    path.write_bytes(bytes(data))
     return path

@@ -21,7 +21,7 @@ from indextts_train.checkpoint.state import FORMAT, migrate
 from indextts_train.config.settings import Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.bounded import check_regular
-from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
+from indextts_train.files.numpy_pickle import NOT_OURS, check_zip_bounds, load_weights_only
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 
 
@@ -54,10 +54,14 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     except UserError as exc:
         raise CheckpointError(str(exc)) from None
     is_zip = zipfile.is_zipfile(path)
-    if is_zip and check_crc:
-        _check_zip_crc(path)
     try:
+        if is_zip:  # before the CRC pass, which would inflate every member
+            check_zip_bounds(path, path.stat().st_size)
+        if is_zip and check_crc:
+            _check_zip_crc(path)
         obj = load_weights_only(path, mmap=mmap and is_zip)
+    except CheckpointError:
+        raise
     except pickle.UnpicklingError as exc:
         if str(exc).startswith(NOT_OURS):
             raise CheckpointError(f"refusing to load {path}: {exc}") from None

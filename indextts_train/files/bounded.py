@@ -32,6 +32,7 @@ from indextts_train.errors import UserError
 # are flat objects, one utterance's largest array (condition latents, 32 x 1280 float32) is 160 KB.
 MAX_YAML_BYTES = 4 << 20
 MAX_YAML_NODES = 200_000  # scalars, lists and mappings, each alias counted as the whole value it names
+MAX_YAML_DEPTH = 64  # levels of [ ] and { }
 MAX_JSON_DEPTH = 64
 MAX_TOKENIZER_BYTES = 256 << 20  # a SentencePiece model or tiktoken ranks file: a few MB
 MAX_NPY_BYTES = 1 << 30
@@ -123,8 +124,22 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
     return total
 
 
+def _flow_depth(text: str) -> int:
+    """How deep `[ ]` / `{ }` nest (quotes not told apart: an over-count only refuses sooner).
+
+    PyYAML's scanner takes time quadratic in this depth (1,200 levels: seconds), so it is measured
+    first, vectorised, in milliseconds for the largest file accepted."""
+    codes = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int32) - np.isin(codes, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
+
+
 def yaml_text(text: str, where: str) -> Any:
-    """One YAML document parsed safely within MAX_YAML_NODES (aliases expanded); one line when it is not."""
+    """One YAML document parsed safely within MAX_YAML_NODES (aliases expanded) and MAX_YAML_DEPTH levels
+    of flow nesting; one line when it is not."""
+    if _flow_depth(text) > MAX_YAML_DEPTH:
+        raise UserError(f"{where}: YAML nested too deeply (more than {MAX_YAML_DEPTH} levels of [ ] or {{ }}); "
+                        "is this the right file?")
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader with bounds
     except yaml.YAMLError as exc:

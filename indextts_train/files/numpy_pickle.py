@@ -221,13 +221,13 @@ def _real(obj: _Array | _Dtype) -> np.ndarray | np.dtype:
     return obj.dtype
 
 
-def _check_zip_bounds(path: Path, file_bytes: int) -> None:
+def check_zip_bounds(path: Path, file_bytes: int) -> None:
     """Refuse a zip whose members could inflate past what the file holds, or whose pickle is too big.
 
     torch.save stores every member uncompressed; a compressed member (a 35 KB zip can inflate to
     gigabytes) or members claiming more bytes than the archive has (overlapping entries) are refused
     from the central directory alone, before anything is read or inflated. Every later read (the
-    CRC pass, torch's own) then reads at most the file's own bytes.
+    CRC pass, torch's own) then reads at most the file's own bytes: call this before any of them.
     """
     try:
         with zipfile.ZipFile(path) as archive:
@@ -249,7 +249,7 @@ def _check_zip_bounds(path: Path, file_bytes: int) -> None:
 def load_weights_only(path: Path, *, mmap: bool = False) -> Any:
     """torch.load(weights_only=True) on the CPU, plus plain numpy arrays (see the module docstring).
 
-    The work is bounded before it is done where the zip's central directory tells (_check_zip_bounds),
+    The work is bounded before it is done where the zip's central directory tells (check_zip_bounds),
     and the plain data and tensors after (_BoundedWalk); a file past the bounds raises an
     UnpicklingError whose message starts with NOT_OURS.
 
@@ -258,7 +258,7 @@ def load_weights_only(path: Path, *, mmap: bool = False) -> Any:
     """
     file_bytes = os.stat(path).st_size
     if zipfile.is_zipfile(path):
-        _check_zip_bounds(path, file_bytes)
+        check_zip_bounds(path, file_bytes)
     elif file_bytes > MAX_PICKLE_BYTES:  # the old format is one pickle with the tensor data after it
         raise _not_ours(f"an old-format (not zip) torch file of {file_bytes >> 20} MiB is read op by op; "
                         f"at most {MAX_PICKLE_BYTES >> 20} MiB (save it again with torch.save)")
