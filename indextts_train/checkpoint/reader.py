@@ -45,8 +45,10 @@ def _check_zip_crc(path: Path) -> None:
                               "(damaged on disk or in a copy); it is left on disk")
 
 
-def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
-    """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
+def _checked_before_reading(path: Path, check_crc: bool) -> bool:
+    """What is refused before torch reads a byte: not a regular file, zip members that could inflate or
+    claim more than the file has (before the CRC pass, which would inflate them), a bad CRC. Whether
+    the file is a zip."""
     if not path.exists() or path.is_dir():
         raise CheckpointError(f"{path}: {missing_reason(path)}")
     try:
@@ -54,27 +56,37 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     except UserError as exc:
         raise CheckpointError(str(exc)) from None
     is_zip = zipfile.is_zipfile(path)
-    try:
-        if is_zip:  # before the CRC pass, which would inflate every member
+    if is_zip:
+        try:
             check_zip_bounds(path, path.stat().st_size)
-        if is_zip and check_crc:
-            _check_zip_crc(path)
-        obj = load_weights_only(path, mmap=mmap and is_zip)
-    except CheckpointError:
-        raise
-    except pickle.UnpicklingError as exc:
-        if str(exc).startswith(NOT_OURS):
+        except pickle.UnpicklingError as exc:
             raise CheckpointError(f"refusing to load {path}: {exc}") from None
-        refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
-        if refused:
-            raise CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
-                                  "and numpy arrays of plain number types are accepted") from None
-        unsafe = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        if unsafe:
-            raise CheckpointError(
-                f"refusing to load {path}: it contains pickled Python objects that could run code "
-                f"({unsafe.group(1)}); only tensors and plain containers are accepted") from None
-        raise CheckpointError(f"{path} is not a readable checkpoint: {_unpickle_reason(exc)}") from None
+        if check_crc:
+            _check_zip_crc(path)
+    return is_zip
+
+
+def _unpickling_error(path: Path, exc: pickle.UnpicklingError) -> CheckpointError:
+    if str(exc).startswith(NOT_OURS):
+        return CheckpointError(f"refusing to load {path}: {exc}")
+    refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
+    if refused:
+        return CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
+                               "and numpy arrays of plain number types are accepted")
+    unsafe = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    if unsafe:
+        return CheckpointError(f"refusing to load {path}: it contains pickled Python objects that could run code "
+                               f"({unsafe.group(1)}); only tensors and plain containers are accepted")
+    return CheckpointError(f"{path} is not a readable checkpoint: {_unpickle_reason(exc)}")
+
+
+def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
+    """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
+    is_zip = _checked_before_reading(path, check_crc)
+    try:
+        obj = load_weights_only(path, mmap=mmap and is_zip)
+    except pickle.UnpicklingError as exc:
+        raise _unpickling_error(path, exc) from None
     except EOFError:
         raise CheckpointError(f"{path} is not a readable checkpoint: the file ends early "
                               "(empty or truncated)") from None
