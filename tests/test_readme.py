@@ -70,10 +70,6 @@ def shown_commands() -> list[tuple[str, str]]:
     return found
 
 
-def subcommands() -> set[str]:
-    return {command.name or command.callback.__name__.replace("_", "-") for command in app.registered_commands}
-
-
 @cache
 def help_text(subcommand: str) -> str:
     result = CliRunner().invoke(app, [subcommand, "--help"], env={"COLUMNS": "200"})
