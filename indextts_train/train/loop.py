@@ -1,6 +1,6 @@
 """The training loop, top to bottom.
 
-`train(options)` is all of `train-gpt`: `setup` (run.py) builds the run, then `loop` runs one
+`train(options)` is all of `train-gpt`: `setup` (setup.py) builds the run, then `loop` runs one
 optimizer step per iteration. Exact resume rests on four rules kept here:
   1. Checkpoints are taken only at optimizer-step boundaries, after validation, and hold everything
      that decides what happens next (weights, the matched optimizer/scheduler/scaler set, the data

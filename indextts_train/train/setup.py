@@ -1,6 +1,6 @@
 """Setting up a run: config, hardware plan, data, model, the optimizer set, and what to resume from.
 
-`setup(options, dist)` returns a `Run`, everything the loop in train.py needs, built once. Model
+`setup(options, dist)` returns a `Run`, everything the loop in loop.py needs, built once. Model
 building may draw random numbers, so the RNG of the run (fresh seed or the checkpoint's) is put in
 place last, by `Run.start_rng`.
 """

@@ -22,7 +22,7 @@ SAVED_LINE = re.compile(r"^saved (.+?) \(step (\d+)", re.M)
 PLAN_HEAD = re.compile(r"\((cpu|cuda[^)]*)\): (fp32|bf16|fp16), micro-batch ")
 DONE_LINE = re.compile(r"^done: \d+ steps", re.M)
 ERROR_LINE = re.compile(r"^error: ", re.M)
-START_HEAD = "=== start "  # runrecord.TextLog heads each start's lines with it
+START_HEAD = "=== start "  # ui/run_record.TextLog heads each start's lines with it
 NOTICE_STARTS = ("warning:", "error:", "skipping ", "resuming from ", "--resume auto:", "stopped by signal")
 
 
