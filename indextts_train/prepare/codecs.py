@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.model.conditioning import full_float32 as exact_float32  # TF32 off: see its docstring
 
 LAYER_NORM_EPS = 1e-6  # Vocos backbone: every LayerNorm
@@ -252,7 +253,7 @@ def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: s
     if not path.is_file():
         raise UserError(f"{path}: no such file; expected {what}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)  # no pickled code from a downloaded file
+        obj = load_weights_only(path)  # no pickled code from a downloaded file; inflation, elements, work bounded
     except Exception as exc:
         raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
                         f"expected {what}") from exc
