@@ -196,7 +196,7 @@ def test_the_checkpoints_table_and_the_page_list_each_hostile_file_as_unreadable
     started = time.perf_counter()
     assert run_app(app, ["checkpoints", str(run)]) == 0
     out = capsys.readouterr().out
-    rows = records.checkpoint_rows(run, [])
+    rows = records.checkpoint_rows(run)
     assert time.perf_counter() - started < 5.0
     assert "Traceback" not in out and "not written by this program, or unreadable" in out
     for name in CHECKPOINTS:
