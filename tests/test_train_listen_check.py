@@ -65,7 +65,7 @@ def test_the_numbers_go_to_the_validation_line_and_tensorboard():
                "target_repetition": 0.01}
     losses = {"loss": 3.0, "text_loss": 3.0, "mel_loss": 3.0, "mel_top1": 0.5, "samples": 8}
     result = {"total": losses, "groups": {"am": losses, "zh": losses},
-              "generation": {"total": numbers, "groups": {"am": numbers, "zh": numbers}, "seconds": 1.0}}
+              "generation": {"total": numbers, "groups": {"am": numbers, "zh": numbers}}}
     line = describe(10, result, None)
     assert line.endswith(" | gen: stop 3/4 len x0.97 (worst x1.62) rep 0.03 | gen am: stop 3/4 len x0.97 "
                          "(worst x1.62) rep 0.03 | gen zh: stop 3/4 len x0.97 (worst x1.62) rep 0.03")
@@ -96,9 +96,8 @@ def test_the_check_keeps_the_model_mode_weights_and_global_random_state(tiny_dat
     assert model.training and torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert first["groups"]["am"]["lines"] == 2 and first["total"]["lines"] == 4
-    again = check.run(model, 5, torch.device("cpu"))
-    assert {k: again[k] for k in ("total", "groups")} == {k: first[k] for k in ("total", "groups")}
-    assert "4 validation line(s) of 2 language(s) took" in check.cost_line(first["seconds"])
+    assert check.run(model, 5, torch.device("cpu")) == first  # the same step: the same draws
+    assert "4 validation line(s) of 2 language(s) took 1.5s" in check.cost_line(1.5)
 
 
 def train_args(data: dict, out: Path, *extra: str) -> list[str]:

@@ -114,7 +114,7 @@ class History(Component):
     baseline: dict | None = added_field(None)  # validation of the model before step 1: {"total", "groups"}
     last_val: dict | None = added_field(None)  # the latest validation, {"step", "total", "groups"}
     best: dict | None = added_field(None)  # BestTracker.state_dict(): the step best.pth holds, patience
-    # The generation check of each validation (--listen-lines): [{"step", "total", "groups", "seconds"}]
+    # The generation check of each validation (--listen-lines): [{"step", "total", "groups"}]
     generation: list = added_field(factory=list)
     # Metrics of the steps since the last logged line ([loss, text, mel, top1, grad_norm] each): a
     # resume averages the next line over the same steps as an uninterrupted run.

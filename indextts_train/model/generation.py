@@ -35,7 +35,9 @@ MIN_KEPT = 2  # top-k / top-p keep at least eos + 1 codes per beam in beam mode 
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Official inference's generation settings (the defaults of infer_v2.py and infer_v2_5.py)."""
+    """Official inference's generation settings: the defaults of infer_v2.py and infer_v2_5.py, which pass
+    them to `gpt.inference_speech` with do_sample=True and length_penalty=0 (the sums are compared as they
+    are, hence no setting for it here)."""
 
     temperature: float = 0.8
     top_k: int = 30
@@ -228,7 +230,7 @@ def generate_codes(model: UnifiedVoiceGPT, batch: Batch, *, max_codes: int, gene
     hidden, pad = hidden[expand], pad[expand]
     vocab = cfg.number_mel_codes
     seen = torch.zeros(len(expand), vocab, dtype=torch.bool, device=x.device)
-    seen[:, [PROMPT_ID % vocab, cfg.start_mel_token]] = True
+    seen[:, [PROMPT_ID, cfg.start_mel_token]] = True
     first = torch.full((len(rows), beams), -1e9, device=x.device)
     first[:, 0] = 0.0  # every beam starts as the same sequence: only the first one is drawn from at first
     state = BeamState(len(rows), beams, first.view(-1), seen, [[] for _ in expand],
