@@ -126,7 +126,9 @@ def test_a_run_with_the_check_ends_bit_identical_to_one_without(tiny_data, tmp_p
             assert torch.equal(on["optimizer"]["state"][index][slot], tensor), f"optimizer {index}.{slot} differs"
     assert (on["progress"], on["scheduler"]) == (off["progress"], off["scheduler"])
     assert (on["history"]["train"], on["history"]["val"]) == (off["history"]["train"], off["history"]["val"])
-    assert [entry["step"] for entry in on["history"]["generation"]] == [4, 8, 12]
-    assert off["history"]["generation"] == [] and "generation" in on["history"]["baseline"]
+    assert [entry["step"] for entry in on["history"]["generation"]] == [0, 4, 8, 12]
+    assert off["history"]["generation"] == []
+    assert (on["history"]["baseline"], on["history"]["last_val"]) == (off["history"]["baseline"],
+                                                                     off["history"]["last_val"])
     assert outputs["on"].count("generation check: 4 validation line(s) of 1 language(s) took") == 1
     assert outputs["on"].count("| gen: stop ") == 4 and "| gen:" not in outputs["off"]
