@@ -110,16 +110,17 @@ def trunk_step(model: UnifiedVoiceGPT, x: Tensor, cache: KVCache, pad: Tensor) -
 
 def prompt_rows(model: UnifiedVoiceGPT, batch: Batch) -> list[Tensor]:
     """Per line: prefix, [start_text] text [stop_text] with text positions (and the language row), then
-    the start code at mel position 0 — (P + T_i + 3, D), as official inference builds it for one line."""
+    the start code at mel position 0 — (P + T_i + 3, D), as official inference builds it for one line
+    (its prepare_gpt_inputs also drops start/stop text ids found inside the text)."""
     cfg = model.cfg
     prefix = model.prefix(batch)  # (B, P, D)
     start = model.mel_embedding.weight[cfg.start_mel_token] + model.mel_pos_embedding.emb.weight[0]
     rows = []
     for i in range(len(batch)):
-        n = int(batch.text_lengths[i])
-        ids = F.pad(F.pad(batch.text_ids[i, :n], (1, 0), value=cfg.start_text_token), (0, 1),
-                    value=cfg.stop_text_token)
-        text = model.text_embedding(ids) + model.text_pos_embedding.emb.weight[: n + 2]
+        ids = batch.text_ids[i, :int(batch.text_lengths[i])]
+        ids = ids[(ids != cfg.start_text_token) & (ids != cfg.stop_text_token)]  # official: dropped from the text
+        ids = F.pad(F.pad(ids, (1, 0), value=cfg.start_text_token), (0, 1), value=cfg.stop_text_token)
+        text = model.text_embedding(ids) + model.text_pos_embedding.emb.weight[: len(ids)]
         if cfg.is_v25:
             text = text + model.lang_embedding(batch.lang_ids[i])
         rows.append(torch.cat([prefix[i].to(text.dtype), text, start[None].to(text.dtype)]))
