@@ -113,10 +113,11 @@ def _child_env() -> dict[str, str]:
 
 
 def _job(model_dir: Path, family: str, lines: list[SynthesisLine], seed: int, device: str, result: Path,
-         threads: int | None) -> dict:
+         threads: int | None, max_mel_tokens: int | None) -> dict:
     return {
         "family": family,
         "threads": threads,
+        "max_mel_tokens": max_mel_tokens,
         "model_dir": str(model_dir.resolve()),
         "device": device,
         "result": str(result),
@@ -140,7 +141,8 @@ def _tail_line(text: str) -> str:
 
 def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed: int, device: str,
                inference_python: Path | None, log_path: Path | None = None,
-               timeout_s: float | None = None, threads: int | None = None) -> list[SynthesisResult]:
+               timeout_s: float | None = None, threads: int | None = None,
+               max_mel_tokens: int | None = None) -> list[SynthesisResult]:
     """Speak every line with the official code of `family` from the official-layout `model_dir`.
 
     One child process loads the models once and synthesizes the lines in order, each seeded by
@@ -151,7 +153,7 @@ def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed
     python = inference_python or resolve_inference_python(family, None)
     with tempfile.TemporaryDirectory(prefix="indextts-listen-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job = _job(model_dir, family, lines, seed, device, result_path, threads)
+        job = _job(model_dir, family, lines, seed, device, result_path, threads, max_mel_tokens)
         job_path.write_text(json.dumps(job), encoding="utf-8")
         started = time.monotonic()
         try:
