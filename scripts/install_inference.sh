@@ -24,13 +24,15 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv --system-site-packages "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import $MODULE" >/dev/null 2>&1; then
-    if [ "$FAMILY" = indextts2 ] && ! "$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1; then
-        if "$VENV/bin/python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" >/dev/null 2>&1; then
-            PACKAGES=("torch==2.14.1" "torchaudio==2.11.*" "${PACKAGES[@]}")
-        fi
-    fi
-    "$VENV/bin/python" -m pip install --quiet "${PACKAGES[@]}"
+if "$VENV/bin/python" -c "import $MODULE" >/dev/null 2>&1; then
+    echo "$VENV/bin/python"
+    exit 0
 fi
+if [ "$FAMILY" = indextts2 ] && ! "$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1; then
+    if "$VENV/bin/python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" >/dev/null 2>&1; then
+        PACKAGES=("torch==2.14.1" "torchaudio==2.11.*" "${PACKAGES[@]}")
+    fi
+fi
+"$VENV/bin/python" -m pip install --quiet "${PACKAGES[@]}"
 "$VENV/bin/python" -c "import $MODULE" >/dev/null
 echo "$VENV/bin/python"

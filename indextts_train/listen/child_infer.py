@@ -37,6 +37,7 @@ V2_HUB_FILES = {
 }
 V2_VOCODER_FILES = [("config.json", "bigvgan/config.json"), ("bigvgan_generator.pt", "bigvgan/bigvgan_generator.pt")]
 LOCAL_REVISION = "0" * 40  # the snapshot name of a hub entry made from local files
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _one_line(exc: BaseException) -> str:
@@ -213,8 +214,23 @@ def _vocoder_id(config: Path) -> str:
     return str(OmegaConf.load(config).vocoder.name)
 
 
+def _die_with_parent(parent: int) -> None:
+    """A killed `listen` leaves no child speaking on: on Linux the kernel kills this process with its parent
+    (the parent's thread waits in subprocess.run meanwhile, so it outlives us otherwise)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's timeout still bounds us
+        pass
+    if parent and os.getppid() != parent:  # the parent died before the call above
+        sys.exit(1)
+
+
 def run(job_path: Path) -> int:
     job = json.loads(job_path.read_text(encoding="utf-8"))
+    _die_with_parent(int(job.get("parent_pid") or 0))
     result = Path(job["result"])
     report: dict = {"versions": {}, "lines": [], "error": None, "load_seconds": None}
     cache = Path(tempfile.mkdtemp(prefix="indextts-hub-"))

@@ -116,6 +116,7 @@ def _job(model_dir: Path, family: str, lines: list[SynthesisLine], seed: int, de
          threads: int | None, max_mel_tokens: int | None) -> dict:
     return {
         "family": family,
+        "parent_pid": os.getpid(),
         "threads": threads,
         "max_mel_tokens": max_mel_tokens,
         "model_dir": str(model_dir.resolve()),
