@@ -21,6 +21,7 @@ never emits its stop code, so each line generates exactly the cap, set here to `
 from __future__ import annotations
 
 import argparse
+import base64
 import multiprocessing
 import os
 import platform
@@ -35,16 +36,18 @@ import yaml
 from report import write_result
 
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.data.demo_data import _make_base_tokenizer
+from indextts_train.data.demo_data_v25 import _make_base_vocabulary
 from indextts_train.listen.model_folder import make_model_folder
 from indextts_train.listen.synthesize import SynthesisLine, resolve_inference_python, synthesize
 from indextts_train.listen.tiny_folder import W2V_WIDTH, add_inference_parts, tiny_gpt_config
 from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT_DIR = ROOT / "tests" / "data" / "reference" / "prepare" / "text"
-# --family -> (family, real config, tokenizer, codes per second of speech)
-FAMILIES = {"2.5": (FAMILY_V25, ROOT / "configs" / "indextts2_5.yaml", TEXT_DIR / "toy_base.tiktoken", 25),
-            "2": (FAMILY_V2, ROOT / "configs" / "indextts2.yaml", TEXT_DIR / "bpe_tiny.model", 50)}
+# --family -> (family, real config, codes per second of speech)
+FAMILIES = {"2.5": (FAMILY_V25, ROOT / "configs" / "indextts2_5.yaml", 25),
+            "2": (FAMILY_V2, ROOT / "configs" / "indextts2.yaml", 50)}
+FILLER = b"\xff\xfe"  # never in UTF-8 text: filler ranks no text encodes to
 TEXTS = ["Hello world, this is a test of the model.", "The quick brown fox jumps over the lazy dog.",
          "Every line is spoken in the voice of its prompt.", "Numbers and names are read as written."]
 
@@ -55,13 +58,30 @@ def _write_models(model_dir: Path, config: Path, tokenizer: Path, python: Path, 
     add_inference_parts(model_dir, inference_python=python, seed=0, real_size=real_size)
 
 
+def tokenizer_for(config: Path, work: Path) -> Path:
+    """A base vocabulary of exactly the config's text tokens: the demo's (IndexTTS2: with filler pieces;
+    IndexTTS-2.5: its English merges, then filler ranks up to the released 58,836)."""
+    gpt = load_config(config).gpt
+    if not gpt.is_v25:
+        return _make_base_tokenizer(work / "bpe.model", gpt, seed=0)
+    tiny = load_config(ROOT / "configs" / "tiny_v25.yaml").gpt
+    base = _make_base_vocabulary(work, tiny)
+    lines = base.read_bytes().splitlines()
+    fillers = gpt.number_text_tokens - tiny.number_text_tokens
+    lines += [base64.b64encode(FILLER + i.to_bytes(3, "big")) + b" %d" % (len(lines) + i) for i in range(fillers)]
+    vocabulary = work / "vocabulary.tiktoken"
+    vocabulary.write_bytes(b"\n".join(lines) + b"\n")
+    return vocabulary
+
+
 def model_folder(work: Path, args: argparse.Namespace, python: Path) -> Path:
     """The stand-in model folder, written once (in a child process: its memory is not the timed work's)."""
-    family, real_config, tokenizer, _ = FAMILIES[args.family]
+    family, real_config, _ = FAMILIES[args.family]
     model_dir = work / ("real" if args.real_size else "tiny") / family
     if (model_dir / "s2mel.pth").is_file():
         return model_dir
     config = real_config if args.real_size else tiny_gpt_config(family, work)
+    tokenizer = tokenizer_for(config, work)
     writer = multiprocessing.get_context("spawn").Process(
         target=_write_models, args=(model_dir, config, tokenizer, python, args.real_size))
     writer.start()
@@ -77,7 +97,7 @@ def _duration(path: Path) -> float:
 
 
 def measure(model_dir: Path, work: Path, args: argparse.Namespace, python: Path) -> dict:
-    family, _, _, rate = FAMILIES[args.family]
+    family, _, rate = FAMILIES[args.family]
     clips = work / "clips"
     if not (clips / "utt0000.wav").is_file():
         write_synthetic_clips(clips, [("a prompt", "en")], speakers=1, seed=0, seconds=(4.0, 4.0))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 import wave
 from pathlib import Path
@@ -87,3 +89,52 @@ def test_seeded_synthesis_is_reproducible(tiny, tmp_path) -> None:
     with wave.open(str(tmp_path / "first" / "one.wav")) as handle:
         assert handle.getframerate() == 22050 and handle.getsampwidth() == 2 and handle.getnframes() > 0
     assert not list((tmp_path / "first").glob(".*.tmp.wav"))  # written under a temporary name, then renamed
+
+
+PARENT = """
+import sys
+from pathlib import Path
+from indextts_train.listen.synthesize import SynthesisLine, synthesize
+folder, family, python, prompt, out = sys.argv[1:6]
+lines = [SynthesisLine("one", "hello world", Path(prompt), Path(out) / "one.wav", "de")]
+synthesize(Path(folder), family, lines, seed=1, device="cpu", inference_python=Path(python), threads=1)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; whoever adopted it reaps it when it likes
+
+
+def test_a_killed_parent_takes_its_synthesis_child_along(tiny, tmp_path) -> None:
+    """SIGKILL of the process that called synthesize (what a killed `listen` is): its child goes too, and no
+    WAV appears."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tiny["model_dir"]), tiny["family"],
+                               str(tiny["python"]), str(tiny["prompt"]), str(tmp_path / "out")])
+    deadline = time.monotonic() + 120
+    while not (children := _children(parent.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children, "the child never started"
+    time.sleep(0.5)  # killed before or after the child's first statements: either way it must end
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+    assert not (tmp_path / "out" / "one.wav").exists()
