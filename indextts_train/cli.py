@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
-from indextts_train.errors import UserError, disk_line, text_problem, user_line
+from indextts_train.errors import UserError, disk_line, user_line
 from indextts_train.prepare.utterance import MAX_SECONDS
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
@@ -27,6 +27,7 @@ except ImportError:
     from click import ClickException
 
 
+from indextts_train import cli_flags
 from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, say_text_path, train_parameters
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -96,11 +97,6 @@ def demo(
 
     raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
                                  train_scope=train_scope) or 0)
-
-
-# Upper ends of the numeric flags besides train's (TrainConfig holds those): far beyond any real use,
-# so that a typo or an inf is one line before any work instead of an overflow deep inside.
-MAX_VOCAB = 10_000_000  # as gpt.number_text_tokens
 
 
 PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingface_hub")
@@ -225,7 +221,7 @@ def repair(
     checkpoint: Annotated[Path, typer.Argument(help="Community or older checkpoint.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (default: in place, after a .bak backup).")] = None,
     config: Annotated[Path | None, typer.Option(help="Config to record in the repaired checkpoint.")] = None,
-    base_vocab: Annotated[int | None, typer.Option(min=1, max=MAX_VOCAB, help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
+    base_vocab: Annotated[int | None, typer.Option(min=1, max=cli_flags.MAX_VOCAB, help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
     from indextts_train.checkpoint.files import verify_checkpoint
@@ -247,7 +243,7 @@ def check_data(
     manifest: Annotated[list[Path], typer.Argument(metavar="MANIFEST...", help="Manifest JSONL file(s).")],
     config: Annotated[Path | None, typer.Option(help="Config for shapes, vocab and length limits.")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="SentencePiece .model or .tiktoken: text ids must be below its size (2.5: and start with the language tag).")] = None,
-    base_vocab: Annotated[int | None, typer.Option(min=1, max=MAX_VOCAB, help="Base vocabulary size, to report the share of extended tokens.")] = None,
+    base_vocab: Annotated[int | None, typer.Option(min=1, max=cli_flags.MAX_VOCAB, help="Base vocabulary size, to report the share of extended tokens.")] = None,
     borrow_language: Annotated[list[str] | None, typer.Option(metavar="NEW=CODE", help="IndexTTS-2.5: NEW=CODE lets untagged language NEW use the row of CODE; repeatable.")] = None,
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP + " With --tokenizer, a line's text_ids must be its text (text / target_text) as inference encodes it.")] = "auto",
     strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
@@ -288,7 +284,7 @@ def check_data(
 def check_tokenizer(
     model: Annotated[Path, typer.Argument(help="SentencePiece .model or IndexTTS-2.5 .tiktoken ranks file to check.")],
     base: Annotated[Path | None, typer.Option(help="The base file it was extended from.")] = None,
-    base_vocab: Annotated[int | None, typer.Option(min=1, max=MAX_VOCAB, help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
+    base_vocab: Annotated[int | None, typer.Option(min=1, max=cli_flags.MAX_VOCAB, help="Base vocabulary size, when the base model is not at hand (SentencePiece).")] = None,
     sample_text: Annotated[Path | None, typer.Option(help="Text file to measure coverage on (as official inference presents it).")] = None,
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
     language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: language of --sample-text (its tag and case rule).")] = None,
@@ -465,27 +461,13 @@ def webui(
     raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root) or 0)
 
 
-def unusable_argument(args: list[str]) -> str | None:
-    """The first command-line word no command can use (a NUL byte, bytes that are not UTF-8), named by its
-    flag: refused before any work, as no path, name or text holding it can be written or printed."""
-    for at, arg in enumerate(args):
-        problem = text_problem(arg)
-        if problem:
-            flag, equals, value = arg.partition("=")
-            if not (equals and flag.startswith("--")):
-                before = args[at - 1] if at else ""
-                flag, value = (before if before.startswith("-") else f"argument {at + 1}"), arg
-            return f"{flag} {value!r} {problem}; pass UTF-8 text (rename such a file)"
-    return None
-
-
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     """Run `command` as its entry point does and return the exit code.
 
     Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
     it is one line on stderr like every other refusal, with the same exit code 2.
     """
-    bad = unusable_argument(sys.argv[1:] if args is None else args)
+    bad = cli_flags.unusable_argument(sys.argv[1:] if args is None else args)
     if bad:
         typer.echo(f"error: {bad}", err=True)
         return 2

@@ -15,6 +15,7 @@ import typer
 
 from indextts_train.config.schema import field_types
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
+from indextts_train.errors import text_problem
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
@@ -66,6 +67,10 @@ def train_parameters() -> list[inspect.Parameter]:
     return [context, *inputs, *[_option(f, config_types[f.name], from_config=True) for f in train_flags()]]
 
 
+# Upper ends of numeric flags besides train's (TrainConfig holds those; prepare's seconds are
+# utterance.MAX_SECONDS): far beyond any real use, so that a typo is one line before any work.
+MAX_VOCAB = 10_000_000  # as gpt.number_text_tokens
+
 NORMALIZER_HELP = ("Text normaliser: auto (WeTextProcessing when installed, else the character map alone), "
                    "wetext (required) or none (the character map alone).")
 
@@ -75,3 +80,17 @@ def say_text_path(normalizer_name: str, notes: list[str]) -> None:
     typer.echo(f"text presented as official inference does; normaliser: {normalizer_name}")
     for note in notes:
         typer.echo(f"warning: {note}", err=True)
+
+
+def unusable_argument(args: list[str]) -> str | None:
+    """The first command-line word no command can use (a NUL byte, bytes that are not UTF-8), named by its
+    flag: refused before any work, as no path, name or text holding it can be written or printed."""
+    for at, arg in enumerate(args):
+        problem = text_problem(arg)
+        if problem:
+            flag, equals, value = arg.partition("=")
+            if not (equals and flag.startswith("--")):
+                before = args[at - 1] if at else ""
+                flag, value = (before if before.startswith("-") else f"argument {at + 1}"), arg
+            return f"{flag} {value!r} {problem}; pass UTF-8 text (rename such a file)"
+    return None
