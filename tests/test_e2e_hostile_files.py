@@ -80,6 +80,8 @@ def inputs(tmp_path_factory, tiny_data) -> dict[str, Path]:
     files["run.yaml"] = run_yaml
     files["deep.jsonl"] = folder / "deep.jsonl"
     files["deep.jsonl"].write_text(hostile.deep_json() + "\n")
+    files["corpus.jsonl"] = folder / "corpus.jsonl"  # a well-formed corpus: prepare reads it before the models
+    files["corpus.jsonl"].write_text(json.dumps({"audio": "clip.wav", "text": "hello"}) + "\n")
     files["fifo"] = hostile.fifo(folder / "fifo.jsonl")
     files["fifo.pth"] = hostile.fifo(folder / "fifo.pth")
     line = json.loads(Path(tiny_data["train"]).read_text().splitlines()[0])
@@ -110,12 +112,12 @@ def commands(f: dict[str, Path], data: dict, out: Path) -> dict[str, tuple[list,
         "export: config a YAML bomb": (["export", data["base"], "--config", f["bomb.yaml"], "-o", out / "gpt.pth"],
                                        "aliases expanded"),
         "hardware: config a YAML bomb": (["hardware", "--config", f["bomb.yaml"]], "aliases expanded"),
-        "prepare: model folder config a YAML bomb": (["prepare", f["deep.jsonl"], "--model-dir", f["models_bomb"],
+        "prepare: model folder config a YAML bomb": (["prepare", f["corpus.jsonl"], "--model-dir", f["models_bomb"],
                                                       *prepare], "aliases expanded"),
         "prepare: corpus a FIFO": (["prepare", f["fifo"], "--model-dir", f["models"], *prepare], "is a FIFO"),
         "prepare: corpus nested 100,000 deep": (["prepare", f["deep.jsonl"], "--model-dir", f["models"], *prepare],
                                                  "deep.jsonl:1: JSON nested deeper than 64"),
-        "prepare: w2v-BERT with 100,000 layers": (["prepare", f["deep.jsonl"], "--model-dir", f["models_huge"],
+        "prepare: w2v-BERT with 100,000 layers": (["prepare", f["corpus.jsonl"], "--model-dir", f["models_huge"],
                                                    *prepare], "num_hidden_layers is 100000"),
         "tokenize: manifest nested 100,000 deep": (["tokenize", f["deep.jsonl"], "--tokenizer", TOKENIZER, "--out",
                                                     out / "tok"], "deep.jsonl:1: JSON nested deeper than 64"),
@@ -131,7 +133,8 @@ def commands(f: dict[str, Path], data: dict, out: Path) -> dict[str, tuple[list,
 
 
 CASES = list(commands({k: Path(k) for k in (*CHECKPOINTS, "fifo", "fifo.pth", "bomb.yaml", "run.yaml", "models",
-                                           "models_bomb", "models_huge", "deep.jsonl", "huge_npy.jsonl")},
+                                           "models_bomb", "models_huge", "deep.jsonl", "huge_npy.jsonl",
+                                           "corpus.jsonl")},
                       {"train": "", "base": ""}, Path()))
 
 
