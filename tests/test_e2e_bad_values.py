@@ -172,8 +172,8 @@ def _lhotse(lines: list[dict], folder: Path) -> dict[str, tuple[Path, str]]:
                            "sampling_rate": info.samplerate, "num_samples": info.frames,
                            "duration": info.frames / info.samplerate, "channel_ids": [0]})
     out = {}
-    for key, value, needle in (("start", float("nan"), "offset nan"), ("duration", float("inf"), "duration inf"),
-                               ("start", -2.0, "offset -2.0"), ("duration", float("nan"), "duration nan")):
+    for key, value, needle in (("start", float("nan"), "start nan"), ("duration", float("inf"), "duration inf"),
+                               ("start", -2.0, "start -2.0"), ("duration", float("nan"), "duration nan")):
         name = f"{key}_{value}"
         supervisions = [{"id": f"{line['id']}-s", "recording_id": line["id"], "start": 0.0, "duration": 0.5,
                          "channel": 0, "text": line["text"], "speaker": line["speaker"]} for line in lines]
@@ -470,7 +470,7 @@ def test_a_sample_of_each_kind_in_a_fresh_interpreter(tiny_data, corpus, tmp_pat
         ([*prepare, "cpu", str(corpus), "--prompt-seconds", "inf"], "--prompt-seconds"),
         ([*prepare, "cpu", str(corpus), "--min-seconds", "nan"], "--min-seconds"),
         ([*prepare, "cpu", str(corpus), "--seed", "-1"], "--seed"),
-        ([*prepare, "cpu", str(bad["lhotse start nan"][0])], "offset nan"),
+        ([*prepare, "cpu", str(bad["lhotse start nan"][0])], "start nan"),
         ([*prepare, "cpu", os.fsencode(str(tmp_path)) + b"/\xff.jsonl"], "not UTF-8"),
         ([*train_args, "--lora-alpha", "inf"], "--lora-alpha"),
         (["demo", str(tmp_path / "demo"), "--max-steps", "-1"], "--max-steps"),

@@ -36,10 +36,10 @@ class Utterance:
             problem = text_problem(value) if value is not None else None
             if problem:
                 raise UserError(f"{self.where}: {name} {value!r} {problem}; fix the corpus")
-        for name in ("offset", "duration"):
+        for name, said in (("offset", "start"), ("duration", "duration")):  # lhotse's words for them
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
-                raise UserError(f"{self.where}: {name} {value!r} is not a time in seconds (0 to {MAX_SECONDS:g}); "
+                raise UserError(f"{self.where}: {said} {value!r} is not a time in seconds (0 to {MAX_SECONDS:g}); "
                                 "fix the corpus")
 
     @property
