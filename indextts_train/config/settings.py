@@ -448,10 +448,13 @@ class TrainOptions:
         says which was taken when the user did not choose."""
         if self.config is not None:
             return Path(self.config), None
-        beside = config_beside(self.base_checkpoint)
+        beside, why_not = _config_beside(self.base_checkpoint)
         if beside is not None:
             return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
-        return DEFAULT_CONFIG, None
+        if self.base_checkpoint is None:
+            return DEFAULT_CONFIG, None
+        return DEFAULT_CONFIG, (f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2){why_not}; "
+                                "pass --config for another size")
 
     def load_config(self) -> Config:
         """The config file with this run's flags applied."""
@@ -466,15 +469,26 @@ OFFICIAL_CONFIG_BYTES = 1024 * 1024  # the official config.yaml is about 2 KiB
 def config_beside(checkpoint: Path | None) -> Path | None:
     """The config.yaml in the same folder as `checkpoint` when the folder has the official layout: a
     config.yaml with a gpt: section whose `gpt_checkpoint` names this very file."""
+    return _config_beside(checkpoint)[0]
+
+
+def _config_beside(checkpoint: Path | None) -> tuple[Path | None, str]:
+    """config_beside's answer, and when it is None and a config.yaml is there, why it was not taken
+    (a clause for the line that says which config the run uses)."""
     if checkpoint is None:
-        return None
+        return None, ""
     candidate = Path(checkpoint).parent / "config.yaml"
     try:
-        if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
-            return None
+        if not candidate.is_file():
+            return None, ""
+        if candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
+            return None, f", not {candidate}: larger than an official config.yaml"
         data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
+        return None, f", not {candidate}: not readable as YAML"
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
-        return None
-    return candidate if str(data.get("gpt_checkpoint", "")) == Path(checkpoint).name else None
+        return None, f", not {candidate}: it has no gpt: section"
+    if str(data.get("gpt_checkpoint", "")) != Path(checkpoint).name:
+        return None, (f", not {candidate}: its gpt_checkpoint is not {Path(checkpoint).name!r}, so it is not "
+                      "taken as that checkpoint's official config")
+    return candidate, ""
