@@ -23,17 +23,20 @@ def schedule_warning(train: TrainConfig, total_steps: int, steps_per_epoch: int,
     at `effective_batch` samples a step."""
     if total_steps <= 0:
         return None
-    suggestion = max(1, total_steps // 10)
+    capped = 0 < train.max_steps <= total_steps  # the user asked for this length in so many words
+    few = total_steps < MIN_LEARNING_STEPS and not capped
+    epochs = -(-MIN_LEARNING_STEPS // max(1, steps_per_epoch))
+    more = (f"--epochs {epochs} or --max-steps {MIN_LEARNING_STEPS} (a smaller --effective-batch-size also "
+            "gives more steps)")
     if train.warmup_steps >= total_steps:
         peak = train.learning_rate * total_steps / max(1, train.warmup_steps)
+        steps = MIN_LEARNING_STEPS if few else total_steps
         return (f"the learning rate never leaves its warmup: --warmup-steps {train.warmup_steps} is not shorter "
                 f"than the run's {total_steps} optimizer steps, so it climbs only to {peak:.1e} of its "
-                f"{train.learning_rate:.1e} peak and the model barely changes; pass --warmup-steps {suggestion} "
-                "(a tenth of the run), or more steps with --epochs / --max-steps")
-    capped = 0 < train.max_steps <= total_steps  # the user asked for this length in so many words
-    if total_steps < MIN_LEARNING_STEPS and not capped:
-        epochs = -(-MIN_LEARNING_STEPS // max(1, steps_per_epoch))
+                f"{train.learning_rate:.1e} peak and the model barely changes; pass --warmup-steps "
+                f"{max(1, steps // 10)} (a tenth of the run)"
+                + (f" and {more}" if few else ", or more steps with --epochs / --max-steps"))
+    if few:
         return (f"{total_steps} optimizer steps ({train.epochs} epochs of {steps_per_epoch} at an effective batch "
-                f"of {effective_batch}) are too few to learn from this data; pass --epochs {epochs} or "
-                f"--max-steps {MIN_LEARNING_STEPS} (a smaller --effective-batch-size also gives more steps)")
+                f"of {effective_batch}) are too few to learn from this data; pass {more}")
     return None
