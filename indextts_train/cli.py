@@ -251,20 +251,32 @@ def check_data(
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
-    from indextts_train.data.checkdata import check_manifests, render_check_report, write_clean_manifest
+    """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad.
+
+    Without --config / --tokenizer: those that prepared the manifests (prepare.json names them), else no
+    model limits / no tokenizer, and a line on stderr says which."""
+    from indextts_train.data.checkdata import check_manifests, prepared_with, render_check_report, write_clean_manifest
 
     require_positive(base_vocab, "--base-vocab")
+    prepared = prepared_with(manifest) if config is None or tokenizer is None else {}
+    limits, vocabulary = config or prepared.get("config"), tokenizer or prepared.get("tokenizer")
+    record = "named by prepare.json beside the manifest"
+    if config is None:
+        typer.echo(f"--config not given: checking against {limits}, the model folder's config {record}" if limits
+                   else "--config not given: lengths, feature shapes and code ids are not checked against a model; "
+                   "pass --config checkpoints/config.yaml", err=True)
+    if tokenizer is None and vocabulary is not None:
+        typer.echo(f"--tokenizer not given: text ids checked against {vocabulary}, the tokenizer {record}", err=True)
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
         from indextts_train.text.inference_text import TextPath
         from indextts_train.text.languages import parse_borrowed
 
-        gpt_cfg = load_config(config).gpt if config else None
+        gpt_cfg = load_config(limits).gpt if limits else None
         borrowed = parse_borrowed(borrow_language)
-        text_path = (TextPath.open(tokenizer, normalizer=normalizer, strict_language=strict_language,
-                                   borrowed=borrowed) if tokenizer else None)
+        text_path = (TextPath.open(vocabulary, normalizer=normalizer, strict_language=strict_language,
+                                   borrowed=borrowed) if vocabulary else None)
         report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=text_path.size if text_path else None,
                                  base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:

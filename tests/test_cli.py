@@ -542,6 +542,23 @@ def test_evaluate_reference_batch_through_the_real_cli() -> None:
     assert (result["samples"], result["text_tokens"]) == (3, 100)
 
 
+def test_bundled_configs_are_found_from_any_folder(tmp_path) -> None:
+    """`--config configs/NAME.yaml` as the docs write it works outside the checkout; a name it does not
+    ship is refused with the folder where the bundled configs really are."""
+    def outside(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "indextts_train", *map(str, args)], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300)
+
+    proc = outside("evaluate", "--config", "configs/tiny.yaml", "--checkpoint", TINY / "gpt.pth",
+                   "--manifest", TINY / "pairs.jsonl", "--batch-size", 3, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["samples"] == 3, proc.stderr
+    proc = outside("evaluate", "--config", "configs/indextts3.yaml", "--checkpoint", TINY / "gpt.pth",
+                   "--manifest", TINY / "pairs.jsonl")
+    assert proc.returncode == 2
+    error_line(proc.stderr, "configs/indextts3.yaml: config file not found",
+               f"bundled configs in {ROOT / 'configs'} (indextts2.yaml, indextts2_5.yaml, tiny.yaml")
+
+
 def test_evaluate_extended_vocabulary_params(tmp_path) -> None:
     weights = torch.load(TINY / "gpt.pth", weights_only=True)
     weights.update(torch.load(TINY / "ext150_text_params.pth", weights_only=True))

@@ -332,10 +332,24 @@ def version_of_family(family: str | None) -> float:
     return 2.5 if family == FAMILY_V25 else 2.0
 
 
+BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # this checkout's, not the working directory's
+
+
+def bundled_config(path: Path) -> Path:
+    """`configs/NAME.yaml` as the docs write it: this checkout's file when the working directory has none,
+    so the bundled configs are found from anywhere; any other path as given."""
+    if path.is_file() or path.is_absolute() or path.parent != Path("configs"):
+        return path
+    bundled = BUNDLED_CONFIGS / path.name
+    return bundled if bundled.is_file() else path
+
+
 def load_config(path: str | Path) -> Config:
-    path = Path(path)
+    path = bundled_config(Path(path))
     if not path.is_file():
-        raise UserError(f"{path}: config file not found; pass --config configs/indextts2.yaml or your config.yaml")
+        shipped = ", ".join(sorted(p.name for p in BUNDLED_CONFIGS.glob("*.yaml")))
+        raise UserError(f"{path}: config file not found; pass your model's config.yaml or one of the bundled "
+                        f"configs in {BUNDLED_CONFIGS} ({shipped})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -376,7 +390,7 @@ def gpt_from_dict(data: dict) -> GPTConfig:
 
 
 # The real IndexTTS2 sizes, from this checkout (not the working directory).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
+DEFAULT_CONFIG = BUNDLED_CONFIGS / "indextts2.yaml"
 
 
 def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,

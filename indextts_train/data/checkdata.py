@@ -367,3 +367,22 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
         raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
     return len(lines)
 
+
+
+PREPARE_RECORD = "prepare.json"  # written by `prepare` beside the manifests it writes
+PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
+
+
+def prepared_with(manifests: Sequence[str | Path]) -> dict[str, Path]:
+    """The model folder's config.yaml and the tokenizer that prepared these manifests, as prepare.json
+    beside the first manifest names them, those still there. Empty for manifests `prepare` did not write."""
+    record = Path(manifests[0]).parent / PREPARE_RECORD if manifests else None
+    try:
+        if record is None or not record.is_file() or record.stat().st_size > PREPARE_RECORD_BYTES:
+            return {}
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}  # not a record of ours: the caller says that no config was used
+    models = data.get("models") if isinstance(data, dict) else None
+    named = {key: models.get(key) for key in ("config", "tokenizer")} if isinstance(models, dict) else {}
+    return {key: Path(value) for key, value in named.items() if isinstance(value, str) and Path(value).is_file()}
