@@ -26,7 +26,14 @@ except ImportError:
     from click import ClickException
 
 
-from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, say_text_path, train_parameters
+from indextts_train.cli_flags import (
+    NORMALIZER_HELP,
+    REQUIRED_INPUTS,
+    plain_help,
+    plain_usage_error,
+    say_text_path,
+    train_parameters,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Fine-tune the IndexTTS2 / IndexTTS-2.5 GPT with an extended tokenizer; kill it anytime, resume exactly.")
@@ -483,9 +490,9 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     it is one line on stderr like every other refusal, with the same exit code 2.
     """
     try:
-        code = command(args=args, standalone_mode=False)
+        code = plain_help(command)(args=args, standalone_mode=False)
     except ClickException as exc:
-        typer.echo(f"error: {exc.format_message().rstrip('.')} (see --help)", err=True)
+        typer.echo(f"error: {plain_usage_error(exc, sys.argv[1:] if args is None else args)} (see --help)", err=True)
         return exc.exit_code
     except typer.Abort:  # Ctrl+C outside a command's own handling
         typer.echo("Aborted!", err=True)

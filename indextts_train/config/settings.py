@@ -44,7 +44,7 @@ class ConditionModuleConfig:
     def __post_init__(self) -> None:
         for name in ("output_size", "linear_units", "attention_heads", "num_blocks"):
             if not 1 <= getattr(self, name) <= 65_536:
-                raise UserError(f"gpt condition module: {name} must be in 1..65_536, got {getattr(self, name)!r}")
+                raise UserError(f"gpt condition module: {name} must be in 1..65,536, got {getattr(self, name)!r}")
         if not (math.isfinite(self.perceiver_mult) and 0 < self.perceiver_mult <= 64):
             raise UserError(f"gpt condition module: perceiver_mult must be in (0, 64], got {self.perceiver_mult!r}")
 
@@ -93,7 +93,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name, (low, high) in _GPT_RANGES.items():
             if not low <= getattr(self, name) <= high:
-                raise UserError(f"gpt.{name} must be in {low}..{high:_}, got {getattr(self, name)!r}")
+                raise UserError(f"gpt.{name} must be in {low}..{high:,}, got {getattr(self, name)!r}")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
@@ -258,7 +258,7 @@ def _check_range(name: str, value: Any, rule: str) -> None:
         raise UserError(f"{where} must be {text}, got {value!r}")
     high = TRAIN_MAX.get(name)
     if high is not None and value > high:
-        raise UserError(f"{where} must be at most {high:_}, got {value:_}")
+        raise UserError(f"{where} must be at most {high:,}, got {value:,}")
 
 
 def train_flags() -> list[dataclasses.Field]:

@@ -12,6 +12,7 @@ The memory estimate it compares with the device is memory.py's.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -79,9 +80,26 @@ KNOWN_GPUS: dict[str, DeviceInfo] = {
 _SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB)\s*@\s*(?:cc\s*)?(\d+)\.(\d)\s*$", re.IGNORECASE)
 
 
+_VENDOR_WORDS = re.compile(r"\b(nvidia|geforce|tesla|quadro)\b")
+
+
 def _normal(name: str) -> str:
-    """`rtx 4090`, `RTX_4090` and `RTX-4090` name the same card."""
-    return re.sub(r"[\s_-]+", "-", name.strip().lower())
+    """`RTX 4090`, `rtx4090`, `RTX_4090`, `NVIDIA GeForce RTX 4090` and `RTX-4090` name the same card."""
+    return re.sub(r"[\s_-]+", "", _VENDOR_WORDS.sub(" ", name.strip().lower()))
+
+
+def _known_key(name: str) -> tuple[str | None, list[str]]:
+    """The KNOWN_GPUS key `name` means, else None and the closest keys: the normal form equal to a key's or
+    to torch's name for the card, else part of exactly one key's ("4090", "H100")."""
+    query = _normal(name)
+    forms = {_normal(key): key for key in KNOWN_GPUS} | {_normal(gpu.name): key for key, gpu in KNOWN_GPUS.items()}
+    if query in forms:
+        return forms[query], []
+    containing = sorted({key for form, key in forms.items() if query and query in form}, key=list(KNOWN_GPUS).index)
+    if len(containing) == 1:
+        return containing[0], []
+    close = difflib.get_close_matches(query, list(forms), n=3, cutoff=0.5)
+    return None, containing or list(dict.fromkeys(forms[form] for form in close))
 
 
 def device_from_spec(spec: str) -> DeviceInfo | None:
@@ -97,14 +115,14 @@ def device_from_spec(spec: str) -> DeviceInfo | None:
 
 
 def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
-    """The KNOWN_GPUS entry for `name` (case, spaces and dashes ignored) or a `MEM@CC` spec, for
+    """The KNOWN_GPUS entry for `name` (case, spaces, dashes and vendor words ignored) or a `MEM@CC` spec, for
     `--assume` and the docs table. The plan depends only on the memory and compute capability."""
-    by_name = {_normal(key): key for key in KNOWN_GPUS}
-    key = by_name.get(_normal(name))
+    key, closest = _known_key(name)
     found = KNOWN_GPUS[key] if key is not None else device_from_spec(name)
     if found is None:
-        raise UserError(f"--assume: unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)}; or describe it as "
-                        "MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
+        nearest = f"closest: {', '.join(closest)}; " if closest else ""
+        raise UserError(f"--assume: unknown GPU {name!r}; {nearest}known: {', '.join(KNOWN_GPUS)}; or describe it "
+                        "as MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
     device = dataclasses.replace(found, cpu_count_assumed=cpu_count is None)
     if cpu_count is not None:
         device.cpu_count = cpu_count
