@@ -347,8 +347,8 @@ def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int,
                   world_size: int, memory_share: float) -> None:
     largest = TRAIN_MAX["effective_batch_size"]  # the schema's bound; the planner is also called without it
     if not 1 <= effective_batch <= largest:
-        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{largest:_}, "
-                        f"got {effective_batch:_}")
+        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{largest:,}, "
+                        f"got {effective_batch:,}")
     for flag, value in (("--batch-size", batch_size), ("--grad-accumulation", grad_accumulation),
                         ("--num-workers", num_workers)):
         if value < 0:
