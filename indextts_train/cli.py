@@ -17,23 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
+from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, ClickException, say_text_path, train_parameters
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
 from indextts_train.errors import UserError, user_line
-
-try:  # typer 0.2x carries its own copy of click; older releases use click itself
-    from typer._click.exceptions import ClickException
-except ImportError:
-    from click import ClickException
-
-
-from indextts_train.cli_flags import (
-    NORMALIZER_HELP,
-    REQUIRED_INPUTS,
-    plain_help,
-    plain_usage_error,
-    say_text_path,
-    train_parameters,
-)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Fine-tune the IndexTTS2 / IndexTTS-2.5 GPT with an extended tokenizer; kill it anytime, resume exactly.")
@@ -258,22 +244,13 @@ def check_data(
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad.
-
-    Without --config / --tokenizer: those that prepared the manifests (prepare.json names them), else no
-    model limits / no tokenizer, and a line on stderr says which."""
+    """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
     from indextts_train.data.checkdata import check_manifests, prepared_with, render_check_report, write_clean_manifest
 
     require_positive(base_vocab, "--base-vocab")
-    prepared = prepared_with(manifest) if config is None or tokenizer is None else {}
-    limits, vocabulary = config or prepared.get("config"), tokenizer or prepared.get("tokenizer")
-    record = "named by prepare.json beside the manifest"
-    if config is None:
-        typer.echo(f"--config not given: checking against {limits}, the model folder's config {record}" if limits
-                   else "--config not given: lengths, feature shapes and code ids are not checked against a model; "
-                   "pass --config checkpoints/config.yaml", err=True)
-    if tokenizer is None and vocabulary is not None:
-        typer.echo(f"--tokenizer not given: text ids checked against {vocabulary}, the tokenizer {record}", err=True)
+    limits, vocabulary, notes = prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
+    for note in notes:
+        typer.echo(note, err=True)
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
@@ -489,6 +466,8 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
     it is one line on stderr like every other refusal, with the same exit code 2.
     """
+    from indextts_train.cli_flags import plain_help, plain_usage_error  # help and refusals in plain words
+
     try:
         code = plain_help(command)(args=args, standalone_mode=False)
     except ClickException as exc:

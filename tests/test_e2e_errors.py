@@ -206,7 +206,7 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "webui: root a file": (["webui", "--root", bad["afile"]], "not a folder"),
         "webui: port past 65535": (["webui", "--port", str(10**8)], "--port: '100000000' is above"),
         "extend-tokenizer: target 10^20": (["extend-tokenizer", "--base", bad["afile"], "--corpus", bad["afile"],
-                                            "--target-size", str(10**20), "-o", out / "new.model"], "--target-size: '1"),
+                                            "--target-size", str(10**20), "-o", out / "new.model"], "--target-size: "),
     }
 
 

@@ -132,7 +132,7 @@ def test_config_defaults_to_the_official_one_beside_the_base_checkpoint(tiny_dat
     options = TrainOptions(train_manifests=[str(tiny_data["train"])], output_dir=tmp_path / "run", base_checkpoint=base)
     path, line = options.config_path()
     assert path == folder / "config.yaml" and line.startswith("--config not given: using")
-    assert config_beside(folder / "other.pth") is None  # gpt_checkpoint names another file
+    assert config_beside(folder / "other.pth")[0] is None  # gpt_checkpoint names another file
     assert TrainOptions(train_manifests=["x"], output_dir=tmp_path).config_path() == (DEFAULT_CONFIG, None)
     # A folder config.yaml that does not name the checkpoint is not taken, and the first line says why.
     (folder / "config.yaml").write_text(yaml.safe_dump(official))

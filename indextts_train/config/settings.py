@@ -335,17 +335,10 @@ def version_of_family(family: str | None) -> float:
 BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # this checkout's, not the working directory's
 
 
-def bundled_config(path: Path) -> Path:
-    """`configs/NAME.yaml` as the docs write it: this checkout's file when the working directory has none,
-    so the bundled configs are found from anywhere; any other path as given."""
-    if path.is_file() or path.is_absolute() or path.parent != Path("configs"):
-        return path
-    bundled = BUNDLED_CONFIGS / path.name
-    return bundled if bundled.is_file() else path
-
-
 def load_config(path: str | Path) -> Config:
-    path = bundled_config(Path(path))
+    path = Path(path)
+    if not path.is_file() and path.parent == Path("configs") and (BUNDLED_CONFIGS / path.name).is_file():
+        path = BUNDLED_CONFIGS / path.name  # `configs/NAME.yaml` as the docs write it, found from any folder
     if not path.is_file():
         shipped = ", ".join(sorted(p.name for p in BUNDLED_CONFIGS.glob("*.yaml")))
         raise UserError(f"{path}: config file not found; pass your model's config.yaml or one of the bundled "
@@ -462,7 +455,7 @@ class TrainOptions:
         says which was taken when the user did not choose."""
         if self.config is not None:
             return Path(self.config), None
-        beside, why_not = _config_beside(self.base_checkpoint)
+        beside, why_not = config_beside(self.base_checkpoint)
         if beside is not None:
             return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
         if self.base_checkpoint is None:
@@ -480,20 +473,13 @@ class TrainOptions:
 OFFICIAL_CONFIG_BYTES = 1024 * 1024  # the official config.yaml is about 2 KiB
 
 
-def config_beside(checkpoint: Path | None) -> Path | None:
-    """The config.yaml in the same folder as `checkpoint` when the folder has the official layout: a
-    config.yaml with a gpt: section whose `gpt_checkpoint` names this very file."""
-    return _config_beside(checkpoint)[0]
-
-
-def _config_beside(checkpoint: Path | None) -> tuple[Path | None, str]:
-    """config_beside's answer, and when it is None and a config.yaml is there, why it was not taken
-    (a clause for the line that says which config the run uses)."""
-    if checkpoint is None:
-        return None, ""
-    candidate = Path(checkpoint).parent / "config.yaml"
+def config_beside(checkpoint: Path | None) -> tuple[Path | None, str]:
+    """The config.yaml in the same folder as `checkpoint` when the folder has the official layout (a gpt:
+    section, `gpt_checkpoint` naming this very file); else None and, when one is there, why it was not
+    taken (a clause for the line that says which config the run uses)."""
+    candidate = Path(checkpoint).parent / "config.yaml" if checkpoint is not None else None
     try:
-        if not candidate.is_file():
+        if candidate is None or not candidate.is_file():
             return None, ""
         if candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
             return None, f", not {candidate}: larger than an official config.yaml"

@@ -12,7 +12,6 @@ The memory estimate it compares with the device is memory.py's.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -24,6 +23,7 @@ import torch
 from indextts_train.config.scope_settings import ScopeSettings
 from indextts_train.config.settings import TRAIN_MAX, GPTConfig
 from indextts_train.errors import UserError
+from indextts_train.train.gpu_names import known_gpu_key
 from indextts_train.train.memory import (
     CUDA_RESERVE_BYTES,
     FULL_SCOPE,
@@ -80,28 +80,6 @@ KNOWN_GPUS: dict[str, DeviceInfo] = {
 _SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB)\s*@\s*(?:cc\s*)?(\d+)\.(\d)\s*$", re.IGNORECASE)
 
 
-_VENDOR_WORDS = re.compile(r"\b(nvidia|geforce|tesla|quadro)\b")
-
-
-def _normal(name: str) -> str:
-    """`RTX 4090`, `rtx4090`, `RTX_4090`, `NVIDIA GeForce RTX 4090` and `RTX-4090` name the same card."""
-    return re.sub(r"[\s_-]+", "", _VENDOR_WORDS.sub(" ", name.strip().lower()))
-
-
-def _known_key(name: str) -> tuple[str | None, list[str]]:
-    """The KNOWN_GPUS key `name` means, else None and the closest keys: the normal form equal to a key's or
-    to torch's name for the card, else part of exactly one key's ("4090", "H100")."""
-    query = _normal(name)
-    forms = {_normal(key): key for key in KNOWN_GPUS} | {_normal(gpu.name): key for key, gpu in KNOWN_GPUS.items()}
-    if query in forms:
-        return forms[query], []
-    containing = sorted({key for form, key in forms.items() if query and query in form}, key=list(KNOWN_GPUS).index)
-    if len(containing) == 1:
-        return containing[0], []
-    close = difflib.get_close_matches(query, list(forms), n=3, cutoff=0.5)
-    return None, containing or list(dict.fromkeys(forms[form] for form in close))
-
-
 def device_from_spec(spec: str) -> DeviceInfo | None:
     """A GPU described by memory and compute capability (`24GiB@8.9`, `48GB@8.6`); None if not such a spec."""
     match = _SPEC.match(spec)
@@ -117,7 +95,7 @@ def device_from_spec(spec: str) -> DeviceInfo | None:
 def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
     """The KNOWN_GPUS entry for `name` (case, spaces, dashes and vendor words ignored) or a `MEM@CC` spec, for
     `--assume` and the docs table. The plan depends only on the memory and compute capability."""
-    key, closest = _known_key(name)
+    key, closest = known_gpu_key(name, {key: gpu.name for key, gpu in KNOWN_GPUS.items()})
     found = KNOWN_GPUS[key] if key is not None else device_from_spec(name)
     if found is None:
         nearest = f"closest: {', '.join(closest)}; " if closest else ""
