@@ -249,8 +249,6 @@ def check_data(
 
     require_positive(base_vocab, "--base-vocab")
     limits, vocabulary, notes = prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
-    for note in notes:
-        typer.echo(note, err=True)
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
@@ -268,7 +266,9 @@ def check_data(
             write_clean_manifest(report, write_clean)
         return report
 
-    report = run_guarded(run)
+    report = run_guarded(run)  # a refusal is its one line; what was checked against comes with a report
+    for note in notes:
+        typer.echo(note, err=True)
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_check_report(report))
     if write_clean is not None and not as_json:
         typer.echo(f"clean manifest: {write_clean}")
