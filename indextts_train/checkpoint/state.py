@@ -115,6 +115,8 @@ class History(Component):
     baseline: dict | None = added_field(None)  # validation of the model before step 1: {"total", "groups"}
     last_val: dict | None = added_field(None)  # the latest validation, {"step", "total", "groups"}
     best: dict | None = added_field(None)  # BestTracker.state_dict(): the step best.pth holds, patience
+    # The generation check of each validation (--listen-lines): [{"step", "total", "groups"}]
+    generation: list = added_field(factory=list)
     # Metrics of the steps since the last logged line ([loss, text, mel, top1, grad_norm] each): a
     # resume averages the next line over the same steps as an uninterrupted run.
     pending: list = added_field(factory=list)
@@ -129,11 +131,22 @@ class History(Component):
             self.best_val_loss, self.best_val_step = result["loss"], step
 
     def record_validation(self, step: int, result: dict) -> None:
-        """An evaluate_groups result: the total as a `val` row, groups (if any) and the whole as last_val."""
+        """A validation's result: the total as a `val` row, groups (if any) and the losses as last_val,
+        the generation check (if any) in `generation`."""
         self.record_val(step, result["total"])
         if result["groups"]:
             self.val_groups.append({"step": step, "groups": result["groups"]})
-        self.last_val = {"step": step, **result}
+        self.last_val = {"step": step, **self._without_generation(step, result)}
+
+    def record_baseline(self, result: dict) -> None:
+        """The validation of the model before step 1 (its generation check, if any, as step 0's)."""
+        self.baseline = self._without_generation(0, result)
+
+    def _without_generation(self, step: int, result: dict) -> dict:
+        """The result less its generation check, which joins `generation` under `step`."""
+        if "generation" in result:
+            self.generation.append({"step": step, **result["generation"]})
+        return {k: v for k, v in result.items() if k != "generation"}
 
     @staticmethod
     def problems(state: Any) -> list[str]:

@@ -163,6 +163,9 @@ class TrainConfig:
     forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
                                        "the base model's: '5' (every language) or 'zh=5,en=5'.")
     seed: int = option(1234, "Seed for init, data order and dropout.")
+    listen_lines: int = option(4, "At every validation the GPT generates speech codes (no audio) for this many "
+                                  "validation lines per language: share that stops, length vs target, "
+                                  "repetition. 0 = off.")
     # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
     # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
     train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
@@ -227,6 +230,7 @@ _TRAIN_RANGES = {
     "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
     "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
     "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
+    "listen_lines": ">=0",
     "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)",
 }
 _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
@@ -243,7 +247,7 @@ TRAIN_MAX = {
     "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
     "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
     "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
-    "max_bad_steps": 1_000_000, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
+    "max_bad_steps": 1_000_000, "listen_lines": 1024, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
 }
 
 

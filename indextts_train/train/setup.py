@@ -59,6 +59,7 @@ from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
+from indextts_train.train.listen_check import GenerationCheck
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.preflight import check_inputs
@@ -243,6 +244,7 @@ class Validation:
     tracker: BestTracker  # best.pth and the early-stop count
     limits: dict[str | None, float]  # --forgetting-limit, percent per group (None: every group)
     patience: int  # --early-stop-patience, 0 = off
+    generation: GenerationCheck | None = None  # --listen-lines: codes generated at each validation
 
 
 def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: History, config: Config) -> Validation:
@@ -252,8 +254,11 @@ def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: Hi
     check_metric(train.best_metric, reported)
     limits = parse_forgetting_limit(train.forgetting_limit) if train.forgetting_limit else {}
     check_limit_groups(limits, reported)
-    return Validation(_dataset(index, config), groups, BestTracker.from_state_dict(history.best, train.best_metric),
-                      limits, train.early_stop_patience)
+    dataset = _dataset(index, config)
+    generation = GenerationCheck.build(dataset, groups, count=train.listen_lines, seed=train.seed,
+                                       max_codes=config.gpt.max_mel_tokens)
+    return Validation(dataset, groups, BestTracker.from_state_dict(history.best, train.best_metric),
+                      limits, train.early_stop_patience, generation)
 
 
 def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIndex, train: TrainConfig,
