@@ -77,6 +77,7 @@ from indextts_train.train.schedule_check import schedule_warning
 from indextts_train.train.validation import check_limit_groups, group_lines
 from indextts_train.train.weights import Weights, fresh_weights, resumed_weights
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.events import EVENTS_NAME
 from indextts_train.ui.run_record import (
     LOG_NAME,
     TextLog,
@@ -402,7 +403,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
     plan, device = _hardware(config, options, dist)
     # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
     made = first_missing(options.output_dir)
-    created = [name for name in (RUN_LOCK_NAME, LOG_NAME) if not (options.output_dir / name).exists()]
+    created = [name for name in (RUN_LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (options.output_dir / name).exists()]
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
