@@ -24,6 +24,7 @@ import yaml
 from helpers import FaultyFolder, stand_in_models
 
 from indextts_train.cli import app, run_app
+from indextts_train.cli_flags import plain_help
 from indextts_train.prepare.tiny import write_synthetic_clips
 from indextts_train.ui.run_record import RECORD_FORMAT
 
@@ -40,7 +41,7 @@ def files_and_bytes(folder: Path) -> dict[str, bytes]:
 
 # The commands as the entry point builds them, built once: run_app takes it as it takes the Typer app
 # (which builds this same group on every call, a quarter of a second each).
-CLI = typer.main.get_command(app)
+CLI = typer.main.get_command(plain_help(app))
 
 
 def one_line(args: list[str], capsys, needle: str) -> str:
