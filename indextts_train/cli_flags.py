@@ -194,6 +194,8 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
         if re.match(pattern, reason):
             value = _given(list(param.opts), args) if is_option else None
             reason = re.sub(pattern, plain, reason)
+            if value is not None and value.strip().lstrip("+-").lower() in ("nan", "inf", "infinity"):
+                reason = "is not a finite number"  # a range's bound says nothing about a NaN or an inf
             reason = f"{value!r} {reason}" if value is not None and not reason.startswith("should") else reason
             break
     return f"{flag}: {reason}"
