@@ -457,11 +457,13 @@ def webui(
     share: Annotated[bool, typer.Option(help="Also publish a public gradio.live link (needs --auth).")] = False,
     auth: Annotated[str | None, typer.Option(help="USER:PASS asked by the page (required with --share).")] = None,
     root: Annotated[list[Path] | None, typer.Option(help="A folder the page may read and write in (every path it is given must resolve inside one); repeatable [default: the current folder].")] = None,
+    no_auth_on_network: Annotated[bool, typer.Option("--no-auth-on-network", help="Serve a --host other machines can reach without --auth: anyone who reaches the port can start runs.")] = False,
 ) -> None:
     """The training page in the browser: set up, start, watch, stop, resume, export (pip install 'indextts-train[webui]')."""
     from indextts_train.webui import serve
 
-    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root) or 0)
+    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root,
+                                 no_auth_on_network=no_auth_on_network) or 0)
 
 
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from indextts_train.cli import app, run_app
 from indextts_train.webui import records
 from indextts_train.webui.page import PageServer
+from indextts_train.webui.roots import Roots
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -96,7 +97,7 @@ def test_the_page_run_table_refuses_the_crafted_file_and_other_requests_still_an
     run = tmp_path / "run"
     crafted(run / "model_step1.pth")
     started = time.perf_counter()
-    rows = records.checkpoint_rows(run, [])
+    rows = records.checkpoint_rows(run, [], Roots([tmp_path]))
     assert time.perf_counter() - started < 1.0
     assert rows[0]["status"] == "INCOMPLETE" and NOT_OURS in rows[0]["reasons"]
     # A slow read (a big file on a slow disk) holds only its own request: the table keeps no lock
@@ -110,7 +111,7 @@ def test_the_page_run_table_refuses_the_crafted_file_and_other_requests_still_an
 
     monkeypatch.setattr(records, "_verdict", slow_verdict)
     crafted(run / "model_step2.pth", depth=3)
-    table = threading.Thread(target=records.checkpoint_rows, args=(run, []))
+    table = threading.Thread(target=records.checkpoint_rows, args=(run, [], Roots([tmp_path])))
     table.start()
     assert reading.wait(10)
     try:

@@ -22,7 +22,9 @@ from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
+from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
+from indextts_train.webui.trainflags import FLAGS
 
 try:
     import tomllib
@@ -75,29 +77,47 @@ def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
 def test_the_form_becomes_flags_the_cli_accepts(tmp_path) -> None:
     defaults = forms.defaults_for(str(ROOT / "configs" / "tiny.yaml"))
     assert defaults["learning_rate"] == 3.0e-3 and defaults["effective_batch_size"] == 8
-    run = forms.RunForm(train_manifests="a.jsonl\n\n b.jsonl::am ", output_dir=str(tmp_path / "out"),
-                        config=str(ROOT / "configs" / "tiny.yaml"), val_manifests="v.jsonl", tokenizer="bpe.model",
-                        base_checkpoint="gpt.pth",
-                        hparams={**defaults, "max_steps": 7.0}, amp="off", extra="--skip-bad-lines")
-    flags = forms.flags(run, resume="auto")
-    assert flags[:4] == ["--train-manifest", "a.jsonl", "--train-manifest", "b.jsonl::am"]
-    assert flags[flags.index("--max-steps") + 1] == "7" and flags[flags.index("--learning-rate") + 1] == "0.003"
-    assert flags[-4:] == ["--no-amp", "--skip-bad-lines", "--resume", "auto"]
+    roots = Roots([tmp_path, ROOT])
+    root = tmp_path.resolve()
+    run = forms.RunForm(train_manifests=f"{tmp_path}/a.jsonl\n\n {tmp_path}/b.jsonl::am ",
+                        output_dir=str(tmp_path / "out"), config=str(ROOT / "configs" / "tiny.yaml"),
+                        val_manifests=f"{tmp_path}/v.jsonl@0.5", tokenizer=f"{tmp_path}/bpe.model",
+                        base_checkpoint=f"{tmp_path}/gpt.pth",
+                        hparams={**defaults, "max_steps": 7.0}, amp="off",
+                        extra="--skip-bad-lines --train-scope lora --lora-rank=8")
+    flags = forms.flags(run, roots, resume="auto")
+    # Every value as --flag=VALUE, every path resolved: nothing typed can be read as a flag of its own.
+    assert flags[:3] == [f"--train-manifest={root}/a.jsonl", f"--train-manifest={root}/b.jsonl::am",
+                         f"--val-manifest={root}/v.jsonl@0.5"]
+    assert "--max-steps=7" in flags and "--learning-rate=0.003" in flags
+    assert flags[-5:] == ["--no-amp", "--skip-bad-lines", "--train-scope=lora", "--lora-rank=8", "--resume=auto"]
     command = typer.main.get_command(app).commands["train"]
     context = command.make_context("train", list(flags))  # every flag the page writes is one the CLI knows
     assert context.params["max_steps"] == 7 and context.params["resume"] == "auto"
-    assert str(context.params["tokenizer"]) == "bpe.model" and str(context.params["base_checkpoint"]) == "gpt.pth"
-
-    scoped = forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--train-scope lora --lora-rank 8"))
-    context = command.make_context("train", scoped)  # a train: setting without a field of its own: Other flags
+    assert str(context.params["tokenizer"]) == f"{root}/bpe.model"
+    assert str(context.params["base_checkpoint"]) == f"{root}/gpt.pth"
     assert context.params["train_scope"].value == "lora" and context.params["lora_rank"] == 8
 
     with pytest.raises(UserError, match="--max-steps must be a whole number"):
-        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}))
+        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}), roots)
+    for bad in (float("nan"), float("inf"), "7"):
+        with pytest.raises(UserError, match="--seed must be a finite number"):
+            forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"seed": bad}), roots)
     with pytest.raises(UserError, match="Training manifests"):
-        forms.flags(forms.RunForm(" \n", "out", "c.yaml"))
+        forms.flags(forms.RunForm(" \n", "out", "c.yaml"), roots)
     with pytest.raises(UserError, match="Other flags"):
-        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--seed '1"))
+        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--seed-x '1"), roots)
+
+
+def test_the_page_knows_every_train_gpt_flag_and_its_spellings() -> None:
+    """The flag table comes from the schema; checked against the real command's options."""
+    command = typer.main.get_command(app).commands["train"]
+    names = {name for param in command.params for name in (*param.opts, *param.secondary_opts)
+             if name.startswith("--") and name != "--help"}
+    assert set(FLAGS) == names
+    switches = {name for param in command.params if getattr(param, "is_flag", False)
+                for name in (*param.opts, *param.secondary_opts)}
+    assert {name for name, flag in FLAGS.items() if flag.kind == "switch"} == switches - {"--help"}
 
 
 def wait_until(condition, what: str, timeout: float = 60) -> None:
@@ -207,7 +227,7 @@ def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:
             for step in steps:
                 writer.add_scalar("train/loss", float(step + 10 * int(folder[-1])), step)
                 writer.add_scalar("train/lr", 0.1, step)  # not a loss: not plotted
-    curves = records.loss_curves(tmp_path)
+    curves = records.loss_curves(tmp_path, Roots([tmp_path]))
     assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
                                               (7, 27.0)]
     assert {tag for tag, _, _ in curves} == {"train/loss"}
@@ -227,7 +247,7 @@ def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_it
     with SummaryWriter(str(folder), purge_step=4) as writer:
         for step in range(4, 8):
             writer.add_scalar("train/loss", float(20 + step), step)
-    curves = records.loss_curves(tmp_path)
+    curves = records.loss_curves(tmp_path, Roots([tmp_path]))
     assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
                                               (7, 27.0)]
 

@@ -9,12 +9,14 @@ verify`. Nothing here computes what the trainer computes. No module here imports
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from pathlib import Path
 
 from indextts_train.checkpoint.files import list_checkpoints, same_file, verify_checkpoint
 from indextts_train.ui.run_record import RECORD_NAME, read_record, unstamp
+from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import Launch
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.M)
@@ -133,18 +135,23 @@ def status_line(launch: Launch | None, text: str) -> str:
     return " · ".join(parts)
 
 
-def loss_curves(output_dir: Path) -> list[tuple[str, int, float]]:
+def loss_curves(output_dir: Path, roots: Roots) -> list[tuple[str, int, float]]:
     """(series, step, value) for every loss scalar in the run's TensorBoard files.
 
     A run writes logs/run (one folder across resumes, TensorBoard's purge step hiding what a killed
     process logged past its checkpoint); runs begun before that wrote a run_* folder per invocation,
     and where a killed run logged steps that the resumed one logged again, the later folder wins.
+    A folder outside the roots, or holding a symlink that leads out of them, is not read (Watch
+    lists such links).
     """
     points: dict[tuple[str, int], float] = {}
     for folder in sorted((Path(output_dir) / "logs").glob("run*")):
-        files = sorted(folder.glob("events.out.tfevents.*"))
+        real = roots.found(folder)
+        if real is None or not real.is_dir() or roots.links_outside(real):
+            continue
+        files = sorted(real.glob("events.out.tfevents.*"))
         version = tuple((f.name, f.stat().st_size) for f in files)
-        points.update(_folder_losses(str(folder), version))
+        points.update(_folder_losses(str(real), version))
     return sorted(((tag, step, value) for (tag, step), value in points.items()), key=lambda row: (row[0], row[1]))
 
 
@@ -170,21 +177,37 @@ def verdict(path: Path) -> dict:
     return _verdict(str(path), stat.st_mtime_ns, stat.st_size)
 
 
-def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> list[dict]:
-    """Every checkpoint of the run: file, status, step, epoch, val loss at its step, latest/best, size."""
+REFUSED = "REFUSED"  # the status of a checkpoint the page does not read: it lies outside the roots
+
+
+def _refused_row(path: Path) -> dict:
+    reason = f"a symbolic link to {os.path.realpath(path)}, outside the folders this page may touch: not read"
+    return {"file": str(path), "status": REFUSED, "step": None, "epoch": None, "val_loss": None, "marks": "",
+            "size_mb": None, "reasons": reason}
+
+
+def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]], roots: Roots) -> list[dict]:
+    """Every checkpoint of the run: file, status, step, epoch, val loss at its step, latest/best, size.
+
+    A checkpoint whose resolved path lies outside the roots is listed as REFUSED, neither read nor verified.
+    """
     output_dir = Path(output_dir)
     val = {step: value for tag, step, value in curves if tag == "val/loss"}
     best = output_dir / "best.pth"
+    marked = {name: real for name in ("latest.pth", "best.pth") if (real := roots.found(output_dir / name))}
     rows = []
-    for path in [*list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
+    for path in [*list_checkpoints(output_dir), *([best] if os.path.lexists(best) else [])]:
+        real = roots.found(path)
+        if real is None:
+            rows.append(_refused_row(path))
+            continue
         try:
-            found = verdict(path)
+            found = verdict(real)
         except OSError:
             continue  # rotated away while we looked
         summary = found.get("summary", {})
         step = summary.get("step")
-        marks = [name for name in ("latest.pth", "best.pth")
-                 if (output_dir / name).is_file() and same_file(path, output_dir / name)]
+        marks = [name for name, other in marked.items() if other.is_file() and same_file(real, other)]
         rows.append({"file": str(path), "status": found["status"], "step": step, "epoch": summary.get("epoch"),
                      "val_loss": None if val.get(step) is None else round(val[step], 4), "marks": ", ".join(marks),
                      "size_mb": round(summary.get("sizes", {}).get("file_bytes", 0) / 2**20, 2),
@@ -193,6 +216,7 @@ def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> l
 
 
 def recorded_command(output_dir: Path) -> str:
-    """The command line run.yaml recorded for the last start ('' when there is no record)."""
-    record = read_record(Path(output_dir) / RECORD_NAME)
+    """The command line run.yaml recorded for the last start ('' when there is none, or it is a symlink)."""
+    path = Path(output_dir) / RECORD_NAME
+    record = None if path.is_symlink() else read_record(path)
     return str(record.get("command_line", "")) if record else ""
