@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import fcntl
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -15,13 +17,14 @@ import time
 import pytest
 import typer
 from helpers import ROOT
+from typer.testing import CliRunner
 
 from indextts_train.checkpoint.files import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
-from indextts_train.webui import records
+from indextts_train.webui import is_loopback, records
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
 from indextts_train.webui.trainflags import FLAGS
@@ -40,7 +43,10 @@ def cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess
 def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
     (tmp_path / "gradio.py").write_text("raise ImportError(\"No module named 'gradio'\")\n")
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    result = cli(["webui"], env={"PYTHONPATH": path})
+    with socket.socket() as probe:  # a free port: the port is checked first (another page may hold 7860)
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    result = cli(["webui", "--port", port], env={"PYTHONPATH": path})
     assert result.returncode == 2, result.stderr
     assert "pip install 'indextts-train[webui]'" in result.stderr and "Traceback" not in result.stderr
 
@@ -51,6 +57,33 @@ def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
 def test_a_public_link_needs_a_password(args, says) -> None:
     result = cli(["webui", *args])
     assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_page_other_machines_can_reach_needs_a_password() -> None:
+    """Refused before anything is served: one line, exit 2 (the real command, in this process)."""
+    for args in (["--host", "0.0.0.0"], ["--host", "::"], ["--host", "my-box.lan"], ["--host", "192.168.1.5"],
+                 ["--host", "0.0.0.0", "--share", "--no-auth-on-network"]):
+        result = CliRunner().invoke(app, ["webui", *args])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, (args, result.output)
+        assert re.fullmatch(r"error: (--host \S+ makes the page reachable from other machines, where anyone could "
+                            r"start runs and read the --root folders: add --auth USER:PASS \(or, on a network you "
+                            r"trust, --no-auth-on-network\)|--share makes the page public: add --auth .*)\n",
+                            result.output), result.output
+    assert not is_loopback("0.0.0.0") and is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
+
+
+def test_a_taken_port_is_one_line_and_no_auth_on_network_must_be_said() -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))  # bound, not listening: the port is taken, nothing can connect
+        port = str(taken.getsockname()[1])
+        result = cli(["webui", "--port", port])
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr == (f"error: --port {port}: cannot listen on 127.0.0.1:{port} (Address already in use); "
+                                 "is another webui running? pass another --port\n")
+        # Said in so many words, a page without a password on every interface is served (with a warning).
+        result = cli(["webui", "--host", "0.0.0.0", "--no-auth-on-network", "--port", port])
+        assert result.returncode == 2 and f"cannot listen on 0.0.0.0:{port}" in result.stderr
+        assert result.stdout.startswith("warning: --host 0.0.0.0 --no-auth-on-network: anyone who can reach")
 
 
 def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:

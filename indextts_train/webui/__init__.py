@@ -78,13 +78,13 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
     if credentials is None and not is_loopback(host):
         print(f"warning: --host {host} --no-auth-on-network: anyone who can reach this port can start runs "
               f"and read {', '.join(map(str, allowed.folders))}", flush=True)
+    _port_free(host, port)  # before Gradio's import (seconds): a taken port is said at once
     try:
         import gradio  # noqa: F401 - only to say how to install it when missing
     except ImportError:
         raise UserError(INSTALL_HINT) from None
     from indextts_train.webui.page import PageServer, build_page
 
-    _port_free(host, port)
     page = build_page(PageServer(allowed))
     try:
         _, local_url, share_url = page.queue().launch(server_name=host, server_port=port, share=share,

@@ -187,10 +187,7 @@ class PageServer:
     def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str, config: str = "") -> str:
         """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied
         beside gpt.pth by export itself: IndexTTS2 under its config name, IndexTTS-2.5 as its .tiktoken)."""
-        if not checkpoint:
-            return "choose a checkpoint to export"
         try:
-            source = self.roots.inside(checkpoint, "Checkpoint")
             own = not (export_dir or "").strip()  # the page's own OUTPUT_DIR/export
             folder = self.roots.inside(output_dir, "Output dir") / "export" if own else None
             target = self.roots.inside(folder or export_dir, "Export dir")
@@ -203,6 +200,9 @@ class PageServer:
             if (tokenizer or "").strip():
                 token_file = self.roots.inside(tokenizer, "Tokenizer")
                 args += [f"--tokenizer={token_file}", f"--tokenizer-name={token_file.name}"]
+            if not checkpoint:
+                return "choose a checkpoint to export"
+            source = self.roots.inside(checkpoint, "Checkpoint")
         except UserError as exc:
             return f"error: {exc}"
         return self.run_cli([*args, "--", str(source)])
@@ -291,8 +291,7 @@ def _wire(page, server: PageServer, inputs, buttons, setup_out, watch_out, recor
     """Every event has an api_name: the page's HTTP API is these handlers, each checking what it gets."""
     config, output_dir, tokenizer = inputs[3], inputs[5], inputs[2]
     numbers = inputs[6:6 + len(forms.MAIN_FIELDS)]
-    for field in inputs:
-        field.change(server.preview, inputs, setup_out["command"], api_name="preview")
+    gr.on([field.change for field in inputs], server.preview, inputs, setup_out["command"], api_name="preview")
     loaded = gr.State(str(DEFAULT_CONFIG))  # the config whose train: values the numbers show
     # The form of the last run this browser started: kept in the browser, so a reload re-attaches to
     # it and no other visitor ever sees it.
@@ -313,4 +312,4 @@ def _wire(page, server: PageServer, inputs, buttons, setup_out, watch_out, recor
                        api_name="run_records")
     export_parts["button"].click(server.export, [export_parts["choice"], export_parts["dir"], output_dir, tokenizer,
                                                  config], export_parts["report"], api_name="export")
-    page.load(server.restore, stored, [*inputs, loaded], api_name=False)
+    page.load(server.restore, stored, [*inputs, loaded])
