@@ -33,6 +33,7 @@ from indextts_train.train.demo import TINY_CONFIG, make_base_checkpoint
 MAX_STEPS = 12
 PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
 # Longest wait for one page state: a loaded 2-core machine trains the tiny demo at about 1-2 s a step.
+VIEWPORT = {"width": 1400, "height": 1100}
 TIMEOUT_MS = int(os.environ.get("WEBUI_TEST_TIMEOUT_MS", 240_000))
 
 
@@ -103,7 +104,7 @@ def _demo_inputs(folder: Path) -> dict:
 
 def _new_page(browser, context=None):
     """A tab in `context` (one visitor's browser: its storage is shared by its tabs), else a new visitor."""
-    page = (context or browser).new_page(viewport={"width": 1400, "height": 1100})
+    page = context.new_page() if context else browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(TIMEOUT_MS)
     return page
 
@@ -176,7 +177,7 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
 
     shots = Path(os.environ.get("WEBUI_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
-    visitor = browser.new_context()  # this user's browser; another context is another visitor
+    visitor = browser.new_context(viewport=VIEWPORT)  # this user's browser; another context is another visitor
     page = _new_page(browser, visitor)
 
     def shot(name: str) -> None:
@@ -225,7 +226,7 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     shot("05_reloaded")
 
     page.locator("#resume").click()  # "Resume from: auto"
-    _wait_value(page, "running_command", re.escape(command) + r" --resume auto$")
+    _wait_value(page, "running_command", re.escape(command) + r" --resume=auto$")
     _wait_value(page, "status", rf"exited with code 0 · step {MAX_STEPS}/{MAX_STEPS} · checkpoint \S+")
     _wait_value(page, "notices", r"resuming from \S+")
     expect(page.locator("#checkpoints")).to_contain_text(re.compile(rf"latest\.pth\s*COMPLETE\s*{MAX_STEPS}"),
