@@ -28,7 +28,7 @@ from helpers import ROOT
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import make_demo_dataset
-from indextts_train.train.demo import TINY_CONFIG, make_base_checkpoint
+from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
 
 MAX_STEPS = 12
 PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
@@ -95,7 +95,7 @@ def server_url(tmp_path):
 
 
 def _demo_inputs(folder: Path) -> dict:
-    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.train.demo), smaller."""
+    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.demo), smaller."""
     paths = make_demo_dataset(folder / "data", gpt_cfg=load_config(TINY_CONFIG).gpt, n_train=32, n_val=8)
     make_base_checkpoint(TINY_CONFIG, folder / "base_gpt.pth")
     return {"train_manifests": str(paths["train_manifest"]), "val_manifests": str(paths["val_manifest"]),
@@ -277,7 +277,7 @@ def test_page_refuses_in_the_browser_what_would_leave_its_root(tmp_path, tmp_pat
 
     _fill(page, "tokenizer", "")
     _fill(page, "output_dir", run)
-    _wait_value(page, "status", r"^train\.log not read: \S+: a symbolic link")
+    _wait_value(page, "log", r"^train\.log not read: \S+: a symbolic link")
     _wait_value(page, "notices", r"not used \(leads outside the folders this page may touch\): train\.log -> ")
     from playwright.sync_api import expect
 

@@ -131,12 +131,12 @@ def test_found_files_that_lead_outside_are_neither_read_nor_written(folders) -> 
     assert read_log(None, run).startswith(NOT_READ) and "symbolic link" in read_log(None, run)
     with pytest.raises(UserError, match="symbolic link"):
         RunRegistry().start([sys.executable, "-c", "pass"], run)
-    (row,) = records.checkpoint_rows(run, [], roots)
+    (row,) = records.checkpoint_rows(run, roots)
     assert row["status"] == records.REFUSED and "outside the folders this page may touch" in row["reasons"]
     assert records.loss_curves(run, roots) == []
     server = PageServer(roots)
     status, _, tail, _, notices = server.watch(str(run))
-    assert status.startswith(NOT_READ) and "outside" not in tail
+    assert status == "no run in this output dir yet" and tail.startswith(NOT_READ) and "outside" not in tail
     assert "not used (leads outside the folders this page may touch): train.log ->" in notices
     form = [f"{root}/t.jsonl", "", "", f"{root}/c.yaml", "", str(run), *([None] * 17), "auto", ""]
     message, stored = server.start(None, *form, None)

@@ -17,10 +17,11 @@ import pandas as pd
 from indextts_train.config.settings import DEFAULT_CONFIG, load_config
 from indextts_train.errors import UserError
 from indextts_train.train.hardware import choose_plan, detect_device
+from indextts_train.ui.events import read_events
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.roots import Roots
-from indextts_train.webui.runs import NOT_READ, RunRegistry, cli_command, read_log, shell_line
+from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
 
 LOG_LINES = 20
 CLI_TIMEOUT = 1800  # seconds a check or an export from the page may take (a big manifest: minutes)
@@ -157,10 +158,12 @@ class PageServer:
         text = read_log(launch, folder)
         command = shell_line(launch.argv) if launch is not None and launch.argv else records.recorded_command(folder)
         tail = "\n".join(text.splitlines()[-LOG_LINES:])
-        status = text if text.startswith(NOT_READ) else records.status_line(launch, text)
+        events = read_events(folder)  # opened without following a symlink (ui/events.py)
+        mine = records.invocation_events(launch, events)
         outside = [f"not used (leads outside the folders this page may touch): {link}"
                    for link in self.roots.links_outside(folder)]
-        return status, command, tail, records.plan_text(text), "\n".join([*outside, records.notices(text)]).strip()
+        notices = "\n".join([*outside, records.notices(mine)]).strip()
+        return records.status_line(launch, events), command, tail, records.plan_text(mine), notices
 
     def run_records(self, output_dir: str, resume_choice: str, export_choice: str):
         try:
@@ -171,7 +174,7 @@ class PageServer:
             empty = pd.DataFrame({"step": [], "value": [], "series": []})
             return empty, [], gr.update(choices=[("auto", "auto")]), gr.update(choices=[])
         curves = records.loss_curves(folder, self.roots)
-        rows = records.checkpoint_rows(folder, curves, self.roots)
+        rows = records.checkpoint_rows(folder, self.roots)
         plot = pd.DataFrame([{"series": s, "step": step, "value": v} for s, step, v in curves],
                             columns=["series", "step", "value"])
         table = [[Path(row["file"]).name, *(row[column] for column in TABLE_COLUMNS[1:])] for row in rows]
