@@ -106,45 +106,41 @@ def refused(answer, *says: str) -> None:
     assert any(s in line for s in says), line
 
 
-@pytest.mark.parametrize(("fields", "says"), [
-    ({"train": "{root}/t.jsonl\n--write-clean={outside}/victim.jsonl"}, "starts with '-'"),
-    ({"train": "--write-clean={outside}/victim.jsonl"}, "starts with '-'"),
-    ({"val": "{root}/out/victim.jsonl"}, "outside the folders"),
-    ({"tokenizer": "--help"}, "starts with '-'"),
-    ({"tokenizer": "{root}/out/bpe.model"}, "outside the folders"),
-    ({"config": "{root}/../outside/c.yaml"}, "outside the folders"),
-    ({"config": "{root}/c.yaml\x00--help"}, "NUL byte"),
-    ({"tokenizer": "{root}/bpe\ud800.model"}, "lone surrogate"),
-])
-def test_check_data_and_check_tokenizer_run_nothing_steered(site, fields, says) -> None:
-    values = form(site["root"], **{k: v.format(root=site["root"], outside=site["outside"]) for k, v in fields.items()})
-    refused(call(site, "check_data", *values), says)
-    if "tokenizer" in fields:
-        refused(call(site, "check_tokenizer", *values), says)
-    refused(call(site, "preview", *values), says)
+CHECKS, STARTS = ("check_data", "preview", "start", "resume"), ("preview", "start", "resume")
+# (the page's endpoints that take the field, the field's value, what the one-line refusal says)
+CASES = [
+    (CHECKS, {"train": "{root}/t.jsonl\n--write-clean={outside}/victim.jsonl"}, "starts with '-'"),
+    (CHECKS, {"train": "--write-clean={outside}/victim.jsonl"}, "starts with '-'"),
+    (CHECKS, {"val": "{root}/out/victim.jsonl"}, "outside the folders"),
+    ((*CHECKS, "check_tokenizer"), {"tokenizer": "--help"}, "starts with '-'"),
+    ((*CHECKS, "check_tokenizer"), {"tokenizer": "{root}/out/bpe.model"}, "outside the folders"),
+    ((*CHECKS, "check_tokenizer"), {"tokenizer": "{root}/bpe\ud800.model"}, "lone surrogate"),
+    (CHECKS, {"config": "{root}/../outside/c.yaml"}, "outside the folders"),
+    (CHECKS, {"config": "{root}/c.yaml\x00--help"}, "NUL byte"),
+    (STARTS, {"base": "{outside}/gpt.pth"}, "outside the folders"),
+    (STARTS, {"output_dir": "{root}/out"}, "outside the folders"),
+    (("start", "resume"), {"output_dir": "{root}/run"}, "symbolic link(s) leading outside"),  # 3 links there
+    (STARTS, {"output_dir": "{root}/run\x00x"}, "NUL byte"),
+    (STARTS, {"output_dir": "\udcff"}, "lone surrogate"),
+    (STARTS, {"extra": "--help"}, "not a train-gpt flag"),
+    (STARTS, {"extra": "--tokenizer {outside}/bpe.model"}, "has its own field"),
+    (STARTS, {"extra": "--lora-targets --help"}, "starts with '-'"),
+    (STARTS, {"extra": "--from-run {root}/recorded.yaml"}, "--from-run"),  # a record naming a tokenizer outside
+    (STARTS, {"extra": "--from-run={root}/out/c.yaml"}, "outside the folders"),
+]
 
 
-@pytest.mark.parametrize(("fields", "says"), [
-    ({"base": "{outside}/gpt.pth"}, "outside the folders"),
-    ({"output_dir": "{root}/out"}, "outside the folders"),
-    ({"output_dir": "{root}/run"}, "symbolic link(s) leading outside"),  # train.log, model_step7.pth, run.yaml
-    ({"output_dir": "{root}/run\x00x"}, "NUL byte"),
-    ({"output_dir": "\udcff"}, "lone surrogate"),
-    ({"extra": "--help"}, "not a train-gpt flag"),
-    ({"extra": "--tokenizer {outside}/bpe.model"}, "has its own field"),
-    ({"extra": "--lora-targets --help"}, "starts with '-'"),
-    ({"extra": "--from-run {root}/recorded.yaml"}, "--from-run"),
-    ({"extra": "--from-run={root}/out/c.yaml"}, "outside the folders"),
-])
-def test_start_refuses_with_one_line_and_starts_nothing(site, fields, says) -> None:
+@pytest.mark.parametrize(("endpoints", "fields", "says"), CASES)
+def test_no_button_runs_anything_steered(site, endpoints, fields, says) -> None:
     root = site["root"]
-    if not (root / "recorded.yaml").exists():  # a run record inside the root naming a tokenizer outside it
+    if not (root / "recorded.yaml").exists():
         write_run_record(root, {"train_manifests": [f"{root}/t.jsonl"], "output_dir": f"{root}/run2",
                                 "tokenizer": str(site["outside"] / "bpe.model")}, {}, {}, 0.0)
         (root / "run.yaml").rename(root / "recorded.yaml")
     values = form(root, **{k: v.format(root=root, outside=site["outside"]) for k, v in fields.items()})
-    refused(call(site, "start", *values, None), says)
-    refused(call(site, "resume", "auto", *values, None), says)
+    for endpoint in endpoints:
+        arguments = {"start": [*values, None], "resume": ["auto", *values, None]}.get(endpoint, values)
+        refused(call(site, endpoint, *arguments), says)
     assert not (root / "run2").exists()
 
 
