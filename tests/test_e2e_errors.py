@@ -19,7 +19,7 @@ import yaml
 from helpers import FaultyFolder
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint import table as table_module
+from indextts_train.checkpoint import table as checkpoint_table
 from indextts_train.cli import app, run_app
 from indextts_train.webui import records
 from indextts_train.webui.page import PageServer
@@ -105,14 +105,14 @@ def test_the_page_run_table_refuses_the_crafted_file_and_other_requests_still_an
     # that the log and status requests need.
     reading, release = threading.Event(), threading.Event()
 
-    verify = table_module.verify_checkpoint
+    real_verify = checkpoint_table.verify_checkpoint
 
     def slow_verify(path: Path):
         reading.set()
         release.wait(10)
-        return verify(path)
+        return real_verify(path)
 
-    monkeypatch.setattr(table_module, "verify_checkpoint", slow_verify)
+    monkeypatch.setattr(checkpoint_table, "verify_checkpoint", slow_verify)
     crafted(run / "model_step2.pth", depth=3)
     table = threading.Thread(target=records.checkpoint_rows, args=(run, Roots([tmp_path])))
     table.start()
@@ -173,9 +173,9 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "train: config bad UTF-8": ([*train[:3], "--config", bad["badutf.yaml"], "--output-dir", out], "not UTF-8"),
         "train: config nested deep": ([*train[:3], "--config", bad["deep.yaml"], "--output-dir", out], "too deeply"),
         "train: config is a folder": ([*train[:3], "--config", bad["adir"], "--output-dir", out], "config file not"),
-        "train: seed 1e20": ([*train, "--output-dir", out, "--seed", "1e20"], "'--seed'"),
+        "train: seed 1e20": ([*train, "--output-dir", out, "--seed", "1e20"], "--seed: '1e20' is not a whole"),
         "train: seed past 64 bits": ([*train, "--output-dir", out, "--seed", str(2**64)], "at most"),
-        "train: batch 10^30": ([*train, "--output-dir", out, "--batch-size", str(10**30)], "at most 65_536"),
+        "train: batch 10^30": ([*train, "--output-dir", out, "--batch-size", str(10**30)], "at most 65,536"),
         "train: unknown flag": ([*train, "--output-dir", out, "--lerning-rate", "1"], "--lerning-rate"),
         "train: tokenizer is a folder": ([*train, "--output-dir", out, "--tokenizer", bad["adir"]], "tokenizer"),
         "train: base is a folder": ([*train, "--output-dir", out, "--base-checkpoint", bad["adir"]], "no such"),
@@ -206,11 +206,11 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "export: onto an existing file": (["export", base, "--config", config, "-o", bad["afile"]], "--force"),
         "hardware: config nested deep": (["hardware", "--config", bad["deep.yaml"]], "too deeply"),
         "hardware: batch 10^30": (["hardware", "--config", config, "--effective-batch-size", str(10**30)],
-                                  "1..16_777_216"),
+                                  "1..16,777,216"),
         "webui: root a file": (["webui", "--root", bad["afile"]], "not a folder"),
-        "webui: port past 65535": (["webui", "--port", str(10**8)], "'--port'"),
+        "webui: port past 65535": (["webui", "--port", str(10**8)], "--port: '100000000' is above"),
         "extend-tokenizer: target 10^20": (["extend-tokenizer", "--base", bad["afile"], "--corpus", bad["afile"],
-                                            "--target-size", str(10**20), "-o", out / "new.model"], "'--target-size'"),
+                                            "--target-size", str(10**20), "-o", out / "new.model"], "--target-size: "),
     }
 
 
