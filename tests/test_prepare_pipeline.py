@@ -173,7 +173,7 @@ def test_foreign_output_folder_and_nothing_usable(tmp_path, fake_models) -> None
     corpus = _corpus(tmp_path)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "train.jsonl").write_text("theirs\n")
-    with pytest.raises(UserError, match="holds train.jsonl that prepare did not write"):
+    with pytest.raises(UserError, match="train.jsonl was not written by prepare"):
         run_prepare(_options(tmp_path, corpus))
     assert (tmp_path / "out" / "train.jsonl").read_text() == "theirs\n"
     bad = tmp_path / "bad.jsonl"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -162,11 +162,11 @@ def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featu
         except torch.cuda.OutOfMemoryError:
             raise UserError(f"out of GPU memory on a batch of {len(ready)} clips; rerun with a smaller "
                             "--batch-seconds (finished utterances are kept)") from None
-    for i in batch:
+    todo = [i for i in batch if not folder.has_record(planned.stems[i], planned.sources[i])]
+    folder.claim([planned.stems[i] for i in todo])  # the files below become prepare's (ownership.py)
+    for i in todo:  # a member with a record was done before a kill; its arrays came from this same batch
         stem, utt = planned.stems[i], planned.utterances[i]
         source = planned.sources[i]
-        if folder.has_record(stem, source):
-            continue  # done before a kill; its arrays came from this same batch
         if isinstance(results[i], str):
             folder.write_record(stem, {"id": utt.id, "source": source, "rejected": results[i]})
             continue
@@ -305,23 +305,30 @@ def run_prepare(options: PrepareOptions) -> int:
         teardown_distributed(info)
 
 
+def _on_main(step: Callable[[], None], info: DistInfo) -> None:
+    """`step` on rank 0 only (it reads or changes --out); every rank stops with its line instead of hanging."""
+    error = None
+    if info.is_main:
+        try:
+            step()
+        except UserError as exc:
+            error = str(exc)
+    error = broadcast_from_main(error, info)
+    if error:
+        raise UserError(error)
+
+
 def _run(options: PrepareOptions, info: DistInfo) -> int:
     device = pick_device(options.device, info)
+    folder = OutputFolder(options.out, rank=info.rank)
+    _on_main(folder.check_foreign, info)  # before any model is read: a wrong --out costs no wait
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
     models = locate_models(options.model_dir, options.overrides, download=options.download)
     hashes = model_hashes(models) if info.is_main else {}  # only rank 0 records them (GBs to read)
     utterances = read_corpora(options.corpora, options.defaults)
-    folder = OutputFolder(options.out)
-    error = None
-    if info.is_main:
-        try:
-            folder.guard_settings({"models": hashes} | options.feature_settings(), restart=options.restart)
-        except UserError as exc:
-            error = str(exc)
-    error = broadcast_from_main(error, info)  # every rank stops with rank 0's line instead of hanging
-    if error:
-        raise UserError(error)
+    _on_main(lambda: folder.guard_settings({"models": hashes} | options.feature_settings(),
+                                          restart=options.restart), info)
     featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
     planned = plan(utterances, options, featurizer.code_limit())
     compute_share(planned, featurizer, folder, options, info)
