@@ -254,10 +254,11 @@ def stand_in_models(tmp_path: Path, monkeypatch, featurizer: object) -> object:
     return models
 
 
-def run_cli(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """`indextts-train ARGS` in a subprocess (the code of this checkout), its output as text."""
     return subprocess.run([sys.executable, "-m", "indextts_train", *map(str, args)], cwd=cwd or ROOT, text=True,
-                          capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          capture_output=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def assert_refused(result: subprocess.CompletedProcess, *needles: str) -> str:
