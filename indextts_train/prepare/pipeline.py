@@ -10,7 +10,9 @@ after every rank is done, from the records, in corpus order: the same bytes what
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
+import os
 import platform
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -301,8 +303,22 @@ def run_prepare(options: PrepareOptions) -> int:
     info = setup_distributed()
     try:
         return _run(options, info)
+    except OSError as exc:
+        failure = _write_failure(exc, options.out)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         teardown_distributed(info)
+
+
+def _write_failure(exc: OSError, out: Path) -> UserError | None:
+    """A full, read-only or forbidden --out is one line; every write was atomic, so a rerun goes on."""
+    inside = exc.filename is not None and Path(os.path.abspath(exc.filename)).is_relative_to(os.path.abspath(out))
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) or (inside and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)):
+        return UserError(f"--out {out}: cannot write ({exc.strerror}); make room or choose a writable --out, then "
+                         "rerun the same command (finished utterances are kept)")
+    return None
 
 
 def _on_main(step: Callable[[], None], info: DistInfo) -> None:
