@@ -18,6 +18,7 @@ from helpers import ROOT, assert_refused, run_cli, tree_state
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.outputs import OutputFolder
+from indextts_train.prepare.ownership import Ledger
 from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_dir
 
 TOKENIZER = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
@@ -129,3 +130,28 @@ def test_reruns_failed_starts_restart_and_temps(tmp_path, corpus) -> None:
     assert not any(path.exists() for path in stale)
     assert (out / "notes.txt").read_text() == "mine"
     assert {name: (out / name).read_bytes() for name in manifests} == manifests
+
+
+def test_a_ledger_line_cut_by_a_kill_claims_nothing_and_the_next_claim_starts_a_line(tmp_path) -> None:
+    ledger = Ledger(tmp_path, rank=1)
+    ledger.claim(["utt0000", "utt0001"])
+    with open(ledger.path, "ab") as handle:
+        handle.write(b"utt00")  # killed inside the append of utt0002
+    assert Ledger(tmp_path).stems() == {"utt0000", "utt0001"}
+    Ledger(tmp_path, rank=1).claim(["utt0002", "utt0000"])  # listed ones are not appended again
+    assert ledger.path.read_bytes() == b"utt0000\nutt0001\nutt0002\n"
+
+
+def test_a_folder_of_a_version_without_a_ledger_is_adopted_from_its_records(tmp_path) -> None:
+    out = tmp_path / "out"
+    (out / "records").mkdir(parents=True)
+    (out / "codes").mkdir()
+    for stem in ("utt0000", "utt0001"):
+        (out / "records" / f"{stem}.json").write_text("{}")
+        (out / "codes" / f"{stem}.npy").write_bytes(b"array")
+    (out / "prepare.settings.json").write_text(json.dumps({"models": {}}))
+    OutputFolder(out).guard_settings({"models": {}}, restart=False)
+    assert Ledger(out).stems() == {"utt0000", "utt0001"} and [p.name for p in Ledger(out).files()] == ["written-0.txt"]
+    (out / "codes" / "utt0002.npy").write_bytes(b"user data")  # no record, not listed: not prepare's
+    with pytest.raises(UserError, match="codes/utt0002.npy was not written by prepare"):
+        OutputFolder(out).guard_settings({"models": {}}, restart=True)

@@ -190,7 +190,8 @@ def _interrupted(output: Path, targets: list[Path]) -> tuple[int, list[Path]] | 
     if not marker.is_file():
         return None
     try:
-        record = json.loads(marker.read_bytes()[:MAX_MARKER_BYTES])
+        with open(marker, "rb") as handle:
+            record = json.loads(handle.read(MAX_MARKER_BYTES))
         pid, files = int(record["pid"]), [Path(f) for f in record["files"]]
     except (ValueError, TypeError, KeyError, OSError):
         raise UserError(f"{marker}: not a marker export wrote; remove it and rerun") from None
@@ -216,7 +217,8 @@ def finish_publishing(output: Path, interrupted: tuple[int, list[Path]] | None, 
         publishing_marker(output).unlink()
     for target in [*targets, publishing_marker(output)]:
         for temp in stale_temps(target):
-            if not _alive(int(temp.name.rsplit("-", 1)[1])):
+            pid = temp.name.rsplit("-", 1)[1]
+            if pid.isdigit() and not _alive(int(pid)):
                 temp.unlink(missing_ok=True)
 
 
@@ -226,8 +228,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process
+        pass
     return True
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from indextts_train.prepare.ownership import (
     Ledger,
     first_foreign,
     foreign_error,
+    is_temp,
     remove_own,
 )
 
@@ -143,7 +145,8 @@ class OutputFolder:
         stale = [temp for name in (*MANIFESTS, SETTINGS_FILE) for temp in stale_temps(self.root / name)]
         for name in (RECORDS, *ARRAY_FOLDERS):
             if (self.root / name).is_dir():
-                stale += (self.root / name).glob(".*.tmp-*")
+                with os.scandir(self.root / name) as entries:
+                    stale += [Path(e.path) for e in entries if is_temp(e)]
         for temp in stale:
             temp.unlink(missing_ok=True)
         return len(stale)

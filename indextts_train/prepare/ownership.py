@@ -69,9 +69,9 @@ class Ledger:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists()
+        if not new:
+            _drop_cut_line(self.path)
         with open(self.path, "ab") as handle:
-            if handle.tell() and _last_byte(self.path) != b"\n":
-                lines = b"\n" + lines  # after a line a kill cut: start a line of its own
             handle.write(lines)
             handle.flush()
             os.fsync(handle.fileno())
@@ -79,10 +79,14 @@ class Ledger:
             fsync_dir(self.folder)
 
 
-def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as handle:
-        handle.seek(-1, os.SEEK_END)
-        return handle.read(1)
+def _drop_cut_line(path: Path) -> None:
+    """A last line a kill cut short claims nothing: it goes, so the next claim starts a line of its own."""
+    size = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.seek(max(0, size - MAX_STEM - 2))
+        tail = handle.read()
+        if tail and not tail.endswith(b"\n"):
+            handle.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
 
 
 def is_temp(entry: os.DirEntry) -> bool:
