@@ -320,7 +320,7 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
     named = [(flag, target) for flag, target in targets.items() if target is not None]
     for flag, target in named:
         _check_place(flag, target)
-        if not target.exists() or (flag == "--tokenizer" and same_file(target, tokenizer)):
+        if not (target.exists() or target.is_symlink()) or (flag == "--tokenizer" and same_file(target, tokenizer)):
             continue
         if any(same_file(target, source) for source in inputs):
             raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
