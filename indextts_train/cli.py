@@ -92,7 +92,7 @@ def demo(
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
     """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), then train on it and export."""
-    from indextts_train.train.demo import run_demo
+    from indextts_train.demo import run_demo
 
     raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
                                  train_scope=train_scope) or 0)

@@ -7,6 +7,7 @@ touch other branches' files, and the abandoned branch's bytes stay under `RUN/ab
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import sys
@@ -20,6 +21,7 @@ from test_e2e_nothing_lost import assert_same_state, cli, finish, train_args
 from indextts_train.checkpoint.files import load_checkpoint, save_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, lineage_of, owned_by, set_aside
 from indextts_train.checkpoint.state import FORMAT, Lineage, migrate
+from indextts_train.webui.records import checkpoint_rows as page_rows
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,15 @@ def test_rollback_killed_then_resume_auto_equals_an_uninterrupted_rollback(data,
     code, stdout, stderr = cli(["checkpoints", str(killed)])
     assert code == 0, stdout + stderr
     assert f"branch {new.branch}" in stdout and f"abandoned branch {old_branch}" in stdout
+    # The web page shows the same table: the same files, steps, statuses and val losses, abandoned included.
+    code, stdout, stderr = cli(["checkpoints", str(killed), "--json"])
+    assert code == 0, stdout + stderr
+    table = [(str(killed / row["file"]), row["step"], row["status"], (row["val"] or {}).get("loss"))
+             for row in json.loads(stdout)]
+    page = page_rows(killed)
+    assert [(row["file"], row["step"], row["status"]) for row in page] == [row[:3] for row in table]
+    assert [row["val_loss"] for row in page] == [None if v is None else round(v, 4) for _, _, _, v in table]
+    assert any(f"abandoned branch {old_branch}" in row["marks"] for row in page)
 
 
 def test_a_checkpoint_without_lineage_is_migrated_to_an_unknown_branch() -> None:

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
 from indextts_train.train.loop import TrainOptions, train
+from indextts_train.webui.records import checkpoint_rows as page_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +61,13 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     assert by_file["best.pth"]["val"]["loss"] == next(row[1] for row in history["val"] if row[0] == 2)
     assert by_file["model_step1.pth"]["status"] == "INCOMPLETE" and by_file["model_step1.pth"]["reason"]
     assert by_file["model_step4.pth"]["bytes"] == (out / "model_step4.pth").stat().st_size
+    # The web page's table is this one: same files, steps, statuses and validation losses.
+    page = page_rows(out)
+    assert [(Path(row["file"]).name, row["step"], row["status"]) for row in page] == [
+        (row["file"], row["step"], row["status"]) for row in rows]
+    assert [row["val_loss"] for row in page] == [None if not row["val"] else round(row["val"]["loss"], 4)
+                                                 for row in rows]
+    assert page[-1]["val_loss"] is not None and "best.pth" in page[-1]["marks"]
 
 
 def test_checkpoints_of_a_missing_folder_is_one_line(tmp_path) -> None:

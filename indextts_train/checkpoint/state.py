@@ -2,7 +2,7 @@
 
 Every part of a run that an exact resume needs gives its own `state_dict()` / `load_state_dict()`
 (progress, history, each rank's RNG here; model weights, optimizer set and vocab plan where they live), and
-`TrainingState` gathers them into the one plain dict that checkpoint.py stores. This module is the
+`TrainingState` gathers them into the one plain dict that checkpoint/files.py stores. This module is the
 only place that knows the layout:
 
 - `validate(state)`: what keeps a checkpoint from an exact resume (empty list: COMPLETE);
@@ -387,7 +387,7 @@ class TrainingState:
     `weights` gives the official-layout `model`; `optimizer_set` its four matched keys (optimizer,
     optimizer_param_names, scheduler, scaler); `info` what the run was (hparams, config, vocab_plan,
     hardware, created), stored for resume checks and humans. Reading back is the reverse in
-    run.py: progress and history through their `load_state_dict`, the set through `OptimizerSet.load_from`.
+    train/setup.py: progress and history through their `load_state_dict`, the set through `OptimizerSet.load_from`.
     """
 
     weights: Stateful

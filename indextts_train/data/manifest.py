@@ -8,7 +8,7 @@ A manifest is JSONL, one example a line, in one of two forms (README, "Data"):
 - single: `text_ids_path`, `codes_path`, `condition_path`, `emo_vec_path`, `text_len`, `code_len`.
 
 IndexTTS-2.5 lines carry the prompt's 192-d CAMPPlus vector and a language instead of the
-conditioning latents (`data_v25.py`); a line's fields say its family, and a line of the other
+conditioning latents (`manifest_v25.py`); a line's fields say its family, and a line of the other
 family than the model's is refused by FILE:LINE.
 
 Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by

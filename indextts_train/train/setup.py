@@ -1,6 +1,6 @@
 """Setting up a run: config, hardware plan, data, model, the optimizer set, and what to resume from.
 
-`setup(options, dist)` returns a `Run`, everything the loop in train.py needs, built once. Model
+`setup(options, dist)` returns a `Run`, everything the loop in loop.py needs, built once. Model
 building may draw random numbers, so the RNG of the run (fresh seed or the checkpoint's) is put in
 place last, by `Run.start_rng`.
 """
@@ -409,7 +409,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         return run
     except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
         if isinstance(exc, UserError):
-            startup.text_log.write(startup.text_log.stamp(f"error: {user_line(exc)}"))
+            startup.text_log.record(startup.text_log.stamp(f"error: {user_line(exc)}"), "error")
         startup.text_log.close()
         if dist.is_main:  # while the lock is held: no other start can take a lock file about to be removed
             take_back(options.output_dir, made, created)
@@ -421,7 +421,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
            startup: RunLogger, lock: RunLock | None, tokens: int, base: object | None) -> Run:
     train = config.train
-    startup.info(plan.describe())
+    startup.info(plan.describe(), "plan", plan=plan.to_dict())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
     seed_everything(train.seed + dist.rank)
     ckpt, path, protected = select_checkpoint(options.output_dir, options.resume, startup)
