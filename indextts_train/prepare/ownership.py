@@ -24,7 +24,7 @@ RECORDS = "records"
 ARRAY_FOLDERS = ("text_ids", "codes", "condition", "spk_emb", "emo_vec")
 _LEDGER = re.compile(r"written-\d+\.txt")
 _TEMP = re.compile(r"\..+\.tmp-\d+")  # atomic.temp_name of any process
-MAX_STEM = 200  # file_stem gives at most 93 characters: a longer ledger line is not prepare's
+MAX_STEM = 200  # file_stem gives at most 100 characters: a longer ledger line is not prepare's
 
 
 class Ledger:
