@@ -1,0 +1,189 @@
+"""Synthesize lines with the official inference code, in a child process of the inference interpreter.
+
+The official packages (`indextts25-inference`, `indextts2-inference`, an index-tts checkout) may live in
+another environment with another torch (IndexTTS2's needs torchaudio, which pins its own), so they are
+never imported here: `child_infer.py` runs under that interpreter by file path, reads a job JSON and
+writes the WAVs and a result JSON. A line that fails is reported as failed; the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from indextts_train.config.settings import FAMILY_NAMES, FAMILY_V2, FAMILY_V25
+from indextts_train.errors import UserError
+
+CHILD_SCRIPT = Path(__file__).with_name("child_infer.py")
+# family -> (the module the child imports, the PyPI package that provides it)
+INFERENCE_MODULES = {FAMILY_V25: ("indextts25.api", "indextts25-inference"),
+                     FAMILY_V2: ("indextts.infer_v2", "indextts2-inference")}
+PROBE_TIMEOUT_S = 300  # importing torch + transformers on a cold, loaded machine
+TAIL_CHARS = 4000
+PROBE_BROKEN = 4  # the package is there but its import fails (e.g. a torchaudio built for another torch)
+# Imports the inference module for real (a package that is installed but broken must be refused too),
+# printing one line instead of a traceback.
+PROBE = """import importlib.util, sys
+try:
+    found = importlib.util.find_spec({module!r}) is not None
+except Exception as exc:
+    print(type(exc).__name__ + ": " + " ".join(str(exc).split())[:300])
+    sys.exit(4)
+sys.exit(0 if found else 3)
+"""
+
+
+@dataclass(frozen=True)
+class SynthesisLine:
+    """One line to speak: `text` in the voice of `prompt_audio`, written to `out_wav`."""
+
+    line_id: str
+    text: str
+    prompt_audio: Path
+    out_wav: Path
+    language: str | None
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """What became of one line: `seconds` of synthesis (model loading not included), or the error."""
+
+    line_id: str
+    out_wav: Path
+    seconds: float
+    ok: bool
+    error: str | None
+    seed: int = 0
+    versions: dict[str, str] = field(default_factory=dict)  # package -> version, as the child imported them
+
+
+def line_seed(seed: int, line_id: str) -> int:
+    """The seed of one line: fixed by the run's seed and the line's id, not by the order or the batch."""
+    digest = hashlib.sha256(f"{seed}\0{line_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _install_hint(family: str) -> str:
+    module, package = INFERENCE_MODULES[family]
+    return (f"pip install {package} (or: bash scripts/install_inference.sh {family} VENV), "
+            f"or pass --inference-python PATH of an environment that has it")
+
+
+def resolve_inference_python(family: str, flag_value: Path | None) -> Path:
+    """The interpreter that runs the official code: `--inference-python` or this one; one line when it
+    cannot import the family's inference package."""
+    if family not in INFERENCE_MODULES:
+        raise UserError(f"unknown model family {family!r}; expected one of {', '.join(INFERENCE_MODULES)}")
+    module, _ = INFERENCE_MODULES[family]
+    name = FAMILY_NAMES[family]
+    if flag_value is None:
+        python = Path(sys.executable)
+        where = f"this Python ({python})"
+    else:
+        python = flag_value.expanduser()
+        where = f"--inference-python {flag_value}"
+        if not python.is_file() or not os.access(python, os.X_OK):
+            raise UserError(f"{where}: not an executable file; pass the python of the environment where "
+                            f"{INFERENCE_MODULES[family][1]} is installed")
+    try:
+        done = subprocess.run([str(python), "-c", PROBE.format(module=module)], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, env=_child_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"{where}: cannot run it ({type(exc).__name__}); {_install_hint(family)}") from None
+    if done.returncode != 0:
+        found = _tail_line(done.stdout) if done.returncode == PROBE_BROKEN else "not installed"
+        raise UserError(f"{where} cannot import {module}, the {name} inference code ({found}): "
+                        f"{_install_hint(family)}")
+    return python
+
+
+def _child_env() -> dict[str, str]:
+    """The child's environment: ours, minus what would make it import this project's own interpreter state."""
+    env = dict(os.environ)
+    env.pop("PYTHONHOME", None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _job(model_dir: Path, family: str, lines: list[SynthesisLine], seed: int, device: str, result: Path,
+         threads: int | None, max_mel_tokens: int | None) -> dict:
+    return {
+        "family": family,
+        "parent_pid": os.getpid(),
+        "threads": threads,
+        "max_mel_tokens": max_mel_tokens,
+        "model_dir": str(model_dir.resolve()),
+        "device": device,
+        "result": str(result),
+        "lines": [{"line_id": line.line_id, "text": line.text, "prompt_audio": str(line.prompt_audio.resolve()),
+                   "out_wav": str(line.out_wav.resolve()), "language": line.language,
+                   "seed": line_seed(seed, line.line_id)} for line in lines],
+    }
+
+
+def _read_results(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _tail_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed: int, device: str,
+               inference_python: Path | None, log_path: Path | None = None,
+               timeout_s: float | None = None, threads: int | None = None,
+               max_mel_tokens: int | None = None) -> list[SynthesisResult]:
+    """Speak every line with the official code of `family` from the official-layout `model_dir`.
+
+    One child process loads the models once and synthesizes the lines in order, each seeded by
+    `line_seed(seed, line_id)`. `inference_python`: as `resolve_inference_python` returned it (None:
+    resolve the default now). The child's output goes to `log_path` (appended) when given. Returns one
+    result per line, in order; a line the child never reached (crash, timeout) is failed with its reason.
+    """
+    python = inference_python or resolve_inference_python(family, None)
+    with tempfile.TemporaryDirectory(prefix="indextts-listen-") as tmp:
+        job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job = _job(model_dir, family, lines, seed, device, result_path, threads, max_mel_tokens)
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        started = time.monotonic()
+        try:
+            done = subprocess.run([str(python), str(CHILD_SCRIPT), str(job_path)], capture_output=True, text=True,
+                                  timeout=timeout_s, env=_child_env())
+            output, failure = done.stdout + done.stderr, None
+            if done.returncode != 0:
+                failure = f"inference process exited with code {done.returncode}: {_tail_line(done.stderr)}"
+        except subprocess.TimeoutExpired as exc:
+            output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+            failure = f"inference process killed after {time.monotonic() - started:.0f} s (timeout)"
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(output[-TAIL_CHARS * 25:])
+        report = _read_results(result_path)
+    return _results(lines, seed, report, failure)
+
+
+def _results(lines: list[SynthesisLine], seed: int, report: dict, failure: str | None) -> list[SynthesisResult]:
+    by_id = {entry.get("line_id"): entry for entry in report.get("lines", []) if isinstance(entry, dict)}
+    versions = {str(k): str(v) for k, v in (report.get("versions") or {}).items()}
+    general = report.get("error") or failure or "the inference process did not report this line"
+    results = []
+    for line in lines:
+        entry = by_id.get(line.line_id)
+        ok = bool(entry and entry.get("ok")) and line.out_wav.is_file()
+        error = None if ok else (entry or {}).get("error") or general
+        results.append(SynthesisResult(line_id=line.line_id, out_wav=line.out_wav,
+                                       seconds=float((entry or {}).get("seconds") or 0.0), ok=ok, error=error,
+                                       seed=line_seed(seed, line.line_id), versions=versions))
+    return results
