@@ -73,6 +73,7 @@ from indextts_train.train.resume import (
 )
 from indextts_train.train.runlock import LOCK_NAME as RUN_LOCK_NAME
 from indextts_train.train.runlock import RunLock, claim_output_dir
+from indextts_train.train.schedule_check import schedule_warning
 from indextts_train.train.validation import check_limit_groups, group_lines
 from indextts_train.train.weights import Weights, fresh_weights, resumed_weights
 from indextts_train.ui.console import RunLogger
@@ -409,6 +410,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         if dist.is_main:
             startup.text_log.attach(options.output_dir)
         run = _build(options, dist, config, plan, device, startup, lock, tokens, base)
+        _warn_schedule(run)
         if dist.is_main:
             write_run_record(options.output_dir, recordable_options(options, config), config_to_dict(config),
                              run.plan.to_dict(), startup.text_log.started)
@@ -422,6 +424,15 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         if lock is not None:
             lock.release()
         raise
+
+
+def _warn_schedule(run: Run) -> None:
+    """Before the first step of a run: a schedule that cannot learn is said, with the flags to pass."""
+    batch = run.plan.effective_batch
+    warning = schedule_warning(run.config.train, run.schedule.end_step(Progress(), batch),
+                               run.schedule.steps_per_epoch(batch), batch)
+    if warning and run.progress.step == 0:
+        run.log.warn(warning)
 
 
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
