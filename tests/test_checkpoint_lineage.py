@@ -19,7 +19,7 @@ from helpers import start
 from test_e2e_nothing_lost import assert_same_state, cli, finish, train_args
 
 from indextts_train.checkpoint.files import load_checkpoint, save_checkpoint
-from indextts_train.checkpoint.lineage import ABANDONED, lineage_of, owned_by, set_aside
+from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of, owned_by, set_aside
 from indextts_train.checkpoint.state import FORMAT, Lineage, migrate
 from indextts_train.webui.records import checkpoint_rows as page_rows
 
@@ -152,3 +152,20 @@ def test_a_checkpoint_written_before_lineage_resumes_exactly(data, reference, tm
     assert_same_state(out / "latest.pth", reference / "latest.pth")
     assert lineage_of(out / "latest.pth").branch is None  # it goes on as the old branch
     assert not (out / ABANDONED).exists()
+
+
+@pytest.mark.parametrize("branch", ["../../outside", "/tmp/elsewhere", "a/b", "..", "", "x" * 200, "a\nb"])
+def test_a_branch_read_from_a_file_is_data_never_a_path(tmp_path: Path, branch: str) -> None:
+    from test_checkpoint_files import make_state
+
+    out = tmp_path / "run"
+    out.mkdir()
+    state = make_state(2)
+    state["lineage"] = {"branch": branch, "parent": None, "parent_step": None, "born": 5, "forks": []}
+    torch.save(state, out / "model_step2.pth")  # save_checkpoint would refuse it: a stranger's file
+    assert Lineage.problems(state["lineage"])
+    assert lineage_of(out / "model_step2.pth").branch is None  # read as one old branch
+    moved = set_aside(out, Lineage(branch="new", parent=None, parent_step=None, born=9, forks=[]), frozenset())
+    assert [dest for _, dest in moved] == [out / ABANDONED / OLD_BRANCH / "model_step2.pth"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        f"run/{ABANDONED}/{OLD_BRANCH}/model_step2.pth"]

@@ -21,6 +21,7 @@ import yaml
 
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
+from indextts_train.files.bounded import load_yaml
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import CONFORMER_INPUT_KEY, full_state_dict, init_carried
 from indextts_train.prepare import campplus, codecs, w2vbert
@@ -68,7 +69,7 @@ def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, 
     if real_size:
         width = w2vbert.REAL_WIDTH
     model_dir.mkdir(parents=True, exist_ok=True)
-    raw = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))
+    raw = load_yaml(gpt_config, "config")
     is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
     hf_cache = model_dir / "hf_cache"
     write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width, sizes=_w2v_sizes(width, real_size, inference))

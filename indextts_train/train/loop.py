@@ -365,9 +365,10 @@ def baseline(run: Run) -> bool:
     resume say why there is nothing to do when the run already ended early. False: nothing to do."""
     history, val = run.history, run.val
     if run.progress.step == 0 and history.baseline is None:
-        history.baseline = checked_validate(run)
-        run.log.scalars("val", scalars(history.baseline), 0)
-        run.log.validated(0, describe(0, history.baseline, None, " (before training)"), history.baseline)
+        result = checked_validate(run)
+        history.record_baseline(result)
+        run.log.scalars("val", scalars(result), 0)
+        run.log.validated(0, describe(0, result, None, " (before training)"), result)
         return True
     if val.limits and history.baseline is None:
         run.log.warn("this run recorded no validation of the base model (it started before that existed), so "

@@ -59,6 +59,7 @@ from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
+from indextts_train.train.listen_check import GenerationCheck
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.preflight import check_inputs
@@ -75,6 +76,7 @@ from indextts_train.train.runlock import RunLock, claim_output_dir
 from indextts_train.train.validation import check_limit_groups, group_lines
 from indextts_train.train.weights import Weights, fresh_weights, resumed_weights
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.events import EVENTS_NAME
 from indextts_train.ui.run_record import (
     LOG_NAME,
     TextLog,
@@ -243,6 +245,7 @@ class Validation:
     tracker: BestTracker  # best.pth and the early-stop count
     limits: dict[str | None, float]  # --forgetting-limit, percent per group (None: every group)
     patience: int  # --early-stop-patience, 0 = off
+    generation: GenerationCheck | None = None  # --listen-lines: codes generated at each validation
 
 
 def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: History, config: Config) -> Validation:
@@ -252,8 +255,11 @@ def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: Hi
     check_metric(train.best_metric, reported)
     limits = parse_forgetting_limit(train.forgetting_limit) if train.forgetting_limit else {}
     check_limit_groups(limits, reported)
-    return Validation(_dataset(index, config), groups, BestTracker.from_state_dict(history.best, train.best_metric),
-                      limits, train.early_stop_patience)
+    dataset = _dataset(index, config)
+    generation = GenerationCheck.build(dataset, groups, count=train.listen_lines, seed=train.seed,
+                                       max_codes=config.gpt.max_mel_tokens)
+    return Validation(dataset, groups, BestTracker.from_state_dict(history.best, train.best_metric),
+                      limits, train.early_stop_patience, generation)
 
 
 def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIndex, train: TrainConfig,
@@ -396,7 +402,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
     plan, device = _hardware(config, options, dist)
     # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
     made = first_missing(options.output_dir)
-    created = [name for name in (RUN_LOCK_NAME, LOG_NAME) if not (options.output_dir / name).exists()]
+    created = [name for name in (RUN_LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (options.output_dir / name).exists()]
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held

@@ -29,6 +29,7 @@ import yaml
 from indextts_train.config.settings import Config, TrainOptions
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
+from indextts_train.files.bounded import load_yaml
 from indextts_train.ui.events import EventFile, event
 
 LOG_NAME = "train.log"
@@ -183,9 +184,9 @@ def _read(path: Path) -> dict:
     if path.stat().st_size > MAX_RECORD_BYTES:
         raise UserError(f"--from-run {path}: {path.stat().st_size} bytes is not a run.yaml; pass OUT/run.yaml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"--from-run {path}: not valid YAML ({exc}); pass the run.yaml a run wrote") from None
+        data = load_yaml(path, "run record")  # safe and bounded: size, nesting, anchors expanded
+    except UserError as exc:
+        raise UserError(f"--from-run {exc}; pass the run.yaml a run wrote") from None
     if not isinstance(data, dict):
         raise UserError(f"--from-run {path}: not a run record; pass the run.yaml a run wrote")
     return data
