@@ -18,6 +18,7 @@ from indextts_train.config.schema import build
 from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
+from indextts_train.files.targets import make_output_folder
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried
 from indextts_train.prepare.demo_corpus import make_prepared_demo
@@ -48,7 +49,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     tiny = TINY_CONFIG_V25 if family == "2.5" else TINY_CONFIG
     if not tiny.is_file():
         raise UserError(f"{tiny} not found: run the demo from a checkout of indextts-train (pip install -e .)")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_folder("OUT_DIR", out_dir)
     config_path = out_dir / "config.yaml"
     if not config_path.exists():
         atomic_write_bytes(config_path, tiny.read_bytes())
