@@ -420,6 +420,11 @@ def export(
             typer.echo(f"wrote {extra}")
 
 
+from indextts_train.listen.command import listen  # noqa: E402  (its module imports the work lazily)
+
+app.command(short_help="Synthesize, transcribe and score lines from checkpoints.")(listen)
+
+
 @app.command(short_help="What auto mode picks here or on a named GPU.")
 def hardware(
     config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = DEFAULT_CONFIG,
