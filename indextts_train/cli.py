@@ -19,6 +19,7 @@ import typer
 
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
 from indextts_train.errors import UserError, user_line
+from indextts_train.listen.command import listen  # the command's module imports the work lazily
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
     from typer._click.exceptions import ClickException
@@ -381,9 +382,7 @@ def tokenize(
     raise typer.Exit(tokenize_exit_code(report))
 
 
-class Pick(str, Enum):
-    best = "best"
-    latest = "latest"
+Pick = Enum("Pick", {name: name for name in ("best", "latest", "cer", "speaker_sim")}, type=str)  # export --pick
 
 
 @app.command(short_help="Write the gpt.pth + config.yaml inference loads.")
@@ -394,7 +393,7 @@ def export(
     config: Annotated[Path | None, typer.Option(help="Base IndexTTS2 config.yaml to update (default: the config stored in the checkpoint).")] = None,
     tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
-    pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
+    pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth, or the checkpoint `listen` scored best: cer (lowest) or speaker_sim (highest) [default: best.pth, else latest.pth].")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="The tokenizer the run trained with, copied beside the export: IndexTTS-2.5's .tiktoken as multilingual_zh_ja_yue_char_del.tiktoken (required when the run grew the vocabulary), IndexTTS2's .model as --tokenizer-name.")] = None,
     adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing output files (never a training checkpoint).")] = False,
@@ -419,8 +418,6 @@ def export(
         if extra:
             typer.echo(f"wrote {extra}")
 
-
-from indextts_train.listen.command import listen  # noqa: E402  (its module imports the work lazily)
 
 app.command(short_help="Synthesize, transcribe and score lines from checkpoints.")(listen)
 

@@ -14,6 +14,9 @@ import json
 import os
 from pathlib import Path
 
+from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint, same_file
+from indextts_train.errors import CheckpointError, UserError
+
 RECORD_FORMAT = "indextts-train listen 1"  # marks a record as ours
 SCORES_NAME = "scores.jsonl"
 LISTEN_DIR = "listen"
@@ -89,3 +92,36 @@ def summary_by_step(run_dir: Path) -> dict[int, dict]:
                    **{key: _mean([r[key] for r in records if isinstance(r.get(key), (int, float))])
                       for key in SUMMARY_KEYS}}
             for step, records in by_step.items()}
+
+
+def _files_by_step(run_dir: Path) -> dict[int, Path]:
+    """step -> a checkpoint file of it on disk: its model_step file, else latest.pth / best.pth (read for
+    their step)."""
+    files = {int(p.name[len("model_step"):-len(".pth")]): p for p in Path(run_dir).glob("model_step*.pth")
+             if p.name[len("model_step"):-len(".pth")].isdigit()}
+    for name in (LATEST, BEST):
+        path = Path(run_dir) / name
+        if path.is_file() and not any(same_file(path, other) for other in files.values()):
+            try:
+                step = load_checkpoint(path, mmap=True).get("progress", {}).get("step")
+            except (CheckpointError, AttributeError):
+                continue
+            if isinstance(step, int):
+                files.setdefault(step, path)
+    return files
+
+
+def pick_scored(run_dir: Path, metric: str) -> tuple[Path, str]:
+    """The checkpoint file that scored best on `metric` (`cer`: lowest; `speaker_sim`: highest) among those
+    still on disk, and a line saying why; ties go to the later step."""
+    summary = {step: values[metric] for step, values in summary_by_step(run_dir).items() if values[metric] is not None}
+    files = _files_by_step(run_dir)
+    on_disk = {step: value for step, value in summary.items() if step in files}
+    if not on_disk:
+        steps = ", ".join(map(str, sorted(summary)))
+        gone = f" (steps {steps} were scored but their files are gone)" if summary else ""
+        raise UserError(f"--pick {metric}: no checkpoint of {run_dir} has a {metric} score{gone}; run "
+                        f"`indextts-train listen {run_dir}` first")
+    sign = 1 if LOWER_IS_BETTER[metric] else -1
+    step = min(on_disk, key=lambda s: (sign * on_disk[s], -s))
+    return files[step], f"step {step}: best {metric} {on_disk[step]:.4f} of {len(on_disk)} scored checkpoints"

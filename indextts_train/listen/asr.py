@@ -69,6 +69,7 @@ def load_recogniser(model: str, device: str) -> Recogniser:
     except ImportError:
         raise UserError("listening needs transformers: pip install 'indextts-train[prepare]'") from None
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # one line per checkpoint is the output, not bars
     local = Path(model).expanduser()
     if local.exists() and not (local / "config.json").is_file():
         raise UserError(f"--asr-model {model}: no config.json in that folder; pass a transformers ASR model folder")
