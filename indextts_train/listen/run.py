@@ -29,7 +29,7 @@ from indextts_train.checkpoint.scores import (
     scored_keys,
     scores_path,
 )
-from indextts_train.config.settings import load_config
+from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.lines import Line, default_lines, read_lines_file
 from indextts_train.listen.model_folder import MARKER, make_model_folder
@@ -83,7 +83,7 @@ def plan(options: ListenOptions) -> Plan:
     chosen, notes = choose_checkpoints(run_dir, options.checkpoints)
     lines = read_lines_file(options.lines) if options.lines else default_lines(run_dir, options.seed)
     model_dir = model_dir_of(run_dir, options.model_dir)
-    family = load_config(model_dir / "config.yaml").gpt.family
+    family = FAMILY_V25 if load_config(model_dir / "config.yaml").gpt.is_v25 else FAMILY_V2  # no version: 2
     done = scored_keys(read_records(scores_path(run_dir)))
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
