@@ -30,6 +30,7 @@ from indextts_train.prepare.models import CAMPPLUS_HUB, TOKENIZER_NAMES
 from indextts_train.prepare.w2vbert import write_tiny_w2vbert
 
 TINY_W2V_WIDTH = 32
+WIDE_W2V = 256  # above this, the tiny w2v-BERT's noise and feed-forward width would blow it up
 CLIP_RATE = 16_000
 
 
@@ -47,29 +48,41 @@ def write_tiny_gpt(config_path: Path, path: Path, width: int, seed: int) -> None
     atomic_write(path, lambda handle: torch.save(state, handle))
 
 
+def _w2v_sizes(width: int, real_size: bool) -> w2vbert.W2vBertSizes:
+    if real_size:
+        return w2vbert.REAL_SIZES
+    if width > WIDE_W2V:  # IndexTTS2's inference needs 1024: keep it under a few hundred MB
+        return w2vbert.W2vBertSizes(layers=w2vbert.TINY_SIZES.layers, heads=2, intermediate=8, perturb=0.0)
+    return w2vbert.TINY_SIZES
+
+
 def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, seed: int = 0,
-                         width: int = TINY_W2V_WIDTH, real_size: bool = False) -> Path:
+                         width: int = TINY_W2V_WIDTH, real_size: bool = False, inference: bool = False) -> Path:
     """The official layout of the config's family, every weight random and seeded; returns model_dir.
 
     `width`: the w2v-BERT hidden size, which the codec and the GPT's encoders then take. `real_size`:
-    w2v-BERT, codec and CAMPPlus at the released sizes (width 1024; `width` is then not used)."""
+    w2v-BERT, codec and CAMPPlus at the released sizes (width 1024; `width` is then not used).
+    `inference`: also what the official inference code builds at fixed sizes: CAMPPlus at its released
+    size for both families, and a wide w2v-BERT with narrow feed-forwards (listen/tiny_folder.py adds
+    the rest)."""
     if real_size:
         width = w2vbert.REAL_WIDTH
     model_dir.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))
     is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
     hf_cache = model_dir / "hf_cache"
-    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width,
-                       sizes=w2vbert.REAL_SIZES if real_size else w2vbert.TINY_SIZES)
+    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width, sizes=_w2v_sizes(width, real_size))
+    campplus_sizes = campplus.REAL_SIZES if real_size or inference else campplus.TINY_SIZES
     codec_sizes = codecs.REAL_SIZES if real_size else codecs.TINY_SIZES
     stats = hf_cache / "w2v-bert-2.0" / "wav2vec2bert_stats.pt"
     if stats.is_file():  # the official folder keeps the statistics beside gpt.pth
         shutil.move(stats, model_dir / "wav2vec2bert_stats.pt")
     if is_v25:
         raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, width, codec_sizes)
-        write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2,
-                            campplus.REAL_SIZES if real_size else campplus.TINY_SIZES)
+        write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2, campplus_sizes)
     else:
+        if inference:  # IndexTTS2's inference loads CAMPPlus from the hub cache; prepare does not use it
+            write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2, campplus_sizes)
         (hf_cache / "semantic_codec").mkdir(parents=True, exist_ok=True)
         raw["semantic_codec"] = write_tiny_codec(hf_cache / "semantic_codec" / "model.safetensors", FAMILY_V2,
                                                  seed + 1, width, codec_sizes)
