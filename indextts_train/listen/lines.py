@@ -21,7 +21,7 @@ from pathlib import Path
 from indextts_train.data.manifest import iter_lines
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.listen.select import run_inputs
+from indextts_train.listen.choose import run_inputs
 from indextts_train.listen.text_score import normalise
 from indextts_train.prepare.outputs import file_stem
 from indextts_train.ui.run_record import RECORD_NAME

@@ -31,13 +31,13 @@ from indextts_train.checkpoint.scores import (
 )
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
+from indextts_train.listen.board import ListenBoard
+from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
 from indextts_train.listen.lines import Line, default_lines, read_lines_file
 from indextts_train.listen.model_folder import MARKER, make_model_folder
 from indextts_train.listen.page import write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
-from indextts_train.listen.select import Chosen, choose_checkpoints, model_dir_of, run_inputs
 from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
-from indextts_train.listen.tensorboard import ListenBoard
 
 MODEL_FOLDER = ".model"  # RUN/listen/.model: the temporary official folder (links + the export)
 

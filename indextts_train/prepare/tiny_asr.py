@@ -24,6 +24,9 @@ def write_tiny_asr(folder: Path, seed: int = 0) -> Path:
         Wav2Vec2Processor,
     )
 
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # a few KB: no progress bars on the console
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {"<pad>": 0, "<unk>": 1, "|": 2} | {ch: i + 3 for i, ch in enumerate(ALPHABET)}
