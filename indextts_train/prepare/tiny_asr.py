@@ -16,6 +16,7 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyz'"
 def write_tiny_asr(folder: Path, seed: int = 0) -> Path:
     """Write the model (seeded) into `folder`; returns `folder`."""
     import torch
+    import transformers
     from transformers import (
         Wav2Vec2Config,
         Wav2Vec2CTCTokenizer,
@@ -23,8 +24,6 @@ def write_tiny_asr(folder: Path, seed: int = 0) -> Path:
         Wav2Vec2ForCTC,
         Wav2Vec2Processor,
     )
-
-    import transformers
 
     transformers.utils.logging.disable_progress_bar()  # a few KB: no progress bars on the console
     folder = Path(folder)
