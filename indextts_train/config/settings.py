@@ -164,6 +164,12 @@ class TrainConfig:
     forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
                                        "the base model's: '5' (every language) or 'zh=5,en=5'.")
     seed: int = option(1234, "Seed for init, data order and dropout.")
+    listen_every: int = option(0, "Hear every K-th saved checkpoint (and the last) with `indextts-train listen` in a "
+                                  "separate process while training goes on (0 = never); see docs/listen.md.")
+    listen_device: str = option("cpu", "--listen-every: where the listener synthesizes and scores (cpu, cuda:1, ...).")
+    listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).")
+    listen_inference_python: str = option("", "--listen-every: the listener's --inference-python (default: this "
+                                              "Python).")
     # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
     # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
     train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
@@ -228,7 +234,7 @@ _TRAIN_RANGES = {
     "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
     "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
     "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
-    "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)",
+    "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)", "listen_every": ">=0",
 }
 _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
           "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
@@ -245,6 +251,7 @@ TRAIN_MAX = {
     "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
     "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
     "max_bad_steps": 1_000_000, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
+    "listen_every": 1 << 40,
 }
 
 
