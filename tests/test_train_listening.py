@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint, same_file
+from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.train.listening import Listener, due_steps
 from indextts_train.train.loop import TrainOptions, train
 
@@ -54,3 +55,21 @@ def test_a_failed_listener_is_a_warning_and_the_next_one_hears_what_is_due(tmp_p
     log = tmp_path / "listen" / "listen.log"
     assert warned == [f"--listen-every: listening to step(s) 4 failed (exit 2); see {log}; training goes on"]
     assert "model_step4.pth is INCOMPLETE" in log.read_text(encoding="utf-8")
+
+
+def test_best_follows_the_heard_cer(tiny_data, tmp_path) -> None:
+    """--best-metric listen/cer: best.pth names the saved checkpoint with the lowest mean CER in
+    RUN/listen/scores.jsonl (records as `listen` appends them), taken as each checkpoint is saved."""
+    out = tmp_path / "run"
+    for step, cers in ((2, (0.5, 0.7)), (4, (0.2, 0.3)), (6, (0.4, 0.4))):
+        for line, cer in enumerate(cers):
+            append_record(scores_path(out), {"format": RECORD_FORMAT, "step": step, "line_id": f"l{line}",
+                                             "ok": True, "cer": cer, "speaker_sim": 0.5})
+    _train(tiny_data, out, best_metric="listen/cer")
+    assert same_file(out / "best.pth", out / "model_step4.pth")
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert "best.pth now names model_step2.pth: listen/cer 0.6000" in log
+    assert "best.pth now names model_step4.pth: listen/cer 0.2500" in log and "model_step6.pth: listen" not in log
+    # the state saved with step 6 was taken before its file existed, so before its scores were taken
+    assert load_checkpoint(out / "latest.pth")["history"]["best"] == {
+        "metric": "listen/cer", "value": 0.25, "step": 4, "stale": 0, "heard": 4}

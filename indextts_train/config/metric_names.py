@@ -11,6 +11,7 @@ import re
 from indextts_train.errors import UserError
 
 LOSS_KEYS = ("loss", "text_loss", "mel_loss")  # lower is better; what a limit or the best metric may name
+LISTEN_METRICS = ("listen/cer", "listen/speaker_sim")  # --best-metric from what `listen` heard (RUN/listen/)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 

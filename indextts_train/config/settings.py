@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from indextts_train.config.metric_names import LOSS_KEYS, parse_forgetting_limit
+from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
@@ -158,7 +158,8 @@ class TrainConfig:
     keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep (best.pth and milestones aside).")
     keep_every: int = option(0, "Milestones: also keep every checkpoint whose step is a multiple of N (0 = none).")
     best_metric: str = option("loss", "Validation metric that picks best.pth: loss (the weighted total), "
-                                      "text_loss, mel_loss, or LANG/loss for one language.")
+                                      "text_loss, mel_loss, or LANG/loss for one language; or listen/cer, "
+                                      "listen/speaker_sim: what --listen-every heard.")
     early_stop_patience: int = option(0, "Stop after K validations in a row without a new best.pth "
                                          "(0 = never); exits 0.")
     forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
@@ -215,9 +216,10 @@ class TrainConfig:
         scope_settings(self)  # names the bad train_scope / partial_layers / lora_* key
 
     def _check_best_settings(self) -> None:
-        if self.best_metric.rpartition("/")[2] not in LOSS_KEYS:
+        if self.best_metric.rpartition("/")[2] not in LOSS_KEYS and self.best_metric not in LISTEN_METRICS:
             raise UserError(f"train.best_metric (--best-metric) {self.best_metric!r}: expected "
-                            f"{', '.join(LOSS_KEYS)}, or LANG/loss for one validation language")
+                            f"{', '.join(LOSS_KEYS)}, LANG/loss for one validation language, or "
+                            f"{' or '.join(LISTEN_METRICS)} (with --listen-every)")
         if self.forgetting_limit:
             parse_forgetting_limit(self.forgetting_limit)
 

@@ -3,7 +3,7 @@ code, and each WAV is transcribed and scored.
 
 Everything that can be wrong with the input is found before anything is written: the lines, the
 checkpoints (COMPLETE), the model folder, the inference environment, the ASR model. Then, per
-checkpoint in step order: a temporary official model folder (RUN/listen/.model, removed after),
+checkpoint in step order: a temporary official model folder (RUN/listen/.model-PID, removed after),
 the missing lines synthesized into RUN/listen/step{N}/, each scored and appended to
 scores.jsonl, TensorBoard (RUN/logs/listen) and index.html updated. A rerun hears only the
 (checkpoint, line) pairs without a score, so a killed listen loses nothing and redoes nothing
@@ -13,6 +13,7 @@ lines were spoken together.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from indextts_train.listen.page import write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
 from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
 
-MODEL_FOLDER = ".model"  # RUN/listen/.model: the temporary official folder (links + the export)
+MODEL_FOLDER = ".model-"  # RUN/listen/.model-PID: each process's temporary official folder (links + the export)
 
 
 @dataclass
@@ -123,7 +124,8 @@ def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
            lines: list[Line]) -> tuple[list[SynthesisResult], int | None]:
     """Synthesize `lines` from one checkpoint: (the results, the GPT's width, from the exported config)."""
     listen_dir = options.run_dir / LISTEN_DIR
-    folder = listen_dir / MODEL_FOLDER
+    folder = listen_dir / f"{MODEL_FOLDER}{os.getpid()}"
+    _remove_stale_folders(listen_dir)
     make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
     try:
         width = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")).get("gpt") or {}).get("model_dim")
@@ -133,6 +135,24 @@ def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
         if (folder / MARKER).is_file():
             shutil.rmtree(folder)
     return results, width
+
+
+def _remove_stale_folders(listen_dir: Path) -> None:
+    """The temporary folders of listen processes that were killed (ours: they carry the marker)."""
+    for folder in listen_dir.glob(f"{MODEL_FOLDER}*"):
+        pid = folder.name[len(MODEL_FOLDER):]
+        if pid.isdigit() and int(pid) != os.getpid() and (folder / MARKER).is_file() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tokenizer(run_dir: Path) -> Path | None:
