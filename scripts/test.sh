@@ -9,3 +9,4 @@ EXTRAS="${EXTRAS:-dev,prepare,corpora,webui,browser-test}" bash scripts/install.
 bash scripts/install_chromium.sh
 "${PYTHON:-python3}" -m pytest -q "$@"
 bash scripts/test_transformers_pin.sh  # the w2v-BERT stages under the transformers official IndexTTS pins
+bash scripts/test_listen.sh  # synthesis with the official inference packages, in their own environments

@@ -33,6 +33,11 @@ SLOW_FILES = frozenset({
     "test_webui_browser.py", "test_webui.py", "test_cli.py",
 })
 
+# The synthesis tests need the official inference packages, each in an environment of its own: their
+# lane, scripts/test_listen.sh (which scripts/test.sh runs after the suite), makes the environments and
+# names their interpreters; the main run has neither, so it does not collect that file.
+collect_ignore = [] if os.environ.get("INDEXTTS_TEST_PYTHON_V25") else ["test_listen_inference.py"]
+
 
 @pytest.fixture(scope="module")
 def one_torch_thread():

@@ -37,6 +37,7 @@ V2_HUB_FILES = {
 }
 V2_VOCODER_FILES = [("config.json", "bigvgan/config.json"), ("bigvgan_generator.pt", "bigvgan/bigvgan_generator.pt")]
 LOCAL_REVISION = "0" * 40  # the snapshot name of a hub entry made from local files
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _one_line(exc: BaseException) -> str:
@@ -98,16 +99,22 @@ def _write_wav(path: Path, sample_rate: int, pcm16) -> None:
         handle.writeframes(np.ascontiguousarray(data).tobytes())
 
 
+def _max_mel_tokens(model_dir: Path, cap: int | None) -> int:
+    """The package's default, but never past the model's own limit (its position table) nor the job's cap."""
+    from omegaconf import OmegaConf
+
+    limits = [PACKAGE_DEFAULT_MAX_MEL_TOKENS, int(OmegaConf.load(model_dir / "config.yaml").gpt.max_mel_tokens)]
+    return min(limits + ([int(cap)] if cap else []))
+
+
 class _V25:
     """IndexTTS-2.5 through its public API (`indextts25.IndexTTS25`)."""
 
-    def __init__(self, model_dir: Path, device: str) -> None:
+    def __init__(self, model_dir: Path, device: str, cap: int | None) -> None:
         from indextts25 import IndexTTS25
-        from omegaconf import OmegaConf
 
         self.tts = IndexTTS25(model_dir=model_dir, device=device)
-        self.max_mel_tokens = min(PACKAGE_DEFAULT_MAX_MEL_TOKENS,
-                                  int(OmegaConf.load(model_dir / "config.yaml").gpt.max_mel_tokens))
+        self.max_mel_tokens = _max_mel_tokens(model_dir, cap)
 
     def speak(self, line: dict, out: Path) -> None:
         if not line.get("language"):
@@ -119,12 +126,10 @@ class _V25:
 class _V2:
     """IndexTTS2 through `indextts.infer_v2.IndexTTS2` (the PyPI package or an index-tts checkout)."""
 
-    def __init__(self, model_dir: Path, device: str) -> None:
+    def __init__(self, model_dir: Path, device: str, cap: int | None) -> None:
         from indextts.infer_v2 import IndexTTS2
-        from omegaconf import OmegaConf
 
-        config = OmegaConf.load(model_dir / "config.yaml")
-        self.max_mel_tokens = min(PACKAGE_DEFAULT_MAX_MEL_TOKENS, int(config.gpt.max_mel_tokens))
+        self.max_mel_tokens = _max_mel_tokens(model_dir, cap)
         self.tts = IndexTTS2(cfg_path=str(model_dir / "config.yaml"), model_dir=str(model_dir), device=device,
                              use_fp16=False)
 
@@ -179,16 +184,16 @@ def _speak_line(engine, line: dict) -> dict:
     return {"line_id": line["line_id"], "ok": True, "seconds": time.perf_counter() - started, "error": None}
 
 
-def _load(job: dict, cache: Path):
+def _load(job: dict):
     family, model_dir = job["family"], Path(job["model_dir"])
     if job.get("threads"):
         import torch
 
         torch.set_num_threads(int(job["threads"]))
     if family == FAMILY_V25:
-        return _V25(model_dir, job["device"])
+        return _V25(model_dir, job["device"], job.get("max_mel_tokens"))
     if family == FAMILY_V2:
-        return _V2(model_dir, job["device"])
+        return _V2(model_dir, job["device"], job.get("max_mel_tokens"))
     raise ValueError(f"unknown family {family!r}")
 
 
@@ -209,8 +214,23 @@ def _vocoder_id(config: Path) -> str:
     return str(OmegaConf.load(config).vocoder.name)
 
 
+def _die_with_parent(parent: int) -> None:
+    """A killed `listen` leaves no child speaking on: on Linux the kernel kills this process with its parent
+    (the parent's thread waits in subprocess.run meanwhile, so it outlives us otherwise)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's timeout still bounds us
+        pass
+    if parent and os.getppid() != parent:  # the parent died before the call above
+        sys.exit(1)
+
+
 def run(job_path: Path) -> int:
     job = json.loads(job_path.read_text(encoding="utf-8"))
+    _die_with_parent(int(job.get("parent_pid") or 0))
     result = Path(job["result"])
     report: dict = {"versions": {}, "lines": [], "error": None, "load_seconds": None}
     cache = Path(tempfile.mkdtemp(prefix="indextts-hub-"))
@@ -218,7 +238,7 @@ def run(job_path: Path) -> int:
         started = time.perf_counter()
         try:
             _prepare_environment(job, cache)
-            engine = _load(job, cache)
+            engine = _load(job)
             report["versions"] = _versions(job["family"])
         except Exception as exc:  # a model folder the official code cannot load: every line fails with it
             report["error"] = f"loading the model failed: {_one_line(exc)}"

@@ -27,6 +27,17 @@ INFERENCE_MODULES = {FAMILY_V25: ("indextts25.api", "indextts25-inference"),
                      FAMILY_V2: ("indextts.infer_v2", "indextts2-inference")}
 PROBE_TIMEOUT_S = 300  # importing torch + transformers on a cold, loaded machine
 TAIL_CHARS = 4000
+PROBE_BROKEN = 4  # the package is there but its import fails (e.g. a torchaudio built for another torch)
+# Imports the inference module for real (a package that is installed but broken must be refused too),
+# printing one line instead of a traceback.
+PROBE = """import importlib.util, sys
+try:
+    found = importlib.util.find_spec({module!r}) is not None
+except Exception as exc:
+    print(type(exc).__name__ + ": " + " ".join(str(exc).split())[:300])
+    sys.exit(4)
+sys.exit(0 if found else 3)
+"""
 
 
 @dataclass(frozen=True)
@@ -81,15 +92,15 @@ def resolve_inference_python(family: str, flag_value: Path | None) -> Path:
         if not python.is_file() or not os.access(python, os.X_OK):
             raise UserError(f"{where}: not an executable file; pass the python of the environment where "
                             f"{INFERENCE_MODULES[family][1]} is installed")
-    probe = ("import importlib.util, sys\n"
-             f"sys.exit(0 if importlib.util.find_spec({module!r}) else 3)\n")
     try:
-        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
+        done = subprocess.run([str(python), "-c", PROBE.format(module=module)], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT_S, env=_child_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"{where}: cannot run it ({type(exc).__name__}); {_install_hint(family)}") from None
     if done.returncode != 0:
-        raise UserError(f"{where} cannot import {module} ({name} inference): {_install_hint(family)}")
+        found = _tail_line(done.stdout) if done.returncode == PROBE_BROKEN else "not installed"
+        raise UserError(f"{where} cannot import {module}, the {name} inference code ({found}): "
+                        f"{_install_hint(family)}")
     return python
 
 
@@ -102,10 +113,12 @@ def _child_env() -> dict[str, str]:
 
 
 def _job(model_dir: Path, family: str, lines: list[SynthesisLine], seed: int, device: str, result: Path,
-         threads: int | None) -> dict:
+         threads: int | None, max_mel_tokens: int | None) -> dict:
     return {
         "family": family,
+        "parent_pid": os.getpid(),
         "threads": threads,
+        "max_mel_tokens": max_mel_tokens,
         "model_dir": str(model_dir.resolve()),
         "device": device,
         "result": str(result),
@@ -129,7 +142,8 @@ def _tail_line(text: str) -> str:
 
 def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed: int, device: str,
                inference_python: Path | None, log_path: Path | None = None,
-               timeout_s: float | None = None, threads: int | None = None) -> list[SynthesisResult]:
+               timeout_s: float | None = None, threads: int | None = None,
+               max_mel_tokens: int | None = None) -> list[SynthesisResult]:
     """Speak every line with the official code of `family` from the official-layout `model_dir`.
 
     One child process loads the models once and synthesizes the lines in order, each seeded by
@@ -140,7 +154,7 @@ def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed
     python = inference_python or resolve_inference_python(family, None)
     with tempfile.TemporaryDirectory(prefix="indextts-listen-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job = _job(model_dir, family, lines, seed, device, result_path, threads)
+        job = _job(model_dir, family, lines, seed, device, result_path, threads, max_mel_tokens)
         job_path.write_text(json.dumps(job), encoding="utf-8")
         started = time.monotonic()
         try:

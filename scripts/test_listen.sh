@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The listen tests that run the official inference code: IndexTTS-2.5 (indextts25-inference) and IndexTTS2
+# (indextts2-inference), each installed by scripts/install_inference.sh into an environment of its own
+# under $INFERENCE_VENVS (default: ${TMPDIR:-/tmp}/indextts-train-inference; reused when there), on tiny
+# random model folders, offline.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENVS="${INFERENCE_VENVS:-${TMPDIR:-/tmp}/indextts-train-inference}"
+mkdir -p "$VENVS"
+V25="$(PYTHON="$PYTHON" bash scripts/install_inference.sh indextts2.5 "$VENVS/indextts2.5" | tail -n 1)"
+V2="$(PYTHON="$PYTHON" bash scripts/install_inference.sh indextts2 "$VENVS/indextts2" | tail -n 1)"
+echo "inference environments: $V25, $V2"
+INDEXTTS_TEST_PYTHON_V25="$V25" INDEXTTS_TEST_PYTHON_V2="$V2" \
+    exec "$PYTHON" -m pytest -q -s -p no:cacheprovider tests/test_listen_inference.py "$@"

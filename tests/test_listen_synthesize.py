@@ -1,0 +1,64 @@
+"""Choosing the inference interpreter, and seeding lines (the synthesis itself: test_listen_inference.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
+from indextts_train.errors import UserError
+from indextts_train.listen.synthesize import SynthesisLine, line_seed, resolve_inference_python, synthesize
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """An interpreter with neither inference package: a new venv that does not see this one's packages."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return venv / "bin" / "python"
+
+
+@pytest.mark.slow  # a new venv: seconds
+@pytest.mark.parametrize(("family", "package", "module"), [(FAMILY_V25, "indextts25-inference", "indextts25"),
+                                                           (FAMILY_V2, "indextts2-inference", "indextts")])
+def test_an_environment_without_the_package_is_one_line_naming_it(bare_python, family, package, module) -> None:
+    with pytest.raises(UserError) as caught:
+        resolve_inference_python(family, bare_python)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"--inference-python {bare_python}" in message and f"pip install {package}" in message
+    assert f"No module named '{module}'" in message
+
+
+def test_a_missing_interpreter_is_one_line(tmp_path) -> None:
+    with pytest.raises(UserError, match=r"--inference-python .*nothing/python: not an executable file"):
+        resolve_inference_python(FAMILY_V25, tmp_path / "nothing" / "python")
+
+
+def test_an_unknown_family_is_one_line() -> None:
+    with pytest.raises(UserError, match="unknown model family 'indextts3'"):
+        resolve_inference_python("indextts3", None)
+
+
+def test_a_line_seed_depends_on_the_seed_and_the_line_only() -> None:
+    seeds = {line_seed(seed, line) for seed in range(3) for line in ("a", "b", "c")}
+    assert len(seeds) == 9 and all(0 <= s < 2**31 for s in seeds)
+    assert line_seed(7, "en/utt1") == line_seed(7, "en/utt1")
+
+
+@pytest.mark.slow
+def test_a_child_that_cannot_run_fails_every_line_with_its_reason(bare_python, tmp_path) -> None:
+    """The bare interpreter has no torch: the child reports the load failure, the parent gets one line per line."""
+    lines = [SynthesisLine(f"l{i}", "text", tmp_path / "p.wav", tmp_path / "out" / f"l{i}.wav", "en") for i in range(2)]
+    results = synthesize(tmp_path / "model", FAMILY_V25, lines, seed=1, device="cpu", inference_python=bare_python,
+                         log_path=tmp_path / "log.txt")
+    assert [r.line_id for r in results] == ["l0", "l1"]
+    for result in results:
+        assert not result.ok and result.error.startswith("loading the model failed: ")
+        assert "No module named" in result.error and "\n" not in result.error
+        assert result.seed == line_seed(1, result.line_id)
+    assert not (tmp_path / "out").exists()
+    assert "Traceback" not in (tmp_path / "log.txt").read_text()
