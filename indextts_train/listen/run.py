@@ -100,6 +100,7 @@ def listen(options: ListenOptions) -> Path:
     work = plan(options)
     for note in work.notes:
         say(f"note: {note}")
+    _remove_stale_folders(options.run_dir / LISTEN_DIR)
     if not work.todo:
         say(f"every chosen checkpoint was already heard ({len(work.lines)} lines); nothing to do")
     board = ListenBoard(options.run_dir, say) if work.todo else None
@@ -125,7 +126,6 @@ def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
     """Synthesize `lines` from one checkpoint: (the results, the GPT's width, from the exported config)."""
     listen_dir = options.run_dir / LISTEN_DIR
     folder = listen_dir / f"{MODEL_FOLDER}{os.getpid()}"
-    _remove_stale_folders(listen_dir)
     make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
     try:
         width = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")).get("gpt") or {}).get("model_dim")
