@@ -92,11 +92,12 @@ def demo(
     family: Annotated[str, typer.Option(help="Model family: 2 (IndexTTS2, SentencePiece) or 2.5 (IndexTTS-2.5, tiktoken).")] = "2",
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
-    """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), then train on it and export."""
+    """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), train on it, export, listen (docs/listen.md)."""
+    from indextts_train.listen.demo import listen_to_demo
     from indextts_train.train.demo import run_demo
 
-    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
-                                 train_scope=train_scope) or 0)
+    code = run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family, train_scope=train_scope)
+    raise typer.Exit(code or run_guarded(listen_to_demo, out_dir, family))  # listening: when inference is there
 
 
 PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingface_hub")
