@@ -17,6 +17,7 @@ import typer
 from helpers import ROOT
 
 from indextts_train.checkpoint.files import verify_checkpoint
+from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
@@ -170,6 +171,10 @@ def test_a_trainer_run_is_found_through_its_run_lock_after_a_server_restart(tiny
         assert records.status_line(found, text) == (f"ended (PID {launch.pid}) · step {step}/{steps} · "
                                                     f"checkpoint {saved}")
         assert verify_checkpoint(saved).status == "COMPLETE"
+        append_record(scores_path(out), {"format": RECORD_FORMAT, "step": step, "line_id": "l1", "ok": True,
+                                         "cer": 0.125, "speaker_sim": 0.5})  # as `listen` appends what it heard
+        row = next(r for r in records.checkpoint_rows(out, []) if r["file"] == str(saved))
+        assert (row["cer"], row["speaker_sim"]) == (0.125, 0.5)
     finally:
         if launch.process.poll() is None:
             os.killpg(launch.pid, 9)

@@ -3,7 +3,8 @@
 Progress, the hardware plan, warnings and the settings-drift report come from the trainer's plain log
 lines (train.log); loss curves from its TensorBoard event files (OUTPUT_DIR/logs/run/); checkpoint
 status from the checkpoint module's `verify_checkpoint`, the function behind `indextts-train
-verify`. Nothing here computes what the trainer computes. No module here imports Gradio.
+verify`; what `listen` heard from RUN/listen/scores.jsonl. Nothing here computes what the trainer
+computes. No module here imports Gradio.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from indextts_train.checkpoint.files import list_checkpoints, same_file, verify_checkpoint
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
 from indextts_train.ui.run_record import RECORD_NAME, read_record, unstamp
 from indextts_train.webui.runs import Launch
 
@@ -174,6 +176,7 @@ def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> l
     """Every checkpoint of the run: file, status, step, epoch, val loss at its step, latest/best, size."""
     output_dir = Path(output_dir)
     val = {step: value for tag, step, value in curves if tag == "val/loss"}
+    heard = summary_by_step(output_dir)  # RUN/listen/scores.jsonl: means per checkpoint
     best = output_dir / "best.pth"
     rows = []
     for path in [*list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
@@ -187,9 +190,14 @@ def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> l
                  if (output_dir / name).is_file() and same_file(path, output_dir / name)]
         rows.append({"file": str(path), "status": found["status"], "step": step, "epoch": summary.get("epoch"),
                      "val_loss": None if val.get(step) is None else round(val[step], 4), "marks": ", ".join(marks),
+                     **{key: _rounded((heard.get(step) or {}).get(key)) for key in SUMMARY_KEYS},
                      "size_mb": round(summary.get("sizes", {}).get("file_bytes", 0) / 2**20, 2),
                      "reasons": "; ".join(found.get("reasons", []))})
     return rows
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def recorded_command(output_dir: Path) -> str:
