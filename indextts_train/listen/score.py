@@ -19,7 +19,7 @@ from indextts_train.listen.lines import Line
 from indextts_train.listen.text_score import cer, wer
 from indextts_train.prepare.audio import load_audio, soxr_resample
 from indextts_train.prepare.campplus import MIN_SAMPLES, CampPlus
-from indextts_train.prepare.models import CAMPPLUS_HUB, sha256_file
+from indextts_train.prepare.models import CAMPPLUS_HUB, cached_hub_file, sha256_file
 
 MAX_TRANSCRIPT_CHARS = 4000  # a babbling model's transcript is kept, but not without end
 
@@ -36,16 +36,9 @@ def find_campplus(model_dir: Path) -> Path | None:
     if local.is_file():
         return local
     try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
+        return cached_hub_file(CAMPPLUS_HUB, [model_dir / "hf_cache", None])
+    except ImportError:  # huggingface_hub: in the [prepare] extra, like transformers
         return None
-    for cache in (model_dir / "hf_cache", None):
-        if cache is not None and not cache.is_dir():
-            continue
-        found = try_to_load_from_cache(CAMPPLUS_HUB.repo, CAMPPLUS_HUB.filename, cache_dir=cache)
-        if isinstance(found, str):
-            return Path(found)
-    return None
 
 
 @dataclass
