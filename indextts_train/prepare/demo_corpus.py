@@ -27,6 +27,7 @@ from indextts_train.text.tokenizer import extend_tokenizer
 N_SPEAKERS = 3
 SECONDS = {False: (0.6, 1.1), True: (0.8, 2.4)}  # tiny max_mel_tokens: 60 codes at 50 Hz, 90 at 25 Hz
 VAL_FRACTION = 0.15
+INFERENCE_W2V_WIDTH = 1024  # the official GPT's conditioning encoders read 1024-wide w2v-BERT features
 
 
 def _tokenizers(data_dir: Path, config_path: Path, is_v25: bool, seed: int) -> tuple[Path, Path]:
@@ -66,8 +67,9 @@ def make_prepared_demo(out_dir: Path, config_path: Path, *, seed: int = 0) -> di
     data_dir.mkdir(parents=True, exist_ok=True)
     base, grown = _tokenizers(data_dir, config_path, is_v25, seed)
     model_dir = out_dir / "models"
-    if not (model_dir / "gpt.pth").is_file():
-        write_tiny_model_dir(model_dir, gpt_config=config_path, tokenizer=base, seed=seed)
+    if not (model_dir / "gpt.pth").is_file():  # 2.5: at the widths the official inference builds, so the demo
+        wide = {"width": INFERENCE_W2V_WIDTH, "inference": True} if is_v25 else {}  # ends by listening
+        write_tiny_model_dir(model_dir, gpt_config=config_path, tokenizer=base, seed=seed, **wide)
     corpus = data_dir / "clips" / "corpus.jsonl"
     if not corpus.is_file():
         texts = _texts(grown, is_v25, load_config(config_path).gpt.max_text_tokens)
