@@ -22,7 +22,8 @@ def listen(
     seed: Annotated[int, typer.Option(help="Seed of the default line choice and of each line's synthesis.")] = 0,
 ) -> None:
     """Synthesize fixed lines from checkpoints with the official inference code, transcribe and score them;
-    RUN/listen/scores.jsonl and index.html. A rerun hears only what has no score yet."""
+    RUN/listen/scores.jsonl and index.html. A rerun hears only what has no score yet. Exit 0, 1 when a line
+    failed, 2 bad input."""
     from indextts_train.listen.run import ListenOptions
     from indextts_train.listen.run import listen as run_listen
 
@@ -30,8 +31,12 @@ def listen(
                             inference_python=inference_python, model_dir=model_dir, device=device, seed=seed,
                             say=lambda line: typer.echo(line))
     try:
-        page = run_listen(options)
+        page, failed = run_listen(options)
     except UserError as exc:
         typer.echo(f"error: {user_line(exc)}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"wrote {page}")
+    if failed:  # exit 1: --listen-every turns it into a warning in train.log
+        typer.echo(f"{failed} line(s) failed (why: {page.parent / 'scores.jsonl'}, {page.parent / 'synthesis.log'}); "
+                   "a rerun tries them again", err=True)
+        raise typer.Exit(1)

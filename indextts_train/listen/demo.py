@@ -45,7 +45,8 @@ def listen_to_demo(out_dir: Path, family: str) -> int:
     asr = out_dir / "asr"
     if not (asr / "config.json").is_file():
         write_tiny_asr(asr)
-    page = listen(ListenOptions(run_dir=out_dir / "run", checkpoints="best,latest", asr_model=str(asr),
+    page, failed = listen(ListenOptions(run_dir=out_dir / "run", checkpoints="best,latest", asr_model=str(asr),
                                 inference_python=python, model_dir=model_dir, device="cpu"))
-    print(f"listen to the demo's checkpoints: {page} (tiny random models: they speak noise)")
+    failures = f"; {failed} line(s) failed, see {page.parent / 'synthesis.log'}" if failed else ""
+    print(f"listen to the demo's checkpoints: {page} (tiny random models: they speak noise){failures}")
     return 0

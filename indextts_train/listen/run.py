@@ -68,6 +68,7 @@ class Plan:
     python: Path | None = None  # resolved only when there is something to hear
     recogniser: Recogniser | None = None
     notes: list[str] = field(default_factory=list)
+    failed: int = 0  # lines whose synthesis or scoring failed (recorded; a rerun tries them again)
 
 
 def resolve_device(device: str) -> str:
@@ -94,8 +95,8 @@ def plan(options: ListenOptions) -> Plan:
     return work
 
 
-def listen(options: ListenOptions) -> Path:
-    """Hear, score and record every chosen checkpoint; returns RUN/listen/index.html."""
+def listen(options: ListenOptions) -> tuple[Path, int]:
+    """Hear, score and record every chosen checkpoint; returns (RUN/listen/index.html, how many lines failed)."""
     say = options.say
     work = plan(options)
     for note in work.notes:
@@ -111,7 +112,7 @@ def listen(options: ListenOptions) -> Path:
     finally:
         if board is not None:
             board.close()
-    return write_page(options.run_dir)
+    return write_page(options.run_dir), work.failed
 
 
 def _synthesis_lines(listen_dir: Path, step: int, lines: list[Line]) -> list[SynthesisLine]:
@@ -179,6 +180,7 @@ def _hear(options: ListenOptions, work: Plan, chosen: Chosen, lines: list[Line],
         append_record(scores_path(options.run_dir), record)
         board.line(record, result.out_wav)
         records.append(record)
+        work.failed += not record["ok"]
     board.checkpoint(chosen.step, records)
     say(_summary_line(chosen.step, records, synthesis_s, time.monotonic() - started - synthesis_s))
 
