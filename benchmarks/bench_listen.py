@@ -7,8 +7,11 @@
 One checkpoint is heard the way `listen` hears it: its export into a temporary official model folder
 (`make_model_folder`: gpt.pth, config.yaml and tokenizer written, the rest linked), then one child process
 of the inference interpreter that loads every model once and speaks `--lines` lines, each seeded.
-Reported: the export's seconds, the child's wall time (process start, imports, model load, lines), each
-line's synthesis seconds (as the child measured it), and their sum per checkpoint.
+Reported: the export's seconds, the child's wall time (process start, imports, model load, lines) and CPU
+time (on a shared machine the wall time says more about the neighbours), each line's synthesis seconds
+(as the child measured it; the first line of a prompt also pays its conditioning, w2v-BERT + CAMPPlus,
+and the first line of a language the NeMo normaliser's grammar, cached on disk after the first run),
+and their sum per checkpoint.
 
 The model folder is a stand-in with seeded random weights (listen/tiny_folder.py): tiny, or with
 `--real-size` every file at the released shapes (w2v-BERT 2.0, the codec, CAMPPlus, the family's GPT
@@ -25,6 +28,7 @@ import base64
 import multiprocessing
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -108,17 +112,20 @@ def measure(model_dir: Path, work: Path, args: argparse.Namespace, python: Path)
         out = Path(scratch) / "wavs"
         lines = [SynthesisLine(f"line{i}", TEXTS[i % len(TEXTS)], clips / "utt0000.wav", out / f"line{i}.wav", "en")
                  for i in range(args.lines)]
-        started = time.perf_counter()
+        started, cpu_before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         results = synthesize(folder, family, lines, seed=0, device=args.device, inference_python=python,
                              log_path=work / "child.log", threads=args.threads,
                              max_mel_tokens=int(args.seconds * rate))
         child_s = time.perf_counter() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child_cpu_s = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
         failed = [r.error for r in results if not r.ok]
         if failed:
             sys.exit(f"synthesis failed: {failed[0]} (log: {work / 'child.log'})")
         audio = [round(_duration(r.out_wav), 2) for r in results]
     per_line = [round(r.seconds, 2) for r in results]
     return {"export_seconds": round(export_s, 2), "child_seconds": round(child_s, 2),
+            "child_cpu_seconds": round(child_cpu_s, 2),
             "load_and_start_seconds": round(child_s - sum(r.seconds for r in results), 2),
             "line_seconds": per_line, "line_audio_seconds": audio,
             "seconds_per_line": round(sum(per_line) / len(per_line), 2),

@@ -31,7 +31,7 @@ import torch
 from report import write_result
 
 from indextts_train.checkpoint.files import verify_checkpoint
-from indextts_train.train.demo import make_base_checkpoint
+from indextts_train.demo import make_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

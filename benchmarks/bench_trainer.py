@@ -45,8 +45,8 @@ from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, collate
 from indextts_train.data.sampling import ORDER_RULE, ResumableBatchSampler, SamplerSpec, Source, epoch_order
+from indextts_train.demo import make_base_checkpoint
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.train.demo import make_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

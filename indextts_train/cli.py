@@ -93,8 +93,8 @@ def demo(
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
     """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), train on it, export, listen (docs/listen.md)."""
+    from indextts_train.demo import run_demo
     from indextts_train.listen.demo import listen_to_demo
-    from indextts_train.train.demo import run_demo
 
     code = run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family, train_scope=train_scope)
     raise typer.Exit(code or run_guarded(listen_to_demo, out_dir, family))  # listening: when inference is there

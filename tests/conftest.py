@@ -86,7 +86,7 @@ def write_dataset(folder: Path, n: int, *, seed: int, text_vocab: int = 100, dim
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> dict:
     """24 training and 8 validation samples plus a base gpt.pth at the tiny size (vocab 100)."""
-    from indextts_train.train.demo import make_base_checkpoint
+    from indextts_train.demo import make_base_checkpoint
 
     folder = tmp_path_factory.mktemp("tiny_data")
     base = folder / "base_gpt.pth"
@@ -106,7 +106,7 @@ def tiny25_data(tmp_path_factory) -> dict:
     Amharic ranks), 24 training and 8 validation samples in English and Amharic, and a base gpt.pth."""
     from indextts_train.config.settings import load_config
     from indextts_train.data.demo_data_v25 import make_demo_dataset_v25
-    from indextts_train.train.demo import make_base_checkpoint
+    from indextts_train.demo import make_base_checkpoint
 
     folder = tmp_path_factory.mktemp("tiny25_data")
     config = ROOT / "configs" / "tiny_v25.yaml"

@@ -7,6 +7,7 @@ touch other branches' files, and the abandoned branch's bytes stay under `RUN/ab
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import sys
@@ -18,8 +19,9 @@ from helpers import start
 from test_e2e_nothing_lost import assert_same_state, cli, finish, train_args
 
 from indextts_train.checkpoint.files import load_checkpoint, save_checkpoint
-from indextts_train.checkpoint.lineage import ABANDONED, lineage_of, owned_by, set_aside
+from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of, owned_by, set_aside
 from indextts_train.checkpoint.state import FORMAT, Lineage, migrate
+from indextts_train.webui.records import checkpoint_rows as page_rows
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,15 @@ def test_rollback_killed_then_resume_auto_equals_an_uninterrupted_rollback(data,
     code, stdout, stderr = cli(["checkpoints", str(killed)])
     assert code == 0, stdout + stderr
     assert f"branch {new.branch}" in stdout and f"abandoned branch {old_branch}" in stdout
+    # The web page shows the same table: the same files, steps, statuses and val losses, abandoned included.
+    code, stdout, stderr = cli(["checkpoints", str(killed), "--json"])
+    assert code == 0, stdout + stderr
+    table = [(str(killed / row["file"]), row["step"], row["status"], (row["val"] or {}).get("loss"))
+             for row in json.loads(stdout)]
+    page = page_rows(killed)
+    assert [(row["file"], row["step"], row["status"]) for row in page] == [row[:3] for row in table]
+    assert [row["val_loss"] for row in page] == [None if v is None else round(v, 4) for _, _, _, v in table]
+    assert any(f"abandoned branch {old_branch}" in row["marks"] for row in page)
 
 
 def test_a_checkpoint_without_lineage_is_migrated_to_an_unknown_branch() -> None:
@@ -141,3 +152,20 @@ def test_a_checkpoint_written_before_lineage_resumes_exactly(data, reference, tm
     assert_same_state(out / "latest.pth", reference / "latest.pth")
     assert lineage_of(out / "latest.pth").branch is None  # it goes on as the old branch
     assert not (out / ABANDONED).exists()
+
+
+@pytest.mark.parametrize("branch", ["../../outside", "/tmp/elsewhere", "a/b", "..", "", "x" * 200, "a\nb"])
+def test_a_branch_read_from_a_file_is_data_never_a_path(tmp_path: Path, branch: str) -> None:
+    from test_checkpoint_files import make_state
+
+    out = tmp_path / "run"
+    out.mkdir()
+    state = make_state(2)
+    state["lineage"] = {"branch": branch, "parent": None, "parent_step": None, "born": 5, "forks": []}
+    torch.save(state, out / "model_step2.pth")  # save_checkpoint would refuse it: a stranger's file
+    assert Lineage.problems(state["lineage"])
+    assert lineage_of(out / "model_step2.pth").branch is None  # read as one old branch
+    moved = set_aside(out, Lineage(branch="new", parent=None, parent_step=None, born=9, forks=[]), frozenset())
+    assert [dest for _, dest in moved] == [out / ABANDONED / OLD_BRANCH / "model_step2.pth"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        f"run/{ABANDONED}/{OLD_BRANCH}/model_step2.pth"]

@@ -16,6 +16,7 @@ from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, score
 from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
 from indextts_train.train.loop import TrainOptions, train
+from indextts_train.webui.records import checkpoint_rows as page_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,6 +62,13 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     assert by_file["best.pth"]["val"]["loss"] == next(row[1] for row in history["val"] if row[0] == 2)
     assert by_file["model_step1.pth"]["status"] == "INCOMPLETE" and by_file["model_step1.pth"]["reason"]
     assert by_file["model_step4.pth"]["bytes"] == (out / "model_step4.pth").stat().st_size
+    # The web page's table is this one: same files, steps, statuses and validation losses.
+    page = page_rows(out)
+    assert [(Path(row["file"]).name, row["step"], row["status"]) for row in page] == [
+        (row["file"], row["step"], row["status"]) for row in rows]
+    assert [row["val_loss"] for row in page] == [None if not row["val"] else round(row["val"]["loss"], 4)
+                                                 for row in rows]
+    assert page[-1]["val_loss"] is not None and "best.pth" in page[-1]["marks"]
     assert all(row["listen"] is None for row in rows)
     _listened_columns_and_pick(out, tmp_path)
 
@@ -84,6 +92,8 @@ def _listened_columns_and_pick(out: Path, tmp_path: Path) -> None:
                                 cwd=ROOT, timeout=300)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"exported {out / name} (step {step}")
+    page = {Path(row["file"]).name: row for row in page_rows(out)}  # the web page's table shows them too
+    assert (page["model_step6.pth"]["cer"], page["model_step6.pth"]["speaker_sim"]) == (0.1, 0.4)
 
 
 def test_checkpoints_of_a_missing_folder_is_one_line(tmp_path) -> None:

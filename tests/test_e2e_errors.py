@@ -19,6 +19,7 @@ import yaml
 from helpers import FaultyFolder
 from typer.testing import CliRunner
 
+from indextts_train.checkpoint import table as checkpoint_table
 from indextts_train.cli import app, run_app
 from indextts_train.webui import records
 from indextts_train.webui.page import PageServer
@@ -96,21 +97,23 @@ def test_the_page_run_table_refuses_the_crafted_file_and_other_requests_still_an
     run = tmp_path / "run"
     crafted(run / "model_step1.pth")
     started = time.perf_counter()
-    rows = records.checkpoint_rows(run, [])
+    rows = records.checkpoint_rows(run)
     assert time.perf_counter() - started < 1.0
     assert rows[0]["status"] == "INCOMPLETE" and NOT_OURS in rows[0]["reasons"]
     # A slow read (a big file on a slow disk) holds only its own request: the table keeps no lock
     # that the log and status requests need.
     reading, release = threading.Event(), threading.Event()
 
-    def slow_verdict(path: str, mtime_ns: int, size: int) -> dict:
+    real_verify = checkpoint_table.verify_checkpoint
+
+    def slow_verify(path: Path):
         reading.set()
         release.wait(10)
-        return {"status": "INCOMPLETE", "reasons": [], "summary": {}}
+        return real_verify(path)
 
-    monkeypatch.setattr(records, "_verdict", slow_verdict)
+    monkeypatch.setattr(checkpoint_table, "verify_checkpoint", slow_verify)
     crafted(run / "model_step2.pth", depth=3)
-    table = threading.Thread(target=records.checkpoint_rows, args=(run, []))
+    table = threading.Thread(target=records.checkpoint_rows, args=(run,))
     table.start()
     assert reading.wait(10)
     try:

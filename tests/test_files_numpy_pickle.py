@@ -155,3 +155,30 @@ def test_a_chain_of_shared_lists_first_met_near_the_top_is_still_too_deep(tmp_pa
     path = saved(tmp_path, {"model": {"w": torch.zeros(2)}, "history": {"train": chain}})
     with pytest.raises(CheckpointError, match="not a checkpoint this program wrote: .*nested deeper than 32"):
         ckpt.load_checkpoint(path)
+
+
+def test_a_tensor_claiming_more_elements_than_its_storage_is_refused(tmp_path: Path) -> None:
+    path = saved(tmp_path, {"w": torch.zeros(4).as_strided((10**6, 10**6), (0, 0))})
+    with pytest.raises(pickle.UnpicklingError, match="claims 1000000000000 elements but its storage holds 16"):
+        load_weights_only(path)
+    overlap = saved(tmp_path, {"w": torch.arange(8.0).as_strided((4, 2), (1, 1))})  # 8 elements of 5 stored
+    assert torch.equal(load_weights_only(overlap)["w"], torch.arange(8.0).as_strided((4, 2), (1, 1)))
+
+
+def test_tensor_data_reachable_past_four_times_the_file_is_refused(tmp_path: Path) -> None:
+    weight = torch.zeros(256)
+    path = saved(tmp_path, {"w": weight, "again": [weight] * 8, "tree": [doubled(12), weight]})
+    assert load_weights_only(path)["again"][0] is not None  # 9 references of 1 KB: within the bound
+    many = saved(tmp_path, {"w": weight, "again": [[weight] * 64] * 64})  # 4096 references: 4 MiB
+    with pytest.raises(pickle.UnpicklingError, match="its tensors reach more than"):
+        load_weights_only(many)
+
+
+def test_an_old_format_file_past_the_pickle_bound_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "old.pth"
+    torch.save({"w": torch.zeros(2)}, path, _use_new_zipfile_serialization=False)
+    assert load_weights_only(path)["w"].shape == (2,)
+    with open(path, "r+b") as handle:  # sparse: nothing written, the size alone is refused
+        handle.truncate(numpy_pickle.MAX_PICKLE_BYTES + 1)
+    with pytest.raises(pickle.UnpicklingError, match="old-format"):
+        load_weights_only(path)

@@ -10,10 +10,10 @@ import yaml
 
 from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import _make_base_tokenizer
+from indextts_train.demo import make_base_checkpoint
 from indextts_train.errors import UserError
 from indextts_train.listen.model_folder import MARKER, make_model_folder, replaced_names
 from indextts_train.model.layout import official_shapes
-from indextts_train.train.demo import make_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 S2MEL_SECTION = {"preprocess_params": {"sr": 22050}}

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from indextts_train.checkpoint.files import load_checkpoint
-from indextts_train.train.demo import run_demo
+from indextts_train.demo import run_demo
 
 
 def assert_extended_share(prepared, grown: range, printed: str) -> None:

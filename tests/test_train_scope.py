@@ -22,7 +22,7 @@ from helpers import start
 from test_train_resume import assert_same_final_state, cli_args, finish
 from typer.testing import CliRunner
 
-import indextts_train.train.demo as demo
+import indextts_train.demo as demo
 from indextts_train.checkpoint.export import TIKTOKEN_NAME, export_checkpoint
 from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
 from indextts_train.cli import app

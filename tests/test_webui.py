@@ -17,10 +17,11 @@ import typer
 from helpers import ROOT
 
 from indextts_train.checkpoint.files import verify_checkpoint
-from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.cli import app
 from indextts_train.errors import UserError
-from indextts_train.ui.run_record import write_run_record
+from indextts_train.ui.console import RunLogger
+from indextts_train.ui.events import read_events
+from indextts_train.ui.run_record import TextLog, write_run_record
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
@@ -156,52 +157,65 @@ def test_a_trainer_run_is_found_through_its_run_lock_after_a_server_restart(tiny
              "--log-interval", "1", "--save-interval", str(10 * steps)]
     launch = RunRegistry().start(train_command(flags), out)  # the registry of the server before its restart
     try:
-        wait_until(lambda: records.progress(read_log(launch, out)) is not None, "the first step", timeout=180)
+        wait_until(lambda: records.progress(read_events(out)) is not None, "the first step", timeout=180)
         registry = RunRegistry()  # the restarted server: no child of its own
         found = registry.find(out)
         assert found is not None and found is not launch and found.process is None
         assert found.pid == launch.pid and found.running() and found.argv == launch.argv
-        assert records.status_line(found, read_log(found, out)).startswith(f"running (PID {launch.pid}) · step ")
+        assert records.status_line(found, read_events(out)).startswith(f"running (PID {launch.pid}) · step ")
         registry.stop(out)
         assert launch.process.wait(timeout=180) == 130  # finished its step and saved, as after Ctrl+C
-        text = read_log(found, out)
-        step = records.progress(text)[0]
+        events = read_events(out)
+        step = records.progress(events)[0]
         saved = out / f"model_step{step}.pth"
         assert not found.running() and registry.find(out) is found  # still shown, now as ended
-        assert records.status_line(found, text) == (f"ended (PID {launch.pid}) · step {step}/{steps} · "
-                                                    f"checkpoint {saved}")
+        assert records.status_line(found, events) == (f"ended (PID {launch.pid}) · step {step}/{steps} · "
+                                                      f"checkpoint {saved}")
+        assert "stopped by signal" in records.notices(events)
         assert verify_checkpoint(saved).status == "COMPLETE"
-        append_record(scores_path(out), {"format": RECORD_FORMAT, "step": step, "line_id": "l1", "ok": True,
-                                         "cer": 0.125, "speaker_sim": 0.5})  # as `listen` appends what it heard
-        row = next(r for r in records.checkpoint_rows(out, []) if r["file"] == str(saved))
-        assert (row["cer"], row["speaker_sim"]) == (0.125, 0.5)
     finally:
         if launch.process.poll() is None:
             os.killpg(launch.pid, 9)
             launch.process.wait()
 
 
-LOG = """=== indextts-train webui 2026-01-01 00:00:00: python -m indextts_train train --resume auto
-cpu (cpu): fp32, micro-batch 4 x accumulation 2 x 1 process(es) = effective batch 8, 0 data worker(s)
-  - fp32: CPU trains in full precision.
-resuming from /r/latest.pth
-settings changed since the checkpoint:
-  learning_rate: 0.001 -> 0.002
-warning: the learning rate changed: the schedule continues with the new peak value
-training 20 steps: 32 samples, effective batch 8 = 4 x 2 x 1, starting at step 3 (epoch 0, sample 24)
-step 4/20 epoch 0 loss 4.1034 text 5.0814 mel 3.8637 top1 0.197 lr 1.50e-03 2.3 samples/s
-saved /r/model_step4.pth (step 4, epoch 0, sample 32)
-step 5/20 epoch 1 loss 3.4810 text 4.8236 mel 3.1630 top1 0.405 lr 1.80e-03 2.3 samples/s
-"""
+def logger(folder, total_steps: int = 20) -> RunLogger:
+    """The trainer's own logger, writing train.log and events.jsonl into `folder` as a run does."""
+    text_log = TextLog()
+    text_log.attach(folder)
+    return RunLogger(None, total_steps, tensorboard=False, text_log=text_log)
 
 
-def test_progress_plan_and_drift_come_from_the_log_lines() -> None:
-    assert records.progress(LOG) == (5, 20) and records.last_saved(LOG) == "/r/model_step4.pth"
-    assert records.plan_text(LOG).splitlines()[1] == "  - fp32: CPU trains in full precision."
-    assert records.notices(LOG).splitlines() == [
+VALUES = {"loss": 4.1, "text_loss": 5.0, "mel_loss": 3.8, "mel_top1": 0.1, "lr": 1.5e-3, "samples_per_s": 2.3}
+
+
+def test_progress_plan_and_notices_come_from_the_events(tmp_path) -> None:
+    log = logger(tmp_path)
+    log.info("cpu (cpu): fp32, micro-batch 4 ...\n  - fp32: CPU trains in full precision.", "plan", plan={})
+    log.notice("resuming from /r/latest.pth")
+    log.notice("settings changed since the checkpoint:")
+    log.notice("  learning_rate: 0.001 -> 0.002")
+    log.warn("the learning rate changed: the schedule continues with the new peak value")
+    log.train_step(4, 0, VALUES, print_line=True)
+    log.saved(tmp_path / "model_step4.pth", best=False, step=4, total=20, epoch=0, sample=32)
+    log.train_step(5, 1, VALUES, print_line=True)
+    log.text_log.close()
+    events = read_events(tmp_path)
+    assert records.progress(events) == (5, 20) and records.last_saved(events) == str(tmp_path / "model_step4.pth")
+    assert records.plan_text(events).splitlines()[1] == "  - fp32: CPU trains in full precision."
+    assert records.notices(events).splitlines() == [
         "resuming from /r/latest.pth", "settings changed since the checkpoint:", "  learning_rate: 0.001 -> 0.002",
         "warning: the learning rate changed: the schedule continues with the new peak value"]
-    assert records.progress("starting") is None
+    assert records.progress([]) is None
+
+
+def test_a_cut_or_foreign_event_line_is_skipped(tmp_path) -> None:
+    log = logger(tmp_path)
+    log.train_step(3, 0, VALUES, print_line=True)
+    log.text_log.close()
+    with open(tmp_path / "events.jsonl", "ab") as file:
+        file.write(b'[1, 2]\n{"kind": 7}\n{"t": 1.0, "kind": "step", "step": 9, "to')  # a kill mid-line
+    assert records.progress(read_events(tmp_path)) == (3, 20)
 
 
 def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:
@@ -237,30 +251,33 @@ def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_it
                                               (7, 27.0)]
 
 
-FINISHED = """=== start 2026-11-25 09:00:00 +0000: train-gpt --output-dir /r --max-steps 20
-09:00:01 +0:00:00 step 10/20 epoch 0 loss 4.1 text 5.0 mel 3.8 top1 0.1 lr 1.5e-03 2.3 samples/s
-09:00:02 +0:00:01 stopped by signal after step 10; rerun the same command with --resume auto to continue (exit 130)
-=== start 2026-11-25 10:00:00 +0000: train-gpt --output-dir /r --max-steps 20 --resume auto
-10:00:04 +0:00:03 step 20/20 epoch 1 loss 3.4 text 4.8 mel 3.1 top1 0.4 lr 0.0e+00 2.3 samples/s
-10:00:05 +0:00:04 saved /r/model_step20.pth (step 20, epoch 1, sample 8), best.pth
-10:00:05 +0:00:04 done: 20 steps, 2 epoch(s), best.pth is step 20 (loss 3.4); checkpoints in /r (latest.pth)
-"""
-
-
 def test_watch_shows_a_run_finished_from_the_command_line_from_its_record(tmp_path, monkeypatch) -> None:
-    """No process of this server and no lock holder: the run's own train.log and run.yaml tell."""
-    assert records.status_line(None, "") == "no run in this output dir yet"
-    status = records.status_line(None, FINISHED)
-    assert status.startswith("finished (read from train.log") and "step 20/20" in status
-    assert "checkpoint /r/model_step20.pth" in status
-    stopped = records.status_line(None, FINISHED.split("=== start 2026-11-25 10")[0])
+    """No process of this server and no lock holder: the run's own events and run.yaml tell."""
+    assert records.status_line(None, []) == "no run in this output dir yet"
+    first = logger(tmp_path)
+    first.train_step(10, 0, VALUES, print_line=True)
+    first.stopped(10, 130)
+    first.text_log.close()
+    stopped = records.status_line(None, read_events(tmp_path))
     assert stopped.startswith("stopped") and "step 10/20" in stopped
+    second = logger(tmp_path)
+    second.train_step(20, 1, VALUES, print_line=True)
+    second.saved(tmp_path / "model_step20.pth", best=True, step=20, total=20, epoch=1, sample=8)
+    second.done(20, 2, "best.pth is step 20 (loss 3.4)", tmp_path)
+    second.text_log.close()
+    status = records.status_line(None, read_events(tmp_path))
+    assert status.startswith("finished (read from the run's events") and "step 20/20" in status
+    assert f"checkpoint {tmp_path / 'model_step20.pth'}" in status
     assert records.recorded_command(tmp_path) == ""
     monkeypatch.setattr(sys, "argv", ["/venv/bin/train-gpt", "--output-dir", "/r", "--max-steps", "20"])
     write_run_record(tmp_path, {}, {}, {}, 0.0)
     assert records.recorded_command(tmp_path) == "train-gpt --output-dir /r --max-steps 20"
-    (tmp_path / "train.log").write_text(FINISHED)
-    assert records.status_line(None, read_log(None, tmp_path)).startswith("finished")
+
+
+def test_no_module_of_the_page_matches_log_wording() -> None:
+    """The page reads the trainer's events, never its prose: no regular expression in webui/."""
+    for path in (ROOT / "indextts_train" / "webui").glob("*.py"):
+        assert "import re\n" not in path.read_text(), path.name
 
 
 def test_the_tokenizer_box_names_both_kinds() -> None:

@@ -28,7 +28,7 @@ from helpers import ROOT
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import make_demo_dataset
-from indextts_train.train.demo import TINY_CONFIG, make_base_checkpoint
+from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
 
 MAX_STEPS = 12
 PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
@@ -94,7 +94,7 @@ def server_url(tmp_path):
 
 
 def _demo_inputs(folder: Path) -> dict:
-    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.train.demo), smaller."""
+    """The demo's own dataset, tokenizer and base checkpoint (indextts_train.demo), smaller."""
     paths = make_demo_dataset(folder / "data", gpt_cfg=load_config(TINY_CONFIG).gpt, n_train=32, n_val=8)
     make_base_checkpoint(TINY_CONFIG, folder / "base_gpt.pth")
     return {"train_manifests": str(paths["train_manifest"]), "val_manifests": str(paths["val_manifest"]),

@@ -37,6 +37,7 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, fsync_dir, temp_name
+from indextts_train.files.bounded import load_yaml
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
@@ -278,7 +279,7 @@ def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokeni
                  notes: list[str]) -> tuple[str, list[str]]:
     """config.yaml for inference and what it lacks: every section of the user's config (--config, else the
     one stored in the checkpoint), with only what the fine-tune changed replaced."""
-    data = yaml.safe_load(base_config.read_text(encoding="utf-8")) if base_config else copy.deepcopy(config.sections)
+    data = load_yaml(base_config, "config") if base_config else copy.deepcopy(config.sections)
     data.pop("train", None)
     data["version"] = version_of_family(config.gpt.family)
     data["gpt"] = gpt_to_dict(config.gpt)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from indextts_train.checkpoint.files import BEST, LATEST, CheckpointError, list_checkpoints, read_unchecked, same_file
-from indextts_train.checkpoint.state import FORMAT, Lineage
+from indextts_train.checkpoint.state import FORMAT, Lineage, is_branch_name
 from indextts_train.config.schema import is_int
 from indextts_train.files.atomic import fsync_dir
 
@@ -190,7 +190,8 @@ def set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> 
         if twin is not None:
             path.unlink()
             continue
-        moved.append((path, _move_keeping(path, output_dir / ABANDONED / (info.branch or OLD_BRANCH))))
+        branch = info.branch if is_branch_name(info.branch) else OLD_BRANCH  # read_lineage checked it too
+        moved.append((path, _move_keeping(path, output_dir / ABANDONED / branch)))
     fsync_dir(output_dir)
     return moved
 

@@ -14,11 +14,14 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from indextts_train.checkpoint.adapter_file import missing_reason
 from indextts_train.checkpoint.state import FORMAT, migrate
 from indextts_train.config.settings import Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
-from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
+from indextts_train.files.bounded import check_regular
+from indextts_train.files.numpy_pickle import NOT_OURS, check_zip_bounds, load_weights_only
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 
 
@@ -42,28 +45,48 @@ def _check_zip_crc(path: Path) -> None:
                               "(damaged on disk or in a copy); it is left on disk")
 
 
+def _checked_before_reading(path: Path, check_crc: bool) -> bool:
+    """What is refused before torch reads a byte: not a regular file, zip members that could inflate or
+    claim more than the file has (before the CRC pass, which would inflate them), a bad CRC. Whether
+    the file is a zip."""
+    if not path.exists() or path.is_dir():
+        raise CheckpointError(f"{path}: {missing_reason(path)}")
+    try:
+        check_regular(path, "checkpoint")  # a FIFO would block, a /proc file's size is not its content
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        try:
+            check_zip_bounds(path, path.stat().st_size)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(f"refusing to load {path}: {exc}") from None
+        if check_crc:
+            _check_zip_crc(path)
+    return is_zip
+
+
+def _unpickling_error(path: Path, exc: pickle.UnpicklingError) -> CheckpointError:
+    if str(exc).startswith(NOT_OURS):
+        return CheckpointError(f"refusing to load {path}: {exc}")
+    refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
+    if refused:
+        return CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
+                               "and numpy arrays of plain number types are accepted")
+    unsafe = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    if unsafe:
+        return CheckpointError(f"refusing to load {path}: it contains pickled Python objects that could run code "
+                               f"({unsafe.group(1)}); only tensors and plain containers are accepted")
+    return CheckpointError(f"{path} is not a readable checkpoint: {_unpickle_reason(exc)}")
+
+
 def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: {missing_reason(path)}")
-    is_zip = zipfile.is_zipfile(path)
-    if is_zip and check_crc:
-        _check_zip_crc(path)
+    is_zip = _checked_before_reading(path, check_crc)
     try:
-        return load_weights_only(path, mmap=mmap and is_zip)
+        obj = load_weights_only(path, mmap=mmap and is_zip)
     except pickle.UnpicklingError as exc:
-        if str(exc).startswith(NOT_OURS):
-            raise CheckpointError(f"refusing to load {path}: {exc}") from None
-        refused = re.search(rf"{NUMPY_REFUSED}: ([^\n]+)", str(exc))
-        if refused:
-            raise CheckpointError(f"refusing to load {path}: {refused.group(1)}; only tensors, plain containers "
-                                  "and numpy arrays of plain number types are accepted") from None
-        unsafe = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        if unsafe:
-            raise CheckpointError(
-                f"refusing to load {path}: it contains pickled Python objects that could run code "
-                f"({unsafe.group(1)}); only tensors and plain containers are accepted") from None
-        raise CheckpointError(f"{path} is not a readable checkpoint: {_unpickle_reason(exc)}") from None
+        raise _unpickling_error(path, exc) from None
     except EOFError:
         raise CheckpointError(f"{path} is not a readable checkpoint: the file ends early "
                               "(empty or truncated)") from None
@@ -73,6 +96,10 @@ def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
         else:
             reason = f"truncated, corrupt or not written by torch.save ({_first_line(exc)})"
         raise CheckpointError(f"{path} is not a readable checkpoint: {reason}") from None
+    foreign = _foreign_structure(obj) if isinstance(obj, dict) else None
+    if foreign:
+        raise CheckpointError(f"{path} is not a checkpoint this program or torch's state_dict writes: {foreign}")
+    return obj
 
 
 def _starts_like_zip(path: Path) -> bool:
@@ -83,6 +110,27 @@ def _starts_like_zip(path: Path) -> bool:
 def _unpickle_reason(exc: BaseException) -> str:
     detail = re.search(r"Unsupported operand \S+", str(exc))
     return f"not written by torch.save, or damaged ({detail.group(0) if detail else 'unpickling failed'})"
+
+
+def _key_problem(mapping: dict, where: str) -> str | None:
+    odd = next((key for key in mapping if not isinstance(key, str)), None)
+    if odd is not None:
+        return f"{where} has a key of type {type(odd).__name__} ({repr(odd)[:40]}); names are strings"
+    return None
+
+
+def _foreign_structure(obj: dict) -> str | None:
+    """Why `obj` cannot be a checkpoint (ours, the community's or a bare state dict), or None: every
+    reader below names weights by their string keys, so a file that breaks that is refused here."""
+    model = obj.get("model") if isinstance(obj.get("model"), dict) else None
+    problem = _key_problem(obj, "the file's dict") or (model is not None and _key_problem(model, "its model dict"))
+    if problem:
+        return problem
+    if model is not None:
+        odd = next((k for k, v in model.items() if not isinstance(v, torch.Tensor)), None)
+        if odd is not None:
+            return f"its model dict's {odd[:80]!r} is a {type(model[odd]).__name__}, not a tensor"
+    return None
 
 
 def read_unchecked(path: Path) -> Any:

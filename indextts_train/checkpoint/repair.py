@@ -5,7 +5,7 @@ step and epoch, but no RNG states, position in the epoch, history, config or voc
 maps the weights onto the official gpt.pth names, keeps the optimizer set only when it provably
 matches them, fills every missing part with a stated default and records under `repaired` what was
 filled in, not known (`repaired["unknown"]`), and human notes. Storage, loading and the rules of a
-COMPLETE checkpoint stay in checkpoint.py; the original file is kept as a backup before it is replaced.
+COMPLETE checkpoint stay in files.py; the original file is kept as a backup before it is replaced.
 """
 
 from __future__ import annotations

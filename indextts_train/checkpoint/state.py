@@ -2,7 +2,7 @@
 
 Every part of a run that an exact resume needs gives its own `state_dict()` / `load_state_dict()`
 (progress, history, each rank's RNG here; model weights, optimizer set and vocab plan where they live), and
-`TrainingState` gathers them into the one plain dict that checkpoint.py stores. This module is the
+`TrainingState` gathers them into the one plain dict that checkpoint/files.py stores. This module is the
 only place that knows the layout:
 
 - `validate(state)`: what keeps a checkpoint from an exact resume (empty list: COMPLETE);
@@ -31,6 +31,7 @@ optimizer, scheduler and scaler together (one matched set, reset together) and l
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ class History(Component):
     baseline: dict | None = added_field(None)  # validation of the model before step 1: {"total", "groups"}
     last_val: dict | None = added_field(None)  # the latest validation, {"step", "total", "groups"}
     best: dict | None = added_field(None)  # BestTracker.state_dict(): the step best.pth holds, patience
+    # The generation check of each validation (--listen-lines): [{"step", "total", "groups"}]
+    generation: list = added_field(factory=list)
     # Metrics of the steps since the last logged line ([loss, text, mel, top1, grad_norm] each): a
     # resume averages the next line over the same steps as an uninterrupted run.
     pending: list = added_field(factory=list)
@@ -128,11 +131,22 @@ class History(Component):
             self.best_val_loss, self.best_val_step = result["loss"], step
 
     def record_validation(self, step: int, result: dict) -> None:
-        """An evaluate_groups result: the total as a `val` row, groups (if any) and the whole as last_val."""
+        """A validation's result: the total as a `val` row, groups (if any) and the losses as last_val,
+        the generation check (if any) in `generation`."""
         self.record_val(step, result["total"])
         if result["groups"]:
             self.val_groups.append({"step": step, "groups": result["groups"]})
-        self.last_val = {"step": step, **result}
+        self.last_val = {"step": step, **self._without_generation(step, result)}
+
+    def record_baseline(self, result: dict) -> None:
+        """The validation of the model before step 1 (its generation check, if any, as step 0's)."""
+        self.baseline = self._without_generation(0, result)
+
+    def _without_generation(self, step: int, result: dict) -> dict:
+        """The result less its generation check, which joins `generation` under `step`."""
+        if "generation" in result:
+            self.generation.append({"step": step, **result["generation"]})
+        return {k: v for k, v in result.items() if k != "generation"}
 
     @staticmethod
     def problems(state: Any) -> list[str]:
@@ -175,6 +189,14 @@ class DataRecord(Component):
         return [f"data.{k}: {p}" for k, t in types.items() if (p := type_problem(state.get(k), t))]
 
 
+BRANCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def is_branch_name(name: Any) -> bool:
+    """Whether `name` can be a branch (and so a folder name): no separators, no '..', not absolute."""
+    return isinstance(name, str) and BRANCH_NAME.fullmatch(name) is not None and ".." not in name
+
+
 @dataclass
 class Lineage(Component):
     """Which branch of the run a checkpoint belongs to (lineage.py decides when a branch is born).
@@ -200,6 +222,12 @@ class Lineage(Component):
         forks = state.get("forks")
         if not problems and not all(isinstance(f, list) and len(f) == 2 and is_int(f[1]) for f in forks):
             problems.append("lineage.forks: expected [branch, step] pairs")
+        if not problems:  # a branch names a folder (abandoned/<branch>/): a value read from a file is data
+            names = [state["branch"], state["parent"], *(f[0] for f in forks)]
+            odd = next((n for n in names if n is not None and not is_branch_name(n)), None)
+            if odd is not None:
+                problems.append(f"lineage: branch name {str(odd)[:60]!r} is not a plain name "
+                                "(letters, digits, '.', '_', '-')")
         return problems
 
 
@@ -387,7 +415,7 @@ class TrainingState:
     `weights` gives the official-layout `model`; `optimizer_set` its four matched keys (optimizer,
     optimizer_param_names, scheduler, scaler); `info` what the run was (hparams, config, vocab_plan,
     hardware, created), stored for resume checks and humans. Reading back is the reverse in
-    run.py: progress and history through their `load_state_dict`, the set through `OptimizerSet.load_from`.
+    train/setup.py: progress and history through their `load_state_dict`, the set through `OptimizerSet.load_from`.
     """
 
     weights: Stateful

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import load_yaml
 
 # Model families. The official config.yaml names its family with a top-level `version:` key
 # (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
@@ -171,6 +170,9 @@ class TrainConfig:
     listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).")
     listen_inference_python: str = option("", "--listen-every: the listener's --inference-python (default: this "
                                               "Python).")
+    listen_lines: int = option(4, "At every validation the GPT generates speech codes (no audio) for this many "
+                                  "validation lines per language: share that stops, length vs target, "
+                                  "repetition. 0 = off.")
     # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
     # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
     train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
@@ -236,7 +238,8 @@ _TRAIN_RANGES = {
     "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
     "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
     "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
-    "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)", "listen_every": ">=0",
+    "listen_lines": ">=0", "listen_every": ">=0",
+    "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)",
 }
 _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
           "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
@@ -252,7 +255,7 @@ TRAIN_MAX = {
     "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
     "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
     "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
-    "max_bad_steps": 1_000_000, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
+    "max_bad_steps": 1_000_000, "listen_lines": 1024, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
     "listen_every": 1 << 40,
 }
 
@@ -343,20 +346,10 @@ def version_of_family(family: str | None) -> float:
 
 def load_config(path: str | Path) -> Config:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():
         raise UserError(f"{path}: config file not found; pass --config configs/indextts2.yaml or your config.yaml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                        "save the config as UTF-8") from None
-    except RecursionError:  # PyYAML builds nested values recursively
-        raise UserError(f"{path}: nested too deeply to be a config; "
-                        "pass IndexTTS2's config.yaml or configs/*.yaml") from None
+        data = load_yaml(path, "config")  # safe and bounded: size, nesting, anchors expanded
     except OSError as exc:
         raise UserError(f"{path}: cannot read the config ({exc.strerror})") from None
     if not isinstance(data, dict):
@@ -481,8 +474,8 @@ def config_beside(checkpoint: Path | None) -> Path | None:
     try:
         if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
             return None
-        data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = load_yaml(candidate, "config")
+    except (OSError, UserError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
         return None

@@ -8,7 +8,7 @@ A manifest is JSONL, one example a line, in one of two forms (README, "Data"):
 - single: `text_ids_path`, `codes_path`, `condition_path`, `emo_vec_path`, `text_len`, `code_len`.
 
 IndexTTS-2.5 lines carry the prompt's 192-d CAMPPlus vector and a language instead of the
-conditioning latents (`data_v25.py`); a line's fields say its family, and a line of the other
+conditioning latents (`manifest_v25.py`); a line's fields say its family, and a line of the other
 family than the model's is refused by FILE:LINE.
 
 Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
@@ -40,6 +40,7 @@ from indextts_train.config.settings import FAMILY_V25
 from indextts_train.data import manifest_v25 as data_v25
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import json_depth_problem, open_regular, read_npy
 from indextts_train.model.gpt import Batch
 
 # Canonical name -> manifest field, per form.
@@ -85,10 +86,10 @@ def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
 
     Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
     """
-    if not os.path.isfile(path):
+    if not os.path.exists(path) or os.path.isdir(path):
         raise UserError(f"{path}: manifest not found; check the manifest path you passed")
     offset = 0
-    with open(path, "rb") as handle:
+    with open_regular(path, "manifest") as handle:  # a FIFO or /proc file: one line, never a blocked read
         for line_no, raw in enumerate(handle, 1):
             if raw.strip():
                 yield line_no, offset, raw
@@ -151,6 +152,9 @@ def parse_line(
         raise UserError(f"{where}: JSON nested too deeply to be a manifest line; {FIX_LINE}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
+    nested = any(isinstance(v, (dict, list)) for v in obj.values()) and json_depth_problem(obj)
+    if nested:  # what a later walk of the line (check-data's rewrite) would recurse into
+        raise UserError(f"{where}: {nested}; {FIX_LINE}")
     fields = _form(obj, where, family)
     for key in array_keys(fields):
         value = obj[fields[key]]
@@ -298,18 +302,15 @@ class ManifestIndex:
 
 
 def _load_npy(path: str, what: str, where: str) -> np.ndarray:
-    if not os.path.isfile(path):
+    if not os.path.exists(path) or os.path.isdir(path):
         raise UserError(
             f"{where}: {what} {path} not found; re-run preprocessing or fix the path "
             "(relative paths resolve against the manifest's folder)"
         )
-    try:
-        arr = np.load(path, allow_pickle=False)  # never unpickle a stranger's file
-    except (OSError, ValueError, EOFError) as exc:
-        raise UserError(f"{where}: {what} {path} is not a loadable .npy file ({exc}); re-create it") from None
-    if not isinstance(arr, np.ndarray):
-        raise UserError(f"{where}: {what} {path} is an .npz archive, expected a single .npy array")
-    return arr
+    try:  # never unpickled; the header's claim is checked against the file before any allocation
+        return read_npy(path, what)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
 
 
 def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | None, limit_key: str,

@@ -30,6 +30,7 @@ from indextts_train.data.manifest import iter_lines
 from indextts_train.data.manifest_v25 import language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
+from indextts_train.files.bounded import check_regular, parse_json
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
 # (text field, ids path field, length field)
@@ -58,8 +59,9 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
     """(input manifest, new manifest, folder of its new ids) per input; refuses clashes and old outputs."""
     planned, names = [], set()
     for manifest in manifests:
-        if not manifest.is_file():
+        if not manifest.exists() or manifest.is_dir():
             raise UserError(f"{manifest}: manifest not found; check the path you passed")
+        check_regular(manifest, "manifest")  # a FIFO would block the first read: one line instead
         new, ids_dir = out_dir / manifest.name, out_dir / "text_ids" / manifest.stem
         if manifest.name in names:
             raise UserError(f"{manifest}: another manifest has the name {manifest.name}; tokenize them into "
@@ -142,7 +144,7 @@ def _write_manifest(manifest: Path, new: Path, ids_dir: Path, text_path: TextPat
     for line_no, _, raw in iter_lines(str(manifest)):
         where = f"{manifest}:{line_no}"
         try:
-            obj = json.loads(raw)
+            obj = parse_json(raw, where)  # nesting bounded: one line, not a RecursionError
             if not isinstance(obj, dict):
                 raise UserError(f"{where}: expected a JSON object")
             line = _new_line(relocate_paths(obj, from_dir, to_dir), where, text_path, ids_dir, line_no, to_dir)

@@ -19,6 +19,7 @@ and a TorchVersion by a plain str. Any other global is refused by torch as befor
 
 from __future__ import annotations
 
+import os
 import pickle
 import zipfile
 from contextlib import nullcontext
@@ -37,7 +38,12 @@ NOT_OURS = "not a checkpoint this program wrote"  # starts the refusal of a file
 MAX_DEPTH = 32
 MAX_NODES = 20_000_000  # values (containers and leaves), counted as often as they are reachable
 MAX_BYTES = 1 << 30  # str/bytes/numpy payload, counted the same way
-MAX_PICKLE_BYTES = 512 << 20  # the pickle torch's weights-only unpickler reads op by op in Python
+# The pickle torch's weights-only unpickler reads op by op in Python (about a million ops a second, an op
+# per 1 to 10 bytes): the bound on its work. Our largest pickles (a long run's loss history) are far below.
+MAX_PICKLE_BYTES = 32 << 20
+# Tensor data reachable through the file, counted as often as it is reachable, at most this many
+# times the bytes the file stores (tied weights share storage; nothing of ours comes near 2).
+TENSOR_BYTES_PER_FILE_BYTE = 4
 
 
 def _refuse(why: str) -> pickle.UnpicklingError:
@@ -114,18 +120,23 @@ class _BoundedWalk:
     A pickle's memo lets a few hundred bytes describe a list nested 40 deep whose elements are the
     same list twice: 2^40 paths to walk. Each container is therefore converted once (memoised by id),
     and its size counts as often as it is reachable, since that is what any later plain walk of the
-    checkpoint (verify's summary, validate, the NaN check) pays. Past MAX_DEPTH, MAX_NODES or
-    MAX_BYTES the file is refused: none of our checkpoints comes near them.
+    checkpoint (verify's summary, validate, the NaN check) pays. Past MAX_DEPTH, MAX_NODES,
+    MAX_BYTES or `tensor_budget` bytes of tensor data the file is refused: none of ours comes near.
+
+    Every tensor must hold no more elements than its storage: a strided view with zero or overlapping
+    strides over a 1 KB storage can claim 10^12 elements, which the first read of it would materialise.
     """
 
-    def __init__(self) -> None:
-        self.memo: dict[int, tuple[Any, int, int]] = {}  # id -> (plain value, nodes, payload bytes)
+    def __init__(self, tensor_budget: int) -> None:
+        self.tensor_budget = tensor_budget
+        # id -> (plain value, nodes, payload bytes, tensor bytes)
+        self.memo: dict[int, tuple[Any, int, int, int]] = {}
         # id -> how many levels a container reaches below itself, so that a memo hit deeper down still
         # counts its whole height against MAX_DEPTH (a chain of shared lists is as deep as it looks)
         self.height: dict[int, int] = {}
 
-    def plain(self, obj: Any, depth: int = 0) -> tuple[Any, int, int]:
-        """(the plain value of `obj`, the nodes reachable through it, their payload bytes)."""
+    def plain(self, obj: Any, depth: int = 0) -> tuple[Any, int, int, int]:
+        """(the plain value of `obj`, the nodes reachable through it, their payload and tensor bytes)."""
         if depth > MAX_DEPTH:
             raise _not_ours(f"data nested deeper than {MAX_DEPTH} levels")
         if not isinstance(obj, (dict, list, tuple, _Array, _Dtype)):
@@ -137,38 +148,38 @@ class _BoundedWalk:
             return known
         if isinstance(obj, (_Array, _Dtype)):
             value = _real(obj)
-            result = (value, 1, value.nbytes if isinstance(value, np.ndarray) else 0)
+            result = (value, 1, value.nbytes if isinstance(value, np.ndarray) else 0, 0)
         else:
             result = self._container(obj, depth)
         if result[1] > MAX_NODES or result[2] > MAX_BYTES:
             raise _not_ours(f"more than {MAX_NODES} values or {MAX_BYTES >> 20} MiB of plain data "
                             "(shared references counted as often as they are reachable)")
+        if result[3] > self.tensor_budget:
+            raise _not_ours(f"its tensors reach more than {self.tensor_budget >> 20} MiB of data, "
+                            f"{TENSOR_BYTES_PER_FILE_BYTE} times what the file stores (shared tensors "
+                            "counted as often as they are reachable)")
         self.memo[id(obj)] = result
         return result
 
-    def _container(self, obj: dict | list | tuple, depth: int) -> tuple[Any, int, int]:
-        nodes, size = 1, 0
+    def _container(self, obj: dict | list | tuple, depth: int) -> tuple[Any, int, int, int]:
         children = list(obj.values()) if isinstance(obj, dict) else list(obj)
+        walked = [self.plain(value, depth + 1) for value in children]
+        keys = [_leaf(key) for key in obj] if isinstance(obj, dict) else []
+        parts = [*walked, *keys]
+        nodes = 1 + sum(part[1] for part in parts)
+        size, tensors = sum(part[2] for part in parts), sum(part[3] for part in parts)
+        items = [w[0] for w in walked]
+        self._note_height(obj, children)
         if isinstance(obj, dict):
-            for key, value in obj.items():
-                _, key_nodes, key_bytes = _leaf(key)
-                new, value_nodes, value_bytes = self.plain(value, depth + 1)
-                nodes, size = nodes + key_nodes + value_nodes, size + key_bytes + value_bytes
+            for key, value, new in zip(list(obj), children, items, strict=True):
                 if new is not value:
                     obj[key] = new
-            self._note_height(obj, children)
-            return obj, nodes, size
-        walked = [self.plain(value, depth + 1) for value in obj]
-        nodes += sum(n for _, n, _ in walked)
-        size += sum(b for _, _, b in walked)
-        items = [value for value, _, _ in walked]
-        self._note_height(obj, children)
+            return obj, nodes, size, tensors
         if isinstance(obj, list):
             obj[:] = items
-            return obj, nodes, size
+            return obj, nodes, size, tensors
         same = type(obj) is not tuple or all(a is b for a, b in zip(items, obj, strict=True))
-        return (obj if same else tuple(items)), nodes, size
-
+        return (obj if same else tuple(items)), nodes, size, tensors
 
     def _note_height(self, obj: Any, children: list) -> None:
         self.height[id(obj)] = max((1 + self.height.get(id(child), 0) for child in children), default=0)
@@ -178,11 +189,26 @@ def _not_ours(why: str) -> pickle.UnpicklingError:
     return pickle.UnpicklingError(f"{NOT_OURS}: {why}")
 
 
-def _leaf(obj: Any) -> tuple[Any, int, int]:
-    """A value that holds no other: TorchVersion -> str; str and bytes count their length."""
+def _leaf(obj: Any) -> tuple[Any, int, int, int]:
+    """A value that holds no other: TorchVersion -> str; str and bytes count their length, a tensor
+    the bytes of data it claims (checked against its storage)."""
     if isinstance(obj, torch.torch_version.TorchVersion):
         obj = str(obj)
-    return obj, 1, len(obj) if isinstance(obj, (str, bytes)) else 0
+    if isinstance(obj, torch.Tensor):
+        return obj, 1, 0, _tensor_bytes(obj)
+    return obj, 1, len(obj) if isinstance(obj, (str, bytes)) else 0, 0
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    """The bytes a dense CPU tensor claims; refused when that is more than its storage holds."""
+    if tensor.layout != torch.strided or tensor.is_nested or tensor.device.type != "cpu":
+        raise _not_ours(f"a {tensor.layout} tensor on {tensor.device} (only dense CPU tensors are stored)")
+    claimed = tensor.numel() * tensor.element_size()
+    stored = tensor.untyped_storage().nbytes()
+    if claimed > stored:
+        raise _not_ours(f"a tensor of shape {list(tensor.shape)} claims {tensor.numel()} elements but its "
+                        f"storage holds {stored} bytes (a strided view that repeats its data)")
+    return claimed
 
 
 def _real(obj: _Array | _Dtype) -> np.ndarray | np.dtype:
@@ -195,13 +221,27 @@ def _real(obj: _Array | _Dtype) -> np.ndarray | np.dtype:
     return obj.dtype
 
 
-def _check_pickle_size(path: Path) -> None:
-    """Refuse a zip checkpoint whose pickle (the part torch walks in Python) is past MAX_PICKLE_BYTES."""
-    if not zipfile.is_zipfile(path):
-        return
-    with zipfile.ZipFile(path) as archive:
-        size = sum(m.file_size for m in archive.infolist() if m.filename.endswith("/data.pkl")
-                   or m.filename == "data.pkl")
+def check_zip_bounds(path: Path, file_bytes: int) -> None:
+    """Refuse a zip whose members could inflate past what the file holds, or whose pickle is too big.
+
+    torch.save stores every member uncompressed; a compressed member (a 35 KB zip can inflate to
+    gigabytes) or members claiming more bytes than the archive has (overlapping entries) are refused
+    from the central directory alone, before anything is read or inflated. Every later read (the
+    CRC pass, torch's own) then reads at most the file's own bytes: call this before any of them.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return  # the CRC pass and torch.load say what is wrong with it
+    packed = [m for m in members if m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size]
+    if packed:
+        raise _not_ours(f"its member {packed[0].filename} is compressed ({packed[0].compress_size} bytes "
+                        f"inflating to {packed[0].file_size}); torch.save stores members uncompressed")
+    total = sum(m.file_size for m in members)
+    if total > file_bytes:
+        raise _not_ours(f"its members claim {total} bytes but the file has {file_bytes}")
+    size = sum(m.file_size for m in members if m.filename.endswith("/data.pkl") or m.filename == "data.pkl")
     if size > MAX_PICKLE_BYTES:
         raise _not_ours(f"its pickle holds {size >> 20} MiB of plain data (at most {MAX_PICKLE_BYTES >> 20} MiB)")
 
@@ -209,14 +249,20 @@ def _check_pickle_size(path: Path) -> None:
 def load_weights_only(path: Path, *, mmap: bool = False) -> Any:
     """torch.load(weights_only=True) on the CPU, plus plain numpy arrays (see the module docstring).
 
-    The plain data is bounded (see _BoundedWalk); a file past the bounds raises an UnpicklingError
-    whose message starts with NOT_OURS.
+    The work is bounded before it is done where the zip's central directory tells (check_zip_bounds),
+    and the plain data and tensors after (_BoundedWalk); a file past the bounds raises an
+    UnpicklingError whose message starts with NOT_OURS.
 
     torch before 2.5 cannot bind a global name to another object: there the numpy allow-list is
     off and such files are refused as before.
     """
-    _check_pickle_size(path)
+    file_bytes = os.stat(path).st_size
+    if zipfile.is_zipfile(path):
+        check_zip_bounds(path, file_bytes)
+    elif file_bytes > MAX_PICKLE_BYTES:  # the old format is one pickle with the tensor data after it
+        raise _not_ours(f"an old-format (not zip) torch file of {file_bytes >> 20} MiB is read op by op; "
+                        f"at most {MAX_PICKLE_BYTES >> 20} MiB (save it again with torch.save)")
     allow = getattr(torch.serialization, "safe_globals", None)
     with allow(SAFE_GLOBALS) if allow is not None else nullcontext():
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    return _BoundedWalk().plain(obj)[0]
+    return _BoundedWalk(TENSOR_BYTES_PER_FILE_BYTE * file_bytes + (1 << 20)).plain(obj)[0]

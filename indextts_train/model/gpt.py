@@ -323,11 +323,15 @@ class UnifiedVoiceGPT(nn.Module):
         if cfg.is_v25:  # v2.5 rule 5: the language row on every text position, pads included
             text = text + self.lang_embedding(batch.lang_ids)[:, None, :]
         mel = self.mel_embedding(mel_inputs) + self.mel_pos_embedding.emb.weight[: mel_inputs.shape[1]]
-        prefix = self._prefix_v25(batch) if cfg.is_v25 else self._prefix(batch)
+        prefix = self.prefix(batch)
         hidden = self.gpt(torch.cat([prefix, text, mel], dim=1))  # (B, P+T+2+M+2, D), P = 34 or 3 rows
         hidden = self.final_norm(hidden[:, prefix.shape[1]:])
         text_width = text_inputs.shape[1]
         return hidden[:, :text_width], hidden[:, text_width:]
+
+    def prefix(self, batch: Batch) -> Tensor:
+        """The family's prefix rows (B, P, D): what precedes the text segment, in training and in generation."""
+        return self._prefix_v25(batch) if self.cfg.is_v25 else self._prefix(batch)
 
     def _prefix(self, batch: Batch) -> Tensor:
         """Rule 4: 32 rows of condition + emo_vec, then speed_emb rows 1 and 0; no positions."""

@@ -4,5 +4,5 @@ resumable pipeline. Its third-party libraries (transformers, soundfile, soxr, ..
 `[prepare]` extra, imported only here.
 
 Imports: `ui` (durations), `checkpoint` (its bounded reader, for gpt.pth), `data`, `model`, `text`,
-`config`, `distributed`, `files`, `errors`; `train/demo.py` and `cli.py` call it.
+`config`, `distributed`, `files`, `errors`; never `train` (independent layers); `demo.py` and `cli.py` call it.
 """

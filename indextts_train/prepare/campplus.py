@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from indextts_train.errors import UserError
+from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.model.conditioning import full_float32
 
 # Kaldi fbank settings (the torchaudio defaults that matter, at 16 kHz).
@@ -209,7 +210,7 @@ def read_state_dict(path: Path, what: str) -> dict[str, Tensor]:
     if path.stat().st_size > MAX_WEIGHTS_BYTES:
         raise UserError(f"{path}: {path.stat().st_size} bytes is too large for the {what}; check the path")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_weights_only(path)  # no pickled code; inflation, elements and work bounded
     except Exception as exc:  # any unreadable file is the user's to replace: say why, no traceback
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: cannot read the {what} ({reason}); download it again") from None

@@ -23,10 +23,13 @@ import torch.nn.functional as F
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.model.conditioning import full_float32 as exact_float32  # TF32 off: see its docstring
 
 LAYER_NORM_EPS = 1e-6  # Vocos backbone: every LayerNorm
 SECTION = "semantic_codec"  # the config.yaml section both families describe their codec in
+CODEC_MAX_SIZE = 1 << 16  # far above the official codec's sizes (at most 8192)
+CODEC_MAX_LAYERS = 256  # the official Vocos backbone has 12
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ def codec_config(section: Mapping, downsample_scale: int, where: str) -> CodecCo
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"{where}: {SECTION}.{name} must be a positive integer, not {value!r}")
+        limit = CODEC_MAX_LAYERS if name.endswith("_layers") else CODEC_MAX_SIZE
+        if value > limit:  # checked before anything is built: a typo is one line, not minutes of building
+            raise UserError(f"{where}: {SECTION}.{name} is {value}, past {limit}; the official codec's is "
+                            f"{getattr(CodecConfig(), name)}")
     cfg = CodecConfig(**values)
     if cfg.num_quantizers != 1:
         raise UserError(f"{where}: {SECTION}.num_quantizers is {cfg.num_quantizers}; the GPT reads one code stream (1)")
@@ -246,7 +253,7 @@ def _read_codec_pth(path: Path, expected: Mapping[str, tuple[int, ...]], what: s
     if not path.is_file():
         raise UserError(f"{path}: no such file; expected {what}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)  # no pickled code from a downloaded file
+        obj = load_weights_only(path)  # no pickled code from a downloaded file; inflation, elements, work bounded
     except Exception as exc:
         raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
                         f"expected {what}") from exc

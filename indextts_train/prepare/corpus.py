@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import check_regular, open_regular, parse_json
 from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
 from indextts_train.prepare.corpus_lhotse import is_lhotse_corpus, read_lhotse
 from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utterance
@@ -57,6 +58,8 @@ def read_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
     """One CORPUS argument, its form told by its name (and a .jsonl's first line: ours or a lhotse one)."""
     if not path.exists():
         raise UserError(f"{path}: corpus not found; pass a JSONL file, metadata.csv, a Common Voice .tsv or a folder")
+    if not path.is_dir():
+        check_regular(path, "corpus")  # before any reader opens it: a FIFO would block, /proc files lie
     name = path.name.lower()
     if is_lhotse_corpus(path):
         _need(path, "lhotse")
@@ -88,7 +91,7 @@ def _need(path: Path, library: str) -> None:
 
 def bounded_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number from 1, decoded line without its newline) of every non-blank line; long lines refused."""
-    with open(path, "rb") as handle:
+    with open_regular(path, "corpus") as handle:  # a FIFO would block the read: one line instead
         line_no = 0
         while True:
             raw = handle.readline(MAX_LINE_BYTES + 1)
@@ -124,7 +127,7 @@ def read_jsonl(path: Path, defaults: Defaults) -> list[Utterance]:
     for line_no, text in bounded_lines(path):
         where = f"{path}:{line_no}"
         try:
-            obj = json.loads(text)
+            obj = parse_json(text, where)  # nesting bounded: one line naming the line
         except json.JSONDecodeError as exc:
             raise UserError(f"{where}: not JSON ({exc.msg}); each line is one {{\"audio\", \"text\"}} object") from None
         if not isinstance(obj, dict):

@@ -18,11 +18,11 @@ manifest and the recording or cut: such a corpus is first exported to files (`cu
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import parse_json
 from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Utterance
 
 RECORDINGS, SUPERVISIONS = "recordings", "supervisions"
@@ -42,8 +42,8 @@ def _lhotse_line(path: Path) -> bool:
     """The first line is a cut, a recording or a supervision (and not one of our JSONL lines)."""
     try:
         with open(path, "rb") as handle:
-            first = json.loads(handle.readline(1 << 20).decode("utf-8"))
-    except (OSError, ValueError):
+            first = parse_json(handle.readline(1 << 20).decode("utf-8"), str(path))
+    except (OSError, ValueError, UserError):  # not lhotse's: the JSONL reader says what is wrong
         return False
     if not isinstance(first, dict) or "audio" in first:
         return False

@@ -15,10 +15,10 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from indextts_train.config.settings import FAMILY_V25, load_config
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import load_yaml
+from indextts_train.prepare.w2vbert import check_config_sizes
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def model_hashes(models: ModelFiles) -> dict[str, str]:
 
 def _raw_config(path: Path) -> dict:
     load_config(path)  # the one place that says what is wrong with a config
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    return load_yaml(path, "config")
 
 
 def cached_hub_file(hub: HubFile, cache_dirs: list[Path | None]) -> Path | None:
@@ -194,6 +194,7 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
     if finder.missing:
         _resolve_missing(finder, download)
         return locate_models(model_dir, overrides, download=False)
+    check_config_sizes(w2v_bert)  # before any model is built or any audio read
     codec_config = raw.get("semantic_codec") if isinstance(raw.get("semantic_codec"), dict) else {}
     return ModelFiles(model_dir=model_dir, is_v25=is_v25, config=config_path, w2v_bert=w2v_bert,
                       codec_config=dict(codec_config), **files)

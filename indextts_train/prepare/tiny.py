@@ -21,6 +21,7 @@ import yaml
 
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
+from indextts_train.files.bounded import load_yaml
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import CONFORMER_INPUT_KEY, full_state_dict, init_carried
 from indextts_train.prepare import campplus, codecs, w2vbert
@@ -48,10 +49,10 @@ def write_tiny_gpt(config_path: Path, path: Path, width: int, seed: int) -> None
     atomic_write(path, lambda handle: torch.save(state, handle))
 
 
-def _w2v_sizes(width: int, real_size: bool) -> w2vbert.W2vBertSizes:
+def _w2v_sizes(width: int, real_size: bool, inference: bool) -> w2vbert.W2vBertSizes:
     if real_size:
         return w2vbert.REAL_SIZES
-    if width > WIDE_W2V:  # IndexTTS2's inference needs 1024: keep it under a few hundred MB
+    if inference and width > WIDE_W2V:  # the official inference needs 1024: keep it to a few hundred MB
         return w2vbert.W2vBertSizes(layers=w2vbert.TINY_SIZES.layers, heads=2, intermediate=8, perturb=0.0)
     return w2vbert.TINY_SIZES
 
@@ -68,10 +69,10 @@ def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, 
     if real_size:
         width = w2vbert.REAL_WIDTH
     model_dir.mkdir(parents=True, exist_ok=True)
-    raw = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))
+    raw = load_yaml(gpt_config, "config")
     is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
     hf_cache = model_dir / "hf_cache"
-    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width, sizes=_w2v_sizes(width, real_size))
+    write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width, sizes=_w2v_sizes(width, real_size, inference))
     campplus_sizes = campplus.REAL_SIZES if real_size or inference else campplus.TINY_SIZES
     codec_sizes = codecs.REAL_SIZES if real_size else codecs.TINY_SIZES
     stats = hf_cache / "w2v-bert-2.0" / "wav2vec2bert_stats.pt"

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import parse_json, read_bounded
+from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.prepare.audio import W2V_RATE, AudioError
 from indextts_train.prepare.codecs import check_state, exact_float32, first_line, write_new_bytes
 
@@ -65,7 +67,7 @@ def _read_stats(path: Path, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     if not path.is_file():
         raise UserError(f"{path}: no such file; expected the w2v-BERT statistics ({STATS_FILE})")
     try:
-        stats = torch.load(path, map_location="cpu", weights_only=True)
+        stats = load_weights_only(path)  # no pickled code; inflation, elements and work bounded
     except Exception as exc:
         raise UserError(f"{path}: cannot be read as a weights-only torch file ({first_line(exc)}); "
                         f"expected {STATS_FILE}") from exc
@@ -87,7 +89,8 @@ def _weight_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            shards = sorted(set(parse_json(read_bounded(index, 16 << 20, "safetensors index"), str(index))
+                                ["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UserError(f"{index}: not a safetensors index ({first_line(exc)})") from exc
         return [model_dir / name for name in shards]
@@ -119,9 +122,36 @@ def _read_weights(model_dir: Path, expected: dict[str, tuple[int, ...]], needed:
     return state
 
 
+# Upper ends of a w2v-BERT config.json's sizes, checked before anything is built: far above the
+# released model (24 layers, width 1024, 16 heads, 4096 inner), so that a hostile or mistyped config
+# (100,000 layers) is one line, not minutes of building; any other integer is bounded by CONFIG_INT_MAX.
+CONFIG_MAX = {"num_hidden_layers": 128, "hidden_size": 8192, "num_attention_heads": 256, "intermediate_size": 65536,
+              "output_hidden_size": 8192, "feature_projection_input_dim": 8192, "num_adapter_layers": 64}
+CONFIG_INT_MAX = 1 << 20
+
+
+def check_config_sizes(model_dir: Path) -> None:
+    """One line naming config.json and the key when a size is past CONFIG_MAX (or CONFIG_INT_MAX)."""
+    path = model_dir / "config.json"
+    try:
+        config = parse_json(read_bounded(path, 1 << 20, "w2v-BERT config.json"), str(path))
+    except ValueError as exc:
+        raise UserError(f"{path}: not valid JSON ({first_line(exc)})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: expected a JSON object (a Wav2Vec2BertConfig)")
+    for key, value in config.items():
+        values = value if isinstance(value, list) else [value]
+        limit = CONFIG_MAX.get(key, CONFIG_INT_MAX)
+        odd = next((v for v in values if type(v) is int and abs(v) > limit), None)
+        if odd is not None:
+            raise UserError(f"{path}: {key} is {odd}, past {limit} (the released w2v-BERT: 24 layers, width "
+                            "1024); is this the facebook/w2v-bert-2.0 config.json?")
+
+
 def _build_model(model_dir: Path) -> torch.nn.Module:
     from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
+    check_config_sizes(model_dir)
     try:
         config = Wav2Vec2BertConfig.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:

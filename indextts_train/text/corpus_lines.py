@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import open_regular, parse_json
 
 
 def iter_text_lines(path: Path) -> Iterator[str]:
@@ -15,11 +17,11 @@ def iter_text_lines(path: Path) -> Iterator[str]:
     The format is decided per file from the first non-empty line: a JSON object means JSONL.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
         raise UserError(f"{path}: text file not found")
     jsonl = None
     try:
-        with path.open(encoding="utf-8") as handle:
+        with io.TextIOWrapper(open_regular(path, "text corpus"), encoding="utf-8") as handle:
             for lineno, line in enumerate(handle, 1):
                 line = line.strip()
                 if not line:
@@ -35,18 +37,16 @@ def iter_text_lines(path: Path) -> Iterator[str]:
 
 def _is_json_object(line: str) -> bool:
     try:
-        return isinstance(json.loads(line), dict)
-    except (json.JSONDecodeError, RecursionError):  # too deep is no corpus record either
+        return isinstance(parse_json(line, "a corpus line"), dict)
+    except (json.JSONDecodeError, UserError):  # too deep is no corpus record either
         return False
 
 
 def _jsonl_text(line: str, path: Path, lineno: int) -> str:
     try:
-        record = json.loads(line)
+        record = parse_json(line, f"{path}:{lineno}")  # nesting bounded: one line naming the line
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix the line or remove it") from None
-    except RecursionError:
-        raise UserError(f"{path}:{lineno}: JSON nested too deeply; fix the line or remove it") from None
     text = record.get("text") if isinstance(record, dict) else None
     if not isinstance(text, str):
         raise UserError(f'{path}:{lineno}: no "text" string field; JSONL corpora need one on every line')

@@ -17,6 +17,7 @@ import sentencepiece as spm
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes, atomic_write_text
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_bounded
 
 # SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -203,9 +204,9 @@ def parse_model(data: bytes, source: str = "<bytes>") -> SpmModel:
 
 def read_model(path: Path) -> SpmModel:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
         raise UserError(f"{path}: tokenizer model not found; pass an existing SentencePiece .model file")
-    return parse_model(path.read_bytes(), str(path))
+    return parse_model(read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer model"), str(path))
 
 
 def vocab_text(model: SpmModel) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_bounded
 from indextts_train.text.corpus_lines import iter_text_lines
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
@@ -110,9 +111,9 @@ class TiktokenVocab:
 def read_tiktoken(path: str | Path) -> TiktokenVocab:
     """Parse and validate a ranks file; bad input names FILE:LINE."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
         raise UserError(f"{path}: tokenizer not found; pass an existing .tiktoken ranks file")
-    raw = path.read_bytes()
+    raw = read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer")
     ranks: list[bytes] = []
     for line_no, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():

@@ -1,6 +1,6 @@
 """The training loop, top to bottom.
 
-`train(options)` is all of `train-gpt`: `setup` (run.py) builds the run, then `loop` runs one
+`train(options)` is all of `train-gpt`: `setup` (setup.py) builds the run, then `loop` runs one
 optimizer step per iteration. Exact resume rests on four rules kept here:
   1. Checkpoints are taken only at optimizer-step boundaries, after validation, and hold everything
      that decides what happens next (weights, the matched optimizer/scheduler/scaler set, the data
@@ -138,12 +138,12 @@ def train(options: TrainOptions) -> int:
         return EXIT_BY_SIGNAL[stop.signum]
     except Diverged as stop:
         run.log.stop()
-        run.log.info(str(stop))
+        run.log.info(str(stop), "diverged")
         return EXIT_DIVERGED
     except UserError as exc:
         if run is not None:  # setup writes its own refusals; this is one found mid-run (bad data, disk full)
             run.log.stop()
-            text_log.write(text_log.stamp(f"error: {user_line(exc)}"))
+            text_log.record(text_log.stamp(f"error: {user_line(exc)}"), "error")
         raise
     finally:
         if run is not None and run.saver is not None:
@@ -196,13 +196,12 @@ def loop(run: Run, signals: SignalFlag) -> int:
         stop = any_rank(signals.signum is not None, run.dist, run.device)
         save_when_due(run, stop, best=new_best, ending=ending is not None)
         if ending:  # early stop or forgetting limit: a planned end, exit 0
-            run.log.info(ending)
+            run.log.info(ending, "end", step=progress.step)
             break
         if stop:
             exit_code = signals.exit_code or 143
             run.log.stop()
-            run.log.info(f"stopped by signal after step {progress.step}; rerun the same command with "
-                         f"--resume auto to continue (exit {exit_code})")
+            run.log.stopped(progress.step, exit_code)
             break
     wait_for_save(run)  # the last checkpoint is on disk before the run reports done or stopped
     finish(run, exit_code)
@@ -280,7 +279,7 @@ def begin(run: Run) -> bool:
     run.log.info(f"training {run.total_steps} steps: {epoch_length(run.schedule.sampler)} samples an epoch, "
                  f"effective batch {plan.effective_batch} = {plan.micro_batch} x {plan.grad_accumulation} x "
                  f"{plan.world_size}, starting at step {progress.step} (epoch {progress.epoch}, "
-                 f"sample {progress.samples_in_epoch})")
+                 f"sample {progress.samples_in_epoch})", "begin", step=progress.step, total=run.total_steps)
     run.log.start(progress.step)
     run.wrapped.train()
     return True
@@ -366,9 +365,10 @@ def baseline(run: Run) -> bool:
     resume say why there is nothing to do when the run already ended early. False: nothing to do."""
     history, val = run.history, run.val
     if run.progress.step == 0 and history.baseline is None:
-        history.baseline = checked_validate(run)
-        run.log.scalars("val", scalars(history.baseline), 0)
-        run.log.info(describe(0, history.baseline, None, " (before training)"))
+        result = checked_validate(run)
+        history.record_baseline(result)
+        run.log.scalars("val", scalars(result), 0)
+        run.log.validated(0, describe(0, result, None, " (before training)"), result)
         return True
     if val.limits and history.baseline is None:
         run.log.warn("this run recorded no validation of the base model (it started before that existed), so "
@@ -392,7 +392,7 @@ def validation(run: Run) -> tuple[bool, str | None]:
     step, history, val = run.progress.step, run.history, run.val
     history.record_validation(step, result)
     run.log.scalars("val", scalars(result), step)
-    run.log.info(describe(step, result, history.baseline))
+    run.log.validated(step, describe(step, result, history.baseline), result)
     return judge(val.tracker, result, step, baseline=history.baseline, limits=val.limits, patience=val.patience)
 
 
@@ -452,13 +452,13 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
         own = owned_by(run.lineage)
         if run.new_branch:  # before its first file: the abandoned branch's names must not be clobbered
             set_aside_abandoned(run)
-        where = f"step {step}, epoch {progress.epoch}, sample {progress.samples_in_epoch}"
+        at = {"step": step, "total": run.total_steps, "epoch": progress.epoch, "sample": progress.samples_in_epoch}
 
         def write(state: dict) -> None:
             written = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best,
                                       protected=protected, own=own)
+            log.saved(written, best=best, **at)
             run.saved(written, step)
-            log.info(f"saved {written} ({where}){', best.pth' if best else ''}")
 
         path = output_dir / f"model_step{step}.pth"
         if run.saver is None:
@@ -494,7 +494,5 @@ def finish(run: Run, exit_code: int) -> None:
     if exit_code == 0:
         progress = run.progress
         best = run.val.tracker.describe() if run.val is not None else "no best.pth (no --val-manifest)"
-        logs = f", TensorBoard logs in {run.log.log_dir}" if run.log.log_dir else ""
-        run.log.info(f"done: {progress.step} steps, {progress.epoch + 1} epoch(s), {best}; "
-                     f"checkpoints in {run.options.output_dir} (latest.pth){logs}")
+        run.log.done(progress.step, progress.epoch + 1, best, run.options.output_dir)
     run.log.close()

@@ -46,7 +46,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 class LrClock:
     """Where the LR schedule is, in samples seen: the samples at `anchor_step` (the step a run started or
     resumed at), then `effective_batch` a step. A resume at another effective batch moves the anchor
-    (run.py), so the schedule follows the samples, not the step count."""
+    (train/setup.py), so the schedule follows the samples, not the step count."""
 
     effective_batch: int
     warmup_steps: int  # the flag; in samples at the current effective batch
@@ -98,7 +98,7 @@ class OptimizerSet:
     param_names: list[str]
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    clock: LrClock  # the scheduler's multiplier reads it: run.py re-anchors it on a resume
+    clock: LrClock  # the scheduler's multiplier reads it: setup re-anchors it on a resume
 
     @classmethod
     def build(cls, named: list[tuple[str, nn.Parameter]], train: TrainConfig, plan: HardwarePlan,

@@ -17,6 +17,7 @@ from indextts_train.config.settings import Config, TrainOptions
 from indextts_train.data.checkdata import check_manifests
 from indextts_train.data.sampling import parse_manifest_specs
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import tokenizer_size
 
@@ -43,11 +44,14 @@ def check_paths(options: TrainOptions) -> None:
     specs = parse_manifest_specs(options.train_manifests, "--train-manifest", weights=True)
     specs += parse_manifest_specs(options.val_manifests or [], "--val-manifest", weights=False)
     for spec in specs:
-        if not Path(spec.path).is_file():
+        if not Path(spec.path).exists() or Path(spec.path).is_dir():
             raise UserError(f"{spec.path}: manifest not found; check the path you passed")
+        check_regular(spec.path, "manifest")  # a FIFO would block the first read: one line instead
     for flag, value in (("--tokenizer", options.tokenizer), ("--base-checkpoint", options.base_checkpoint)):
-        if value is not None and not Path(value).is_file():
+        if value is not None and (not Path(value).exists() or Path(value).is_dir()):
             raise UserError(f"{flag} {value}: no such file; check the path")
+        if value is not None:
+            check_regular(value, flag)
     resume = options.resume
     if resume not in (None, "auto") and not Path(resume).is_file():
         raise UserError(f"--resume {resume}: no such checkpoint file; use --resume auto to pick the newest one")

@@ -29,15 +29,15 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
     changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
     if not changed:
         return
-    log.info("settings changed since the checkpoint:")
+    log.notice("settings changed since the checkpoint:")
     for key, (old, new) in changed.items():
-        log.info(f"  {key}: {old} -> {new}")
+        log.notice(f"  {key}: {old} -> {new}")
     if "effective_batch" in changed:
         log.warn("the effective batch changed: steps now consume a different number of samples; training "
                  "continues from the same sample, and the epochs and the learning-rate schedule follow the "
                  "samples seen (--max-steps still counts steps)")
     elif {"micro_batch", "grad_accumulation", "world_size"} & changed.keys():
-        log.info("  same effective batch: training continues from the same sample")
+        log.notice("  same effective batch: training continues from the same sample")
     if "learning_rate" in changed:
         log.warn("the learning rate changed: the schedule continues with the new peak value")
     if "seed" in changed:
@@ -85,7 +85,7 @@ def select_checkpoint(output_dir: Path, resume: str | None,
         for bad, reason in skipped:
             log.warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
         if path is None:
-            log.info(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
+            log.notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
             return None, None, frozenset()
     else:
         path = Path(resume)
@@ -99,7 +99,7 @@ def select_checkpoint(output_dir: Path, resume: str | None,
             hint = "; `indextts-train repair` can convert it" if ours else ""
             raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
     protected = untouchable_names(output_dir, [bad for bad, _ in skipped], path)
-    log.info(f"resuming from {path}")
+    log.notice(f"resuming from {path}")
     return ckpt_io.load_checkpoint(path, crc_checked=True), path, protected  # verified just above
 
 

@@ -1,6 +1,6 @@
 """Setting up a run: config, hardware plan, data, model, the optimizer set, and what to resume from.
 
-`setup(options, dist)` returns a `Run`, everything the loop in train.py needs, built once. Model
+`setup(options, dist)` returns a `Run`, everything the loop in loop.py needs, built once. Model
 building may draw random numbers, so the RNG of the run (fresh seed or the checkpoint's) is put in
 place last, by `Run.start_rng`.
 """
@@ -59,6 +59,7 @@ from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric, take_heard
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
+from indextts_train.train.listen_check import GenerationCheck
 from indextts_train.train.listening import Listener, after_save
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
@@ -252,6 +253,7 @@ class Validation:
     tracker: BestTracker  # best.pth and the early-stop count
     limits: dict[str | None, float]  # --forgetting-limit, percent per group (None: every group)
     patience: int  # --early-stop-patience, 0 = off
+    generation: GenerationCheck | None = None  # --listen-lines: codes generated at each validation
 
 
 def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: History, config: Config) -> Validation:
@@ -261,8 +263,11 @@ def _validation(index: ManifestIndex, manifests: list[ManifestSpec], history: Hi
     check_metric(train.best_metric, reported)
     limits = parse_forgetting_limit(train.forgetting_limit) if train.forgetting_limit else {}
     check_limit_groups(limits, reported)
-    return Validation(_dataset(index, config), groups, BestTracker.from_state_dict(history.best, train.best_metric),
-                      limits, train.early_stop_patience)
+    dataset = _dataset(index, config)
+    generation = GenerationCheck.build(dataset, groups, count=train.listen_lines, seed=train.seed,
+                                       max_codes=config.gpt.max_mel_tokens)
+    return Validation(dataset, groups, BestTracker.from_state_dict(history.best, train.best_metric),
+                      limits, train.early_stop_patience, generation)
 
 
 def _sampler(ckpt: dict | None, manifests: list[ManifestSpec], index: ManifestIndex, train: TrainConfig,
@@ -418,7 +423,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         return run
     except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
         if isinstance(exc, UserError):
-            startup.text_log.write(startup.text_log.stamp(f"error: {user_line(exc)}"))
+            startup.text_log.record(startup.text_log.stamp(f"error: {user_line(exc)}"), "error")
         startup.text_log.close()
         if dist.is_main:  # while the lock is held: no other start can take a lock file about to be removed
             take_back(options.output_dir, made, created)
@@ -430,7 +435,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
            startup: RunLogger, lock: RunLock | None, tokens: int, base: object | None) -> Run:
     train = config.train
-    startup.info(plan.describe())
+    startup.info(plan.describe(), "plan", plan=plan.to_dict())
     train_specs, index, val_specs, val_index = _data(options, config, startup)
     seed_everything(train.seed + dist.rank)
     ckpt, path, protected = select_checkpoint(options.output_dir, options.resume, startup)

@@ -7,6 +7,7 @@ micro-batch and retry the same samples; validation retries by itself.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -150,10 +151,30 @@ def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torc
 
 
 def validate(run: Run) -> dict:
-    """Validation per group (validation.py) over this rank's shard, in manifest order: {"total", "groups"}.
+    """Validation per group (validation.py) over this rank's shard, in manifest order: {"total", "groups"},
+    and on rank 0 the generation check's numbers as "generation" (listen_check.py; --listen-lines).
 
     An OOM halves the micro-batch and retries.
     """
+    result = _losses(run)
+    check = run.val.generation
+    if check is not None and run.dist.is_main:
+        started = time.perf_counter()
+        try:
+            result["generation"] = check.run(run.model, run.progress.step, run.device, run.autocast)
+        except Exception as exc:  # only OOM is handled here: the numbers of this validation are left out
+            if not is_oom_error(exc):
+                raise
+            run.log.warn(f"CUDA out of memory in the generation check at step {run.progress.step}; it is left "
+                         "out of this validation (a smaller --listen-lines needs less memory)")
+            return result
+        if not check.announced:
+            check.announced = True
+            run.log.info(check.cost_line(time.perf_counter() - started))
+    return result
+
+
+def _losses(run: Run) -> dict:
     while True:
         try:
             return evaluate_groups(run.model, run.val.dataset, run.val.groups, batch_size=run.plan.micro_batch,

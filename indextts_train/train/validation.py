@@ -32,6 +32,7 @@ from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train.evaluate import SUM_NAMES, loss_sums, losses_from_sums
+from indextts_train.train.listen_check import describe_generation, generation_scalars
 
 
 def _line_language(index: ManifestIndex, i: int) -> str | None:
@@ -129,7 +130,8 @@ def describe(step: int, result: dict, baseline: dict | None, note: str = "") -> 
         base = losses_of(baseline, name) if baseline is not None else None
         versus = f" ({change_vs_base(losses['loss'], base['loss']):+.1f}%)" if base and step > 0 else ""
         parts.append(f"{name} {losses['loss']:.4f}{versus}")
-    return line + (" | " + " ".join(parts) if parts else "")
+    line += " | " + " ".join(parts) if parts else ""
+    return line + (describe_generation(result["generation"]) if "generation" in result else "")
 
 
 def scalars(result: dict) -> dict[str, float]:
@@ -137,4 +139,6 @@ def scalars(result: dict) -> dict[str, float]:
     values = {k: v for k, v in result["total"].items() if k != "samples"}
     for name, losses in result["groups"].items():
         values.update({f"{name}/{k}": v for k, v in losses.items() if k != "samples"})
+    if "generation" in result:
+        values.update(generation_scalars(result["generation"]))
     return values

@@ -8,8 +8,10 @@ line per interval. Only rank 0 talks; other ranks get a `RunLogger(enabled=False
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -37,6 +39,11 @@ def tensorboard_dir(output_dir: Path, start_step: int) -> Path:
     return folder
 
 
+def _plain(values: dict[str, float]) -> dict[str, float]:
+    """Metric values as JSON numbers (a NaN becomes None: JSON has no NaN)."""
+    return {name: (float(v) if math.isfinite(float(v)) else None) for name, v in values.items()}
+
+
 class RunLogger:
     def __init__(self, output_dir: Path | None, total_steps: int, *, enabled: bool = True,
                  tensorboard: bool = True, start_step: int = 0, text_log: TextLog | None = None) -> None:
@@ -59,17 +66,40 @@ class RunLogger:
             self.writer = open_tensorboard(self.log_dir, self.warn, purge_step=start_step + 1 if start_step else 0)
         self._status: LiveStatus | None = None
 
-    def info(self, message: str) -> None:
+    def info(self, message: str, kind: str = "info", **fields: Any) -> None:
+        """One console line, its copy in train.log and its event (events.py: `kind` and the fields the
+        line was made from, which is what the page and `checkpoints` read)."""
         if self.enabled:
             line = self.text_log.stamp(message)
-            self.text_log.write(line)
+            self.text_log.record(line, kind, **fields)
             self._safe.run(lambda: self.console.print(line, markup=False))
 
-    def warn(self, message: str) -> None:
+    def warn(self, message: str, **fields: Any) -> None:
         if self.enabled:
             line = self.text_log.stamp(f"warning: {message}")
-            self.text_log.write(line)
+            self.text_log.record(line, "warning", **fields)
             self._safe.run(lambda: self.console.print(line, markup=False, style="yellow"))
+
+    def notice(self, message: str) -> None:
+        """A resume decision or a changed setting: a plain line the page lists with the warnings."""
+        self.info(message, "notice")
+
+    def validated(self, step: int, line: str, result: dict) -> None:
+        """A validation's line; its event holds the losses (`total`, `groups`)."""
+        self.info(line, "validation", step=step, **result)
+
+    def saved(self, file: Path, *, best: bool, step: int, total: int, epoch: int, sample: int) -> None:
+        self.info(f"saved {file} (step {step}, epoch {epoch}, sample {sample}){', best.pth' if best else ''}",
+                  "save", file=str(file), best=best, step=step, total=total, epoch=epoch, sample=sample)
+
+    def stopped(self, step: int, exit_code: int) -> None:
+        self.info(f"stopped by signal after step {step}; rerun the same command with --resume auto to continue "
+                  f"(exit {exit_code})", "stop", step=step, exit_code=exit_code)
+
+    def done(self, step: int, epochs: int, best: str, output_dir: Path) -> None:
+        logs = f", TensorBoard logs in {self.log_dir}" if self.log_dir else ""
+        self.info(f"done: {step} steps, {epochs} epoch(s), {best}; checkpoints in {output_dir} (latest.pth){logs}",
+                  "done", step=step, epochs=epochs)
 
     def start(self, step: int) -> None:
         if self.interactive:
@@ -94,7 +124,8 @@ class RunLogger:
         if print_line and values is not None:
             self.info(f"step {step}/{self.total_steps} epoch {epoch} loss {values['loss']:.4f} "
                       f"text {values['text_loss']:.4f} mel {values['mel_loss']:.4f} top1 {values['mel_top1']:.3f} "
-                      f"lr {values['lr']:.2e} {speed_text(values['samples_per_s'])}")
+                      f"lr {values['lr']:.2e} {speed_text(values['samples_per_s'])}",
+                      "step", step=step, total=self.total_steps, epoch=epoch, **_plain(values))
 
     def flush(self) -> None:
         """Events up to now onto disk: called before each checkpoint, so a kill never loses curves

@@ -29,6 +29,8 @@ import yaml
 from indextts_train.config.settings import Config, TrainOptions
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
+from indextts_train.files.bounded import load_yaml
+from indextts_train.ui.events import EventFile, event
 
 LOG_NAME = "train.log"
 RECORD_NAME = "run.yaml"
@@ -53,13 +55,25 @@ def elapsed_text(seconds: float) -> str:
 
 
 class TextLog:
-    """Timestamps for console lines, and their copy in OUTPUT_DIR/train.log once the folder is ours."""
+    """Timestamps for console lines, and their copy in OUTPUT_DIR/train.log once the folder is ours,
+    with each line's event in OUTPUT_DIR/events.jsonl (events.py)."""
 
     def __init__(self, started: float | None = None) -> None:
         self.started = time.time() if started is None else started
         self._pending: list[str] = []  # lines before attach(): written then, or never if the start fails
         self._file: TextIO | None = None
         self._failed = False
+        self.events = EventFile()
+        self.events.write(event("start", f"=== start {self._when()}: {command_line(sys.argv)}",
+                                command_line=command_line(sys.argv), started=self.started))
+
+    def _when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
+
+    def record(self, line: str, kind: str, **fields: Any) -> None:
+        """A stamped line (write) and its event: what `text` says, as data."""
+        self.write(line)
+        self.events.write(event(kind, unstamp(line), **fields))
 
     def stamp(self, message: str, now: float | None = None) -> str:
         """`13:02:41 +0:04:10 message`: the time of day and the time since this start."""
@@ -85,6 +99,7 @@ class TextLog:
         When stdout already appends to that very file (the web page starts runs that way), the lines
         reach it through stdout and are not written twice.
         """
+        self.events.attach(output_dir)
         path = Path(output_dir) / LOG_NAME
         if _stdout_is(path):
             self._pending.clear()
@@ -95,13 +110,13 @@ class TextLog:
         except OSError:
             self._failed = True
             return
-        when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
-        self.write(f"=== start {when}: {command_line(sys.argv)}")
+        self.write(f"=== start {self._when()}: {command_line(sys.argv)}")
         pending, self._pending = self._pending, []
         for line in pending:
             self.write(line)
 
     def close(self) -> None:
+        self.events.close()
         if self._file is not None:
             with contextlib.suppress(OSError):
                 self._file.close()
@@ -169,9 +184,9 @@ def _read(path: Path) -> dict:
     if path.stat().st_size > MAX_RECORD_BYTES:
         raise UserError(f"--from-run {path}: {path.stat().st_size} bytes is not a run.yaml; pass OUT/run.yaml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"--from-run {path}: not valid YAML ({exc}); pass the run.yaml a run wrote") from None
+        data = load_yaml(path, "run record")  # safe and bounded: size, nesting, anchors expanded
+    except UserError as exc:
+        raise UserError(f"--from-run {exc}; pass the run.yaml a run wrote") from None
     if not isinstance(data, dict):
         raise UserError(f"--from-run {path}: not a run record; pass the run.yaml a run wrote")
     return data

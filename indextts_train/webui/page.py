@@ -17,6 +17,7 @@ import pandas as pd
 from indextts_train.config.settings import DEFAULT_CONFIG, load_config
 from indextts_train.errors import UserError
 from indextts_train.train.hardware import choose_plan, detect_device
+from indextts_train.ui.events import read_events
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
 from indextts_train.webui.roots import Roots
@@ -148,7 +149,9 @@ class PageServer:
         text = read_log(launch, folder)
         command = shell_line(launch.argv) if launch is not None and launch.argv else records.recorded_command(folder)
         tail = "\n".join(text.splitlines()[-LOG_LINES:])
-        return records.status_line(launch, text), command, tail, records.plan_text(text), records.notices(text)
+        events = read_events(folder)
+        mine = records.invocation_events(launch, events)
+        return records.status_line(launch, events), command, tail, records.plan_text(mine), records.notices(mine)
 
     def run_records(self, output_dir: str, resume_choice: str, export_choice: str):
         try:
@@ -159,7 +162,7 @@ class PageServer:
             empty = pd.DataFrame({"step": [], "value": [], "series": []})
             return empty, [], gr.update(choices=[("auto", "auto")]), gr.update(choices=[])
         curves = records.loss_curves(folder)
-        rows = records.checkpoint_rows(folder, curves)
+        rows = records.checkpoint_rows(folder)
         plot = pd.DataFrame([{"series": s, "step": step, "value": v} for s, step, v in curves],
                             columns=["series", "step", "value"])
         table = [[Path(row["file"]).name, *(row[column] for column in TABLE_COLUMNS[1:])] for row in rows]

@@ -1,77 +1,38 @@
 """What the page shows about a run, read from the run's own records.
 
-Progress, the hardware plan, warnings and the settings-drift report come from the trainer's plain log
-lines (train.log); loss curves from its TensorBoard event files (OUTPUT_DIR/logs/run/); checkpoint
-status from the checkpoint module's `verify_checkpoint`, the function behind `indextts-train
-verify`; what `listen` heard from RUN/listen/scores.jsonl. Nothing here computes what the trainer
-computes. No module here imports Gradio.
+Progress, the hardware plan, warnings and how a run ended come from the trainer's events
+(OUTPUT_DIR/events.jsonl, ui/events.py: the fields each console line was made from, so no wording is
+parsed here); loss curves from its TensorBoard event files (OUTPUT_DIR/logs/run/); the checkpoint
+table is `indextts-train checkpoints`' own (checkpoint/table.py, with what `listen` heard). Nothing
+here computes what the trainer computes. No module here imports Gradio.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import time
 from pathlib import Path
 
-from indextts_train.checkpoint.files import list_checkpoints, same_file, verify_checkpoint
-from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
-from indextts_train.ui.run_record import RECORD_NAME, read_record, unstamp
+from indextts_train.checkpoint.scores import SUMMARY_KEYS
+from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
+from indextts_train.ui import events as ev
+from indextts_train.ui.run_record import RECORD_NAME, read_record
 from indextts_train.webui.runs import Launch
 
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.M)
-SAVED_LINE = re.compile(r"^saved (.+?) \(step (\d+)", re.M)
-PLAN_HEAD = re.compile(r"\((cpu|cuda[^)]*)\): (fp32|bf16|fp16), micro-batch ")
-DONE_LINE = re.compile(r"^done: \d+ steps", re.M)
-ERROR_LINE = re.compile(r"^error: ", re.M)
-START_HEAD = "=== start "  # runrecord.TextLog heads each start's lines with it
-NOTICE_STARTS = ("warning:", "error:", "skipping ", "resuming from ", "--resume auto:", "stopped by signal")
+progress = ev.progress
+last_saved = ev.last_saved
+plan_text = ev.plan_text
+notices = ev.notices
 
 
-def progress(text: str) -> tuple[int, int] | None:
-    """(step, total steps) of the last progress line, None before the first one."""
-    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
-    found = STEP_LINE.findall(text)
-    return (int(found[-1][0]), int(found[-1][1])) if found else None
-
-
-def last_saved(text: str) -> str | None:
-    """The checkpoint the run saved last (the one a stop leaves behind)."""
-    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
-    found = SAVED_LINE.findall(text)
-    return found[-1][0] if found else None
-
-
-def plan_text(text: str) -> str:
-    """The hardware plan the run chose, as it printed it (first line and its reasons)."""
-    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if PLAN_HEAD.search(line):
-            reasons = []
-            for reason in lines[i + 1:]:
-                if not reason.startswith("  - "):
-                    break
-                reasons.append(reason)
-            return "\n".join([line, *reasons])
-    return ""
-
-
-def notices(text: str) -> str:
-    """Warnings, errors, resume decisions and the settings-drift report, in the order they came."""
-    text = unstamp(text)  # lines carry `13:02:41 +0:04:10 ` before what they say
-    kept, in_drift = [], False
-    for line in text.splitlines():
-        if line.startswith("settings changed since the checkpoint:"):
-            kept.append(line)
-            in_drift = True
-        elif in_drift and line.startswith("  "):
-            kept.append(line)
-        else:
-            in_drift = False
-            if line.startswith(NOTICE_STARTS) or line.startswith("Traceback"):
-                kept.append(line)
-    return "\n".join(kept)
+def invocation_events(launch: Launch | None, events: list[dict]) -> list[dict]:
+    """The events of the process the page watches: the last start's, and none yet when the page started
+    a process after that start (its own first event is still to come)."""
+    part = ev.last_start(events)
+    if launch is None or launch.process is None or not part or part[0]["kind"] != "start":
+        return part  # a run found through its lock: the last start is its own
+    started = part[0].get("started")
+    return part if isinstance(started, (int, float)) and started >= launch.started - 1 else []
 
 
 def eta_text(launch: Launch, step: int, total: int, now: float | None = None) -> str:
@@ -86,37 +47,26 @@ def eta_text(launch: Launch, step: int, total: int, now: float | None = None) ->
     return f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def last_start(text: str) -> str:
-    """The part of train.log written by the last start (the trainer heads each start with `=== start`)."""
-    return text[text.rfind(START_HEAD):] if START_HEAD in text else text
-
-
-def recorded_status(text: str) -> str:
-    """How a run nobody is watching ended, from its log: finished, stopped or refused, step, checkpoint."""
-    part = unstamp(last_start(text))
-    if DONE_LINE.search(part):
-        how = "finished"
-    elif "stopped by signal" in part or "stopped:" in part:
-        how = "stopped"
-    elif ERROR_LINE.search(part):
-        how = "ended with an error"
-    else:
-        how = "not running (it ended without a last line: killed?)"
-    parts = [f"{how} (read from train.log; not running now)"]
-    step = progress(part)
+def recorded_status(events: list[dict]) -> str:
+    """How a run nobody is watching ended: finished, stopped or refused, step, checkpoint."""
+    part = ev.last_start(events)
+    how = ev.ending(part) or "not running (it ended without a last line: killed?)"
+    parts = [f"{how} (read from the run's events; not running now)"]
+    step = ev.progress(part)
     if step:
         parts.append(f"step {step[0]}/{step[1]}")
-    saved = last_saved(part)
+    saved = ev.last_saved(part)
     if saved:
         parts.append(f"checkpoint {saved}")
     return " · ".join(parts)
 
 
-def status_line(launch: Launch | None, text: str) -> str:
+def status_line(launch: Launch | None, events: list[dict]) -> str:
     """One line: running/ended, step, ETA, exit code, the checkpoint left behind."""
     if launch is None:
-        return recorded_status(text) if text.strip() else "no run in this output dir yet"
-    step = progress(text)
+        return recorded_status(events) if events else "no run in this output dir yet"
+    events = invocation_events(launch, events)
+    step = progress(events)
     parts = []
     if launch.running():
         parts.append(f"running (PID {launch.pid})")
@@ -129,7 +79,7 @@ def status_line(launch: Launch | None, text: str) -> str:
         parts.append(f"exited with code {code}" if code is not None else f"ended (PID {launch.pid})")
         if step:
             parts.append(f"step {step[0]}/{step[1]}")
-    saved = last_saved(text)
+    saved = last_saved(events)
     if saved:
         parts.append(f"checkpoint {saved}")
     return " · ".join(parts)
@@ -161,38 +111,20 @@ def _folder_losses(folder: str, version: tuple) -> dict[tuple[str, int], float]:
             if tag.endswith("loss") for event in accumulator.Scalars(tag)}
 
 
-@functools.lru_cache(maxsize=256)
-def _verdict(path: str, mtime_ns: int, size: int) -> dict:
-    """verify_checkpoint of one file version (a checkpoint never changes in place: it is replaced)."""
-    return verify_checkpoint(Path(path)).to_dict()
-
-
-def verdict(path: Path) -> dict:
-    stat = path.stat()
-    return _verdict(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-def checkpoint_rows(output_dir: Path, curves: list[tuple[str, int, float]]) -> list[dict]:
-    """Every checkpoint of the run: file, status, step, epoch, val loss at its step, latest/best, size."""
-    output_dir = Path(output_dir)
-    val = {step: value for tag, step, value in curves if tag == "val/loss"}
-    heard = summary_by_step(output_dir)  # RUN/listen/scores.jsonl: means per checkpoint
-    best = output_dir / "best.pth"
+def checkpoint_rows(output_dir: Path) -> list[dict]:
+    """The rows of `indextts-train checkpoints OUTPUT_DIR` (abandoned branches included), with the
+    page's columns: file, status, step, epoch, val loss at its step, marks, size."""
     rows = []
-    for path in [*list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
-        try:
-            found = verdict(path)
-        except OSError:
-            continue  # rotated away while we looked
-        summary = found.get("summary", {})
-        step = summary.get("step")
-        marks = [name for name in ("latest.pth", "best.pth")
-                 if (output_dir / name).is_file() and same_file(path, output_dir / name)]
-        rows.append({"file": str(path), "status": found["status"], "step": step, "epoch": summary.get("epoch"),
-                     "val_loss": None if val.get(step) is None else round(val[step], 4), "marks": ", ".join(marks),
-                     **{key: _rounded((heard.get(step) or {}).get(key)) for key in SUMMARY_KEYS},
-                     "size_mb": round(summary.get("sizes", {}).get("file_bytes", 0) / 2**20, 2),
-                     "reasons": "; ".join(found.get("reasons", []))})
+    for row in run_checkpoint_rows(Path(output_dir)):
+        marks = [name for name, flag in (("latest.pth", row["latest"]), ("best.pth", row["best"])) if flag]
+        if row["abandoned"]:
+            marks.append(f"abandoned branch {row['branch']}")
+        val = row["val"] or {}
+        rows.append({"file": str(Path(output_dir) / row["file"]), "status": row["status"], "step": row["step"],
+                     "epoch": row["epoch"], "val_loss": None if val.get("loss") is None else round(val["loss"], 4),
+                     "marks": ", ".join(marks), "size_mb": round(row["bytes"] / 2**20, 2),
+                     **{key: _rounded((row["listen"] or {}).get(key)) for key in SUMMARY_KEYS},
+                     "reasons": row["reason"] or ""})
     return rows
 
 

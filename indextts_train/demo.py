@@ -22,7 +22,7 @@ from indextts_train.model.layout import full_state_dict, init_carried
 from indextts_train.prepare.demo_corpus import make_prepared_demo
 from indextts_train.train.loop import TrainOptions, train
 
-TINY_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 TINY_CONFIG_V25 = TINY_CONFIG.with_name("tiny_v25.yaml")
 FAMILIES = ("2", "2.5")
 

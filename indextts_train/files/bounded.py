@@ -1,0 +1,220 @@
+"""Reading the files a user hands us (configs, JSON lines, .npy arrays) within bounds fixed before the work.
+
+A small file can still describe a huge amount of work: YAML anchors that expand a billion times, JSON
+nested 100,000 deep, an .npy header claiming 10^10 elements, a FIFO that never ends. Every reader here
+checks what the work will cost (bytes, nodes, depth, elements) from what it has already read, and
+refuses with one line naming the file before doing it:
+
+- `open_regular`: only a regular file is opened (a FIFO, device or /proc file is refused: a FIFO
+  blocks the reader, a /proc file's size is not its content);
+- `load_yaml`: at most MAX_YAML_BYTES, and the document with every alias expanded at most
+  MAX_YAML_NODES nodes (a recursive alias is refused);
+- `parse_json`: one JSON value nested at most MAX_JSON_DEPTH deep;
+- `read_npy`: the header's shape times its item size must be exactly what the file holds, and at
+  most MAX_NPY_BYTES, before any memory is allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from math import prod
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import yaml
+
+from indextts_train.errors import UserError
+
+# Far above what this program writes or reads: configs and run records are a few KB, manifest lines
+# are flat objects, one utterance's largest array (condition latents, 32 x 1280 float32) is 160 KB.
+MAX_YAML_BYTES = 4 << 20
+MAX_YAML_NODES = 200_000  # scalars, lists and mappings, each alias counted as the whole value it names
+MAX_YAML_DEPTH = 64  # levels of [ ] and { }
+MAX_JSON_DEPTH = 64
+MAX_TOKENIZER_BYTES = 256 << 20  # a SentencePiece model or tiktoken ranks file: a few MB
+MAX_NPY_BYTES = 1 << 30
+PSEUDO_FILE_SYSTEMS = ("/proc/", "/sys/", "/dev/")  # files whose stat size is not what a read returns
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: Path | str, what: str = "file") -> IO[bytes]:
+    """`path` opened for binary reading, refused in one line unless it is a regular file.
+
+    Opened with O_NONBLOCK, so that a FIFO cannot block the open itself; the kind is then taken from
+    the open descriptor (fstat), so a file swapped in between cannot slip past the check.
+    """
+    path = Path(path)
+    real = os.path.realpath(path)
+    if any(real.startswith(prefix) for prefix in PSEUDO_FILE_SYSTEMS):
+        raise UserError(f"{path}: {what} is a system pseudo-file ({real}), not a regular file; pass a file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: {what} is a folder, not a file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: {what} cannot be opened ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UserError(f"{path}: {what} is {_kind(mode)}, not a regular file; pass a file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def check_regular(path: Path | str, what: str = "file") -> None:
+    """One line unless `path` is a regular file (see open_regular); nothing is read."""
+    open_regular(path, what).close()
+
+
+def read_bounded(path: Path | str, limit: int, what: str = "file") -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (refused before reading when larger)."""
+    with open_regular(path, what) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise UserError(f"{path}: {what} of {max(size, len(data))} bytes is larger than {limit} bytes; "
+                        "is this the right file?")
+    return data
+
+
+# ----------------------------------------------------------------------------- YAML
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader whose composed document is measured, aliases expanded, before anything is built."""
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None:
+            _expanded_size(node, {}, set())
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """Nodes in `node` with every alias counted as what it names; past MAX_YAML_NODES: refused."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise yaml.YAMLError("an alias refers to a value that contains it (recursive alias)")
+    open_nodes.add(key)
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_nodes)
+        if total > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"more than {MAX_YAML_NODES} values with its aliases expanded "
+                                 "(anchors that multiply)")
+    open_nodes.discard(key)
+    sizes[key] = total
+    return total
+
+
+def _flow_depth(text: str) -> int:
+    """How deep `[ ]` / `{ }` nest (quotes not told apart: an over-count only refuses sooner).
+
+    PyYAML's scanner takes time quadratic in this depth (1,200 levels: seconds), so it is measured
+    first, vectorised, in milliseconds for the largest file accepted."""
+    codes = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int32) - np.isin(codes, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def yaml_text(text: str, where: str) -> Any:
+    """One YAML document parsed safely within MAX_YAML_NODES (aliases expanded) and MAX_YAML_DEPTH levels
+    of flow nesting; one line when it is not."""
+    if _flow_depth(text) > MAX_YAML_DEPTH:
+        raise UserError(f"{where}: YAML nested too deeply (more than {MAX_YAML_DEPTH} levels of [ ] or {{ }}); "
+                        "is this the right file?")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader with bounds
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{where}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except RecursionError:  # PyYAML composes nested values recursively
+        raise UserError(f"{where}: YAML nested too deeply; is this the right file?") from None
+
+
+def load_yaml(path: Path | str, what: str = "YAML file") -> Any:
+    """A YAML file of at most MAX_YAML_BYTES, parsed by yaml_text: safe and bounded."""
+    data = read_bounded(path, MAX_YAML_BYTES, what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    return yaml_text(text, str(path))
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def json_depth_problem(obj: Any) -> str | None:
+    """Why `obj` (parsed JSON) is nested too deeply to be a record of ours, or None."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return None
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """One JSON value nested at most MAX_JSON_DEPTH deep. json.JSONDecodeError is left to the caller
+    (its wording depends on the file); deep nesting is one line naming `where`."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:  # the C decoder stops at the interpreter's recursion limit
+        obj, problem = None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    else:
+        problem = json_depth_problem(obj) if isinstance(obj, (dict, list)) else None
+    if problem:
+        raise UserError(f"{where}: {problem}; is this the right file?")
+    return obj
+
+
+# ----------------------------------------------------------------------------- .npy
+
+
+def read_npy(path: Path | str, what: str = ".npy file", max_bytes: int = MAX_NPY_BYTES) -> np.ndarray:
+    """A plain .npy array, never unpickled; its header must describe exactly the bytes the file holds.
+
+    Raises UserError naming the file when it is not a regular file, not an .npy, holds Python objects,
+    or its header claims more (or less) data than the file has, or more than `max_bytes`.
+    """
+    with open_regular(path, what) as handle:
+        try:
+            version = np.lib.format.read_magic(handle)
+            header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                      else np.lib.format.read_array_header_2_0)(handle)
+        except (ValueError, OSError, EOFError, SyntaxError) as exc:
+            raise UserError(f"{path}: {what} is not a loadable .npy file ({exc}); re-create it") from None
+        shape, fortran, dtype = header
+        if dtype.hasobject:
+            raise UserError(f"{path}: {what} holds Python objects, not numbers; re-create it")
+        need = prod(shape) * dtype.itemsize
+        have = os.fstat(handle.fileno()).st_size - handle.tell()
+        if need != have or need > max_bytes:
+            limit = f"; at most {max_bytes} bytes are read" if need > max_bytes else ""
+            raise UserError(f"{path}: {what}'s header claims {list(shape)} {dtype} ({need} bytes) but the file "
+                            f"holds {have} bytes of data{limit}; re-create it")
+        data = np.fromfile(handle, dtype=dtype, count=prod(shape))  # exactly what the header said
+    if data.size != prod(shape):
+        raise UserError(f"{path}: {what} ended while being read; re-create it")
+    return data.reshape(shape, order="F" if fortran else "C")

@@ -1,0 +1,154 @@
+"""OUTPUT_DIR/events.jsonl: what a run said, as data.
+
+Every line the trainer prints is also one JSON object here, with its kind and the fields it was
+made from (`{"t": 1764151361.2, "kind": "save", "text": "saved ... (step 40, ...)", "step": 40,
+"file": ".../model_step40.pth", ...}`). The console line and train.log show `text`; the web page and
+`checkpoints` read the fields, so a reworded line never changes what they understand.
+
+Kinds and their fields (besides `t`, `kind`, `text`):
+  start        command_line, started            a process began (before its first other event)
+  plan         plan (the hardware plan's dict)  the hardware plan the run chose
+  notice       -                                a resume decision, a settings change, skipped files
+  warning      -                                anything said as `warning:`
+  begin        step, total                      the loop starts at `step` of `total`
+  step         step, total, epoch, loss, text_loss, mel_loss, mel_top1, lr, samples_per_s
+  validation   step, loss, ...                  the validation losses at `step`
+  save         step, total, epoch, sample, file, best
+  stop         step, exit_code                  stopped by a signal after a safe save
+  end          step                             a planned end before the last step (early stop)
+  done         step, epochs                     the last step was reached and saved
+  diverged     -                                the run ended on non-finite steps (exit 3)
+  error        -                                the run ended on bad input (exit 2)
+  info         -                                any other line
+
+The file is appended to and never rewritten: a kill can leave a last line cut short, which readers
+skip. Writing it never ends a run (a full disk ends the copy, as for train.log). Readers bound their
+work: only the last MAX_READ_BYTES are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS_NAME = "events.jsonl"
+MAX_READ_BYTES = 8 * 1024 * 1024  # about 40,000 step lines: far more than the page shows
+ENDINGS = {"stop": "stopped", "end": "finished", "done": "finished", "diverged": "ended with an error",
+           "error": "ended with an error"}
+NOTICE_KINDS = frozenset({"notice", "warning", "error", "diverged", "stop"})
+
+
+def event(kind: str, text: str, **fields: Any) -> dict:
+    """One event: its time, kind, the line it prints as and its fields (JSON-ready values)."""
+    return {"t": round(time.time(), 3), "kind": kind, "text": text, **fields}
+
+
+class EventFile:
+    """Appends events to OUTPUT_DIR/events.jsonl once the folder is the run's; before that they wait."""
+
+    def __init__(self) -> None:
+        self._pending: list[dict] = []
+        self._fd: int | None = None
+        self._failed = False
+
+    def write(self, record: dict) -> None:
+        if self._failed:
+            return
+        if self._fd is None:
+            self._pending.append(record)
+            return
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        try:
+            os.write(self._fd, line.encode("utf-8", errors="replace"))  # one O_APPEND write: lines never interleave
+        except OSError:
+            self._failed = True
+
+    def attach(self, output_dir: Path) -> None:
+        """Start appending (a symlink in its place is refused: the run writes only its own files)."""
+        try:
+            self._fd = os.open(Path(output_dir) / EVENTS_NAME,
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError:
+            self._failed = True
+            return
+        pending, self._pending = self._pending, []
+        for record in pending:
+            self.write(record)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+def read_events(output_dir: Path) -> list[dict]:
+    """The run's events in order ([] when it has none); a cut or foreign line is skipped. Reads at most
+    the last MAX_READ_BYTES of a regular file (a link or a device is not a run's record)."""
+    try:
+        fd = os.open(Path(output_dir) / EVENTS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        size = os.fstat(fd).st_size
+        file.seek(max(size - MAX_READ_BYTES, 0))
+        data = file.read(MAX_READ_BYTES)
+    lines = data.split(b"\n")
+    if size > MAX_READ_BYTES:
+        lines = lines[1:]  # the first line read may be the end of a longer one
+    return [record for record in map(_parse, lines) if record is not None]
+
+
+def _parse(line: bytes) -> dict | None:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("kind"), str) else None
+
+
+def last_start(events: list[dict]) -> list[dict]:
+    """The events of the last process that started in the folder."""
+    starts = [i for i, record in enumerate(events) if record["kind"] == "start"]
+    return events[starts[-1]:] if starts else events
+
+
+def last_of(events: list[dict], *kinds: str) -> dict | None:
+    return next((record for record in reversed(events) if record["kind"] in kinds), None)
+
+
+def progress(events: list[dict]) -> tuple[int, int] | None:
+    """(step, total steps) the run last reported, None before its first step."""
+    found = last_of(events, "step", "save", "begin")
+    if found is None or not isinstance(found.get("step"), int) or not isinstance(found.get("total"), int):
+        return None
+    return found["step"], found["total"]
+
+
+def last_saved(events: list[dict]) -> str | None:
+    found = last_of(events, "save")
+    return str(found["file"]) if found is not None and found.get("file") else None
+
+
+def ending(events: list[dict]) -> str | None:
+    """How the last start ended (finished, stopped, ended with an error), None when it said nothing."""
+    found = last_of(last_start(events), *ENDINGS)
+    return ENDINGS[found["kind"]] if found is not None else None
+
+
+def plan_text(events: list[dict]) -> str:
+    found = last_of(events, "plan")
+    return str(found.get("text", "")) if found is not None else ""
+
+
+def notices(events: list[dict]) -> str:
+    """Warnings, errors, resume decisions and changed settings, in the order they came."""
+    return "\n".join(str(record.get("text", "")) for record in events if record["kind"] in NOTICE_KINDS)

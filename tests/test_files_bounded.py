@@ -1,0 +1,112 @@
+"""files/bounded.py: each reader refuses a small file that describes a great deal of work, before doing it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import hostile
+import numpy as np
+import pytest
+
+from indextts_train.errors import UserError
+from indextts_train.files.bounded import (
+    MAX_JSON_DEPTH,
+    MAX_YAML_NODES,
+    check_regular,
+    load_yaml,
+    parse_json,
+    read_bounded,
+    read_npy,
+)
+
+
+def test_a_yaml_bomb_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    path = hostile.yaml_bomb(tmp_path / "bomb.yaml")
+    assert path.stat().st_size < 2048
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=f"more than {MAX_YAML_NODES} values with its aliases expanded") as info:
+        load_yaml(path, "config")
+    assert time.perf_counter() - started < 1.0
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_yaml_aliases_within_the_bound_and_a_recursive_alias(tmp_path: Path) -> None:
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("base: &b {layers: 2, dim: 8}\ngpt: *b\nother: {<<: *b, dim: 16}\n")
+    assert load_yaml(shared) == {"base": {"layers": 2, "dim": 8}, "gpt": {"layers": 2, "dim": 8},
+                                 "other": {"layers": 2, "dim": 16}}
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("a: &a [1, *a]\n")
+    with pytest.raises(UserError, match="recursive alias"):
+        load_yaml(loop)
+
+
+def test_yaml_deep_big_and_not_utf8_are_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("gpt: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(UserError, match="nested too deeply"):
+        load_yaml(deep)
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as handle:  # sparse: the size alone is refused, nothing is read
+        handle.truncate((4 << 20) + 1)
+    with pytest.raises(UserError, match="larger than"):
+        load_yaml(big)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"gpt: \xff\n")
+    with pytest.raises(UserError, match="not UTF-8"):
+        load_yaml(latin)
+
+
+def test_json_nested_past_the_bound_names_where() -> None:
+    for depth in (MAX_JSON_DEPTH + 1, 100_000):
+        with pytest.raises(UserError, match=f"^m.jsonl:3: JSON nested deeper than {MAX_JSON_DEPTH}"):
+            parse_json(hostile.deep_json(depth), "m.jsonl:3")
+    nested = '{"a": ' * MAX_JSON_DEPTH + "1" + "}" * MAX_JSON_DEPTH
+    assert parse_json(nested, "x") is not None  # exactly at the bound: accepted
+    assert parse_json('{"id": "a", "n": [1, 2]}', "x") == {"id": "a", "n": [1, 2]}
+
+
+def test_a_huge_npy_header_is_refused_before_allocating(tmp_path: Path) -> None:
+    path = hostile.huge_npy(tmp_path / "huge.npy")
+    assert path.stat().st_size < 256
+    with pytest.raises(UserError, match=r"claims \[10000000000\] float32 .* but the file holds 32 bytes"):
+        read_npy(path)
+
+
+def test_npy_round_trip_and_refusals(tmp_path: Path) -> None:
+    for array in (np.arange(6, dtype=np.int32).reshape(2, 3), np.asfortranarray(np.ones((3, 2), np.float32)),
+                  np.zeros(0, np.float32)):
+        np.save(tmp_path / "a.npy", array)
+        loaded = read_npy(tmp_path / "a.npy")
+        assert loaded.dtype == array.dtype and np.array_equal(loaded, array)
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(UserError, match="Python objects"):
+        read_npy(tmp_path / "obj.npy")
+    np.save(tmp_path / "long.npy", np.zeros(4, np.float32))
+    with open(tmp_path / "long.npy", "ab") as handle:
+        handle.write(b"tail")
+    with pytest.raises(UserError, match="holds 20 bytes"):
+        read_npy(tmp_path / "long.npy")
+    np.save(tmp_path / "big.npy", np.zeros(64, np.float32))
+    with pytest.raises(UserError, match="at most 100 bytes"):
+        read_npy(tmp_path / "big.npy", max_bytes=100)
+    (tmp_path / "text.npy").write_text("hello")
+    with pytest.raises(UserError, match="not a loadable .npy"):
+        read_npy(tmp_path / "text.npy")
+
+
+def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
+    pipe = hostile.fifo(tmp_path / "corpus.jsonl")
+    started = time.perf_counter()
+    with pytest.raises(UserError, match="is a FIFO"):
+        check_regular(pipe, "corpus")
+    with pytest.raises(UserError, match="is a FIFO"):
+        read_npy(pipe)
+    assert time.perf_counter() - started < 1.0
+    with pytest.raises(UserError, match="system pseudo-file"):
+        read_bounded("/proc/self/mem", 1 << 20)
+    with pytest.raises(UserError, match="is a folder"):
+        check_regular(tmp_path)
+    with pytest.raises(UserError, match="not found"):
+        check_regular(tmp_path / "missing")
