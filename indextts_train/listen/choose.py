@@ -9,13 +9,13 @@ heard once.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, list_checkpoints, same_file, verify_checkpoint
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import parse_json, read_bounded
 from indextts_train.ui.run_record import RECORD_NAME, read_record
 
 MAX_PREPARE_JSON_BYTES = 16 << 20
@@ -94,11 +94,11 @@ def model_dir_of(run_dir: Path, flag: Path | None) -> Path:
     for spec in run_inputs(run_dir)["val_manifests"]:
         report = parse_manifest_spec(spec, "--val-manifest").path.parent / "prepare.json"
         try:
-            if report.stat().st_size <= MAX_PREPARE_JSON_BYTES:
-                found = Path(str(json.loads(report.read_text(encoding="utf-8")).get("model_dir") or ""))
-                if str(found) not in ("", ".") and (found / "config.yaml").is_file():
-                    return found
-        except (OSError, ValueError, AttributeError):
+            found = Path(str(parse_json(read_bounded(report, MAX_PREPARE_JSON_BYTES), str(report)).get("model_dir")
+                             or ""))
+        except (OSError, ValueError, AttributeError, UserError):
             continue
+        if str(found) not in ("", ".") and (found / "config.yaml").is_file():
+            return found
     raise UserError(f"{run_dir}: cannot tell which official model folder the run was trained from (no prepare.json "
                     "beside its validation manifests names one); pass --model-dir checkpoints/")

@@ -14,13 +14,13 @@ on every rerun and does not depend on the manifest's order. The real target audi
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.data.manifest import iter_lines
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import parse_json
 from indextts_train.listen.choose import run_inputs
 from indextts_train.listen.text_score import normalise
 from indextts_train.prepare.outputs import file_stem
@@ -92,7 +92,7 @@ def read_lines_file(path: Path) -> list[Line]:
     for number, _, raw in iter_lines(str(path)):
         where = f"--lines {path} line {number}"
         try:
-            obj = json.loads(raw)
+            obj = parse_json(raw, where)
         except ValueError:
             raise UserError(f"{where}: not valid JSON; write one object a line") from None
         lines.append(_line(obj, path.parent, where, len(lines) + 1))
@@ -120,8 +120,8 @@ def _candidates(spec: str, where: str) -> list[tuple[str, dict, Path]]:
         if number > MAX_MANIFEST_LINES:
             break
         try:
-            obj = json.loads(raw)
-        except ValueError:
+            obj = parse_json(raw, str(manifest.path))
+        except (ValueError, UserError):
             continue  # training checks its manifests; a bad line is simply not a candidate here
         if isinstance(obj, dict) and all(isinstance(obj.get(k), str) and obj[k]
                                          for k in ("prompt_audio_path", "target_text")):

@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from indextts_train import __version__
 from indextts_train.checkpoint.scores import (
     LISTEN_DIR,
@@ -31,6 +29,7 @@ from indextts_train.checkpoint.scores import (
     scores_path,
 )
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
 from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
@@ -129,7 +128,7 @@ def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
     folder = listen_dir / f"{MODEL_FOLDER}{os.getpid()}"
     make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
     try:
-        width = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")).get("gpt") or {}).get("model_dim")
+        width = (load_yaml(folder / "config.yaml", "the exported config.yaml").get("gpt") or {}).get("model_dim")
         results = synthesize(folder, work.family, _synthesis_lines(listen_dir, chosen.step, lines), seed=options.seed,
                              device=work.device, inference_python=work.python, log_path=listen_dir / "synthesis.log")
     finally:
