@@ -17,17 +17,10 @@ from typing import Annotated, Any
 
 import typer
 
+from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, ClickException, say_text_path, train_parameters
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
 from indextts_train.errors import UserError, user_line
 from indextts_train.listen.command import listen  # the command's module imports the work lazily
-
-try:  # typer 0.2x carries its own copy of click; older releases use click itself
-    from typer._click.exceptions import ClickException
-except ImportError:
-    from click import ClickException
-
-
-from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, say_text_path, train_parameters
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Fine-tune the IndexTTS2 / IndexTTS-2.5 GPT with an extended tokenizer; kill it anytime, resume exactly.")
@@ -254,19 +247,20 @@ def check_data(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
-    from indextts_train.data.checkdata import check_manifests, render_check_report, write_clean_manifest
+    from indextts_train.data.checkdata import check_manifests, prepared_with, render_check_report, write_clean_manifest
 
     require_positive(base_vocab, "--base-vocab")
+    limits, vocabulary, notes = prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
         from indextts_train.text.inference_text import TextPath
         from indextts_train.text.languages import parse_borrowed
 
-        gpt_cfg = load_config(config).gpt if config else None
+        gpt_cfg = load_config(limits).gpt if limits else None
         borrowed = parse_borrowed(borrow_language)
-        text_path = (TextPath.open(tokenizer, normalizer=normalizer, strict_language=strict_language,
-                                   borrowed=borrowed) if tokenizer else None)
+        text_path = (TextPath.open(vocabulary, normalizer=normalizer, strict_language=strict_language,
+                                   borrowed=borrowed) if vocabulary else None)
         report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=text_path.size if text_path else None,
                                  base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:
@@ -274,7 +268,9 @@ def check_data(
             write_clean_manifest(report, write_clean)
         return report
 
-    report = run_guarded(run)
+    report = run_guarded(run)  # a refusal is its one line; what was checked against comes with a report
+    for note in notes:
+        typer.echo(note, err=True)
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_check_report(report))
     if write_clean is not None and not as_json:
         typer.echo(f"clean manifest: {write_clean}")
@@ -473,10 +469,12 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
     it is one line on stderr like every other refusal, with the same exit code 2.
     """
+    from indextts_train.cli_flags import plain_help, plain_usage_error  # help and refusals in plain words
+
     try:
-        code = command(args=args, standalone_mode=False)
+        code = plain_help(command)(args=args, standalone_mode=False)
     except ClickException as exc:
-        typer.echo(f"error: {exc.format_message().rstrip('.')} (see --help)", err=True)
+        typer.echo(f"error: {plain_usage_error(exc, sys.argv[1:] if args is None else args)} (see --help)", err=True)
         return exc.exit_code
     except typer.Abort:  # Ctrl+C outside a command's own handling
         typer.echo("Aborted!", err=True)

@@ -2,16 +2,28 @@
 config schema: TrainOptions' inputs, then every `train:` setting of TrainConfig, each with its name,
 type, help and default taken from the dataclass field.
 One edit site: a new TrainConfig field is a new flag (and a web-form field) with nothing else to do.
+
+Also how flags read to a user: `--help` without the parser's internals (`<list[Path]>`, `{CORPUS}...`)
+and a refused value in plain words ("--train-scope: 'lroa' is not one of full, partial, lora"), not in
+the validation library's ("Value error, ...", "Input should be ...").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from enum import Enum
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperOption
+
+try:  # typer 0.2x carries its own copy of click; older releases use click itself
+    from typer._click.core import Context
+    from typer._click.exceptions import BadParameter, ClickException
+except ImportError:
+    from click import BadParameter, ClickException, Context
 
 from indextts_train.config.schema import field_types
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
@@ -75,3 +87,94 @@ def say_text_path(normalizer_name: str, notes: list[str]) -> None:
     typer.echo(f"text presented as official inference does; normaliser: {normalizer_name}")
     for note in notes:
         typer.echo(f"warning: {note}", err=True)
+
+
+class _PlainArgument(TyperArgument):
+    """An argument as the usage line names it: CHECKPOINT, CORPUS... (repeatable), [OUT_DIR] (optional)."""
+
+    def _plain_name(self) -> str:
+        return (self.metavar or self.name or "").upper().removesuffix("...")
+
+    def _usage_display_name(self) -> str:
+        name = self._plain_name() + ("..." if self.nargs != 1 else "")
+        return name if self.required else f"[{name}]"
+
+    def _rich_display_name(self) -> str:
+        return self._plain_name() + ("..." if self.nargs != 1 else "")
+
+    def display_type(self, ctx: Context) -> str:
+        return ""  # the name says what it is; the help line says the rest
+
+
+class _PlainOption(TyperOption):
+    """An option's value as the user types one: `<path>`, not `<list[Path]>` (the help says "repeatable")."""
+
+    def display_type(self, ctx: Context) -> str:
+        shown = super().display_type(ctx)
+        listed = re.fullmatch(r"<list\[(.+)\]>", shown or "")
+        shown = f"<{listed.group(1).lower()}>" if listed else shown
+        return shown.replace("<str>", "<text>").replace(" range>", ">")
+
+
+class PlainCommand(TyperCommand):
+    """A command whose help shows its arguments and options in the user's words (see the classes above)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:  # typer builds them; only the way they are shown changes
+            if type(param) is TyperArgument:
+                param.__class__ = _PlainArgument
+            elif type(param) is TyperOption:
+                param.__class__ = _PlainOption
+
+
+def plain_help(app: typer.Typer) -> typer.Typer:
+    """Every command of `app` shown with PlainCommand."""
+    for command in app.registered_commands:
+        if command.cls in (None, TyperCommand):  # typer's default, not a class a command chose
+            command.cls = PlainCommand
+    return app
+
+
+# The validation library's wording -> the user's (first match wins; the value is named by the caller).
+_PLAIN_REASONS = (
+    (r"^Input should be a valid integer.*", "is not a whole number"),
+    (r"^Input should be a valid number.*", "is not a number"),
+    (r"^Input should be a valid boolean.*", "is not on/off (true, false, 1, 0)"),
+    (r"^Input should be less than or equal to (\S+)", r"is above \1, the most allowed"),
+    (r"^Input should be greater than or equal to (\S+)", r"is below \1, the least allowed"),
+    (r"^Input should be less than (\S+)", r"must be below \1"),
+    (r"^Input should be greater than (\S+)", r"must be above \1"),
+    (r"^Input should be (.*)", r"should be \1"),
+)
+
+
+def _given(flags: list[str], args: list[str]) -> str | None:
+    """The value typed after one of `flags` (--flag VALUE or --flag=VALUE), last one wins."""
+    value = None
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1:]
+    return value
+
+
+def plain_usage_error(exc: ClickException, args: list[str]) -> str:
+    """One line for a value the parser refused: the flag, the value typed, and what it should be."""
+    message = exc.format_message().rstrip(".")
+    param = getattr(exc, "param", None)
+    if not isinstance(exc, BadParameter) or param is None:
+        return message
+    is_option = getattr(param, "param_type_name", "") == "option"
+    flag = max(param.opts, key=len) if is_option and param.opts else (param.metavar or param.name or "").upper()
+    reason = re.sub(r"^Value error, ", "", exc.message.rstrip("."))
+    reason = re.sub(r"is not one of (.*)", lambda m: "is not one of " + m.group(1).replace("'", ""), reason)
+    for pattern, plain in _PLAIN_REASONS:
+        if re.match(pattern, reason):
+            value = _given(list(param.opts), args) if is_option else None
+            reason = re.sub(pattern, plain, reason)
+            reason = f"{value!r} {reason}" if value is not None and not reason.startswith("should") else reason
+            break
+    return f"{flag}: {reason}"

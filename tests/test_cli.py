@@ -542,6 +542,23 @@ def test_evaluate_reference_batch_through_the_real_cli() -> None:
     assert (result["samples"], result["text_tokens"]) == (3, 100)
 
 
+def test_bundled_configs_are_found_from_any_folder(tmp_path) -> None:
+    """`--config configs/NAME.yaml` as the docs write it works outside the checkout; a name it does not
+    ship is refused with the folder where the bundled configs really are."""
+    def outside(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "indextts_train", *map(str, args)], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300)
+
+    proc = outside("evaluate", "--config", "configs/tiny.yaml", "--checkpoint", TINY / "gpt.pth",
+                   "--manifest", TINY / "pairs.jsonl", "--batch-size", 3, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["samples"] == 3, proc.stderr
+    proc = outside("evaluate", "--config", "configs/indextts3.yaml", "--checkpoint", TINY / "gpt.pth",
+                   "--manifest", TINY / "pairs.jsonl")
+    assert proc.returncode == 2
+    error_line(proc.stderr, "configs/indextts3.yaml: config file not found",
+               f"bundled configs in {ROOT / 'configs'} (indextts2.yaml, indextts2_5.yaml, tiny.yaml")
+
+
 def test_evaluate_extended_vocabulary_params(tmp_path) -> None:
     weights = torch.load(TINY / "gpt.pth", weights_only=True)
     weights.update(torch.load(TINY / "ext150_text_params.pth", weights_only=True))
@@ -671,6 +688,39 @@ def test_hardware_train_scope_lora_plans_a_bigger_micro_batch_on_l4(config) -> N
     human = cli("hardware", "--config", real, "--assume", "L4", "--train-scope", "lora").stdout
     trainable = scope_counts(load_config(real).gpt, ScopeSettings("lora"))["trainable"]
     assert "train scope lora (rank 16" in human and f"{trainable:,} trainable" in human
+
+
+@pytest.mark.parametrize("typed", ["RTX4090", "4090", "rtx 4090", "NVIDIA GeForce RTX 4090", "RTX_4090"])
+def test_hardware_finds_a_gpu_however_its_name_is_typed(typed) -> None:
+    result = cli("hardware", "--config", TINY_CONFIG, "--assume", typed)
+    assert result.exit_code == 0 and result.stdout.startswith("NVIDIA GeForce RTX 4090 (cuda): bf16"), result.output
+
+
+@pytest.mark.parametrize("typed, closest", [("A100", "closest: A100-80GB, A100-40GB; known:"),
+                                            ("RTX5090", "closest: RTX-4090, RTX-3090")])
+def test_an_unknown_or_ambiguous_gpu_names_the_closest(typed, closest) -> None:
+    result = cli("hardware", "--config", TINY_CONFIG, "--assume", typed)
+    assert result.exit_code == 2
+    error_line(result.stderr, f"--assume: unknown GPU {typed!r}; {closest}")
+
+
+def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
+    """What the parser refuses reads as the user typed it, not in the validation library's words
+    ("Value error, ...", "Input should be ..."); through the entry point both commands use."""
+    from indextts_train.cli import run_app
+
+    train = ["train", "--train-manifest", "t.jsonl", "--output-dir", "run"]
+    cases = [([*train, "--train-scope", "lroa"], "error: --train-scope: 'lroa' is not one of full, partial, lora"),
+             ([*train, "--seed=abc"], "error: --seed: 'abc' is not a whole number"),
+             ([*train, "--learning-rate", "fast"], "error: --learning-rate: 'fast' is not a number"),
+             (["webui", "--port", "70000"], "error: --port: '70000' is above 65535, the most allowed")]
+    for args, said in cases:
+        assert run_app(app, args) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == f"{said} (see --help)", err
+    proc = real_cli("export", "--pick", "newest", "runs/am")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --pick: 'newest' is not one of best, latest (see --help)"
 
 
 @pytest.mark.parametrize("case", ["unknown gpu", "missing config", "zero batch", "unknown scope"])
@@ -823,6 +873,9 @@ def test_every_command_help_shows_only_values_a_user_can_type() -> None:
         assert not re.search(r"object at 0x|_MISSING|<function |<class ", text), (args, text)
         assert not re.search(r"(else|default:)\s*\]", text), (args, text)
         assert _balanced(text), (args, text)
+        # The parser's internals: Python types, braces around the usage line's arguments
+        assert not re.search(r"<list\[|<str>|\[Path\]", text), (args, text)
+        assert not re.search(r"\{\w+\}", result.output.splitlines()[0]), (args, result.output)
     train_help = " ".join(CliRunner().invoke(app, ["train", "--help"]).output.split())
     assert "[default: train.borrow_languages from --config, else not set]" in train_help
     assert "[default: train.forgetting_limit from --config, else not set]" in train_help

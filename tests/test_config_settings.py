@@ -104,13 +104,13 @@ def test_flags_override_the_train_section_and_are_revalidated() -> None:
 
 
 @pytest.mark.parametrize(("section", "key", "value", "says"), [
-    ("gpt", "layers", 100_000_000, "gpt.layers must be in 1..1_024, got 100000000"),
-    ("gpt", "model_dim", 10**12, "gpt.model_dim must be in 1..65_536"),
-    ("gpt", "number_text_tokens", 2**40, "gpt.number_text_tokens must be in 1..10_000_000"),
-    ("gpt", "stop_mel_token", -1, "gpt.stop_mel_token must be in 0..999_999"),
-    ("train", "seed", 10**20, "train.seed (--seed) must be at most 18_446_744_073_709_551_615"),
-    ("train", "epochs", 10**9, "train.epochs (--epochs) must be at most 1_000_000"),
-    ("train", "batch_size", 10**7, "train.batch_size (--batch-size) must be at most 65_536"),
+    ("gpt", "layers", 100_000_000, "gpt.layers must be in 1..1,024, got 100000000"),
+    ("gpt", "model_dim", 10**12, "gpt.model_dim must be in 1..65,536"),
+    ("gpt", "number_text_tokens", 2**40, "gpt.number_text_tokens must be in 1..10,000,000"),
+    ("gpt", "stop_mel_token", -1, "gpt.stop_mel_token must be in 0..999,999"),
+    ("train", "seed", 10**20, "train.seed (--seed) must be at most 18,446,744,073,709,551,615"),
+    ("train", "epochs", 10**9, "train.epochs (--epochs) must be at most 1,000,000"),
+    ("train", "batch_size", 10**7, "train.batch_size (--batch-size) must be at most 65,536"),
 ])
 def test_every_number_has_a_range(tmp_path: Path, section: str, key: str, value: int, says: str) -> None:
     data = yaml.safe_load(TINY.read_text())

@@ -203,3 +203,27 @@ def test_duplicate_ids_are_reported_with_both_lines(tmp_path: Path) -> None:
     text = render_check_report(report)
     assert "duplicate ids (first 2 of 2" in text and f"is also the id of {first}" in text
     assert check_manifests([manifest], gpt_cfg=GPT, max_lines=4)["duplicate_ids"] == 0  # only the head read
+
+
+def test_check_data_without_config_uses_the_model_folder_that_prepared_the_manifest_and_says_so(tmp_path) -> None:
+    """prepare.json beside the manifest names the model folder's config.yaml: its limits are the ones used
+    (a line says so); manifests that prepare did not write are checked without model limits, said too."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from indextts_train.cli import app
+    from indextts_train.config.settings import gpt_to_dict
+
+    manifest = write_dataset(tmp_path / "data", 6)  # text_len 3 + i % 5: lines 4, 5 are 6 and 7 long
+    config = tmp_path / "models" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(yaml.safe_dump({"gpt": {**gpt_to_dict(GPT), "max_text_tokens": 5}}))
+    unprepared = CliRunner().invoke(app, ["check-data", str(manifest)])
+    assert unprepared.exit_code == 0 and "are not checked against a model; pass --config" in unprepared.stderr
+    (manifest.parent / "prepare.json").write_text(json.dumps({"models": {"config": str(config)}}))
+    result = CliRunner().invoke(app, ["check-data", str(manifest)])
+    assert result.stderr.splitlines()[0] == (f"--config not given: checking against {config}, the model folder's "
+                                             "config named by prepare.json beside the manifest")
+    assert result.exit_code == 2 and "6 lines in 1 manifest(s): 4 ok, 2 BAD" in result.stdout
+    given = CliRunner().invoke(app, ["check-data", str(manifest), "--config", str(config)])
+    assert given.exit_code == 2 and given.stderr == ""  # what the user passed needs no line

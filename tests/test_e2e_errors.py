@@ -172,9 +172,9 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "train: config bad UTF-8": ([*train[:3], "--config", bad["badutf.yaml"], "--output-dir", out], "not UTF-8"),
         "train: config nested deep": ([*train[:3], "--config", bad["deep.yaml"], "--output-dir", out], "too deeply"),
         "train: config is a folder": ([*train[:3], "--config", bad["adir"], "--output-dir", out], "config file not"),
-        "train: seed 1e20": ([*train, "--output-dir", out, "--seed", "1e20"], "'--seed'"),
+        "train: seed 1e20": ([*train, "--output-dir", out, "--seed", "1e20"], "--seed: '1e20' is not a whole"),
         "train: seed past 64 bits": ([*train, "--output-dir", out, "--seed", str(2**64)], "at most"),
-        "train: batch 10^30": ([*train, "--output-dir", out, "--batch-size", str(10**30)], "at most 65_536"),
+        "train: batch 10^30": ([*train, "--output-dir", out, "--batch-size", str(10**30)], "at most 65,536"),
         "train: unknown flag": ([*train, "--output-dir", out, "--lerning-rate", "1"], "--lerning-rate"),
         "train: tokenizer is a folder": ([*train, "--output-dir", out, "--tokenizer", bad["adir"]], "tokenizer"),
         "train: base is a folder": ([*train, "--output-dir", out, "--base-checkpoint", bad["adir"]], "no such"),
@@ -205,11 +205,11 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "export: onto an existing file": (["export", base, "--config", config, "-o", bad["afile"]], "--force"),
         "hardware: config nested deep": (["hardware", "--config", bad["deep.yaml"]], "too deeply"),
         "hardware: batch 10^30": (["hardware", "--config", config, "--effective-batch-size", str(10**30)],
-                                  "1..16_777_216"),
+                                  "1..16,777,216"),
         "webui: root a file": (["webui", "--root", bad["afile"]], "not a folder"),
-        "webui: port past 65535": (["webui", "--port", str(10**8)], "'--port'"),
+        "webui: port past 65535": (["webui", "--port", str(10**8)], "--port: '100000000' is above"),
         "extend-tokenizer: target 10^20": (["extend-tokenizer", "--base", bad["afile"], "--corpus", bad["afile"],
-                                            "--target-size", str(10**20), "-o", out / "new.model"], "'--target-size'"),
+                                            "--target-size", str(10**20), "-o", out / "new.model"], "--target-size: "),
     }
 
 

@@ -70,9 +70,10 @@ def reference_corpus(root: Path, is_v25: bool) -> Path:
     return corpus
 
 
-def run_command(root: Path, is_v25: bool, out: str, *extra: str, corpus: str = "corpus.jsonl") -> tuple[int, str]:
+def run_command(root: Path, is_v25: bool, out: str, *extra: str, corpus: str = "corpus.jsonl",
+                language: bool = True) -> tuple[int, str]:
     model_dir = root / "models"
-    flags = ["--campplus", str(REF / "campplus" / "campplus.pth"), "--language", "en",
+    flags = ["--campplus", str(REF / "campplus" / "campplus.pth"), *(["--language", "en"] if language else []),
              "--tokenizer", str(REF / "text" / "toy_base.tiktoken")] if is_v25 else \
         ["--semantic-codec", str(REF / "semantic_codec" / "model.safetensors"),
          "--tokenizer", str(REF / "text" / "bpe_tiny.model")]
@@ -187,20 +188,54 @@ def test_condition_and_emo_vec_equal_the_stages_one_clip_at_a_time(tmp_path) -> 
 
 
 @pytest.mark.slow
-def test_batch_seconds_keeps_codes_exact_and_floats_within_tolerance(tmp_path) -> None:
+def test_batch_seconds_keeps_codes_exact_and_floats_those_of_one_clip_at_a_time(tmp_path) -> None:
+    """Clips of 1 to 2 s (four rates and channel layouts), each alone, in twos and in one padded batch:
+    condition and emo_vec are those of the clip alone bit for bit (their w2v-BERT pass never sees
+    padding), which is within the reference tolerance of official inference by construction."""
     reference_model_dir(tmp_path, is_v25=False)
     reference_corpus(tmp_path, is_v25=False)
-    assert run_command(tmp_path, False, "alone", "--batch-seconds", "1")[0] == 0  # every clip its own batch
-    assert run_command(tmp_path, False, "together", "--batch-seconds", "100")[0] == 0  # one padded batch
-    alone, together = _kept(tmp_path / "alone"), _kept(tmp_path / "together")
+    runs = {"alone": "1", "pairs": "3", "together": "100"}  # every clip its own batch ... one padded batch
+    for out, seconds in runs.items():
+        code, output = run_command(tmp_path, False, out, "--batch-seconds", seconds)
+        assert code == 0
+        # --val-fraction 0 (run_command's): prepare says that val.jsonl is empty, and what to do
+        assert ("warning: 0 validation pairs (no clip of a speaker with two clips or more fell in --val-fraction 0; "
+                "4 clips kept, 1 speakers): val.jsonl is empty and train-gpt refuses it as --val-manifest; rerun "
+                "with a larger --val-fraction (e.g. 0.2) or --val-speakers 1") in output
+    kept = {out: _kept(tmp_path / out) for out in runs}
     for clip in CLIPS:
-        for name in ("codes", "text_ids"):
-            assert np.array_equal(np.load(tmp_path / "alone" / alone[clip][f"{name}_path"]),
-                                  np.load(tmp_path / "together" / together[clip][f"{name}_path"]))
-        for name in ("condition", "emo_vec"):
-            np.testing.assert_allclose(np.load(tmp_path / "alone" / alone[clip][f"{name}_path"]),
-                                       np.load(tmp_path / "together" / together[clip][f"{name}_path"]),
-                                       atol=FLOAT_ATOL, rtol=0)
+        for out in ("pairs", "together"):
+            for name in ("codes", "text_ids", "condition", "emo_vec"):
+                np.testing.assert_array_equal(np.load(tmp_path / "alone" / kept["alone"][clip][f"{name}_path"]),
+                                              np.load(tmp_path / out / kept[out][clip][f"{name}_path"]),
+                                              err_msg=f"{clip} {name} --batch-seconds {runs[out]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("is_v25", [False, True], ids=["indextts2", "indextts2.5"])
+def test_what_the_text_or_path_rejects_is_rejected_before_any_audio_and_the_top_reasons_shown(tmp_path,
+                                                                                               is_v25) -> None:
+    """Every clip rejected: the summary shows each kind of reason with its count and a rejected.jsonl line.
+    The texts are refused before their audio is opened: the audio here is not readable, and reading it
+    would have been the reason."""
+    reference_model_dir(tmp_path, is_v25)
+    (tmp_path / "noise.wav").write_bytes(b"RIFF....WAVEfmt garbage")
+    text = TEXT_V25["input"] if is_v25 else "Hello \u1240 world"  # 2.5: no language; IndexTTS2: a piece it lacks
+    lines = [{"id": f"u{i}", "audio": "noise.wav", "text": text, "speaker": "s"} for i in range(3)]
+    lines.append({"id": "gone", "audio": "nope.wav", "text": TEXT_V25["input"] if is_v25 else "HI", "speaker": "s"})
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    code, output = run_command(tmp_path, is_v25, "out", corpus="bad.jsonl", language=False)
+    assert code == 2 and "prepared 0/4 utterances" in output, output
+    rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
+    kind = "text: no language (IndexTTS-2.5 needs one; pass --language or a language field)" if is_v25 else \
+        "text: characters the tokenizer does not know"
+    count = 4 if is_v25 else 3  # 2.5: the missing file has no language either, and the text is checked first
+    assert f"  {count} x {kind}, e.g. {json.dumps(rejected[0], ensure_ascii=False)}" in output.splitlines()
+    if not is_v25:
+        assert "  1 x audio: file not found, e.g. " + json.dumps(rejected[3], ensure_ascii=False) in output
+    assert not any("unreadable" in line["reason"] for line in rejected)
+    report = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    assert report["counts"]["rejected_top"][0] == {"reason": kind, "count": count, "example": rejected[0]}
 
 
 @pytest.mark.slow
@@ -228,6 +263,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_exit_codes(tmp_path) -> None:
     assert reasons["unknown"].startswith("text: characters the tokenizer does not know: ቀ")
     assert reasons["empty"] == "text: empty"
     assert set(_kept(tmp_path / "out")) == {"b_22k05_mono_float", "c_16k_mono_pcm16"}
+    assert '  2 x too long: N codes > gpt.max_mel_tokens N, e.g. {"id": "a_44k1_stereo_pcm16"' in output
     corpus.write_text(json.dumps({"id": "x", "audio": "nope.wav", "text": "HI"}) + "\n")
     code, output = run_command(tmp_path, False, "none_kept")
     assert code == 2 and "prepared 0/1" in output

@@ -35,7 +35,8 @@ def _fake_hub(monkeypatch, printed_sizes: dict[str, int]) -> list[str]:
         (folder / "refs" / "main").write_text("abc")
         path = folder / "snapshots" / "abc" / filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"x" * printed_sizes[filename])
+        size = printed_sizes[filename]  # a JSON file is read (its sizes are bounded): valid, padded to size
+        path.write_bytes(b"{}".ljust(size) if filename.endswith(".json") else b"x" * size)
         fetched.append(f"{repo}/{filename}")
         return str(path)
 

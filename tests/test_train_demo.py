@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.config.settings import config_beside
 from indextts_train.demo import run_demo
 
 
@@ -47,6 +48,8 @@ def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys) -> No
     assert torch.equal(exported["text_embedding.weight"][:100], base[:100])  # base rows frozen
     named = yaml.safe_load((tmp_path / "export" / "config.yaml").read_text())["dataset"]["bpe_model"]
     assert (tmp_path / "export" / named).is_file()  # the tokenizer beside gpt.pth, under the config's name
+    # The model folder is an official one: train-gpt without --config takes its config.yaml (README section 4)
+    assert config_beside(tmp_path / "models" / "gpt.pth") == (tmp_path / "models" / "config.yaml", "")
 
     assert run_demo(tmp_path, max_steps=70) == 0  # the same command again continues the run
     printed = capsys.readouterr().out
@@ -68,3 +71,4 @@ def test_demo_25_trains_with_a_grown_tiktoken_vocabulary_and_exports(tmp_path, c
     assert exported.shape[0] == 2044 and torch.equal(exported[:320], base[:320])
     assert torch.equal(exported[370:], base[320:])  # the specials moved with their ids, frozen
     assert (tmp_path / "export" / "multilingual_zh_ja_yue_char_del.tiktoken").is_file()
+    assert config_beside(tmp_path / "models" / "gpt.pth") == (tmp_path / "models" / "config.yaml", "")

@@ -47,7 +47,7 @@ def bad_ids_manifest(tiny_data: dict, folder: Path, line_no: int, *, repeat: int
     return manifest
 
 
-@pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids"])
+@pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids", "earlier_run", "family"])
 def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, tmp_path, what) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -63,6 +63,12 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
         extra = ["--config", str(inputs / "deeper.yaml")]
     elif what == "tokenizer":
         extra = ["--tokenizer", str(inputs / "missing.model")]
+    elif what == "earlier_run":  # checkpoints of another run in the folder, and no --resume
+        (tmp_path / "runs" / "am").mkdir(parents=True)
+        (tmp_path / "runs" / "am" / "model_step5.pth").write_bytes(b"a run's checkpoint")
+    elif what == "family":  # a 2.5 vocabulary with the IndexTTS2 base checkpoint
+        (inputs / "am.tiktoken").write_text("YQ== 0\n")
+        extra = ["--tokenizer", str(inputs / "am.tiktoken")]
     else:
         manifest = bad_ids_manifest(tiny_data, inputs, line_no=3)
     before = snapshot(tmp_path)
@@ -72,7 +78,9 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
     assert len(lines) == 1 and lines[0].startswith("error: ") and PLAN_WORDS not in output, output
     needle = {"manifest": "missing.jsonl: manifest not found", "base": "--base-checkpoint",
               "layout": "does not match the IndexTTS2 GPT layout", "tokenizer": "--tokenizer",
-              "ids": "bad.jsonl:3: target_text_ids_path holds id 5000"}[what]
+              "ids": "bad.jsonl:3: target_text_ids_path holds id 5000",
+              "earlier_run": "already holds checkpoints (model_step5.pth); pass --resume auto",
+              "family": "am.tiktoken: an IndexTTS-2.5 .tiktoken vocabulary, but --base-checkpoint"}[what]
     assert needle in lines[0]
     assert snapshot(tmp_path) == before  # no runs/, no runs/am, no train.lock, no log
 
@@ -124,8 +132,16 @@ def test_config_defaults_to_the_official_one_beside_the_base_checkpoint(tiny_dat
     options = TrainOptions(train_manifests=[str(tiny_data["train"])], output_dir=tmp_path / "run", base_checkpoint=base)
     path, line = options.config_path()
     assert path == folder / "config.yaml" and line.startswith("--config not given: using")
-    assert config_beside(folder / "other.pth") is None  # gpt_checkpoint names another file
+    assert config_beside(folder / "other.pth")[0] is None  # gpt_checkpoint names another file
     assert TrainOptions(train_manifests=["x"], output_dir=tmp_path).config_path() == (DEFAULT_CONFIG, None)
+    # A folder config.yaml that does not name the checkpoint is not taken, and the first line says why.
+    (folder / "config.yaml").write_text(yaml.safe_dump(official))
+    path, line = options.config_path()
+    assert path == DEFAULT_CONFIG and line == (
+        f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2), not {folder / 'config.yaml'}: its "
+        "gpt_checkpoint is not 'gpt.pth', so it is not taken as that checkpoint's official config; pass --config "
+        "for another size")
+    (folder / "config.yaml").write_text(yaml.safe_dump({**official, "gpt_checkpoint": "gpt.pth"}))
     result = CliRunner().invoke(app, ["train", "--train-manifest", str(tiny_data["train"]), "--base-checkpoint",
                                       str(base), "--output-dir", str(tmp_path / "run"), "--max-steps", "1"])
     assert result.exit_code == 0 and result.output.splitlines()[0].endswith(

@@ -76,9 +76,9 @@ def check_base_layout(path: Path, cfg: GPTConfig, *, merge_adapters: bool = True
     problems = layout_problems(state, cfg)
     if problems:
         raise UserError(
-            f"{path}: does not match the {cfg.family_name} GPT layout that --config describes (model_dim "
-            f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from --config's "
-            "gpt: section: pass the config.yaml that came with the checkpoint"
+            f"{path}: does not match the {cfg.family_name} GPT layout of the config (model_dim "
+            f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from the config's "
+            "gpt: section: pass the config.yaml that came with the checkpoint as --config"
         )
     return state
 

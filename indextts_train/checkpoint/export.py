@@ -288,7 +288,9 @@ def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokeni
         data.setdefault("dataset", {})
         data["dataset"]["bpe_model"] = tokenizer_name
     missing = [name for name in INFERENCE_SECTIONS if name not in data]
-    lacks = [f"config.yaml has no {', '.join(missing)} section(s): the run's config had none; pass --config "
-             "with the model's own config.yaml (IndexTTS2's checkpoints/config.yaml) to carry them"] if missing else []
+    source = (f"--config {base_config} has none" if base_config else
+              "the run's config had none; pass --config with the model's own config.yaml (IndexTTS2's "
+              "checkpoints/config.yaml) to carry them")
+    lacks = [f"config.yaml has no {', '.join(missing)} section(s): {source}"] if missing else []
     header = "".join(f"# indextts-train: {note}\n" for note in notes)  # YAML comments: loaders ignore them
     return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), lacks

@@ -43,7 +43,7 @@ class ConditionModuleConfig:
     def __post_init__(self) -> None:
         for name in ("output_size", "linear_units", "attention_heads", "num_blocks"):
             if not 1 <= getattr(self, name) <= 65_536:
-                raise UserError(f"gpt condition module: {name} must be in 1..65_536, got {getattr(self, name)!r}")
+                raise UserError(f"gpt condition module: {name} must be in 1..65,536, got {getattr(self, name)!r}")
         if not (math.isfinite(self.perceiver_mult) and 0 < self.perceiver_mult <= 64):
             raise UserError(f"gpt condition module: perceiver_mult must be in (0, 64], got {self.perceiver_mult!r}")
 
@@ -92,7 +92,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name, (low, high) in _GPT_RANGES.items():
             if not low <= getattr(self, name) <= high:
-                raise UserError(f"gpt.{name} must be in {low}..{high:_}, got {getattr(self, name)!r}")
+                raise UserError(f"gpt.{name} must be in {low}..{high:,}, got {getattr(self, name)!r}")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
@@ -270,7 +270,7 @@ def _check_range(name: str, value: Any, rule: str) -> None:
         raise UserError(f"{where} must be {text}, got {value!r}")
     high = TRAIN_MAX.get(name)
     if high is not None and value > high:
-        raise UserError(f"{where} must be at most {high:_}, got {value:_}")
+        raise UserError(f"{where} must be at most {high:,}, got {value:,}")
 
 
 def train_flags() -> list[dataclasses.Field]:
@@ -344,10 +344,17 @@ def version_of_family(family: str | None) -> float:
     return 2.5 if family == FAMILY_V25 else 2.0
 
 
+BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # this checkout's, not the working directory's
+
+
 def load_config(path: str | Path) -> Config:
     path = Path(path)
+    if not path.exists() and path.parent == Path("configs") and (BUNDLED_CONFIGS / path.name).is_file():
+        path = BUNDLED_CONFIGS / path.name  # `configs/NAME.yaml` as the docs write it, found from any folder
     if not path.exists() or path.is_dir():
-        raise UserError(f"{path}: config file not found; pass --config configs/indextts2.yaml or your config.yaml")
+        shipped = ", ".join(sorted(p.name for p in BUNDLED_CONFIGS.glob("*.yaml")))
+        raise UserError(f"{path}: config file not found; pass your model's config.yaml or one of the bundled "
+                        f"configs in {BUNDLED_CONFIGS} ({shipped})")
     try:
         data = load_yaml(path, "config")  # safe and bounded: size, nesting, anchors expanded
     except OSError as exc:
@@ -378,7 +385,7 @@ def gpt_from_dict(data: dict) -> GPTConfig:
 
 
 # The real IndexTTS2 sizes, from this checkout (not the working directory).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "indextts2.yaml"
+DEFAULT_CONFIG = BUNDLED_CONFIGS / "indextts2.yaml"
 
 
 def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
@@ -450,10 +457,13 @@ class TrainOptions:
         says which was taken when the user did not choose."""
         if self.config is not None:
             return Path(self.config), None
-        beside = config_beside(self.base_checkpoint)
+        beside, why_not = config_beside(self.base_checkpoint)
         if beside is not None:
             return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
-        return DEFAULT_CONFIG, None
+        if self.base_checkpoint is None:
+            return DEFAULT_CONFIG, None
+        return DEFAULT_CONFIG, (f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2){why_not}; "
+                                "pass --config for another size")
 
     def load_config(self) -> Config:
         """The config file with this run's flags applied."""
@@ -465,18 +475,22 @@ class TrainOptions:
 OFFICIAL_CONFIG_BYTES = 1024 * 1024  # the official config.yaml is about 2 KiB
 
 
-def config_beside(checkpoint: Path | None) -> Path | None:
-    """The config.yaml in the same folder as `checkpoint` when the folder has the official layout: a
-    config.yaml with a gpt: section whose `gpt_checkpoint` names this very file."""
-    if checkpoint is None:
-        return None
-    candidate = Path(checkpoint).parent / "config.yaml"
+def config_beside(checkpoint: Path | None) -> tuple[Path | None, str]:
+    """The config.yaml in the same folder as `checkpoint` when the folder has the official layout (a gpt:
+    section, `gpt_checkpoint` naming this very file); else None and, when one is there, why it was not
+    taken (a clause for the line that says which config the run uses)."""
+    candidate = Path(checkpoint).parent / "config.yaml" if checkpoint is not None else None
     try:
-        if not candidate.is_file() or candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
-            return None
+        if candidate is None or not candidate.is_file():
+            return None, ""
+        if candidate.stat().st_size > OFFICIAL_CONFIG_BYTES:
+            return None, f", not {candidate}: larger than an official config.yaml"
         data = load_yaml(candidate, "config")
     except (OSError, UserError):
-        return None
+        return None, f", not {candidate}: not readable as a YAML config"
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
-        return None
-    return candidate if str(data.get("gpt_checkpoint", "")) == Path(checkpoint).name else None
+        return None, f", not {candidate}: it has no gpt: section"
+    if str(data.get("gpt_checkpoint", "")) != Path(checkpoint).name:
+        return None, (f", not {candidate}: its gpt_checkpoint is not {Path(checkpoint).name!r}, so it is not "
+                      "taken as that checkpoint's official config")
+    return candidate, ""

@@ -367,3 +367,38 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
         raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
     return len(lines)
 
+
+
+PREPARE_RECORD = "prepare.json"  # written by `prepare` beside the manifests it writes
+PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
+
+
+def prepared_with(manifests: Sequence[str | Path], config: Path | None,
+                  tokenizer: Path | None) -> tuple[Path | None, Path | None, list[str]]:
+    """check-data's config and tokenizer: those given, else the model folder's config.yaml and the
+    tokenizer that prepared these manifests (prepare.json beside the first one names them); and the
+    lines that say which were taken, or that no model limits are checked."""
+    named = _prepare_record_models(manifests) if config is None or tokenizer is None else {}
+    limits, vocabulary = config or named.get("config"), tokenizer or named.get("tokenizer")
+    record, notes = "named by prepare.json beside the manifest", []
+    if config is None:
+        notes.append(f"--config not given: checking against {limits}, the model folder's config {record}" if limits
+                     else "--config not given: lengths, feature shapes and code ids are not checked against a "
+                     "model; pass --config checkpoints/config.yaml")
+    if tokenizer is None and vocabulary is not None:
+        notes.append(f"--tokenizer not given: text ids checked against {vocabulary}, the tokenizer {record}")
+    return limits, vocabulary, notes
+
+
+def _prepare_record_models(manifests: Sequence[str | Path]) -> dict[str, Path]:
+    """The config and tokenizer prepare.json beside the first manifest names, those still there."""
+    record = Path(manifests[0]).parent / PREPARE_RECORD if manifests else None
+    try:
+        if record is None or not record.is_file() or record.stat().st_size > PREPARE_RECORD_BYTES:
+            return {}
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}  # not a record of ours: the caller says that no config was used
+    models = data.get("models") if isinstance(data, dict) else None
+    named = {key: models.get(key) for key in ("config", "tokenizer")} if isinstance(models, dict) else {}
+    return {key: Path(value) for key, value in named.items() if isinstance(value, str) and Path(value).is_file()}

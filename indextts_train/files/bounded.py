@@ -91,6 +91,10 @@ def read_bounded(path: Path | str, limit: int, what: str = "file") -> bytes:
 # ----------------------------------------------------------------------------- YAML
 
 
+class _PastBound(yaml.YAMLError):
+    """A YAML document past a bound: valid, perhaps, but not something this program reads."""
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader whose composed document is measured, aliases expanded, before anything is built."""
 
@@ -107,7 +111,7 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
     if key in sizes:
         return sizes[key]
     if key in open_nodes:
-        raise yaml.YAMLError("an alias refers to a value that contains it (recursive alias)")
+        raise _PastBound("an alias refers to a value that contains it (recursive alias)")
     open_nodes.add(key)
     if isinstance(node, yaml.MappingNode):
         children = [child for pair in node.value for child in pair]
@@ -117,8 +121,8 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
     for child in children:
         total += _expanded_size(child, sizes, open_nodes)
         if total > MAX_YAML_NODES:
-            raise yaml.YAMLError(f"more than {MAX_YAML_NODES} values with its aliases expanded "
-                                 "(anchors that multiply)")
+            raise _PastBound(f"more than {MAX_YAML_NODES} values with its aliases expanded "
+                             "(anchors that multiply)")
     open_nodes.discard(key)
     sizes[key] = total
     return total
@@ -142,6 +146,8 @@ def yaml_text(text: str, where: str) -> Any:
                         "is this the right file?")
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader with bounds
+    except _PastBound as exc:
+        raise UserError(f"{where}: YAML refused: {exc}; is this the right file?") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""

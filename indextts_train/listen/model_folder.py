@@ -12,11 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-import yaml
-
 from indextts_train.checkpoint.export import TIKTOKEN_NAME, export_checkpoint
 from indextts_train.config.settings import FAMILY_V25, load_config
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import load_yaml
 
 MARKER = ".indextts-train-listen-folder"
 DEFAULT_BPE = "bpe.model"
@@ -25,7 +24,7 @@ DEFAULT_BPE = "bpe.model"
 def replaced_names(model_dir: Path) -> tuple[str, str, str]:
     """(gpt file, config file, tokenizer file) of the model folder: what the export writes instead."""
     config_path = model_dir / "config.yaml"
-    raw = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    raw = load_yaml(config_path, "config")
     if load_config(config_path).gpt.family == FAMILY_V25:
         tokenizer = TIKTOKEN_NAME
     else:

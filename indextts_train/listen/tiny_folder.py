@@ -21,6 +21,7 @@ import yaml
 
 from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
 from indextts_train.files.atomic import atomic_write, atomic_write_text
+from indextts_train.files.bounded import load_yaml
 from indextts_train.prepare.tiny import write_tiny_model_dir
 
 CHILD_PARTS = Path(__file__).with_name("child_parts.py")
@@ -103,7 +104,7 @@ def add_inference_parts(model_dir: Path, *, inference_python: Path, seed: int = 
     `inference_python`) and, for IndexTTS2, the emotion model. Returns model_dir."""
     config_path = model_dir / "config.yaml"
     family = load_config(config_path).gpt.family
-    raw = _inference_config(yaml.safe_load(config_path.read_text(encoding="utf-8")), family, real_size)
+    raw = _inference_config(load_yaml(config_path, "config"), family, real_size)
     atomic_write_text(config_path, yaml.safe_dump(raw, sort_keys=False))
     _matrices(model_dir, int(raw["gpt"]["model_dim"]), raw["emo_num"], seed + 3)
     vocoder = model_dir / "hf_cache" / "bigvgan"
@@ -122,7 +123,7 @@ def tiny_gpt_config(family: str, folder: Path) -> Path:
     """The GPT config of a family's stand-in inference folder (IndexTTS2's is widened to 1280, one layer)."""
     if family == FAMILY_V25:
         return CONFIGS / "tiny_v25.yaml"
-    raw = yaml.safe_load((CONFIGS / "tiny.yaml").read_text(encoding="utf-8"))
+    raw = load_yaml((CONFIGS / "tiny.yaml"), "config")
     raw["gpt"].update(model_dim=V2_GPT_WIDTH, heads=20, layers=1)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "gpt_config_v2_inference.yaml"

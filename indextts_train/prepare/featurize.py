@@ -174,13 +174,12 @@ class Featurizer:
             return self._features(clips)
 
     def _features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
+        # Codes are discrete and came out the same from a padded batch (no code moved under 1e-4 noise
+        # on the layer-17 features): the whole clips go through w2v-BERT together. The float outputs do
+        # not: a padded batch moves layer 17 by ~1e-5, which the encoders grew to 1.8e-4 in emo_vec
+        # (values ~8) against the 1e-4 tolerance. So condition and emo_vec take their features from a
+        # pass of the clip alone, as official inference does, and do not depend on --batch-seconds.
         full = self.w2v.layer17([clip.speaker_full for clip in clips])  # one padded forward
-        # A long clip's prompt cut gets its own layer-17 pass only where it is used: IndexTTS2's
-        # `condition` (IndexTTS-2.5's speaker vector comes from the waveform, through CAMPPlus).
-        long = [] if self.is_v25 else [i for i, clip in enumerate(clips) if clip.speaker_prompt is not None]
-        prompts = dict(zip(long, self.w2v.layer17([clips[i].speaker_prompt for i in long]), strict=True)) \
-            if long else {}
-        emotions = self.w2v.layer17([clip.emotion for clip in clips])
         out: list[dict[str, np.ndarray] | str] = []
         for i, clip in enumerate(clips):
             feat, n_valid = full[i]
@@ -190,13 +189,16 @@ class Featurizer:
                 out.append(too_long_reason(codes.numel(), self.gpt_cfg.max_mel_tokens))
                 continue
             arrays = {"codes": codes.numpy().astype(np.int32)}
-            if self.is_v25:
-                arrays["spk_emb"] = np.asarray(self.campplus.speaker_vector(
-                    clip.speaker_full if clip.speaker_prompt is None else clip.speaker_prompt), dtype=np.float32)
+            prompt = clip.speaker_full if clip.speaker_prompt is None else clip.speaker_prompt
+            if self.is_v25:  # IndexTTS-2.5's speaker vector comes from the waveform, through CAMPPlus
+                arrays["spk_emb"] = np.asarray(self.campplus.speaker_vector(prompt), dtype=np.float32)
             else:
-                prompt_feat = prompts.get(i, full[i])[0]
+                # A batch of this clip alone already was its single pass.
+                prompt_feat = full[i][0] if len(clips) == 1 and clip.speaker_prompt is None else \
+                    self.w2v.layer17([prompt])[0][0]
                 arrays["condition"] = self._float(self.encoders.condition(prompt_feat.to(self.device)))
-            arrays["emo_vec"] = self._float(self.encoders.emo_vec(emotions[i][0].to(self.device)))
+            [(emotion, _)] = self.w2v.layer17([clip.emotion])
+            arrays["emo_vec"] = self._float(self.encoders.emo_vec(emotion.to(self.device)))
             out.append(arrays)
         return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from indextts_train.prepare.featurize import (
 from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, model_hashes
 from indextts_train.prepare.outputs import OutputFolder, file_stem
 from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
-from indextts_train.prepare.progress import PrepareProgress, print_summary
+from indextts_train.prepare.progress import PrepareProgress, print_summary, top_rejections
 
 PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
 LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken",
@@ -93,6 +93,7 @@ class Planned:
     batches: list[list[int]]
     early: dict[int, str]  # corpus index -> reason
     sources: list[str] = field(default_factory=list)  # Utterance.source_key of each: a record of another is stale
+    texts: dict[int, TextIds] = field(default_factory=dict)  # corpus index -> its ids, when plan() encoded them
 
 
 def _early_reason(frames: int, rate: int, options: PrepareOptions, limit: CodeLimit | None) -> str | None:
@@ -109,10 +110,22 @@ def _early_reason(frames: int, rate: int, options: PrepareOptions, limit: CodeLi
     return None
 
 
-def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit | None = None) -> Planned:
-    """Durations from the headers, the rejections that need no model, and the batches (see the module doc)."""
-    durations, early = [], {}
+def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit | None = None,
+         text_ids: Callable[[Utterance], TextIds | str] | None = None) -> Planned:
+    """Durations from the headers, the rejections that need no audio, and the batches (see the module doc).
+
+    With `text_ids` (Featurizer.text_ids) each text is encoded first: a text that cannot be kept (no
+    language for IndexTTS-2.5, pieces the tokenizer lacks, too many tokens) is rejected before its audio
+    is opened, as is a missing audio file (by its header)."""
+    durations, early, texts = [], {}, {}
     for i, utt in enumerate(utterances):
+        text = text_ids(utt) if text_ids is not None else None
+        if isinstance(text, str):
+            early[i] = text
+            durations.append(0.0)
+            continue
+        if text is not None:
+            texts[i] = text
         header = audio_header(utt)
         if isinstance(header, str):
             early[i], seconds = header, 0.0
@@ -130,7 +143,7 @@ def plan(utterances: list[Utterance], options: PrepareOptions, limit: CodeLimit 
         else:
             batches.append([i])
     stems = [file_stem(utt.id) for utt in utterances]
-    return Planned(utterances, durations, stems, batches, early, [utt.source_key() for utt in utterances])
+    return Planned(utterances, durations, stems, batches, early, [utt.source_key() for utt in utterances], texts)
 
 
 def _line(utt: Utterance, duration: float, text: TextIds, arrays: dict[str, np.ndarray],
@@ -149,7 +162,7 @@ def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featu
     results: dict[int, dict | str] = {}
     texts: dict[int, TextIds] = {}
     for i, clip in zip(batch, clips, strict=True):
-        text = featurizer.text_ids(planned.utterances[i])
+        text = planned.texts[i] if i in planned.texts else featurizer.text_ids(planned.utterances[i])
         if isinstance(text, str) or isinstance(clip, str):
             results[i] = text if isinstance(text, str) else clip
         else:
@@ -274,6 +287,7 @@ def _report(kept: list[dict], rejected: list[dict], tokens: TokenCount, pairs: P
         "model_sha256": hashes, "versions": _versions(),
         "counts": {"utterances": len(kept) + len(rejected), "kept": len(kept), "rejected": len(rejected),
                    "rejected_by_reason": dict(sorted(Counter(r["reason"].split(":")[0] for r in rejected).items())),
+                   "rejected_top": top_rejections(rejected),
                    "train_pairs": len(pairs.train), "val_pairs": len(pairs.val),
                    "speakers": len({line["speaker"] for line in kept}),
                    "single_utterance_speakers": len(pairs.lone_speakers),
@@ -323,7 +337,7 @@ def _run(options: PrepareOptions, info: DistInfo) -> int:
     if error:
         raise UserError(error)
     featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
-    planned = plan(utterances, options, featurizer.code_limit())
+    planned = plan(utterances, options, featurizer.code_limit(), featurizer.text_ids)
     compute_share(planned, featurizer, folder, options, info)
     for note in featurizer.notes() if info.is_main else []:  # rank 0's share of the texts; enough to warn
         print(f"warning: {note}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -80,6 +82,23 @@ def text_coverage(counts: dict) -> str:
     return line
 
 
+TOP_REASONS = 3
+
+
+def top_rejections(rejected: list[dict]) -> list[dict]:
+    """The most frequent kinds of rejection, each with its count and its first rejected.jsonl line.
+
+    A kind is the reason up to its second colon with numbers as N ("too long: N codes > gpt.max_mel_tokens
+    N"; not those inside names such as IndexTTS-2.5), so that
+    clips rejected for one cause count together whatever their lengths or characters."""
+    kinds: dict[str, list] = {}
+    for line in rejected:
+        kind = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "N", ":".join(line["reason"].split(":")[:2]))
+        kinds.setdefault(kind, [0, line])[0] += 1
+    ranked = sorted(kinds.items(), key=lambda item: -item[1][0])[:TOP_REASONS]  # stable: corpus order on ties
+    return [{"reason": kind, "count": count, "example": example} for kind, (count, example) in ranked]
+
+
 def print_summary(report: dict, out: Path) -> None:
     """The end of a run: kept, rejected by reason, hours, speakers, languages, text-token coverage, files."""
     counts = report["counts"]
@@ -87,7 +106,22 @@ def print_summary(report: dict, out: Path) -> None:
     languages = ", ".join(f"{lang} {n}" for lang, n in counts["languages"].items()) or "none"
     print(f"prepared {counts['kept']}/{counts['utterances']} utterances ({report['hours']:.3f} h) of "
           f"{counts['speakers']} speakers; rejected {counts['rejected']} ({reasons}; see {out / 'rejected.jsonl'})")
+    for top in counts["rejected_top"]:
+        print(f"  {top['count']} x {top['reason']}, e.g. {json.dumps(top['example'], ensure_ascii=False)}")
     print(f"languages: {languages}; pairs: {counts['train_pairs']} train, {counts['val_pairs']} val "
           f"({counts['single_utterance_speakers']} single-utterance speakers left out)")
+    if counts["kept"] and not counts["val_pairs"]:
+        print(no_validation_warning(report))
     print(text_coverage(counts))
     print(f"manifests: {out / 'train.jsonl'}, {out / 'val.jsonl'}, {out / 'utterances.jsonl'}")
+
+
+def no_validation_warning(report: dict) -> str:
+    """What to do when the split left no validation pair (val.jsonl is empty: train-gpt refuses it)."""
+    settings, counts = report["settings"], report["counts"]
+    rule = (f"--val-speakers {settings['val_speakers']} held out no speaker with two clips or more"
+            if settings["val_speakers"] else
+            f"no clip of a speaker with two clips or more fell in --val-fraction {settings['val_fraction']:g}")
+    return (f"warning: 0 validation pairs ({rule}; {counts['kept']} clips kept, {counts['speakers']} speakers): "
+            "val.jsonl is empty and train-gpt refuses it as --val-manifest; rerun with a larger --val-fraction "
+            "(e.g. 0.2) or --val-speakers 1, add clips, or train without --val-manifest")

@@ -89,6 +89,11 @@ def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, 
                                                  seed + 1, width, codec_sizes)
         raw["version"] = 2.0
     raw.pop("train", None)  # the official config has no train: section
+    # The keys by which an official folder names its files: with them `train-gpt` takes this config.yaml
+    # for --config when --base-checkpoint is this folder's gpt.pth, as it does for a released folder.
+    raw["dataset"] = {"bpe_model": TOKENIZER_NAMES[is_v25]}
+    raw["gpt_checkpoint"] = "gpt.pth"
+    raw["w2v_stat"] = "wav2vec2bert_stats.pt"
     config_path = model_dir / "config.yaml"
     atomic_write_text(config_path, yaml.safe_dump(raw, sort_keys=False))
     atomic_write_bytes(model_dir / TOKENIZER_NAMES[is_v25], tokenizer.read_bytes())

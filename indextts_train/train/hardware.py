@@ -23,6 +23,7 @@ import torch
 from indextts_train.config.scope_settings import ScopeSettings
 from indextts_train.config.settings import TRAIN_MAX, GPTConfig
 from indextts_train.errors import UserError
+from indextts_train.train.gpu_names import known_gpu_key
 from indextts_train.train.memory import (
     CUDA_RESERVE_BYTES,
     FULL_SCOPE,
@@ -79,11 +80,6 @@ KNOWN_GPUS: dict[str, DeviceInfo] = {
 _SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB)\s*@\s*(?:cc\s*)?(\d+)\.(\d)\s*$", re.IGNORECASE)
 
 
-def _normal(name: str) -> str:
-    """`rtx 4090`, `RTX_4090` and `RTX-4090` name the same card."""
-    return re.sub(r"[\s_-]+", "-", name.strip().lower())
-
-
 def device_from_spec(spec: str) -> DeviceInfo | None:
     """A GPU described by memory and compute capability (`24GiB@8.9`, `48GB@8.6`); None if not such a spec."""
     match = _SPEC.match(spec)
@@ -97,14 +93,14 @@ def device_from_spec(spec: str) -> DeviceInfo | None:
 
 
 def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
-    """The KNOWN_GPUS entry for `name` (case, spaces and dashes ignored) or a `MEM@CC` spec, for
+    """The KNOWN_GPUS entry for `name` (case, spaces, dashes and vendor words ignored) or a `MEM@CC` spec, for
     `--assume` and the docs table. The plan depends only on the memory and compute capability."""
-    by_name = {_normal(key): key for key in KNOWN_GPUS}
-    key = by_name.get(_normal(name))
+    key, closest = known_gpu_key(name, {key: gpu.name for key, gpu in KNOWN_GPUS.items()})
     found = KNOWN_GPUS[key] if key is not None else device_from_spec(name)
     if found is None:
-        raise UserError(f"--assume: unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)}; or describe it as "
-                        "MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
+        nearest = f"closest: {', '.join(closest)}; " if closest else ""
+        raise UserError(f"--assume: unknown GPU {name!r}; {nearest}known: {', '.join(KNOWN_GPUS)}; or describe it "
+                        "as MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
     device = dataclasses.replace(found, cpu_count_assumed=cpu_count is None)
     if cpu_count is not None:
         device.cpu_count = cpu_count
@@ -329,8 +325,8 @@ def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int,
                   world_size: int, memory_share: float) -> None:
     largest = TRAIN_MAX["effective_batch_size"]  # the schema's bound; the planner is also called without it
     if not 1 <= effective_batch <= largest:
-        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{largest:_}, "
-                        f"got {effective_batch:_}")
+        raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{largest:,}, "
+                        f"got {effective_batch:,}")
     for flag, value in (("--batch-size", batch_size), ("--grad-accumulation", grad_accumulation),
                         ("--num-workers", num_workers)):
         if value < 0:

@@ -3,7 +3,9 @@
 `check_inputs` runs after the config is read and before the hardware plan is printed or the output
 folder is created: every path, the base checkpoint's header (its keys and shapes against the
 config, read by mmap), the tokenizer, and the first lines of every manifest (fields, files, text
-ids against the tokenizer's range, lengths against the config's limits), each refused in one line.
+ids against the tokenizer's range, lengths against the config's limits), the tokenizer's family
+against the model's, and an earlier run's checkpoints in the output folder without --resume, each
+refused in one line.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from indextts_train.data.sampling import parse_manifest_specs
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
+from indextts_train.text.tiktoken_vocab import is_tiktoken
 from indextts_train.text.vocab import tokenizer_size
+from indextts_train.train.resume import check_no_earlier_run
 
 # Lines read from the head of each manifest: enough to catch data made with another tokenizer or
 # for another config (every line is alike then), bounded so a start stays quick on any manifest.
@@ -58,6 +62,20 @@ def check_paths(options: TrainOptions) -> None:
     check_output_dir(options.output_dir)
 
 
+def check_tokenizer_family(options: TrainOptions, config: Config) -> None:
+    """A .tiktoken vocabulary is IndexTTS-2.5's, a SentencePiece .model IndexTTS2's: the tokenizer's family
+    against the model's (the base checkpoint's keys settled it, else the config's version)."""
+    if options.tokenizer is None or config.gpt.family is None or is_tiktoken(options.tokenizer) == config.gpt.is_v25:
+        return
+    source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
+    wanted = ("IndexTTS-2.5's .tiktoken (multilingual_zh_ja_yue_char_del.tiktoken or its extension)"
+              if config.gpt.is_v25 else "IndexTTS2's SentencePiece .model (bpe.model or its extension)")
+    kind = "an IndexTTS-2.5 .tiktoken vocabulary" if is_tiktoken(options.tokenizer) else \
+        "an IndexTTS2 SentencePiece model"
+    raise UserError(f"--tokenizer {options.tokenizer}: {kind}, but {source} is {config.gpt.family_name}; "
+                    f"pass {wanted}, or the checkpoint and config of the tokenizer's family")
+
+
 def check_base_checkpoint(options: TrainOptions, config: Config, loaded: object | None) -> None:
     """The base checkpoint's keys and shapes against the config. `loaded` is the start's one read of it
     (checkpoint.base.read_base); None when it could not be read, which reading again names."""
@@ -84,6 +102,8 @@ def check_manifest_sample(options: TrainOptions, config: Config, tokens: int) ->
 def check_inputs(options: TrainOptions, config: Config, base: object | None = None) -> int:
     """All the checks above, cheapest first; returns the text vocabulary size the run will use."""
     check_paths(options)
+    check_no_earlier_run(Path(options.output_dir), options.resume)
+    check_tokenizer_family(options, config)
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     check_base_checkpoint(options, config, base)
     check_manifest_sample(options, config, tokens)

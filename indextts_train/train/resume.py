@@ -64,6 +64,14 @@ def refuse_fresh_start(output_dir: Path, skipped: list[tuple[Path, str]]) -> Use
     return UserError("\n".join(lines))
 
 
+def check_no_earlier_run(output_dir: Path, resume: str | None) -> None:
+    """A new run (no --resume) never starts over the checkpoints of another one in the same folder."""
+    existing = ckpt_io.list_checkpoints(output_dir) if resume is None else []
+    if existing:
+        raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume auto "
+                        "to continue that run, or choose another --output-dir")
+
+
 def select_checkpoint(output_dir: Path, resume: str | None,
                       log: RunLogger) -> tuple[dict | None, Path | None, frozenset[str]]:
     """Resolve --resume (None, "auto" or a path) into a loaded checkpoint, or None to start fresh.
@@ -71,10 +79,7 @@ def select_checkpoint(output_dir: Path, resume: str | None,
     Also returns the file names in `output_dir` that this run must never replace or delete.
     """
     if resume is None:
-        existing = ckpt_io.list_checkpoints(output_dir) if output_dir.is_dir() else []
-        if existing:
-            raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume auto "
-                            "to continue that run, or choose another --output-dir")
+        check_no_earlier_run(output_dir, resume)
         return None, None, frozenset()
     skipped: list[tuple[Path, str]] = []
     if resume == "auto":

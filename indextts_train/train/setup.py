@@ -74,9 +74,11 @@ from indextts_train.train.resume import (
 )
 from indextts_train.train.runlock import LOCK_NAME as RUN_LOCK_NAME
 from indextts_train.train.runlock import RunLock, claim_output_dir
+from indextts_train.train.schedule_check import schedule_warning
 from indextts_train.train.validation import check_limit_groups, group_lines
 from indextts_train.train.weights import Weights, fresh_weights, resumed_weights
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.events import EVENTS_NAME
 from indextts_train.ui.run_record import (
     LOG_NAME,
     TextLog,
@@ -410,13 +412,14 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
     plan, device = _hardware(config, options, dist)
     # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
     made = first_missing(options.output_dir)
-    created = [name for name in (RUN_LOCK_NAME, LOG_NAME) if not (options.output_dir / name).exists()]
+    created = [name for name in (RUN_LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (options.output_dir / name).exists()]
     lock = claim_output_dir(options.output_dir, dist, device)  # before any work: one run per output dir
     try:
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
         if dist.is_main:
             startup.text_log.attach(options.output_dir)
         run = _build(options, dist, config, plan, device, startup, lock, tokens, base)
+        _warn_schedule(run)
         if dist.is_main:
             write_run_record(options.output_dir, recordable_options(options, config), config_to_dict(config),
                              run.plan.to_dict(), startup.text_log.started)
@@ -430,6 +433,15 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         if lock is not None:
             lock.release()
         raise
+
+
+def _warn_schedule(run: Run) -> None:
+    """Before the first step of a run: a schedule that cannot learn is said, with the flags to pass."""
+    batch = run.plan.effective_batch
+    warning = schedule_warning(run.config.train, run.schedule.end_step(Progress(), batch),
+                               run.schedule.steps_per_epoch(batch), batch)
+    if warning and run.progress.step == 0:
+        run.log.warn(warning)
 
 
 def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,

@@ -28,6 +28,7 @@ work: only the last MAX_READ_BYTES are read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -47,45 +48,58 @@ def event(kind: str, text: str, **fields: Any) -> dict:
     return {"t": round(time.time(), 3), "kind": kind, "text": text, **fields}
 
 
-class EventFile:
-    """Appends events to OUTPUT_DIR/events.jsonl once the folder is the run's; before that they wait."""
+class AppendOnlyFile:
+    """A file of the run that only grows: what is written before the folder is the run's waits in memory
+    (a start refused by its checks creates nothing), then goes out in one O_APPEND write a line, so
+    two writers never interleave within a line. A failing disk ends the copy, never the run; a link in
+    the file's place is refused (the run writes only its own files)."""
 
     def __init__(self) -> None:
-        self._pending: list[dict] = []
+        self._pending: list[str] = []
         self._fd: int | None = None
         self._failed = False
 
-    def write(self, record: dict) -> None:
+    def write(self, line: str) -> None:
         if self._failed:
             return
         if self._fd is None:
-            self._pending.append(record)
+            self._pending.append(line)
             return
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
         try:
-            os.write(self._fd, line.encode("utf-8", errors="replace"))  # one O_APPEND write: lines never interleave
+            os.write(self._fd, (line + "\n").encode("utf-8", errors="replace"))
         except OSError:
             self._failed = True
 
-    def attach(self, output_dir: Path) -> None:
-        """Start appending (a symlink in its place is refused: the run writes only its own files)."""
+    def attach(self, path: Path, head: str | None = None) -> None:
+        """Start appending to `path`: `head` first, then what was written so far."""
+        if head is not None:
+            self._pending.insert(0, head)
         try:
-            self._fd = os.open(Path(output_dir) / EVENTS_NAME,
-                               os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError:
             self._failed = True
             return
         pending, self._pending = self._pending, []
-        for record in pending:
-            self.write(record)
+        for line in pending:
+            self.write(line)
+
+    def discard(self) -> None:
+        """Nothing more goes to the file (its lines reach it another way)."""
+        self._pending.clear()
+        self._failed = True
 
     def close(self) -> None:
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._fd)
-            except OSError:
-                pass
             self._fd = None
+
+
+class EventFile(AppendOnlyFile):
+    """OUTPUT_DIR/events.jsonl: one event a line."""
+
+    def record(self, event: dict) -> None:
+        self.write(json.dumps(event, ensure_ascii=False, default=str))
 
 
 def read_events(output_dir: Path) -> list[dict]:

@@ -22,7 +22,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
@@ -30,7 +30,7 @@ from indextts_train.config.settings import Config, TrainOptions
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
 from indextts_train.files.bounded import load_yaml
-from indextts_train.ui.events import EventFile, event
+from indextts_train.ui.events import EVENTS_NAME, AppendOnlyFile, EventFile, event
 
 LOG_NAME = "train.log"
 RECORD_NAME = "run.yaml"
@@ -60,12 +60,10 @@ class TextLog:
 
     def __init__(self, started: float | None = None) -> None:
         self.started = time.time() if started is None else started
-        self._pending: list[str] = []  # lines before attach(): written then, or never if the start fails
-        self._file: TextIO | None = None
-        self._failed = False
+        self._log = AppendOnlyFile()  # train.log: lines before attach() are written then, or never
         self.events = EventFile()
-        self.events.write(event("start", f"=== start {self._when()}: {command_line(sys.argv)}",
-                                command_line=command_line(sys.argv), started=self.started))
+        self.events.record(event("start", f"=== start {self._when()}: {command_line(sys.argv)}",
+                                 command_line=command_line(sys.argv), started=self.started))
 
     def _when(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
@@ -73,7 +71,7 @@ class TextLog:
     def record(self, line: str, kind: str, **fields: Any) -> None:
         """A stamped line (write) and its event: what `text` says, as data."""
         self.write(line)
-        self.events.write(event(kind, unstamp(line), **fields))
+        self.events.record(event(kind, unstamp(line), **fields))
 
     def stamp(self, message: str, now: float | None = None) -> str:
         """`13:02:41 +0:04:10 message`: the time of day and the time since this start."""
@@ -82,45 +80,24 @@ class TextLog:
 
     def write(self, line: str) -> None:
         """One stamped line (may hold several text lines); a failing disk ends the copy, never the run."""
-        if self._failed:
-            return
-        if self._file is None:
-            self._pending.append(line)
-            return
-        try:
-            self._file.write(line + "\n")
-            self._file.flush()
-        except OSError:
-            self._failed = True
+        self._log.write(line)
 
     def attach(self, output_dir: Path) -> None:
-        """Start appending to OUTPUT_DIR/train.log, with the lines said so far.
+        """Start appending to OUTPUT_DIR/train.log and events.jsonl, with the lines said so far.
 
         When stdout already appends to that very file (the web page starts runs that way), the lines
         reach it through stdout and are not written twice.
         """
-        self.events.attach(output_dir)
+        self.events.attach(Path(output_dir) / EVENTS_NAME)
         path = Path(output_dir) / LOG_NAME
         if _stdout_is(path):
-            self._pending.clear()
-            self._failed = True
+            self._log.discard()
             return
-        try:
-            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the whole run
-        except OSError:
-            self._failed = True
-            return
-        self.write(f"=== start {self._when()}: {command_line(sys.argv)}")
-        pending, self._pending = self._pending, []
-        for line in pending:
-            self.write(line)
+        self._log.attach(path, head=f"=== start {self._when()}: {command_line(sys.argv)}")
 
     def close(self) -> None:
         self.events.close()
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
+        self._log.close()
 
 
 def command_line(argv: list[str]) -> str:
