@@ -28,6 +28,9 @@ from indextts_train.prepare.tiny import write_synthetic_clips
 
 PYTHONS = {FAMILY_V25: "INDEXTTS_TEST_PYTHON_V25", FAMILY_V2: "INDEXTTS_TEST_PYTHON_V2"}
 TEXTS = {"one": "hello world, this is a test.", "two": "hello world, this is a test."}
+# A random GPT seldom stops, so the cap sets each line's work: at the tiny config's 60 codes, IndexTTS2's
+# generation (a 1280-wide GPT, 3 beams) took about 2 minutes a line on the shared 2-core machine
+MAX_CODES = 24
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,7 +72,7 @@ def _speak(tiny: dict, folder: Path, out: Path, seed: int) -> dict[str, bytes]:
              for line_id, text in TEXTS.items()]
     started = time.perf_counter()
     results = synthesize(folder, tiny["family"], lines, seed=seed, device="cpu", inference_python=tiny["python"],
-                         log_path=out / "child.log", threads=1)
+                         log_path=out / "child.log", threads=1, max_mel_tokens=MAX_CODES)
     per_line = [round(r.seconds, 2) for r in results]
     print(f"{tiny['family']}: {time.perf_counter() - started:.1f} s for {len(lines)} lines (load included), "
           f"synthesis {per_line} s per line")

@@ -151,6 +151,8 @@ def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed
     resolve the default now). The child's output goes to `log_path` (appended) when given. Returns one
     result per line, in order; a line the child never reached (crash, timeout) is failed with its reason.
     """
+    if not lines:
+        return []  # no model load for nothing
     python = inference_python or resolve_inference_python(family, None)
     with tempfile.TemporaryDirectory(prefix="indextts-listen-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
