@@ -56,7 +56,7 @@ from indextts_train.text.vocab import (
     family_freezer,
 )
 from indextts_train.train.accel import compile_blocks
-from indextts_train.train.best import BestTracker, check_metric, take_heard
+from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
 from indextts_train.train.listen_check import GenerationCheck
@@ -169,9 +169,7 @@ class Run:
     def saved(self, path: Path, step: int) -> None:
         """The checkpoint of `step` is on disk at `path` (called by the writer, maybe its background thread)."""
         self.last_saved, self.last_saved_step = path, step
-        if self.val is not None and (self.listener is None or self.listener.child is None):  # scores complete
-            take_heard(self.val.tracker, self.options.output_dir, step, self.protected, self.log.info)
-        after_save(self, step)  # --listen-every: heard by a process of its own, never waited for
+        after_save(self, step)  # --best-metric listen/...; --listen-every: heard by a process of its own
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The data order of `epoch` (sampling.epoch_order of the run's sampler)."""
