@@ -87,10 +87,9 @@ def demo(
 ) -> None:
     """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), train on it, export, listen (docs/listen.md)."""
     from indextts_train.demo import run_demo
-    from indextts_train.listen.demo import listen_to_demo
 
-    code = run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family, train_scope=train_scope)
-    raise typer.Exit(code or run_guarded(listen_to_demo, out_dir, family))  # listening: when inference is there
+    raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
+                                 train_scope=train_scope) or 0)
 
 
 PREPARE_EXTRA = ("transformers", "soundfile", "soxr", "safetensors", "huggingface_hub")
@@ -244,6 +243,7 @@ def check_data(
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP + " With --tokenizer, a line's text_ids must be its text (text / target_text) as inference encodes it.")] = "auto",
     strict_language: Annotated[bool, typer.Option(help="IndexTTS-2.5: refuse language codes the official table lacks instead of using its `common` row.")] = False,
     write_clean: Annotated[Path | None, typer.Option(help="Write a manifest of only the good lines here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --write-clean replace an existing file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
@@ -264,8 +264,7 @@ def check_data(
         report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=text_path.size if text_path else None,
                                  base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:
-            write_clean.parent.mkdir(parents=True, exist_ok=True)  # as export does for its outputs
-            write_clean_manifest(report, write_clean)
+            write_clean_manifest(report, write_clean, force=force)
         return report
 
     report = run_guarded(run)  # a refusal is its one line; what was checked against comes with a report
@@ -327,6 +326,7 @@ def extend_tokenizer(
     output: Annotated[Path, typer.Option("-o", "--output", help="New .model (.vocab written beside it) or .tiktoken path.")],
     normalizer: Annotated[str, typer.Option(help=NORMALIZER_HELP)] = "auto",
     language: Annotated[str | None, typer.Option(help="IndexTTS-2.5: the corpus language; its case rule applies (zh/en/ja lower, es upper, others kept).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --output (and the .vocab beside it).")] = False,
 ) -> None:
     """Learn new pieces (tiktoken: byte-pair merges) from the corpus as inference presents it, and append them to the base."""
     from indextts_train.text.inference_text import TextPath
@@ -338,7 +338,7 @@ def extend_tokenizer(
     if is_tiktoken(base):
         text_path = run_guarded(TextPath.open, base, normalizer=normalizer)
         summary = run_guarded(extend_tiktoken, base, corpus, target_size, output,
-                              lambda text: text_path.present_body(text, language))
+                              lambda text: text_path.present_body(text, language), force=force)
         short = f"; the corpus gave only {summary['added']} merges" if summary["short_by"] else ""
         typer.echo(f"wrote {output} ({summary['base_ranks']} base ranks + {summary['added']} new = "
                    f"{summary['new_ranks']} ranks, {summary['new_size']} tokens with the specials{short}; "
@@ -351,7 +351,7 @@ def extend_tokenizer(
         return
     if language is not None:
         fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 upper-cases every language")
-    summary = run_guarded(run_extend, base, corpus, target_size, output, normalizer=normalizer)
+    summary = run_guarded(run_extend, base, corpus, target_size, output, normalizer=normalizer, force=force)
     typer.echo(f"wrote {output} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
     say_text_path(summary["normalizer"], summary["warnings"])
 
@@ -380,6 +380,7 @@ def tokenize(
 
 
 Pick = Enum("Pick", {name: name for name in ("best", "latest", "cer", "speaker_sim")}, type=str)  # export --pick
+app.command(short_help="Synthesize, transcribe and score lines from checkpoints.")(listen)
 
 
 @app.command(short_help="Write the gpt.pth + config.yaml inference loads.")
@@ -414,9 +415,6 @@ def export(
     for extra in (config_out, adapters_out):
         if extra:
             typer.echo(f"wrote {extra}")
-
-
-app.command(short_help="Synthesize, transcribe and score lines from checkpoints.")(listen)
 
 
 @app.command(short_help="What auto mode picks here or on a named GPU.")
@@ -456,11 +454,13 @@ def webui(
     share: Annotated[bool, typer.Option(help="Also publish a public gradio.live link (needs --auth).")] = False,
     auth: Annotated[str | None, typer.Option(help="USER:PASS asked by the page (required with --share).")] = None,
     root: Annotated[list[Path] | None, typer.Option(help="A folder the page may read and write in (every path it is given must resolve inside one); repeatable [default: the current folder].")] = None,
+    no_auth_on_network: Annotated[bool, typer.Option("--no-auth-on-network", help="Serve a --host other machines can reach without --auth: anyone who reaches the port can start runs.")] = False,
 ) -> None:
     """The training page in the browser: set up, start, watch, stop, resume, export (pip install 'indextts-train[webui]')."""
     from indextts_train.webui import serve
 
-    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root) or 0)
+    raise typer.Exit(run_guarded(serve, host, port, share=share, auth=auth, roots=root,
+                                 no_auth_on_network=no_auth_on_network) or 0)
 
 
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
@@ -469,8 +469,10 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     Click prints a usage error (an unknown flag, `--seed 1e20` for an integer) as a usage block; here
     it is one line on stderr like every other refusal, with the same exit code 2.
     """
-    from indextts_train.cli_flags import plain_help, plain_usage_error  # help and refusals in plain words
+    from indextts_train.cli_flags import empty_output, plain_help, plain_usage_error  # plain help and refusals
 
+    if empty_output(sys.argv[1:] if args is None else args):
+        return 2
     try:
         code = plain_help(command)(args=args, standalone_mode=False)
     except ClickException as exc:

@@ -178,3 +178,18 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
             reason = f"{value!r} {reason}" if value is not None and not reason.startswith("should") else reason
             break
     return f"{flag}: {reason}"
+
+
+# Flags naming where a command writes. An empty value would become the current folder (Path("") is
+# "."), so `--output-dir ''` would train into wherever the shell happens to be.
+OUTPUT_FLAGS = ("-o", "--out", "--output", "--output-dir", "--write-clean", "--config-out", "--adapters-out")
+
+
+def empty_output(args: list[str]) -> bool:
+    """Whether an output flag is given an empty value (`demo ''` names its folder empty too); says so."""
+    empty = next(("OUT_DIR" if flag == "demo" else flag for flag, value in zip(args, args[1:], strict=False)
+                  if value == "" and (flag in OUTPUT_FLAGS or flag == "demo")), None)
+    empty = empty or next((arg[:-1] for arg in args if arg.endswith("=") and arg[:-1] in OUTPUT_FLAGS), None)
+    if empty is not None:
+        typer.echo(f"error: {empty} is empty; give the path to write to (empty is the current folder)", err=True)
+    return empty is not None

@@ -17,6 +17,8 @@ from indextts_train.checkpoint.export import export_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
+from indextts_train.files.targets import make_output_folder
+from indextts_train.listen.demo import listen_to_demo
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried
 from indextts_train.prepare.demo_corpus import make_prepared_demo
@@ -43,7 +45,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     tiny = TINY_CONFIG_V25 if family == "2.5" else TINY_CONFIG
     if not tiny.is_file():
         raise UserError(f"{tiny} not found: run the demo from a checkout of indextts-train (pip install -e .)")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_folder("OUT_DIR", out_dir)
     config_path = out_dir / "config.yaml"
     if not config_path.exists():
         atomic_write_bytes(config_path, tiny.read_bytes())
@@ -70,4 +72,4 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
                                 force=True)  # the demo's own export folder: a rerun replaces it
     print(f"exported {out_dir / 'export' / 'gpt.pth'} ({summary['tensors']} tensors, "
           f"{summary['text_rows']} text rows) and {out_dir / 'export' / 'config.yaml'}")
-    return 0
+    return listen_to_demo(out_dir, family)  # heard when an inference environment is there (docs/listen.md)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +252,31 @@ def stand_in_models(tmp_path: Path, monkeypatch, featurizer: object) -> object:
     monkeypatch.setattr(pipeline.Featurizer, "load", classmethod(lambda cls, *a, **k: featurizer))
     models.hashes = hashes
     return models
+
+
+def run_cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`indextts-train ARGS` in a subprocess (the code of this checkout), its output as text."""
+    return subprocess.run([sys.executable, "-m", "indextts_train", *map(str, args)], cwd=cwd or ROOT, text=True,
+                          capture_output=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def assert_refused(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 2, no traceback, and one line on stderr that holds every needle; returns that line."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def tree_state(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under `folder`: a file's bytes, a link's target (never followed), a folder's name."""
+    state: dict[str, bytes | str] = {}
+    for path in sorted(folder.rglob("*")):
+        key = str(path.relative_to(folder))
+        state[key] = (f"link -> {os.readlink(path)}" if path.is_symlink() else
+                      path.read_bytes() if path.is_file() else "folder")
+    return state

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import CheckpointReads, FaultyFolder
+from helpers import CheckpointReads, FaultyFolder, assert_refused, run_cli, tree_state
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint.export import _checked_tokenizer
@@ -296,3 +297,41 @@ def test_a_grown_indextts25_export_needs_its_tiktoken() -> None:
         _checked_tokenizer(None, 370, config, grown)
     assert _checked_tokenizer(None, 320, config, {"vocab_plan": {"base_tokens": 320, "tokens": 320}}) is None
     assert _checked_tokenizer(None, 150, Config(), {"vocab_plan": {"base_tokens": 100, "tokens": 150}}) is None
+
+
+@pytest.mark.slow
+def test_an_export_killed_between_its_renames_is_finished_by_the_same_command(grown_run, tmp_path) -> None:
+    """A real SIGKILL after gpt.pth is renamed into place, before config.yaml: the same command, rerun
+    without --force, ends with the pair an uninterrupted export writes and no temp or marker left."""
+    def command(folder: Path, config_name: str = "config.yaml") -> list[object]:
+        return ["export", grown_run["checkpoint"], "-o", folder / "gpt.pth", "--config-out", folder / config_name]
+
+    out = tmp_path / "out"
+    killed = run_cli(*command(out), env={"INDEXTTS_TRAIN_CRASH_AT": "export_renamed@1"})
+    assert killed.returncode == -signal.SIGKILL
+    temps = list(out.glob(".config.yaml.tmp-*"))  # the half-published pair this is about
+    assert len(temps) == 1 and {p.name for p in out.iterdir()} - {temps[0].name} == {".gpt.pth.publishing", "gpt.pth"}
+    before = tree_state(out)
+    assert_refused(run_cli(*command(out, "other.yaml")), "killed while it published", "same command")
+    assert tree_state(out) == before  # another command does not touch an unfinished export
+    rerun = run_cli(*command(out))
+    assert rerun.returncode == 0, rerun.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "gpt.pth"]
+    whole = run_cli(*command(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    assert (out / "config.yaml").read_bytes() == (tmp_path / "whole" / "config.yaml").read_bytes()
+    exported, reference = (torch.load(p / "gpt.pth", weights_only=True) for p in (out, tmp_path / "whole"))
+    assert list(exported) == list(reference) and all(torch.equal(exported[k], reference[k]) for k in reference)
+
+
+@pytest.mark.slow
+def test_a_rerun_removes_the_temp_files_of_killed_exports(grown_run, tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    stale = [out / ".gpt.pth.tmp-999999", out / ".config.yaml.tmp-999999"]  # a kill while the temps were written
+    for path in stale:
+        path.write_bytes(b"half")
+    done = run_cli("export", grown_run["checkpoint"], "-o", out / "gpt.pth", "--config-out", out / "config.yaml")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "gpt.pth", "mine.txt"]

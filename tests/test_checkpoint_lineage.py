@@ -22,6 +22,7 @@ from indextts_train.checkpoint.files import load_checkpoint, save_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of, owned_by, set_aside
 from indextts_train.checkpoint.state import FORMAT, Lineage, migrate
 from indextts_train.webui.records import checkpoint_rows as page_rows
+from indextts_train.webui.roots import Roots
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_rollback_killed_then_resume_auto_equals_an_uninterrupted_rollback(data,
     assert code == 0, stdout + stderr
     table = [(str(killed / row["file"]), row["step"], row["status"], (row["val"] or {}).get("loss"))
              for row in json.loads(stdout)]
-    page = page_rows(killed)
+    page = page_rows(killed, Roots([killed]))
     assert [(row["file"], row["step"], row["status"]) for row in page] == [row[:3] for row in table]
     assert [row["val_loss"] for row in page] == [None if v is None else round(v, 4) for _, _, _, v in table]
     assert any(f"abandoned branch {old_branch}" in row["marks"] for row in page)

@@ -17,6 +17,7 @@ from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_ta
 from indextts_train.cli import app
 from indextts_train.train.loop import TrainOptions, train
 from indextts_train.webui.records import checkpoint_rows as page_rows
+from indextts_train.webui.roots import Roots
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,7 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     assert by_file["model_step1.pth"]["status"] == "INCOMPLETE" and by_file["model_step1.pth"]["reason"]
     assert by_file["model_step4.pth"]["bytes"] == (out / "model_step4.pth").stat().st_size
     # The web page's table is this one: same files, steps, statuses and validation losses.
-    page = page_rows(out)
+    page = page_rows(out, Roots([out]))
     assert [(Path(row["file"]).name, row["step"], row["status"]) for row in page] == [
         (row["file"], row["step"], row["status"]) for row in rows]
     assert [row["val_loss"] for row in page] == [None if not row["val"] else round(row["val"]["loss"], 4)

@@ -23,6 +23,7 @@ from indextts_train.checkpoint import table as checkpoint_table
 from indextts_train.cli import app, run_app
 from indextts_train.webui import records
 from indextts_train.webui.page import PageServer
+from indextts_train.webui.roots import Roots
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -97,7 +98,7 @@ def test_the_page_run_table_refuses_the_crafted_file_and_other_requests_still_an
     run = tmp_path / "run"
     crafted(run / "model_step1.pth")
     started = time.perf_counter()
-    rows = records.checkpoint_rows(run)
+    rows = records.checkpoint_rows(run, Roots([tmp_path]))
     assert time.perf_counter() - started < 1.0
     assert rows[0]["status"] == "INCOMPLETE" and NOT_OURS in rows[0]["reasons"]
     # A slow read (a big file on a slow disk) holds only its own request: the table keeps no lock
@@ -113,7 +114,7 @@ def test_the_page_run_table_refuses_the_crafted_file_and_other_requests_still_an
 
     monkeypatch.setattr(checkpoint_table, "verify_checkpoint", slow_verify)
     crafted(run / "model_step2.pth", depth=3)
-    table = threading.Thread(target=records.checkpoint_rows, args=(run,))
+    table = threading.Thread(target=records.checkpoint_rows, args=(run, Roots([tmp_path])))
     table.start()
     assert reading.wait(10)
     try:

@@ -26,6 +26,7 @@ import torch
 from indextts_train.cli import app, run_app
 from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.webui import records
+from indextts_train.webui.roots import Roots
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -196,7 +197,7 @@ def test_the_checkpoints_table_and_the_page_list_each_hostile_file_as_unreadable
     started = time.perf_counter()
     assert run_app(app, ["checkpoints", str(run)]) == 0
     out = capsys.readouterr().out
-    rows = records.checkpoint_rows(run)
+    rows = records.checkpoint_rows(run, Roots([run]))
     assert time.perf_counter() - started < 5.0
     assert "Traceback" not in out and "not written by this program, or unreadable" in out
     for name in CHECKPOINTS:

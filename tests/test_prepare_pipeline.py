@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import stand_in_models
+from helpers import FaultyFolder, stand_in_models
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.corpus import Defaults
@@ -173,7 +173,7 @@ def test_foreign_output_folder_and_nothing_usable(tmp_path, fake_models) -> None
     corpus = _corpus(tmp_path)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "train.jsonl").write_text("theirs\n")
-    with pytest.raises(UserError, match="holds train.jsonl that prepare did not write"):
+    with pytest.raises(UserError, match="train.jsonl was not written by prepare"):
         run_prepare(_options(tmp_path, corpus))
     assert (tmp_path / "out" / "train.jsonl").read_text() == "theirs\n"
     bad = tmp_path / "bad.jsonl"
@@ -241,3 +241,15 @@ def test_token_count_reports_the_grown_pieces_share_and_records_of_earlier_versi
     plain.add({"kept": {"text_len": 2}, "tokens": [1, 2], "extended": 0})
     assert text_coverage(plain.counts()) == ("text tokens: 2 (2 distinct); the tokenizer has no pieces beyond the "
                                             "base model's vocabulary")
+
+
+@pytest.mark.parametrize("fault", [{"capacity": 3000}, {"read_only": True}])
+def test_a_full_or_read_only_out_is_one_line_and_a_rerun_goes_on(tmp_path, fake_models, monkeypatch, fault) -> None:
+    corpus = _corpus(tmp_path)
+    (tmp_path / "out").mkdir()
+    with monkeypatch.context() as patch:
+        FaultyFolder(tmp_path / "out", **fault).install(patch)
+        with pytest.raises(UserError, match="cannot write .*rerun the same command"):
+            run_prepare(_options(tmp_path, corpus))
+    assert run_prepare(_options(tmp_path, corpus)) == 1  # room again: the same command finishes
+    assert not list((tmp_path / "out").rglob(".*.tmp-*"))

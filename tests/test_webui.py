@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import fcntl
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ import time
 import pytest
 import typer
 from helpers import ROOT
+from typer.testing import CliRunner
 
 from indextts_train.checkpoint.files import verify_checkpoint
 from indextts_train.cli import app
@@ -23,8 +26,10 @@ from indextts_train.ui.console import RunLogger
 from indextts_train.ui.events import read_events
 from indextts_train.ui.run_record import TextLog, write_run_record
 from indextts_train.webui import form as forms
-from indextts_train.webui import records
+from indextts_train.webui import is_loopback, records
+from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
+from indextts_train.webui.trainflags import FLAGS
 
 try:
     import tomllib
@@ -40,7 +45,10 @@ def cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess
 def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
     (tmp_path / "gradio.py").write_text("raise ImportError(\"No module named 'gradio'\")\n")
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    result = cli(["webui"], env={"PYTHONPATH": path})
+    with socket.socket() as probe:  # a free port: the port is checked first (another page may hold 7860)
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    result = cli(["webui", "--port", port], env={"PYTHONPATH": path})
     assert result.returncode == 2, result.stderr
     assert "pip install 'indextts-train[webui]'" in result.stderr and "Traceback" not in result.stderr
 
@@ -51,6 +59,33 @@ def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
 def test_a_public_link_needs_a_password(args, says) -> None:
     result = cli(["webui", *args])
     assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_page_other_machines_can_reach_needs_a_password() -> None:
+    """Refused before anything is served: one line, exit 2 (the real command, in this process)."""
+    for args in (["--host", "0.0.0.0"], ["--host", "::"], ["--host", "my-box.lan"], ["--host", "192.168.1.5"],
+                 ["--host", "0.0.0.0", "--share", "--no-auth-on-network"]):
+        result = CliRunner().invoke(app, ["webui", *args])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, (args, result.output)
+        assert re.fullmatch(r"error: (--host \S+ makes the page reachable from other machines, where anyone could "
+                            r"start runs and read the --root folders: add --auth USER:PASS \(or, on a network you "
+                            r"trust, --no-auth-on-network\)|--share makes the page public: add --auth .*)\n",
+                            result.output), result.output
+    assert not is_loopback("0.0.0.0") and is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
+
+
+def test_a_taken_port_is_one_line_and_no_auth_on_network_must_be_said() -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))  # bound, not listening: the port is taken, nothing can connect
+        port = str(taken.getsockname()[1])
+        result = cli(["webui", "--port", port])
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr == (f"error: --port {port}: cannot listen on 127.0.0.1:{port} (Address already in use); "
+                                 "is another webui running? pass another --port\n")
+        # Said in so many words, a page without a password on every interface is served (with a warning).
+        result = cli(["webui", "--host", "0.0.0.0", "--no-auth-on-network", "--port", port])
+        assert result.returncode == 2 and f"cannot listen on 0.0.0.0:{port}" in result.stderr
+        assert result.stdout.startswith("warning: --host 0.0.0.0 --no-auth-on-network: anyone who can reach")
 
 
 def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
@@ -77,29 +112,47 @@ def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
 def test_the_form_becomes_flags_the_cli_accepts(tmp_path) -> None:
     defaults = forms.defaults_for(str(ROOT / "configs" / "tiny.yaml"))
     assert defaults["learning_rate"] == 3.0e-3 and defaults["effective_batch_size"] == 8
-    run = forms.RunForm(train_manifests="a.jsonl\n\n b.jsonl::am ", output_dir=str(tmp_path / "out"),
-                        config=str(ROOT / "configs" / "tiny.yaml"), val_manifests="v.jsonl", tokenizer="bpe.model",
-                        base_checkpoint="gpt.pth",
-                        hparams={**defaults, "max_steps": 7.0}, amp="off", extra="--skip-bad-lines")
-    flags = forms.flags(run, resume="auto")
-    assert flags[:4] == ["--train-manifest", "a.jsonl", "--train-manifest", "b.jsonl::am"]
-    assert flags[flags.index("--max-steps") + 1] == "7" and flags[flags.index("--learning-rate") + 1] == "0.003"
-    assert flags[-4:] == ["--no-amp", "--skip-bad-lines", "--resume", "auto"]
+    roots = Roots([tmp_path, ROOT])
+    root = tmp_path.resolve()
+    run = forms.RunForm(train_manifests=f"{tmp_path}/a.jsonl\n\n {tmp_path}/b.jsonl::am ",
+                        output_dir=str(tmp_path / "out"), config=str(ROOT / "configs" / "tiny.yaml"),
+                        val_manifests=f"{tmp_path}/v.jsonl@0.5", tokenizer=f"{tmp_path}/bpe.model",
+                        base_checkpoint=f"{tmp_path}/gpt.pth",
+                        hparams={**defaults, "max_steps": 7.0}, amp="off",
+                        extra="--skip-bad-lines --train-scope lora --lora-rank=8")
+    flags = forms.flags(run, roots, resume="auto")
+    # Every value as --flag=VALUE, every path resolved: nothing typed can be read as a flag of its own.
+    assert flags[:3] == [f"--train-manifest={root}/a.jsonl", f"--train-manifest={root}/b.jsonl::am",
+                         f"--val-manifest={root}/v.jsonl@0.5"]
+    assert "--max-steps=7" in flags and "--learning-rate=0.003" in flags
+    assert flags[-5:] == ["--no-amp", "--skip-bad-lines", "--train-scope=lora", "--lora-rank=8", "--resume=auto"]
     command = typer.main.get_command(app).commands["train"]
     context = command.make_context("train", list(flags))  # every flag the page writes is one the CLI knows
     assert context.params["max_steps"] == 7 and context.params["resume"] == "auto"
-    assert str(context.params["tokenizer"]) == "bpe.model" and str(context.params["base_checkpoint"]) == "gpt.pth"
-
-    scoped = forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--train-scope lora --lora-rank 8"))
-    context = command.make_context("train", scoped)  # a train: setting without a field of its own: Other flags
+    assert str(context.params["tokenizer"]) == f"{root}/bpe.model"
+    assert str(context.params["base_checkpoint"]) == f"{root}/gpt.pth"
     assert context.params["train_scope"].value == "lora" and context.params["lora_rank"] == 8
 
     with pytest.raises(UserError, match="--max-steps must be a whole number"):
-        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}))
+        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"max_steps": 2.5}), roots)
+    for bad in (float("nan"), float("inf"), "7"):
+        with pytest.raises(UserError, match="--seed must be a finite number"):
+            forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", hparams={"seed": bad}), roots)
     with pytest.raises(UserError, match="Training manifests"):
-        forms.flags(forms.RunForm(" \n", "out", "c.yaml"))
+        forms.flags(forms.RunForm(" \n", "out", "c.yaml"), roots)
     with pytest.raises(UserError, match="Other flags"):
-        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--seed '1"))
+        forms.flags(forms.RunForm("a.jsonl", "out", "c.yaml", extra="--seed-x '1"), roots)
+
+
+def test_the_page_knows_every_train_gpt_flag_and_its_spellings() -> None:
+    """The flag table comes from the schema; checked against the real command's options."""
+    command = typer.main.get_command(app).commands["train"]
+    names = {name for param in command.params for name in (*param.opts, *param.secondary_opts)
+             if name.startswith("--") and name != "--help"}
+    assert set(FLAGS) == names
+    switches = {name for param in command.params if getattr(param, "is_flag", False)
+                for name in (*param.opts, *param.secondary_opts)}
+    assert {name for name, flag in FLAGS.items() if flag.kind == "switch"} == switches - {"--help"}
 
 
 def wait_until(condition, what: str, timeout: float = 60) -> None:
@@ -226,7 +279,7 @@ def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:
             for step in steps:
                 writer.add_scalar("train/loss", float(step + 10 * int(folder[-1])), step)
                 writer.add_scalar("train/lr", 0.1, step)  # not a loss: not plotted
-    curves = records.loss_curves(tmp_path)
+    curves = records.loss_curves(tmp_path, Roots([tmp_path]))
     assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
                                               (7, 27.0)]
     assert {tag for tag, _, _ in curves} == {"train/loss"}
@@ -246,7 +299,7 @@ def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_it
     with SummaryWriter(str(folder), purge_step=4) as writer:
         for step in range(4, 8):
             writer.add_scalar("train/loss", float(20 + step), step)
-    curves = records.loss_curves(tmp_path)
+    curves = records.loss_curves(tmp_path, Roots([tmp_path]))
     assert [(s, v) for _, s, v in curves] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0),
                                               (7, 27.0)]
 

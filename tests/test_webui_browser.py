@@ -33,6 +33,7 @@ from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
 MAX_STEPS = 12
 PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
 # Longest wait for one page state: a loaded 2-core machine trains the tiny demo at about 1-2 s a step.
+VIEWPORT = {"width": 1400, "height": 1100}
 TIMEOUT_MS = int(os.environ.get("WEBUI_TEST_TIMEOUT_MS", 240_000))
 
 
@@ -101,8 +102,9 @@ def _demo_inputs(folder: Path) -> dict:
             "tokenizer": str(paths["tokenizer"]), "base_checkpoint": str(folder / "base_gpt.pth")}
 
 
-def _new_page(browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+def _new_page(browser, context=None):
+    """A tab in `context` (one visitor's browser: its storage is shared by its tabs), else a new visitor."""
+    page = context.new_page() if context else browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(TIMEOUT_MS)
     return page
 
@@ -154,7 +156,7 @@ def _set_up(page, server_url: str, inputs: dict, run_dir: Path) -> str:
     for elem_id, value in {**inputs, "output_dir": run_dir, "max_steps": MAX_STEPS, "epochs": 1000,
                            "log_interval": 1, "val_interval": 4, "save_interval": 4}.items():
         _fill(page, elem_id, value)
-    command = _wait_value(page, "command", rf"--output-dir \S+ .*--max-steps {MAX_STEPS} .*--save-interval 4").string
+    command = _wait_value(page, "command", rf"--output-dir=\S+ .*--max-steps={MAX_STEPS} .*--save-interval=4").string
     page.locator("#hardware").click()  # what auto mode picks here for these settings
     _wait_value(page, "report", r"fp32, micro-batch 4 x accumulation 2 x 1 process\(es\) = effective batch 8")
     page.locator("#check_data").click()
@@ -165,7 +167,7 @@ def _set_up(page, server_url: str, inputs: dict, run_dir: Path) -> str:
 def _reference_run(argv: list[str], output_dir: Path) -> subprocess.Popen:
     """The same command from the CLI, uninterrupted, in another output dir (runs while the page works)."""
     assert argv[:4] == [sys.executable, "-m", "indextts_train", "train"]
-    same = [str(output_dir) if argv[i - 1] == "--output-dir" else arg for i, arg in enumerate(argv)]
+    same = [f"--output-dir={output_dir}" if arg.startswith("--output-dir=") else arg for arg in argv]
     return subprocess.Popen(same, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -175,7 +177,8 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
 
     shots = Path(os.environ.get("WEBUI_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
-    page = _new_page(browser)
+    visitor = browser.new_context(viewport=VIEWPORT)  # this user's browser; another context is another visitor
+    page = _new_page(browser, visitor)
 
     def shot(name: str) -> None:
         page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
@@ -194,8 +197,13 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     _wait_value(page, "status", rf"running \(PID {pid}\) · step {PAUSE_STEP}/{MAX_STEPS}")
     shot("02_running")
 
-    page.close()  # the browser goes away; the run does not
-    page = _new_page(browser)
+    page.close()  # the tab goes away; the run does not
+    stranger = _new_page(browser)  # another visitor gets a blank form, never this user's last run
+    stranger.goto(server_url)
+    _wait_value(stranger, "status", r"^no output dir$")
+    assert _value(stranger, "output_dir") == "" and _value(stranger, "train_manifests") == ""
+    stranger.close()
+    page = _new_page(browser, visitor)
     page.goto(server_url)
     _wait_value(page, "output_dir", re.escape(str(run_dir)))
     _wait_value(page, "status", rf"running \(PID {pid}\) · step {PAUSE_STEP}/{MAX_STEPS}")
@@ -218,11 +226,12 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     shot("05_reloaded")
 
     page.locator("#resume").click()  # "Resume from: auto"
-    _wait_value(page, "running_command", re.escape(command) + r" --resume auto$")
+    _wait_value(page, "running_command", re.escape(command) + r" --resume=auto$")
     _wait_value(page, "status", rf"exited with code 0 · step {MAX_STEPS}/{MAX_STEPS} · checkpoint \S+")
     _wait_value(page, "notices", r"resuming from \S+")
-    expect(page.locator("#checkpoints")).to_contain_text(re.compile(rf"latest\.pth\s*COMPLETE\s*{MAX_STEPS}"),
-                                                        timeout=TIMEOUT_MS)
+    # The checkpoints table's row of the last step file, which latest.pth and best.pth are hard links of.
+    last_row = rf"model_step{MAX_STEPS}\.pth\s*COMPLETE\s*{MAX_STEPS}\s*\d+\s*[\d.]+\s*latest\.pth"
+    expect(page.locator("#checkpoints")).to_contain_text(re.compile(last_row), timeout=TIMEOUT_MS)
     shot("06_finished")
 
     page.locator("#export").click()
@@ -233,3 +242,57 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
 
     assert reference.wait(timeout=TIMEOUT_MS / 1000) == 0
     _tensors_equal(load_checkpoint(run_dir / "latest.pth"), load_checkpoint(tmp_path / "cli_run" / "latest.pth"))
+
+
+def test_page_refuses_in_the_browser_what_would_leave_its_root(tmp_path, tmp_path_factory, browser,
+                                                               server_url) -> None:
+    """What a visitor types into the page: option-like values, outside paths, links out of the root,
+    a NUL byte. Each is refused with one line on the page, and nothing outside the root is read or
+    changed (the server's roots are tmp_path and the checkout)."""
+    outside = tmp_path_factory.mktemp("outside")
+    secret = "outside-secret-5e1d"
+    for name in ("victim.jsonl", "train.log", "model_step3.pth"):
+        (outside / name).write_text(f"{secret} {name}\n")
+    run = tmp_path / "linked_run"
+    run.mkdir()
+    (run / "train.log").symlink_to(outside / "train.log")
+    (run / "model_step3.pth").symlink_to(outside / "model_step3.pth")
+    (tmp_path / "t.jsonl").write_text("")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in outside.iterdir()}
+    page = _new_page(browser)
+    page.goto(server_url)
+    _fill(page, "config", TINY_CONFIG)
+    _fill(page, "output_dir", tmp_path / "fresh_run")
+    _fill(page, "train_manifests", f"{tmp_path}/t.jsonl\n--write-clean={outside}/victim.jsonl")
+    _fill(page, "tokenizer", "--help")
+    _wait_value(page, "command", r"^\(not ready\) Training manifests '--write-clean=.*': starts with '-'")
+    page.locator("#check_data").click()
+    _wait_value(page, "report", r"^error: Manifests '--write-clean=\S+': starts with '-', which a command would "
+                                r"read as an option")
+    _fill(page, "train_manifests", f"{tmp_path}/t.jsonl")
+    page.locator("#check_tokenizer").click()
+    _wait_value(page, "report", r"^error: Tokenizer '--help': starts with '-'")
+    _fill(page, "tokenizer", f"{tmp_path}/../{outside.name}/victim.jsonl")
+    page.locator("#check_tokenizer").click()
+    _wait_value(page, "report", r"^error: Tokenizer \S+: outside the folders this page may touch")
+
+    _fill(page, "tokenizer", "")
+    _fill(page, "output_dir", run)
+    _wait_value(page, "log", r"^train\.log not read: \S+: a symbolic link")
+    _wait_value(page, "notices", r"not used \(leads outside the folders this page may touch\): train\.log -> ")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#checkpoints")).to_contain_text(re.compile(r"model_step3\.pth\s*REFUSED"), timeout=TIMEOUT_MS)
+    page.locator("#start").click()
+    _wait_value(page, "message", r"^error: Output dir \S+: holds 2 symbolic link\(s\) leading outside")
+    _fill(page, "output_dir", tmp_path / "fresh_run")
+    _fill(page, "extra_flags", f"--from-run {outside}/run.yaml")
+    page.locator("#start").click()
+    _wait_value(page, "message", r"^error: Other flags --from-run \S+: outside the folders this page may touch")
+    _fill(page, "output_dir", f"{tmp_path}/fresh\x00run")
+    _wait_value(page, "status", r"^error: Output dir: holds a NUL byte")
+
+    assert secret not in page.content()  # nothing read outside the root reached the page
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in outside.iterdir()} == before
+    assert not (tmp_path / "fresh_run").exists() and sorted(p.name for p in run.iterdir()) == [
+        "model_step3.pth", "train.log"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,9 +16,13 @@ from pathlib import Path
 import pytest
 
 from indextts_train.errors import UserError
+from indextts_train.ui.run_record import write_run_record
+from indextts_train.webui import form as forms
+from indextts_train.webui import records
 from indextts_train.webui.page import PageServer
 from indextts_train.webui.roots import Roots
-from indextts_train.webui.runs import LOCK_NAME, RunRegistry, _is_train_command, is_train_run_of
+from indextts_train.webui.runs import LOCK_NAME, NOT_READ, RunRegistry, _is_train_command, is_train_run_of, read_log
+from indextts_train.webui.trainflags import other_flags
 
 
 @pytest.fixture()
@@ -41,14 +46,127 @@ def test_paths_resolve_inside_a_root_or_are_refused(folders) -> None:
         folders["outside"].resolve()
 
 
-@pytest.mark.parametrize("argv", [["--tokenizer", "{out}/bpe.model"], ["--tokenizer={out}/bpe.model"],
-                                  ["--train-manifest", "{out}/am.jsonl::am@0.5"], ["--resume", "{out}/x.pth"],
-                                  ["--output-dir", "{root}/link/run"], ["--from-run", "{out}/run.yaml"]])
-def test_every_path_flag_of_a_run_is_checked(folders, argv) -> None:
-    argv = [arg.format(out=folders["outside"], root=folders["root"]) for arg in argv]
+@pytest.mark.parametrize("extra", ["--tokenizer {out}/bpe.model", "--tokenizer={out}/bpe.model",
+                                   "--val-manifest {out}/am.jsonl::am@0.5", "--resume {out}/x.pth",
+                                   "--output-dir {root}/link/run", "--from-run {out}/run.yaml",
+                                   "--base-checkpoint={root}/link/gpt.pth", "--config '{root}/../outside/c.yaml'"])
+def test_every_path_flag_in_other_flags_is_checked(folders, extra) -> None:
+    roots = Roots([folders["root"]])
     with pytest.raises(UserError, match="outside the folders"):
-        Roots([folders["root"]]).check_flags(["--config", str(folders["root"] / "c.yaml"), *argv])
-    Roots([folders["root"]]).check_flags(["--resume", "auto", "--output-dir", str(folders["root"] / "run")])
+        other_flags(extra.format(out=folders["outside"], root=folders["root"]), roots, set())
+    assert other_flags(f"--resume auto --output-dir={folders['root']}/run", roots, set()) == [
+        "--resume=auto", f"--output-dir={folders['root'].resolve()}/run"]
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ("--help", "'--help' is not a train-gpt flag"), ("-h", "'-h' is not a train-gpt flag"),
+    ("--write-clean=/x", "not a train-gpt flag"), ("lonely", "'lonely' is not a train-gpt flag"),
+    ("--seed --help", "starts with '-'"), ("--best-metric=--help", "starts with '-'"),
+    ("--lora-targets 'qkv\nmlp_in'", "holds a control character"), ("--seed", "--seed needs a value"),
+    ("--skip-bad-lines=yes", "takes no value"), ("--output-dir {root}/run", "has its own field on this page"),
+    ("--seed '1", "No closing quotation"), ("--seed 1\x00", "a NUL byte"), ("--seed \ud800", "a lone surrogate"),
+])
+def test_other_flags_pass_known_flags_only_and_values_only_as_values(folders, extra, says) -> None:
+    with pytest.raises(UserError, match=re.escape(says)):
+        other_flags(extra.format(root=folders["root"]), Roots([folders["root"]]), {"output_dir"})
+
+
+VALUES = ["--write-clean=/elsewhere/file", "--help", "-o", "a\n--write-clean=/x", "a\x00b", "a\rb", "\ud83d",
+          "a\u2028b", "x\x1b[2J"]
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("field", ["train_manifests", "val_manifests", "config", "tokenizer", "base_checkpoint",
+                                   "output_dir"])
+def test_no_form_field_reaches_the_command_line_as_an_option_or_a_second_line(folders, field, value) -> None:
+    root = folders["root"]
+    values = {"train_manifests": f"{root}/t.jsonl", "output_dir": f"{root}/run", "config": f"{root}/c.yaml"}
+    values[field] = f"{root}/{value}" if value.startswith("a") else value
+    try:
+        flags = forms.flags(forms.RunForm(**values), Roots([root]))
+    except UserError as exc:  # one line that says why
+        # (a manifests box is one path a line: a line break there starts the next path, checked alike)
+        assert re.search(r"starts with '-', which a command would read as an option|holds (a|an) |"
+                         r"outside the folders this page may touch", str(exc))
+        assert not re.search(r"[\n\r\x00\x1b\u2028]", str(exc))
+        return
+    # Accepted only as a path inside the root, with nothing that could start a second flag or line.
+    assert all(flag.startswith("--") and "=" in flag and flag.split("=", 1)[1].startswith(str(root.resolve()))
+               for flag in flags)
+    assert not any(ch in "".join(flags) for ch in "\n\r\x00\x1b\u2028")
+
+
+def test_a_recorded_run_naming_files_outside_the_root_is_refused(folders, monkeypatch) -> None:
+    """--from-run: the trainer would take the record's inputs; each must lie inside the roots."""
+    root, outside = folders["root"], folders["outside"]
+    monkeypatch.setattr(sys, "argv", ["train-gpt"])
+    good = {"train_manifests": [f"{root}/t.jsonl::am"], "output_dir": str(root / "run"), "config": str(root / "c.yaml"),
+            "tokenizer": None, "base_checkpoint": None, "resume": "auto"}
+    roots = Roots([root])
+    for name, value in [("tokenizer", str(outside / "bpe.model")), ("base_checkpoint", "link/gpt.pth"),
+                        ("train_manifests", [f"{root}/t.jsonl", f"{outside}/x.jsonl@0.2"]),
+                        ("val_manifests", [f"{root}/link/v.jsonl"]), ("resume", str(outside / "x.pth")),
+                        ("config", "../outside/c.yaml")]:
+        record = root / f"{name}.yaml"
+        write_run_record(root, {**good, name: value}, {}, {}, 0.0)
+        (root / "run.yaml").rename(record)
+        with pytest.raises(UserError, match=f"--from-run {record}: its --.*outside the folders"):
+            other_flags(f"--from-run {record}", roots, set())
+    write_run_record(root, good, {}, {}, 0.0)
+    assert other_flags(f"--from-run={root}/run.yaml", roots, set()) == [f"--from-run={root.resolve()}/run.yaml"]
+
+
+def test_found_files_that_lead_outside_are_neither_read_nor_written(folders) -> None:
+    root, outside = folders["root"], folders["outside"]
+    secret = outside / "secret.log"
+    secret.write_text("step 9/9 outside\n")
+    run = root / "run"
+    (run / "train.log").symlink_to(secret)
+    (run / "model_step5.pth").symlink_to(outside / "bpe.model")
+    (run / "logs").symlink_to(outside)
+    roots = Roots([root])
+    assert sorted(roots.links_outside(run)) == [f"logs -> {outside.resolve()}",
+                                               f"model_step5.pth -> {outside.resolve()}/bpe.model",
+                                               f"train.log -> {secret.resolve()}"]
+    assert read_log(None, run).startswith(NOT_READ) and "symbolic link" in read_log(None, run)
+    with pytest.raises(UserError, match="symbolic link"):
+        RunRegistry().start([sys.executable, "-c", "pass"], run)
+    (row,) = records.checkpoint_rows(run, roots)
+    assert row["status"] == records.REFUSED and "outside the folders this page may touch" in row["reasons"]
+    assert records.loss_curves(run, roots) == []
+    server = PageServer(roots)
+    status, _, tail, _, notices = server.watch(str(run))
+    assert status == "no run in this output dir yet" and tail.startswith(NOT_READ) and "outside" not in tail
+    assert "not used (leads outside the folders this page may touch): train.log ->" in notices
+    form = [f"{root}/t.jsonl", "", "", f"{root}/c.yaml", "", str(run), *([None] * 17), "auto", ""]
+    message, stored = server.start(None, *form, None)
+    assert "holds 3 symbolic link(s) leading outside" in message and stored is None
+    assert secret.read_text() == "step 9/9 outside\n"
+
+
+def test_only_regular_files_of_their_own_are_opened(folders) -> None:
+    run = folders["root"] / "run"
+    os.mkfifo(run / "train.log")  # would block a plain open
+    assert "not a regular file" in read_log(None, run)
+    (run / "train.log").unlink()
+    os.link(folders["outside"] / "bpe.model", run / "train.log")
+    with pytest.raises(UserError, match="other hard links"):
+        RunRegistry().start([sys.executable, "-c", "pass"], run)
+    assert (folders["outside"] / "bpe.model").read_bytes() == b"not ours to copy"
+
+
+@pytest.mark.parametrize("bad", ["x\x00y", "\udcff", "\ud800/run", "run\n", "-run"])
+def test_page_handlers_answer_bad_text_with_a_line_not_an_exception(folders, bad) -> None:
+    server = PageServer(Roots([folders["root"]]))
+    form = [f"{folders['root']}/t.jsonl", "", bad, f"{folders['root']}/c.yaml", bad, bad, *([None] * 17), "auto", bad]
+    assert server.watch(bad)[0].startswith("error: Output dir")
+    assert server.stop(bad).startswith("error: Output dir")
+    assert server.start(None, *form, None)[0].startswith("error: ")
+    assert server.check_tokenizer(*form).startswith("error: Tokenizer")
+    assert server.preview(*form).startswith("(not ready) ")
+    assert server.export(bad, "", str(folders["root"] / "run"), "").startswith("error: Checkpoint")
+    manifests = [bad, *form[1:]]
+    assert server.check_data(*manifests).startswith("error: Manifests")
 
 
 def test_the_page_refuses_a_tokenizer_or_export_folder_outside_the_root(folders, monkeypatch) -> None:
@@ -66,8 +184,9 @@ def test_the_page_refuses_a_tokenizer_or_export_folder_outside_the_root(folders,
     # Inside the root: export gets the run's config and tokenizer (it copies the tokenizer itself).
     (folders["root"] / "bpe.model").write_bytes(b"x")
     server.export(checkpoint, "", run, str(folders["root"] / "bpe.model"), str(folders["root"] / "c.yaml"))
-    assert ran[0][ran[0].index("--config") + 1] == str(folders["root"].resolve() / "c.yaml")
-    assert ran[0][ran[0].index("--tokenizer") + 1] == str(folders["root"].resolve() / "bpe.model")
+    assert f"--config={folders['root'].resolve()}/c.yaml" in ran[0]
+    assert f"--tokenizer={folders['root'].resolve()}/bpe.model" in ran[0]
+    assert ran[0][-2:] == ["--", f"{folders['root'].resolve()}/run/latest.pth"]  # never read as an option
     assert "--force" in ran[0]  # the page's own OUTPUT_DIR/export: the new export replaces the last
     server.export(checkpoint, str(folders["root"] / "mine"), run, "")
     assert "--force" not in ran[1]  # a folder the user named is never overwritten
@@ -79,8 +198,8 @@ def test_the_page_watches_and_starts_nothing_outside_the_root(folders, monkeypat
     assert "outside the folders" in server.watch(str(folders["outside"]))[0]
     assert "outside the folders" in server.stop(str(folders["outside"]))
     form = [str(folders["root"] / "t.jsonl"), "", "", str(folders["root"] / "c.yaml"), "",
-            str(folders["root"] / "run"), *([None] * 17), "auto", f"--base-checkpoint {folders['outside']}/gpt.pth"]
-    assert "outside the folders" in server.start(None, *form)
+            str(folders["root"] / "run"), *([None] * 17), "auto", f"--from-run {folders['outside']}/run.yaml"]
+    assert "outside the folders" in server.start(None, *form, None)[0]
 
 
 def hold_forged_lock(folder: Path, pid: int):

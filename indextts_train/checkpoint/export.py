@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -36,8 +37,10 @@ from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import Writer, fsync_dir, temp_name
+from indextts_train.files.atomic import Writer, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import load_yaml
+from indextts_train.files.faults import crash_point
+from indextts_train.files.targets import check_parent
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
@@ -49,6 +52,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 TIKTOKEN_NAME = "multilingual_zh_ja_yue_char_del.tiktoken"  # the name stock 2.5 inference opens
 # Sections IndexTTS inference reads besides gpt: (the semantic codec, the s2mel stage, the vocoder).
 INFERENCE_SECTIONS = ("semantic_codec", "s2mel")
+MAX_MARKER_BYTES = 1 << 16  # a publishing marker lists a few paths
 
 
 def export_source(checkpoint: Path, pick: str | None) -> Path:
@@ -101,10 +105,14 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     copy_target = _tokenizer_target(output, tokenizer, tokenizer_name)
     targets = {"-o": output, "--config-out": config_out, "--adapters-out": adapters_out, "--tokenizer": copy_target}
-    _check_targets(checkpoint, base_config, tokenizer, targets, force)
+    named = [path for path in targets.values() if path is not None]
+    interrupted = _interrupted(output, named)  # its files are this command's own, to finish and replace
+    replaceable = set(interrupted[1]) if interrupted is not None else set()
+    _check_targets(checkpoint, base_config, tokenizer, targets, force, replaceable)
     # The one read of the checkpoint (several GB): missing/damaged/unsafe/unusable files are refused in
     # the checkpoint module's own words, and everything below uses what it read.
     loaded = load_verified(checkpoint)
+    finish_publishing(output, interrupted, named)
     payload = _adapter_payload(checkpoint, loaded) if adapters_out is not None else None  # refused before writes
     config = config_for(checkpoint, base_config, loaded=loaded)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
@@ -134,7 +142,10 @@ def _publish(files: list[tuple[Path, Writer]]) -> None:
     """Write every file under its temp name, then rename them all into place.
 
     A failure (disk full, a read-only folder) removes the temp files and the folders made for them,
-    and says which file could not be written; no final name was touched.
+    and says which file could not be written; no final name was touched. Between the writes and the
+    renames a marker beside the first file lists them (`publishing_marker`): a kill among the renames
+    leaves it, and the next export to the same -o finishes those renames first (finish_publishing),
+    so the files never stay a mix of two exports.
     """
     made: list[Path] = []  # folders created here, outermost first
     temps: list[Path] = []
@@ -149,6 +160,8 @@ def _publish(files: list[tuple[Path, Writer]]) -> None:
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())
+        marker = publishing_marker(files[0][0])
+        atomic_write_text(marker, json.dumps({"pid": os.getpid(), "files": [str(f.absolute()) for f, _ in files]}))
     except BaseException as exc:  # a signal too: no temp file or new folder stays behind
         for temp in temps:
             temp.unlink(missing_ok=True)
@@ -158,10 +171,71 @@ def _publish(files: list[tuple[Path, Writer]]) -> None:
         if not isinstance(exc, (OSError, RuntimeError)):  # torch.save wraps the OSError of a failed write
             raise
         raise UserError(f"could not write {final}: {failure_reason(exc)}; nothing was written") from None
-    for (final, _), temp in zip(files, temps, strict=True):
+    for i, ((final, _), temp) in enumerate(zip(files, temps, strict=True)):
         os.replace(temp, final)
+        crash_point("export_renamed", i + 1)
     for folder in {final.parent for final, _ in files}:
         fsync_dir(folder)
+    marker.unlink()
+    fsync_dir(marker.parent)
+
+
+def publishing_marker(output: Path) -> Path:
+    """`.NAME.publishing` beside -o: present only while an export renames its files into place."""
+    return output.with_name(f".{output.name}.publishing")
+
+
+def _interrupted(output: Path, targets: list[Path]) -> tuple[int, list[Path]] | None:
+    """(pid, files) of an export to `output` killed among its renames; None when there was none.
+
+    The marker is data: its files must be among this command's targets (the same command, rerun),
+    so it can never move anything else.
+    """
+    marker = publishing_marker(output)
+    if not marker.is_file():
+        return None
+    try:
+        with open(marker, "rb") as handle:
+            record = json.loads(handle.read(MAX_MARKER_BYTES))
+        pid, files = int(record["pid"]), [Path(f) for f in record["files"]]
+    except (ValueError, TypeError, KeyError, OSError):
+        raise UserError(f"{marker}: not a marker export wrote; remove it and rerun") from None
+    mine = {t.absolute() for t in targets}
+    others = [str(f) for f in files if f not in mine]
+    if others:
+        raise UserError(f"{output}: an earlier export was killed while it published {', '.join(map(str, files))}; "
+                        "rerun that same command (its -o and other outputs) to finish it")
+    return pid, files
+
+
+def finish_publishing(output: Path, interrupted: tuple[int, list[Path]] | None, targets: list[Path]) -> None:
+    """Finish the renames a killed export left (its temp files were complete before its marker was
+    written), then remove the temp files killed exports of these targets left."""
+    if interrupted is not None:
+        pid, files = interrupted
+        for final in files:
+            temp = final.with_name(f".{final.name}.tmp-{pid}")
+            if temp.is_file():
+                os.replace(temp, final)
+        for folder in {final.parent for final in files}:
+            fsync_dir(folder)
+        publishing_marker(output).unlink()
+    for target in [*targets, publishing_marker(output)]:
+        for temp in stale_temps(target):
+            pid = temp.name.rsplit("-", 1)[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                temp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of that id runs (its temp file may be in the middle of being written)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
 
 
 def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
@@ -239,9 +313,10 @@ def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> Tiktoke
 
 
 def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path | None,
-                   targets: dict[str, Path | None], force: bool) -> None:
+                   targets: dict[str, Path | None], force: bool, replaceable: set[Path]) -> None:
     """Refuse, before the checkpoint is read, a target that is an input, a folder, under a file, another
-    target, a training checkpoint (even with --force) or any existing file without --force.
+    target, a training checkpoint (even with --force) or any existing file without --force (but for
+    `replaceable`: what an interrupted run of this same command published).
 
     samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth. The tokenizer
     copy may be the tokenizer itself (it is then left as it is).
@@ -250,7 +325,7 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
     named = [(flag, target) for flag, target in targets.items() if target is not None]
     for flag, target in named:
         _check_place(flag, target)
-        if not target.exists() or (flag == "--tokenizer" and same_file(target, tokenizer)):
+        if not (target.exists() or target.is_symlink()) or (flag == "--tokenizer" and same_file(target, tokenizer)):
             continue
         if any(same_file(target, source) for source in inputs):
             raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
@@ -258,7 +333,7 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
             other = target.with_name(f"{target.stem}_export{target.suffix}")
             raise UserError(f"{flag} {target} is a training checkpoint: export never replaces one, even with "
                             f"--force; choose another name (e.g. {other})")
-        if not force:
+        if not force and target.absolute() not in replaceable:
             raise UserError(f"{flag} {target} already exists; pass --force to replace it, or choose another path")
     for i, (flag, target) in enumerate(named):
         twin = next((other for other, path in named[:i] if path.resolve() == target.resolve()), None)
@@ -270,9 +345,7 @@ def _check_place(flag: str, target: Path) -> None:
     """A target must be a file path whose nearest existing folder is a folder."""
     if target.is_dir():
         raise UserError(f"{flag} {target} is a folder; give the file path to write (e.g. {target / 'gpt.pth'})")
-    existing = next(p for p in target.parents if p.exists() or p == p.parent)
-    if not existing.is_dir():
-        raise UserError(f"{flag} {target}: {existing} is a file, not a folder; choose another path")
+    check_parent(flag, target)
 
 
 def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokenizer_name: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
@@ -22,11 +23,12 @@ _STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second aba
 VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
 
 
-def _files(output_dir: Path) -> list[list[Path]]:
+def _files(output_dir: Path, include: Callable[[Path], bool]) -> list[list[Path]]:
     """The run's checkpoint files grouped by identity (hard links together), step files first."""
-    steps = sorted((p for p in output_dir.iterdir() if _STEP_FILE.match(p.name) and p.is_file()),
+    steps = sorted((p for p in output_dir.iterdir() if _STEP_FILE.match(p.name) and p.is_file() and include(p)),
                    key=lambda p: int(_STEP_FILE.match(p.name).group(1)))
-    named = [output_dir / name for name in (LATEST, BEST) if (output_dir / name).is_file()]
+    named = [output_dir / name for name in (LATEST, BEST)
+             if (output_dir / name).is_file() and include(output_dir / name)]
     groups: list[list[Path]] = []
     for path in steps + named:
         twin = next((group for group in groups if same_file(group[0], path)), None)
@@ -63,16 +65,17 @@ def _metadata(path: Path) -> dict:
             "milestone": bool(step is not None and is_milestone(step, keep_every or 0))}
 
 
-def checkpoint_rows(output_dir: Path) -> list[dict]:
+def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda path: True) -> list[dict]:
     """One JSON-ready dict per checkpoint file of `output_dir` and of its abandoned branches
-    (abandoned/<branch>/, lineage.py), in step order within each folder; `listen`: the mean CER and
-    speaker similarity `indextts-train listen` scored for that step, if any."""
+    (abandoned/<branch>/, lineage.py), in step order within each folder. `include`: which files may be
+    read at all (the web page passes only files inside its roots). `listen`: the mean CER and speaker
+    similarity `indextts-train listen` scored for that step, if any."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: no such run folder; pass the --output-dir of a run")
     abandoned = output_dir / ABANDONED
     folders = sorted(p for p in abandoned.iterdir() if p.is_dir()) if abandoned.is_dir() else []
-    rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir)]
+    rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]
     heard = summary_by_step(output_dir)  # what `listen` scored, by step (this branch's files only)
     for row in rows:
         row["listen"] = heard.get(row["step"]) if not row["abandoned"] else None
@@ -86,9 +89,9 @@ def _lineage_columns(path: Path, abandoned: bool) -> dict:
             "abandoned": abandoned}
 
 
-def _folder_rows(folder: Path, output_dir: Path) -> list[dict]:
+def _folder_rows(folder: Path, output_dir: Path, include: Callable[[Path], bool]) -> list[dict]:
     rows = []
-    for names in _files(folder):
+    for names in _files(folder, include):
         verdict = verify_checkpoint(names[0])
         stat = names[0].stat()  # a checkpoint is renamed into place complete: its mtime is when it was written
         row = {"file": str(names[0].relative_to(output_dir)), "also": [p.name for p in names[1:]],

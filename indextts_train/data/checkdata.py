@@ -31,6 +31,7 @@ from indextts_train.data.manifest import (
 )
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.files.targets import check_new_file, make_output_folder
 from indextts_train.text.inference_text import TextPath
 
 
@@ -347,22 +348,26 @@ def _good_lines(report: dict, bad: set, out_dir: str) -> list[bytes]:
 
 
 def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Path, *,
-                         gpt_cfg: GPTConfig | None = None, vocab_size: int | None = None) -> int:
+                         gpt_cfg: GPTConfig | None = None, vocab_size: int | None = None, force: bool = False) -> int:
     """Write only the good lines of a check report (or of `check_manifests(source, ...)`) to `out_path`.
 
     Lines stay byte-for-byte when `out_path` sits in the manifest's folder; elsewhere relative
     paths are rewritten to stay valid from the new folder. Returns the number of lines written.
+    An existing `out_path` (a link too: it is replaced, never its target) is replaced only with `force`.
     """
     report = source if isinstance(source, dict) else check_manifests(source, gpt_cfg=gpt_cfg,
                                                                       vocab_size=vocab_size)
     out = os.path.realpath(out_path)
     if any(os.path.realpath(path) == out for path in report["files"]):
         raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
+    check_new_file("--write-clean", Path(out_path), force=force)
     bad = {(path, line) for path, line in report["bad_lines"]}
     out_dir = os.path.dirname(os.path.abspath(out_path))
     lines = _good_lines(report, bad, out_dir)
+    make_output_folder("--write-clean", Path(out_dir))  # as export does for its outputs
     try:
-        atomic_write_bytes(Path(out), b"".join(lines))  # never a half-written manifest under the final name
+        # the name itself, never a link's target (an existing name was refused above without force)
+        atomic_write_bytes(Path(out_path), b"".join(lines))  # never a half-written manifest under the final name
     except OSError as exc:
         raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
     return len(lines)

@@ -76,7 +76,7 @@ def make_demo_dataset(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 96, n
     corpus = _write_lines(out_dir / "corpus.txt", ENGLISH + AMHARIC)
     tokenizer = out_dir / "bpe.model"
     summary = extend_tokenizer(base_path, [amharic_corpus], gpt_cfg.number_text_tokens + EXTRA_PIECES, tokenizer,
-                               seed=seed, normalizer="none")
+                               seed=seed, normalizer="none", force=True)
     sentences = _encodable_sentences(tokenizer, gpt_cfg)
     code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
     speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)

@@ -51,7 +51,7 @@ def make_demo_dataset_v25(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 9
     extension_corpus = _write_lines(out_dir / "corpus_am.txt", AMHARIC)
     tokenizer = out_dir / "grown.tiktoken"
     summary = extend_tiktoken(base, [extension_corpus], gpt_cfg.number_text_tokens + EXTRA_RANKS, tokenizer,
-                              _presenter(base, "am"))
+                              _presenter(base, "am"), force=True)
     sentences = _encodable_sentences(tokenizer, gpt_cfg)
     code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
     speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
@@ -74,7 +74,8 @@ def _make_base_vocabulary(out_dir: Path, gpt_cfg: GPTConfig) -> Path:
                                    for rank, b in enumerate(byte_order())))
     english = _write_lines(out_dir / "corpus_en.txt", ENGLISH)
     base = out_dir / "base.tiktoken"
-    summary = extend_tiktoken(byte_file, [english], gpt_cfg.number_text_tokens, base, _presenter(byte_file, "en"))
+    summary = extend_tiktoken(byte_file, [english], gpt_cfg.number_text_tokens, base, _presenter(byte_file, "en"),
+                             force=True)
     byte_file.unlink()
     if summary["short_by"]:
         raise UserError(f"gpt.number_text_tokens {gpt_cfg.number_text_tokens} needs more English merges than the "

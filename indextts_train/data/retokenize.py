@@ -31,6 +31,7 @@ from indextts_train.data.manifest_v25 import language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
 from indextts_train.files.bounded import check_regular, parse_json
+from indextts_train.files.targets import check_output_folder, make_output_folder
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
 # (text field, ids path field, length field)
@@ -70,8 +71,8 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
         if new.resolve() == manifest.resolve():
             raise UserError(f"{manifest}: --out {out_dir} is the manifest's own folder; pass a new folder "
                             "(the originals stay untouched)")
-        if new.exists() or ids_dir.exists():
-            raise UserError(f"{new if new.exists() else ids_dir}: already exists (an earlier tokenize?); pass a "
+        if new.is_symlink() or new.exists() or ids_dir.exists():
+            raise UserError(f"{ids_dir if ids_dir.exists() else new}: already exists (an earlier tokenize?); pass a "
                             "new --out folder or remove it")
         planned.append((manifest, new, ids_dir))
     return planned
@@ -167,11 +168,12 @@ def tokenize_manifests(manifests: Sequence[str | Path], tokenizer: Path, out_dir
     A new manifest is published (atomically, after its arrays are on disk) only when at least one
     of its lines could be encoded.
     """
+    check_output_folder("--out", Path(out_dir))
     text_path = TextPath.open(Path(tokenizer), normalizer=normalizer, strict_language=strict_language,
                               borrowed=borrowed)
     tally = _Tally()
     for manifest, new, ids_dir in _outputs([Path(m) for m in manifests], Path(out_dir)):
-        ids_dir.mkdir(parents=True)
+        make_output_folder("--out", ids_dir)  # new: _outputs refused an existing one
         buffer = io.BytesIO()  # a manifest is small next to its arrays; arrays are written one by one
         written = _write_manifest(manifest, new, ids_dir, text_path, tally, buffer)
         if written:

@@ -31,20 +31,20 @@ INFERENCE_W2V_WIDTH = 1024  # the official GPT's conditioning encoders read 1024
 
 
 def _tokenizers(data_dir: Path, config_path: Path, is_v25: bool, seed: int) -> tuple[Path, Path]:
-    """(base, grown) vocabularies, written once."""
+    """(base, grown) vocabularies, written once (again when an earlier demo left only one of them)."""
     gpt = load_config(config_path).gpt
     amharic = data_dir / "corpus_am.txt"
     amharic.write_text("".join(f"{line}\n" for line in AMHARIC), encoding="utf-8")
     if is_v25:
         base, grown = data_dir / "base.tiktoken", data_dir / "grown.tiktoken"
-        if not grown.exists():
+        if not (grown.is_file() and base.is_file()):
             base = _make_base_vocabulary(data_dir, gpt)
-            extend_tiktoken(base, [amharic], gpt.number_text_tokens + EXTRA_RANKS, grown)
+            extend_tiktoken(base, [amharic], gpt.number_text_tokens + EXTRA_RANKS, grown, force=True)
         return base, grown
     base, grown = data_dir / "base_bpe.model", data_dir / "bpe.model"
-    if not grown.exists():
+    if not (grown.is_file() and base.is_file()):
         _make_base_tokenizer(base, gpt, seed)
-        extend_tokenizer(base, [amharic], gpt.number_text_tokens + EXTRA_V2, grown, seed=seed)
+        extend_tokenizer(base, [amharic], gpt.number_text_tokens + EXTRA_V2, grown, seed=seed, force=True)
     return base, grown
 
 

@@ -7,33 +7,46 @@ written atomically, so a kill leaves either nothing or a whole file under a fina
 utterances whose record has the same source, and recomputes those whose text or audio changed.
 `prepare.settings.json` holds what decides the arrays (model hashes and feature settings): a rerun
 with other values refuses to mix with them, and `--restart` removes what prepare wrote here (and
-nothing else).
+nothing else: ownership.py says which files those are; a folder holding others is refused).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
+from indextts_train.files.targets import check_output_folder, make_output_folder
+from indextts_train.prepare.ownership import (
+    ARRAY_FOLDERS,
+    RECORDS,
+    Ledger,
+    first_foreign,
+    foreign_error,
+    is_temp,
+    remove_own,
+)
 
 SETTINGS_FILE = "prepare.settings.json"
-RECORDS = "records"
-ARRAY_FOLDERS = ("text_ids", "codes", "condition", "spk_emb", "emo_vec")
 MANIFESTS = ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", "prepare.json")
 MAX_RECORD_BYTES = 1 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_HASHED = re.compile(r".*-[0-9a-f]{12}")  # the form file_stem gives an id it cleans
 
 
 def file_stem(uid: str) -> str:
-    """A file name for an id: the id itself when it is a safe name, else a cleaned form plus a hash of the id."""
-    if not _UNSAFE.search(uid) and 0 < len(uid) <= 100 and not uid.startswith("."):
+    """A file name for an id: the id itself when it is a safe name, else a cleaned form plus a hash of the id.
+
+    An id that already ends like a cleaned one (`a_b-<12 hex>`) is hashed too, so it can never take the
+    name of another id (`a/b`) cleaned: two ids never share a file.
+    """
+    if not _UNSAFE.search(uid) and 0 < len(uid) <= 100 and not uid.startswith(".") and not _HASHED.fullmatch(uid):
         return uid
     cleaned = _UNSAFE.sub("_", uid)[:80].lstrip(".")
     return f"{cleaned}-{hashlib.sha256(uid.encode('utf-8')).hexdigest()[:12]}"
@@ -47,8 +60,9 @@ def dumps(obj: dict) -> str:
 class OutputFolder:
     """What one prepare run writes under --out."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, rank: int = 0) -> None:
         self.root = root
+        self.ledger = Ledger(root, rank)
 
     def array_path(self, name: str, stem: str) -> Path:
         return self.root / name / f"{stem}.npy"
@@ -91,27 +105,39 @@ class OutputFolder:
         self.record_path(stem).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.record_path(stem), json.dumps(record, ensure_ascii=False, sort_keys=True))
 
+    def check_foreign(self) -> None:
+        """Refuse an --out that is a file, under a file, or holds files prepare did not write where it
+        writes (see ownership.py); reads only, so every rank may check before any model is read."""
+        check_output_folder("--out", self.root)
+        started = (self.root / SETTINGS_FILE).is_file()
+        owned = self.ledger.stems() if started else set()
+        foreign = first_foreign(self.root, (SETTINGS_FILE, *MANIFESTS), started, owned)
+        if foreign is not None:
+            raise foreign_error(self.root, foreign)
+
     def guard_settings(self, settings: dict, *, restart: bool) -> None:
-        """Refuse to mix outputs of other models or settings; --restart removes prepare's own files first."""
+        """Refuse foreign files and mixing with outputs of other models or settings; --restart removes
+        prepare's own files first. A start that prepared nothing (no utterance claimed) is simply replaced."""
+        self.check_foreign()
         path = self.root / SETTINGS_FILE
-        if path.is_file():
-            if restart:
-                self.remove_own_files()
-            else:
-                previous = self._previous_settings(path)
-                changed = sorted(k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k))
-                if changed:
-                    raise UserError(f"{self.root}: prepared with other {', '.join(changed)}; rerun with --restart "
-                                    "to start over (it removes prepare's files there), or use another --out")
-                self.remove_stale_temp_files()
-                return
-        else:
-            foreign = [name for name in (*MANIFESTS, RECORDS) if (self.root / name).exists()]
-            if foreign:
-                raise UserError(f"--out {self.root}: holds {', '.join(foreign)} that prepare did not write; "
-                                "use an empty or new folder")
-        self.root.mkdir(parents=True, exist_ok=True)
+        owned = self.ledger.stems() if path.is_file() else set()
+        self.remove_stale_temp_files()
+        if restart and path.is_file():
+            self.remove_own_files(owned)
+        elif owned:
+            previous = self._previous_settings(path)
+            changed = sorted(k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k))
+            if changed:
+                raise UserError(f"{self.root}: prepared with other {', '.join(changed)}; rerun with --restart "
+                                "to start over (it removes prepare's files there), or use another --out")
+            self.ledger.adopt(owned)
+            return
+        make_output_folder("--out", self.root)
         atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True) + "\n")
+
+    def claim(self, stems: list[str]) -> None:
+        """Recorded before the files of `stems` are written: they become prepare's (ownership.py)."""
+        self.ledger.claim(stems)
 
     def remove_stale_temp_files(self) -> int:
         """Temp files a killed run left: anywhere in prepare's own folders, and beside the manifests and
@@ -119,7 +145,8 @@ class OutputFolder:
         stale = [temp for name in (*MANIFESTS, SETTINGS_FILE) for temp in stale_temps(self.root / name)]
         for name in (RECORDS, *ARRAY_FOLDERS):
             if (self.root / name).is_dir():
-                stale += (self.root / name).glob(".*.tmp-*")
+                with os.scandir(self.root / name) as entries:
+                    stale += [Path(e.path) for e in entries if is_temp(e)]
         for temp in stale:
             temp.unlink(missing_ok=True)
         return len(stale)
@@ -133,11 +160,9 @@ class OutputFolder:
             raise UserError(f"{path}: not a settings file prepare wrote; rerun with --restart to start over")
         return previous
 
-    def remove_own_files(self) -> None:
-        """Only what prepare writes: its folders, manifests and settings file."""
-        for name in (RECORDS, *ARRAY_FOLDERS):
-            if (self.root / name).is_dir():
-                shutil.rmtree(self.root / name)
+    def remove_own_files(self, owned: set[str]) -> None:
+        """Only what prepare wrote: the files its ledger lists, its manifests and settings file."""
+        remove_own(self.root, owned)
         for name in (*MANIFESTS, SETTINGS_FILE):
             (self.root / name).unlink(missing_ok=True)
 

@@ -10,7 +10,9 @@ after every rank is done, from the records, in corpus order: the same bytes what
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
+import os
 import platform
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -175,11 +177,11 @@ def run_batch(batch: list[int], clips: list[Clip | str], planned: Planned, featu
         except torch.cuda.OutOfMemoryError:
             raise UserError(f"out of GPU memory on a batch of {len(ready)} clips; rerun with a smaller "
                             "--batch-seconds (finished utterances are kept)") from None
-    for i in batch:
+    todo = [i for i in batch if not folder.has_record(planned.stems[i], planned.sources[i])]
+    folder.claim([planned.stems[i] for i in todo])  # the files below become prepare's (ownership.py)
+    for i in todo:  # a member with a record was done before a kill; its arrays came from this same batch
         stem, utt = planned.stems[i], planned.utterances[i]
         source = planned.sources[i]
-        if folder.has_record(stem, source):
-            continue  # done before a kill; its arrays came from this same batch
         if isinstance(results[i], str):
             folder.write_record(stem, {"id": utt.id, "source": source, "rejected": results[i]})
             continue
@@ -315,27 +317,48 @@ def run_prepare(options: PrepareOptions) -> int:
     info = setup_distributed()
     try:
         return _run(options, info)
+    except OSError as exc:
+        failure = _write_failure(exc, options.out)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         teardown_distributed(info)
 
 
+def _write_failure(exc: OSError, out: Path) -> UserError | None:
+    """A full, read-only or forbidden --out is one line; every write was atomic, so a rerun goes on."""
+    inside = exc.filename is not None and Path(os.path.abspath(exc.filename)).is_relative_to(os.path.abspath(out))
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) or (inside and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)):
+        return UserError(f"--out {out}: cannot write ({exc.strerror}); make room or choose a writable --out, then "
+                         "rerun the same command (finished utterances are kept)")
+    return None
+
+
+def _on_main(step: Callable[[], None], info: DistInfo) -> None:
+    """`step` on rank 0 only (it reads or changes --out); every rank stops with its line instead of hanging."""
+    error = None
+    if info.is_main:
+        try:
+            step()
+        except UserError as exc:
+            error = str(exc)
+    error = broadcast_from_main(error, info)
+    if error:
+        raise UserError(error)
+
+
 def _run(options: PrepareOptions, info: DistInfo) -> int:
     device = pick_device(options.device, info)
+    folder = OutputFolder(options.out, rank=info.rank)
+    _on_main(folder.check_foreign, info)  # before any model is read: a wrong --out costs no wait
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
     models = locate_models(options.model_dir, options.overrides, download=options.download)
     hashes = model_hashes(models) if info.is_main else {}  # only rank 0 records them (GBs to read)
     utterances = read_corpora(options.corpora, options.defaults)
-    folder = OutputFolder(options.out)
-    error = None
-    if info.is_main:
-        try:
-            folder.guard_settings({"models": hashes} | options.feature_settings(), restart=options.restart)
-        except UserError as exc:
-            error = str(exc)
-    error = broadcast_from_main(error, info)  # every rank stops with rank 0's line instead of hanging
-    if error:
-        raise UserError(error)
+    _on_main(lambda: folder.guard_settings({"models": hashes} | options.feature_settings(),
+                                          restart=options.restart), info)
     featurizer = Featurizer.load(models, device, allow_unk=options.allow_unk)
     planned = plan(utterances, options, featurizer.code_limit(), featurizer.text_ids)
     compute_share(planned, featurizer, folder, options, info)

@@ -29,6 +29,7 @@ from pathlib import Path
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_bounded
+from indextts_train.files.targets import check_new_file
 from indextts_train.text.corpus_lines import iter_text_lines
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
@@ -230,7 +231,7 @@ class _MergeLearner:
 
 
 def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: Path,
-                    present: Callable[[str], str] | None = None) -> dict:
+                    present: Callable[[str], str] | None = None, *, force: bool = False) -> dict:
     """Append merges learned on `corpus` until ranks + specials = target_size; write `out` atomically.
 
     target_size is the new number_text_tokens (ranks + 1673 specials). `present` turns a corpus text
@@ -238,6 +239,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     corpus language's case rule, character map, normaliser); None learns on the text as it is.
     Returns a summary.
     """
+    check_new_file("--output", Path(out), force=force)  # an existing file is replaced only with --force
     vocab = read_tiktoken(base)
     if target_size < vocab.n_vocab:
         raise UserError(f"--target-size {target_size} is below the base's {vocab.n_vocab} tokens "

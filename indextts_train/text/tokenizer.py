@@ -22,6 +22,7 @@ import sentencepiece as spm
 
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
+from indextts_train.files.targets import check_new_file
 from indextts_train.text.corpus_lines import iter_text_lines
 from indextts_train.text.inference_text import TextPath
 from indextts_train.text.spm_model import (
@@ -79,7 +80,7 @@ def _write_training_text(corpus: Sequence[Path], dest: Path, text_path: TextPath
 
 
 def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: Path, *, seed: int = 0,
-                     normalizer: str = "auto") -> dict:
+                     normalizer: str = "auto", force: bool = False) -> dict:
     """Append pieces learned from `corpus` to `base` until it has `target_size` pieces; write `out`.
 
     A temporary SentencePiece model of the base's type (BPE, unigram, ...) and normalization is
@@ -93,7 +94,7 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
     base_model = read_model(base)
     load_processor(base_model, str(base))
     base_size = len(base_model.pieces)
-    _check_extend_args(base, base_size, corpus, target_size, out)
+    _check_extend_args(base, base_size, corpus, target_size, out, force)
     text_path = TextPath.open(base, normalizer=normalizer)
     needed = target_size - base_size
     warnings: list[str] = []
@@ -119,7 +120,8 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
             "warnings": warnings + text_path.notes()}
 
 
-def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], target_size: int, out: Path) -> None:
+def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], target_size: int, out: Path,
+                       force: bool) -> None:
     if target_size < base_size:
         raise UserError(f"--target-size {target_size} is smaller than the base's {base_size} pieces "
                         f"({base}); pass a size >= {base_size}")
@@ -129,6 +131,8 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
         raise UserError(f"{out}: is a folder; pass the path of the .model file to write")
     if out.suffix == ".vocab":
         raise UserError(f"{out}: the output must be the .model path; the .vocab is written beside it")
+    for target in (out, out.with_suffix(".vocab")):  # an existing one is replaced only with --force
+        check_new_file("--output", target, force=force)
     if not corpus:
         raise UserError("no corpus given; pass --corpus with a text or JSONL file")
     for path in corpus:

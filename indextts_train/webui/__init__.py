@@ -9,6 +9,8 @@ only `cli`.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from pathlib import Path
 
 from indextts_train.errors import UserError
@@ -29,17 +31,54 @@ def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
     return user, password
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (localhost, 127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name or a wildcard: other machines may reach it
+
+
+def check_exposure(host: str, credentials: tuple[str, str] | None, no_auth_on_network: bool) -> None:
+    """The page starts runs and reads the roots: reachable from other machines, it needs a password
+    (--auth) unless the user says in so many words that anyone on the network may use it."""
+    if credentials is None and not is_loopback(host) and not no_auth_on_network:
+        raise UserError(f"--host {host} makes the page reachable from other machines, where anyone could start "
+                        "runs and read the --root folders: add --auth USER:PASS (or, on a network you trust, "
+                        "--no-auth-on-network)")
+
+
+def _port_free(host: str, port: int) -> None:
+    """One line before Gradio's own error (a traceback) when the port is taken."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+                            "is another webui running? pass another --port") from None
+
+
 def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, auth: str | None = None,
-          roots: list[Path] | None = None) -> int:
+          roots: list[Path] | None = None, no_auth_on_network: bool = False) -> int:
     """Serve the page until Ctrl+C. Runs started from it keep running after it stops.
 
     `roots`: the folders every path the page reads or writes must lie in (default: the current one).
     """
     allowed = Roots(roots or [Path.cwd()])
-
     credentials = parse_auth(auth, share)
-    if credentials is None and host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: --host {host} without --auth: anyone who can reach this port can start runs", flush=True)
+    check_exposure(host, credentials, no_auth_on_network)
+    if credentials is None and not is_loopback(host):
+        print(f"warning: --host {host} --no-auth-on-network: anyone who can reach this port can start runs "
+              f"and read {', '.join(map(str, allowed.folders))}", flush=True)
+    _port_free(host, port)  # before Gradio's import (seconds): a taken port is said at once
     try:
         import gradio  # noqa: F401 - only to say how to install it when missing
     except ImportError:
@@ -47,8 +86,11 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
     from indextts_train.webui.page import PageServer, build_page
 
     page = build_page(PageServer(allowed))
-    _, local_url, share_url = page.queue().launch(server_name=host, server_port=port, share=share,
-                                                  auth=credentials, quiet=True, prevent_thread_lock=True)
+    try:
+        _, local_url, share_url = page.queue().launch(server_name=host, server_port=port, share=share,
+                                                      auth=credentials, quiet=True, prevent_thread_lock=True)
+    except OSError as exc:  # taken between the probe and the launch
+        raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc}); pass another --port") from None
     # One line once the page answers: users click it, the browser test waits for it.
     print(f"indextts-train webui: {local_url}" + (f" and {share_url}" if share_url else ""), flush=True)
     try:

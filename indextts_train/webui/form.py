@@ -3,19 +3,23 @@
 Hyperparameter fields are fields of the config's `train:` section (the schema the CLI's flags come
 from) and start at the config's values, i.e. the defaults the CLI would apply. Every field shown
 becomes a flag, so the command line on the page can be pasted into a terminal or tmux unchanged.
+Every value is passed as `--flag=VALUE` with its path resolved inside the page's roots (roots.py):
+what the command line shows is what was checked, and no value can be read as a flag.
 No module here imports Gradio.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
+from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import train_command
+from indextts_train.webui.trainflags import checked_value, other_flags
 
 # The main knobs, in the order the page shows them; everything else goes in "other flags".
 MAIN_FIELDS = (
@@ -58,7 +62,10 @@ def lines_of(text: str) -> list[str]:
     return [line.strip() for line in (text or "").splitlines() if line.strip()]
 
 
-def _number(name: str, value: float | int) -> str:
+def number_text(name: str, value: float | int) -> str:
+    """A number field as its flag's value: finite, whole where the setting counts things."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{flag_name(name)} must be a finite number, got {value!r}")
     if "int" in str(_FIELDS[name].type):
         if float(value) != int(value):
             raise UserError(f"{flag_name(name)} must be a whole number, got {value}")
@@ -66,8 +73,14 @@ def _number(name: str, value: float | int) -> str:
     return repr(float(value))
 
 
-def flags(form: RunForm, resume: str | None = None) -> list[str]:
-    """train-gpt flags for the form; `resume` adds --resume ('auto' or a checkpoint path)."""
+# Fields the form has a box for: typed again in "Other flags", one would silently win.
+OWN_FIELDS = {"train_manifests", "val_manifests", "config", "tokenizer", "base_checkpoint", "output_dir", "amp",
+              "resume", *MAIN_FIELDS}
+
+
+def flags(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
+    """train-gpt flags for the form, each `--flag=VALUE` with its path resolved inside the roots;
+    `resume` adds --resume ('auto' or a checkpoint path)."""
     manifests = lines_of(form.train_manifests)
     if not manifests:
         raise UserError("Training manifests: give at least one manifest JSONL path")
@@ -75,30 +88,27 @@ def flags(form: RunForm, resume: str | None = None) -> list[str]:
         raise UserError("Output dir: say where the run's checkpoints and logs go")
     if not form.config.strip():
         raise UserError("Config: give a config.yaml (configs/indextts2.yaml for the real sizes)")
-    out = [arg for path in manifests for arg in ("--train-manifest", path)]
-    out += [arg for path in lines_of(form.val_manifests) for arg in ("--val-manifest", path)]
-    out += ["--config", form.config.strip()]
-    for name in ("tokenizer", "base_checkpoint"):
+    out = [f"--train-manifest={roots.manifest(path, 'Training manifests')}" for path in manifests]
+    out += [f"--val-manifest={roots.manifest(path, 'Validation manifests')}" for path in lines_of(form.val_manifests)]
+    out.append(f"--config={roots.inside(form.config, 'Config')}")
+    for name, label in (("tokenizer", "Tokenizer"), ("base_checkpoint", "Base checkpoint")):
         value = getattr(form, name).strip()
         if value:
-            out += [flag_name(name), value]
-    out += ["--output-dir", form.output_dir.strip()]
+            out.append(f"{flag_name(name)}={roots.inside(value, label)}")
+    out.append(f"--output-dir={roots.inside(form.output_dir, 'Output dir')}")
     for name in MAIN_FIELDS:
         value = form.hparams.get(name)
         if value is not None:
-            out += [flag_name(name), _number(name, value)]
+            out.append(f"{flag_name(name)}={number_text(name, value)}")
     if form.amp not in AMP_CHOICES:
         raise UserError(f"Mixed precision: choose one of {', '.join(AMP_CHOICES)}, got {form.amp!r}")
     out += {"on": ["--amp"], "off": ["--no-amp"], "auto": []}[form.amp]
-    try:
-        out += shlex.split(form.extra or "")
-    except ValueError as exc:
-        raise UserError(f"Other flags: {exc} (quote values the way a shell would)") from None
+    out += other_flags(form.extra, roots, OWN_FIELDS)
     if resume:
-        out += ["--resume", resume]
+        out.append(f"--resume={checked_value('--resume', resume, roots, 'Resume from')}")
     return out
 
 
-def command(form: RunForm, resume: str | None = None) -> list[str]:
+def command(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
     """The whole argv the page runs."""
-    return train_command(flags(form, resume))
+    return train_command(flags(form, roots, resume))

@@ -24,17 +24,19 @@ from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
 
 LOG_LINES = 20
+CLI_TIMEOUT = 1800  # seconds a check or an export from the page may take (a big manifest: minutes)
+REPORT_CHARS = 20_000  # the end of a command's output shown in the page
 FORM_SIZE = 6 + len(forms.MAIN_FIELDS) + 2  # paths, numbers, amp, other flags
 TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "cer", "speaker_sim", "marks", "size_mb", "reasons"]
 
 
 class PageServer:
-    """State shared by every browser tab: the runs, the last form started (for a reload), and the
-    folders every path must lie in (roots.py)."""
+    """What the page does, shared by every browser tab: the runs, and the folders every path must lie
+    in (roots.py). Nothing a visitor typed is kept here: the form of the last run started goes back
+    to that browser only (its own storage), never to another visitor."""
 
     def __init__(self, roots: Roots | None = None) -> None:
         self.registry = RunRegistry()
-        self.last_values: list | None = None
         self.roots = roots if roots is not None else Roots([Path.cwd()])
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -49,7 +51,7 @@ class PageServer:
 
     def preview(self, *values) -> str:
         try:
-            return shell_line(forms.command(self.form_of(list(values))))
+            return shell_line(forms.command(self.form_of(list(values)), self.roots))
         except UserError as exc:
             return f"(not ready) {exc}"
 
@@ -64,41 +66,46 @@ class PageServer:
         return [found[name] for name in forms.MAIN_FIELDS] + [config]
 
     def run_cli(self, args: list[str]) -> str:
-        done = subprocess.run(cli_command(args), capture_output=True, text=True)
-        return f"$ {shell_line(cli_command(args))}\n{done.stdout}{done.stderr}(exit {done.returncode})"
+        try:
+            done = subprocess.run(cli_command(args), capture_output=True, text=True, timeout=CLI_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return f"$ {shell_line(cli_command(args))}\nstopped after {CLI_TIMEOUT} s (run it in a terminal)"
+        output = (done.stdout + done.stderr)[-REPORT_CHARS:]
+        return f"$ {shell_line(cli_command(args))}\n{output}(exit {done.returncode})"
 
     def check_data(self, *values) -> str:
+        """`check-data` of the form's manifests (their paths; the suffixes are the trainer's)."""
         run = self.form_of(list(values))
-        manifests = [*forms.lines_of(run.train_manifests), *forms.lines_of(run.val_manifests)]
-        if not manifests:
+        lines = [*forms.lines_of(run.train_manifests), *forms.lines_of(run.val_manifests)]
+        if not lines:
             return "Training manifests: give at least one manifest JSONL path"
-        extra = ["--config", run.config] if run.config.strip() else []
-        extra += ["--tokenizer", run.tokenizer] if run.tokenizer.strip() else []
         try:
-            self.roots.check_flags([*(arg for path in manifests for arg in ("--train-manifest", path)), *extra])
+            manifests = [str(self.roots.manifest_file(line, "Manifests")) for line in lines]
+            args = [f"--config={self.roots.inside(run.config, 'Config')}"] if run.config.strip() else []
+            args += [f"--tokenizer={self.roots.inside(run.tokenizer, 'Tokenizer')}"] if run.tokenizer.strip() else []
         except UserError as exc:
             return f"error: {exc}"
-        return self.run_cli(["check-data", *manifests, *extra])
+        return self.run_cli(["check-data", *args, "--", *manifests])
 
     def check_tokenizer(self, *values) -> str:
         run = self.form_of(list(values))
         if not run.tokenizer.strip():
             return "Tokenizer: give the SentencePiece .model to check"
         try:
-            self.roots.inside(run.tokenizer, "Tokenizer")
+            tokenizer = self.roots.inside(run.tokenizer, "Tokenizer")
         except UserError as exc:
             return f"error: {exc}"
         try:
-            base = ["--base-vocab", str(load_config(self.roots.inside(run.config, "Config")).gpt.number_text_tokens)]
+            base = [f"--base-vocab={load_config(self.roots.inside(run.config, 'Config')).gpt.number_text_tokens}"]
         except UserError:
             base = []
-        return self.run_cli(["check-tokenizer", run.tokenizer, *base])
+        return self.run_cli(["check-tokenizer", *base, "--", str(tokenizer)])
 
     def hardware(self, *values) -> str:
         run = self.form_of(list(values))
         try:
             gpt = load_config(self.roots.inside(run.config, "Config")).gpt
-            h = {k: int(v or 0) for k, v in run.hparams.items() if k in
+            h = {k: int(forms.number_text(k, v or 0)) for k, v in run.hparams.items() if k in
                  ("effective_batch_size", "batch_size", "grad_accumulation", "num_workers")}
             plan = choose_plan(detect_device(), gpt, effective_batch=h["effective_batch_size"],
                                batch_size=h["batch_size"], grad_accumulation=h["grad_accumulation"],
@@ -109,16 +116,18 @@ class PageServer:
 
     # ---- start, stop, resume -------------------------------------------------------------------
 
-    def start(self, resume: str | None, *values) -> str:
+    def start(self, resume: str | None, *values) -> tuple[str, list | None]:
+        """Start (or resume) the form's run; the form goes back to this browser's storage (the last value)."""
+        *values, stored = values
         try:
             run = self.form_of(list(values))
-            argv = forms.command(run, resume)
-            self.roots.check_flags(argv)
-            launch = self.registry.start(argv, self.roots.inside(run.output_dir, "Output dir"))
+            argv = forms.command(run, self.roots, resume)
+            folder = self.roots.inside(run.output_dir, "Output dir")
+            self.roots.refuse_links_outside(folder, "Output dir")  # the run would write through them
+            launch = self.registry.start(argv, folder)
         except UserError as exc:
-            return f"error: {exc}"
-        self.last_values = list(values)
-        return f"started PID {launch.pid} in {Path(run.output_dir).resolve()}; its output goes to train.log there"
+            return f"error: {exc}", stored
+        return f"started PID {launch.pid} in {folder}; its output goes to train.log there", list(values)
 
     def stop(self, output_dir: str) -> str:
         try:
@@ -127,14 +136,14 @@ class PageServer:
             return f"error: {exc}"
         return f"sent SIGINT to the process group of PID {launch.pid}: it finishes the step, saves, exits 130"
 
-    def restore(self) -> list:
-        """After a reload: the form of the last run started here, so the page re-attaches to it.
+    def restore(self, stored: list | None) -> list:
+        """On load: the form of the last run this browser started, so the page re-attaches to it.
 
         The last value tells `defaults` that the restored numbers already belong to that config.
         """
-        if self.last_values is None:
+        if not isinstance(stored, list) or len(stored) != FORM_SIZE:
             return [gr.update() for _ in range(FORM_SIZE + 1)]
-        return [*self.last_values, self.last_values[3]]
+        return [*stored, stored[3]]
 
     # ---- watch ---------------------------------------------------------------------------------
 
@@ -149,9 +158,12 @@ class PageServer:
         text = read_log(launch, folder)
         command = shell_line(launch.argv) if launch is not None and launch.argv else records.recorded_command(folder)
         tail = "\n".join(text.splitlines()[-LOG_LINES:])
-        events = read_events(folder)
+        events = read_events(folder)  # opened without following a symlink (ui/events.py)
         mine = records.invocation_events(launch, events)
-        return records.status_line(launch, events), command, tail, records.plan_text(mine), records.notices(mine)
+        outside = [f"not used (leads outside the folders this page may touch): {link}"
+                   for link in self.roots.links_outside(folder)]
+        notices = "\n".join([*outside, records.notices(mine)]).strip()
+        return records.status_line(launch, events), command, tail, records.plan_text(mine), notices
 
     def run_records(self, output_dir: str, resume_choice: str, export_choice: str):
         try:
@@ -161,13 +173,14 @@ class PageServer:
         if folder is None or not folder.is_dir():
             empty = pd.DataFrame({"step": [], "value": [], "series": []})
             return empty, [], gr.update(choices=[("auto", "auto")]), gr.update(choices=[])
-        curves = records.loss_curves(folder)
-        rows = records.checkpoint_rows(folder)
+        curves = records.loss_curves(folder, self.roots)
+        rows = records.checkpoint_rows(folder, self.roots)
         plot = pd.DataFrame([{"series": s, "step": step, "value": v} for s, step, v in curves],
                             columns=["series", "step", "value"])
         table = [[Path(row["file"]).name, *(row[column] for column in TABLE_COLUMNS[1:])] for row in rows]
+        usable = [r for r in rows if r["status"] != records.REFUSED]
         choices = [("auto: newest checkpoint that verifies", "auto")]
-        choices += [(f"{Path(r['file']).name}: {r['status']}, step {r['step']}", r["file"]) for r in rows]
+        choices += [(f"{Path(r['file']).name}: {r['status']}, step {r['step']}", r["file"]) for r in usable]
         exportable = [c for c in choices[1:] if "INCOMPLETE" not in c[0]]
         values = {value for _, value in choices}
         export_default = export_choice if export_choice in values else (exportable[-1][1] if exportable else None)
@@ -177,22 +190,25 @@ class PageServer:
     def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str, config: str = "") -> str:
         """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied
         beside gpt.pth by export itself: IndexTTS2 under its config name, IndexTTS-2.5 as its .tiktoken)."""
-        if not checkpoint:
-            return "choose a checkpoint to export"
         try:
-            source = self.roots.inside(checkpoint, "Checkpoint")
-            target = self.roots.inside(export_dir.strip() or Path(output_dir) / "export", "Export dir")
-            args = ["export", str(source), "-o", str(target / "gpt.pth"), "--config-out", str(target / "config.yaml")]
-            if not export_dir.strip():  # the page's own OUTPUT_DIR/export: a new export replaces the last one
+            own = not (export_dir or "").strip()  # the page's own OUTPUT_DIR/export
+            folder = self.roots.inside(output_dir, "Output dir") / "export" if own else None
+            target = self.roots.inside(folder or export_dir, "Export dir")
+            self.roots.refuse_links_outside(target, "Export dir")
+            args = ["export", f"--output={target / 'gpt.pth'}", f"--config-out={target / 'config.yaml'}"]
+            if own:  # a new export replaces the page's last one; a folder the user named is never overwritten
                 args.append("--force")
-            if config.strip():
-                args += ["--config", str(self.roots.inside(config, "Config"))]
-            if tokenizer.strip():
+            if (config or "").strip():
+                args.append(f"--config={self.roots.inside(config, 'Config')}")
+            if (tokenizer or "").strip():
                 token_file = self.roots.inside(tokenizer, "Tokenizer")
-                args += ["--tokenizer", str(token_file), "--tokenizer-name", token_file.name]
+                args += [f"--tokenizer={token_file}", f"--tokenizer-name={token_file.name}"]
+            if not checkpoint:
+                return "choose a checkpoint to export"
+            source = self.roots.inside(checkpoint, "Checkpoint")
         except UserError as exc:
             return f"error: {exc}"
-        return self.run_cli(args)
+        return self.run_cli([*args, "--", str(source)])
 
 
 def build_page(server: PageServer) -> gr.Blocks:
@@ -276,23 +292,28 @@ def _checkpoints_panel():
 
 
 def _wire(page, server: PageServer, inputs, buttons, setup_out, watch_out, records_out, export_parts) -> None:
+    """Every event has an api_name: the page's HTTP API is these handlers, each checking what it gets."""
     config, output_dir, tokenizer = inputs[3], inputs[5], inputs[2]
     numbers = inputs[6:6 + len(forms.MAIN_FIELDS)]
-    for field in inputs:
-        field.change(server.preview, inputs, setup_out["command"])
+    gr.on([field.change for field in inputs], server.preview, inputs, setup_out["command"], api_name="preview")
     loaded = gr.State(str(DEFAULT_CONFIG))  # the config whose train: values the numbers show
-    config.change(server.defaults, [config, loaded], [*numbers, loaded])
-    buttons["check_data"].click(server.check_data, inputs, setup_out["report"])
-    buttons["check_tokenizer"].click(server.check_tokenizer, inputs, setup_out["report"])
-    buttons["hardware"].click(server.hardware, inputs, setup_out["report"])
-    buttons["start"].click(lambda *v: server.start(None, *v), inputs, setup_out["message"])
-    buttons["resume"].click(lambda choice, *v: server.start(choice, *v), [buttons["resume_choice"], *inputs],
-                            setup_out["message"])
-    buttons["stop"].click(server.stop, output_dir, setup_out["message"])
-    gr.Timer(1.0).tick(server.watch, output_dir, watch_out, show_progress="hidden")
+    # The form of the last run this browser started: kept in the browser, so a reload re-attaches to
+    # it and no other visitor ever sees it.
+    stored = gr.BrowserState(None, storage_key="indextts_train_last_run")
+    config.change(server.defaults, [config, loaded], [*numbers, loaded], api_name="defaults")
+    buttons["check_data"].click(server.check_data, inputs, setup_out["report"], api_name="check_data")
+    buttons["check_tokenizer"].click(server.check_tokenizer, inputs, setup_out["report"], api_name="check_tokenizer")
+    buttons["hardware"].click(server.hardware, inputs, setup_out["report"], api_name="hardware")
+    buttons["start"].click(lambda *v: server.start(None, *v), [*inputs, stored], [setup_out["message"], stored],
+                           api_name="start")
+    buttons["resume"].click(lambda choice, *v: server.start(choice, *v), [buttons["resume_choice"], *inputs, stored],
+                            [setup_out["message"], stored], api_name="resume")
+    buttons["stop"].click(server.stop, output_dir, setup_out["message"], api_name="stop")
+    gr.Timer(1.0).tick(server.watch, output_dir, watch_out, show_progress="hidden", api_name="watch")
     record_outputs = [*records_out, buttons["resume_choice"], export_parts["choice"]]
     record_inputs = [output_dir, buttons["resume_choice"], export_parts["choice"]]
-    gr.Timer(3.0).tick(server.run_records, record_inputs, record_outputs, show_progress="hidden")
+    gr.Timer(3.0).tick(server.run_records, record_inputs, record_outputs, show_progress="hidden",
+                       api_name="run_records")
     export_parts["button"].click(server.export, [export_parts["choice"], export_parts["dir"], output_dir, tokenizer,
-                                                 config], export_parts["report"])
-    page.load(server.restore, None, [*inputs, loaded])
+                                                 config], export_parts["report"], api_name="export")
+    page.load(server.restore, stored, [*inputs, loaded])

@@ -10,6 +10,7 @@ here computes what the trainer computes. No module here imports Gradio.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from indextts_train.checkpoint.scores import SUMMARY_KEYS
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
 from indextts_train.ui import events as ev
 from indextts_train.ui.run_record import RECORD_NAME, read_record
+from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import Launch
 
 progress = ev.progress
@@ -85,18 +87,23 @@ def status_line(launch: Launch | None, events: list[dict]) -> str:
     return " · ".join(parts)
 
 
-def loss_curves(output_dir: Path) -> list[tuple[str, int, float]]:
+def loss_curves(output_dir: Path, roots: Roots) -> list[tuple[str, int, float]]:
     """(series, step, value) for every loss scalar in the run's TensorBoard files.
 
     A run writes logs/run (one folder across resumes, TensorBoard's purge step hiding what a killed
     process logged past its checkpoint); runs begun before that wrote a run_* folder per invocation,
     and where a killed run logged steps that the resumed one logged again, the later folder wins.
+    A folder outside the roots, or holding a symlink that leads out of them, is not read (Watch
+    lists such links).
     """
     points: dict[tuple[str, int], float] = {}
     for folder in sorted((Path(output_dir) / "logs").glob("run*")):
-        files = sorted(folder.glob("events.out.tfevents.*"))
+        real = roots.found(folder)
+        if real is None or not real.is_dir() or roots.links_outside(real):
+            continue
+        files = sorted(real.glob("events.out.tfevents.*"))
         version = tuple((f.name, f.stat().st_size) for f in files)
-        points.update(_folder_losses(str(folder), version))
+        points.update(_folder_losses(str(real), version))
     return sorted(((tag, step, value) for (tag, step), value in points.items()), key=lambda row: (row[0], row[1]))
 
 
@@ -111,11 +118,29 @@ def _folder_losses(folder: str, version: tuple) -> dict[tuple[str, int], float]:
             if tag.endswith("loss") for event in accumulator.Scalars(tag)}
 
 
-def checkpoint_rows(output_dir: Path) -> list[dict]:
+REFUSED = "REFUSED"  # the status of a checkpoint the page does not read: it lies outside the roots
+
+
+def _refused_row(path: Path) -> dict:
+    reason = f"a symbolic link to {os.path.realpath(path)}, outside the folders this page may touch: not read"
+    return {"file": str(path), "status": REFUSED, "step": None, "epoch": None, "val_loss": None, "marks": "",
+            "size_mb": None, "reasons": reason}
+
+
+def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
     """The rows of `indextts-train checkpoints OUTPUT_DIR` (abandoned branches included), with the
-    page's columns: file, status, step, epoch, val loss at its step, marks, size."""
+    page's columns: file, status, step, epoch, val loss at its step, marks, size. A checkpoint whose
+    resolved path lies outside the roots is a REFUSED row, neither read nor verified."""
+    refused: list[Path] = []
+
+    def inside(path: Path) -> bool:
+        if roots.found(path) is None:
+            refused.append(path)
+            return False
+        return True
+
     rows = []
-    for row in run_checkpoint_rows(Path(output_dir)):
+    for row in run_checkpoint_rows(Path(output_dir), inside):
         marks = [name for name, flag in (("latest.pth", row["latest"]), ("best.pth", row["best"])) if flag]
         if row["abandoned"]:
             marks.append(f"abandoned branch {row['branch']}")
@@ -125,6 +150,7 @@ def checkpoint_rows(output_dir: Path) -> list[dict]:
                      "marks": ", ".join(marks), "size_mb": round(row["bytes"] / 2**20, 2),
                      **{key: _rounded((row["listen"] or {}).get(key)) for key in SUMMARY_KEYS},
                      "reasons": row["reason"] or ""})
+    return rows + [_refused_row(path) for path in refused]
     return rows
 
 
@@ -133,6 +159,7 @@ def _rounded(value: float | None) -> float | None:
 
 
 def recorded_command(output_dir: Path) -> str:
-    """The command line run.yaml recorded for the last start ('' when there is no record)."""
-    record = read_record(Path(output_dir) / RECORD_NAME)
+    """The command line run.yaml recorded for the last start ('' when there is none, or it is a symlink)."""
+    path = Path(output_dir) / RECORD_NAME
+    record = None if path.is_symlink() else read_record(path)
     return str(record.get("command_line", "")) if record else ""

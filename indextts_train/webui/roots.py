@@ -1,40 +1,78 @@
 """The folders the web page may touch (`webui --root DIR`, repeatable; default: where it was started).
 
-The page runs commands for whoever can reach it, so every path it is given (output folders,
-manifests, config, checkpoints, tokenizer, export folder, the paths inside `Other flags`) must
-resolve, symlinks followed, inside a root; anything else is refused with one line before any
-command runs. The files a manifest names are the trainer's to read, as on the command line. No
-module here imports Gradio.
+The page runs commands for whoever can reach it, so this module is its boundary:
+
+- every value typed into the page that reaches a command line is checked text (no NUL byte, no
+  control character, no line break, no lone surrogate, nothing that starts with '-' and could be read
+  as an option), and every path is resolved, symlinks followed, and must lie inside a root; the page
+  passes the resolved path on, so what runs is what was checked;
+- every file the page finds by itself (a run's train.log, run.yaml, checkpoints, TensorBoard files)
+  is read, listed or verified only if its resolved path lies inside a root, and opened without
+  following a last symlink (O_NOFOLLOW) and only if it is a regular file (a FIFO would block);
+- a folder the page starts a run or an export in must hold no symlink that leads outside the roots
+  (the run would write through it).
+
+Refusals are one line (UserError). The `.npy` files a manifest names are the trainer's to read, as on
+the command line. No module here imports Gradio.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import errno
 import os
+import stat
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, BinaryIO
 
-from indextts_train.config.schema import field_types
-from indextts_train.config.settings import TrainOptions
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 
-MANIFEST_FLAGS = ("--train-manifest", "--val-manifest")
-# train-gpt flags whose value is a path (TrainOptions' inputs); --resume also takes 'auto'.
-def _path_flags() -> tuple[str, ...]:
-    """Every TrainOptions input that holds a path, read from the schema so a new path flag (such as
-    --from-run) cannot slip past the roots; --resume (a path or 'auto') too."""
-    types = field_types(TrainOptions)
-    named = [f.metadata.get("flag") or "--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainOptions)
-             if f.metadata.get("cli", True) and "Path" in str(types[f.name])]
-    return (*MANIFEST_FLAGS, *named, "--resume")
+MAX_TEXT = 4096  # longer than any path a user types (PATH_MAX)
+MAX_SCAN = 5000  # entries looked at in a folder for links that lead outside (a run folder has a few dozen)
+# Unicode categories refused in a value: controls (NUL, line breaks, tabs, ESC), line and paragraph
+# separators (they split lines too) and surrogates (not text; a lone one cannot even be a file name).
+_REFUSED = {"Cc": "a control character", "Zl": "a line separator", "Zp": "a paragraph separator",
+            "Cs": "a lone surrogate (not valid text)"}
 
 
-PATH_FLAGS = _path_flags()
+def checked_text(value: Any, what: str, *, may_start_with_dash: bool = False) -> str:
+    """`value` as text that a command line takes as one plain value, or one line saying why not."""
+    text = "" if value is None else str(value)
+    if len(text) > MAX_TEXT:
+        raise UserError(f"{what}: {len(text)} characters is not a path or a value; give at most {MAX_TEXT}")
+    for char in text:
+        kind = "a NUL byte" if char == "\0" else _REFUSED.get(unicodedata.category(char))
+        if kind:
+            raise UserError(f"{what}: holds {kind} (U+{ord(char):04X}); give one value without it")
+    if text.startswith("-") and not may_start_with_dash:
+        raise UserError(f"{what} {text!r}: starts with '-', which a command would read as an option; "
+                        f"give a path or value (a file whose name starts with '-': ./{text})")
+    return text
+
+
+def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = False) -> BinaryIO:
+    """`path` opened without following a symlink in its last part, only if it is a regular file
+    (`single_link`: and has no other hard link, for a file the page writes to)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the last part is a symlink
+            raise UserError(f"{path}: a symbolic link; the page reads and writes only files of its own") from None
+        raise
+    info = os.fstat(fd)
+    why = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
+           "has other hard links (writing would change them too)" if single_link and info.st_nlink > 1 else None)
+    if why:
+        os.close(fd)
+        raise UserError(f"{path}: {why}; the page does not use it")
+    mode = "ab" if flags & os.O_APPEND else ("r+b" if flags & (os.O_WRONLY | os.O_RDWR) else "rb")
+    return os.fdopen(fd, mode)
 
 
 class Roots:
-    """The resolved root folders; `inside` checks one path, `check_flags` every path of a train-gpt argv."""
+    """The resolved root folders and the checks every path the page uses goes through."""
 
     def __init__(self, folders: Sequence[Path]) -> None:
         resolved = []
@@ -47,27 +85,61 @@ class Roots:
             raise UserError("--root: give at least one folder the page may use")
         self.folders = tuple(resolved)
 
+    def holds(self, real: Path) -> bool:
+        """Whether a resolved path lies in a root."""
+        return any(real == root or real.is_relative_to(root) for root in self.folders)
+
     def inside(self, value: str | Path, what: str) -> Path:
         """`value` resolved (symlinks followed, relative to the server's folder), if inside a root."""
-        text = str(value).strip()
+        text = checked_text(str(value).strip(), what)
         if not text:
             raise UserError(f"{what}: no path given")
         real = Path(os.path.realpath(Path(text).expanduser()))
-        if any(real == root or real.is_relative_to(root) for root in self.folders):
+        if self.holds(real):
             return real
         shown = ", ".join(map(str, self.folders))
         raise UserError(f"{what} {text}: outside the folders this page may touch ({shown}); "
                         "start webui with a --root that holds it")
 
-    def check_flags(self, argv: Sequence[str]) -> None:
-        """Refuse an argv naming a path outside every root (`--flag VALUE` and `--flag=VALUE` alike)."""
-        for i, arg in enumerate(argv):
-            flag, equals, inline = arg.partition("=")
-            if flag not in PATH_FLAGS:
+    def manifest_file(self, value: str, what: str) -> Path:
+        """The file of a manifest spec (PATH[::lang][@weight]), resolved inside a root."""
+        return self.inside(parse_manifest_spec(checked_text(value.strip(), what), what).path, what)
+
+    def manifest(self, value: str, what: str) -> str:
+        """A manifest spec (PATH[::lang][@weight]) with its path resolved inside a root."""
+        spec = parse_manifest_spec(checked_text(value.strip(), what), what)
+        real = self.inside(spec.path, what)
+        lang = f"::{spec.lang}" if spec.lang else ""
+        weight = f"@{spec.weight!r}" if spec.weight is not None else ""
+        return f"{real}{lang}{weight}"
+
+    def found(self, path: Path) -> Path | None:
+        """A file the page came across (listed in a run folder): its resolved path if inside a root."""
+        real = Path(os.path.realpath(path))
+        return real if self.holds(real) else None
+
+    def links_outside(self, folder: Path, limit: int = MAX_SCAN) -> list[str]:
+        """'NAME -> TARGET' for every symlink under `folder` (links to folders not followed) that
+        resolves outside the roots; at most `limit` entries are looked at."""
+        found: list[str] = []
+        pending, seen = [Path(folder)], 0
+        while pending and seen < limit:
+            try:
+                entries = list(os.scandir(pending.pop()))
+            except OSError:
                 continue
-            value = inline if equals else (argv[i + 1] if i + 1 < len(argv) else "")
-            if flag == "--resume" and value == "auto":
-                continue
-            if flag in MANIFEST_FLAGS:  # PATH::lang@weight: the path alone
-                value = str(parse_manifest_spec(value, flag).path)
-            self.inside(value, flag)
+            for entry in entries[:max(0, limit - seen)]:
+                seen += 1
+                if entry.is_symlink():
+                    if self.found(Path(entry.path)) is None:
+                        found.append(f"{os.path.relpath(entry.path, folder)} -> {os.path.realpath(entry.path)}")
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+        return found
+
+    def refuse_links_outside(self, folder: Path, what: str) -> None:
+        """One line when a folder the page writes into holds a way out of the roots."""
+        links = self.links_outside(folder)
+        if links:
+            raise UserError(f"{what} {folder}: holds {len(links)} symbolic link(s) leading outside the folders this "
+                            f"page may touch ({links[0]}); remove them, or work in another folder")

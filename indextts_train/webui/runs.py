@@ -28,8 +28,10 @@ from pathlib import Path
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
 from indextts_train.ui.run_record import LOG_NAME
+from indextts_train.webui.roots import open_regular
 
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
+NOT_READ = "train.log not read: "  # what read_log gives instead of a log it refuses
 
 
 @dataclass
@@ -134,7 +136,8 @@ class RunRegistry:
             launch = self._launches.get(output_dir)
             if launch is not None and (launch.running() or launch.process is not None):
                 return launch
-            pid = holder_pid(output_dir)
+            # A lock that is a symlink is not this run's (and may lead outside the page's folders).
+            pid = None if (output_dir / LOCK_NAME).is_symlink() else holder_pid(output_dir)
             if pid is None or pid < 0:  # free, or a run is starting: the next look names it
                 return launch
             if launch is None or launch.pid != pid:
@@ -150,7 +153,8 @@ class RunRegistry:
             raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
-            log = open(output_dir / LOG_NAME, "ab")  # noqa: SIM115 - the child owns it from here
+            # Never through a symlink or into a file with other hard links: only a log of its own.
+            log = open_regular(output_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, single_link=True)
         except OSError as exc:
             raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
         with log:
@@ -189,12 +193,13 @@ def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024
     """This invocation's part of train.log (from the last header for a run found through its lock).
 
     A long run's log grows without end; past `limit` bytes only its head (the plan, the resume
-    report, early warnings) and its tail (progress) are read.
+    report, early warnings) and its tail (progress) are read. A train.log that is a symlink or not
+    a regular file is not read; the text says so.
     """
     path = Path(output_dir) / LOG_NAME
     start = launch.log_offset if launch is not None and launch.process is not None else 0
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             end = handle.seek(0, os.SEEK_END)
             handle.seek(start)
             if end - start <= limit:
@@ -204,6 +209,8 @@ def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024
                 handle.seek(end - 3 * limit // 4)
                 tail = handle.read().decode(errors="replace")
                 text = f"{head}\n[... {end - start - limit} bytes of log not shown ...]\n{tail}"
+    except UserError as exc:
+        return f"{NOT_READ}{exc}"
     except OSError:
         return ""
     if start == 0:

@@ -1,0 +1,119 @@
+"""The train-gpt flags the page may pass, read from the config schema (the CLI's flags come from the
+same fields, so a new flag is known here with nothing else to do), and the checks of their values.
+
+Every value leaves here as `--flag=VALUE`, so nothing a user types can become a flag of its own;
+paths are resolved inside the roots (roots.py), other values are checked text. `--from-run` names a
+run.yaml whose recorded inputs the trainer would use: each of them must lie inside the roots too.
+No module here imports Gradio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from indextts_train.config.schema import field_types
+from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
+from indextts_train.errors import UserError
+from indextts_train.ui.run_record import recorded_options
+from indextts_train.webui.roots import Roots, checked_text
+
+MANIFESTS = ("train_manifests", "val_manifests")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One train-gpt flag: the field it sets and what its value is."""
+
+    name: str  # the TrainOptions / TrainConfig field
+    kind: str  # switch (no value), manifest, path, resume ('auto' or a path), record (--from-run), value
+
+
+def _kind(name: str, type_text: str) -> str:
+    if name in MANIFESTS:
+        return "manifest"
+    if name in ("resume", "from_run"):
+        return {"resume": "resume", "from_run": "record"}[name]
+    return "path" if "Path" in type_text else "value"
+
+
+def _flag_table() -> dict[str, Flag]:
+    """Every train-gpt flag name (both spellings of a switch) -> Flag."""
+    types = {**field_types(TrainOptions), **field_types(TrainConfig)}
+    fields = [f for f in dataclasses.fields(TrainOptions) if f.metadata.get("cli", True)] + train_flags()
+    table = {}
+    for f in fields:
+        dashed = "--" + f.name.replace("_", "-")
+        declared = f.metadata.get("flag")
+        if "bool" in str(types[f.name]):
+            on, _, off = (declared or f"{dashed}/--no-{dashed[2:]}").partition("/")
+            table[on] = table[off] = Flag(f.name, "switch")
+        else:
+            table[declared or dashed] = Flag(f.name, _kind(f.name, str(types[f.name])))
+    return table
+
+
+FLAGS = _flag_table()
+# The flag of each field that takes a value (a recorded option is checked as that flag's value).
+VALUE_FLAG = {spec.name: name for name, spec in FLAGS.items() if spec.kind != "switch"}
+
+
+def checked_value(flag: str, value: str, roots: Roots, what: str) -> str:
+    """The value to pass for `flag`: a path resolved inside the roots, or checked text."""
+    kind = FLAGS[flag].kind
+    if kind == "manifest":
+        return roots.manifest(value, what)
+    if kind == "resume" and value.strip() == "auto":
+        return "auto"
+    if kind in ("path", "resume"):
+        return str(roots.inside(value, what))
+    if kind == "record":
+        record = roots.inside(value, what)
+        check_record(record, roots)
+        return str(record)
+    return checked_text(value, what)
+
+
+def check_record(path: Path, roots: Roots) -> None:
+    """Refuse a run.yaml (--from-run) whose recorded inputs lie outside the roots: the trainer would use them."""
+    recorded = recorded_options(path)
+    for name, value in recorded.items():
+        flag = VALUE_FLAG.get(name)
+        if flag is None or FLAGS[flag].kind == "value" or value in (None, ""):
+            continue
+        for one in value if isinstance(value, list) else [value]:
+            checked_value(flag, str(one), roots, f"--from-run {path}: its {flag}")
+
+
+def other_flags(text: str, roots: Roots, own_fields: set[str]) -> list[str]:
+    """The "Other train-gpt flags" box: known flags only, each value checked, as `--flag=VALUE`.
+
+    `own_fields`: fields the page has a box for; typed here as well, one would silently win.
+    """
+    try:
+        tokens = shlex.split(checked_text(text or "", "Other flags", may_start_with_dash=True))
+    except ValueError as exc:
+        raise UserError(f"Other flags: {exc} (quote values the way a shell would)") from None
+    out, i = [], 0
+    while i < len(tokens):
+        token = tokens[i]
+        flag, equals, inline = token.partition("=")
+        spec = FLAGS.get(flag) if flag.startswith("--") else None
+        if spec is None:
+            raise UserError(f"Other flags: {token!r} is not a train-gpt flag (see train-gpt --help)")
+        if spec.name in own_fields:
+            raise UserError(f"Other flags: {flag} has its own field on this page; set it there")
+        if spec.kind == "switch":
+            if equals:
+                raise UserError(f"Other flags: {flag} takes no value; write {flag} alone")
+            out.append(flag)
+            i += 1
+            continue
+        if not equals and i + 1 >= len(tokens):
+            raise UserError(f"Other flags: {flag} needs a value")
+        value = inline if equals else tokens[i + 1]
+        out.append(f"{flag}={checked_value(flag, value, roots, f'Other flags {flag}')}")
+        i += 1 if equals else 2
+    return out

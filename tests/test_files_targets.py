@@ -1,0 +1,79 @@
+"""Every command that writes where the user says, through the public commands: an existing file is
+replaced only with --force, a link is never followed to write its target, and an output that is a
+file, under a file or empty is one line, exit 2, with every file as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, assert_refused, run_cli, tree_state
+
+PAIRS = ROOT / "tests" / "data" / "reference" / "tiny" / "pairs.jsonl"
+TINY_BPE = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"  # 150 pieces
+TURKISH = ["Bugün hava çok güzel, Ayşe ile parka gidiyoruz.", "Öğretmenimiz yarın sınavı erteleyeceğini söyledi.",
+           "Çocuklar bahçede top oynarken Ömer kitabını okuyordu.", "Güzel bir günün ardından herkes evine döndü.",
+           "Şehrin eski sokaklarında yürümek insana huzur veriyor.", "Ağaçların yaprakları sonbaharda sararıp."]
+
+
+def _user_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A user file, a link to it, and a plain file to put outputs under."""
+    (tmp_path / "precious.txt").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "precious.txt")
+    (tmp_path / "a_file").write_text("also mine")
+    return tmp_path / "precious.txt", tmp_path / "link"
+
+
+@pytest.mark.slow
+def test_check_data_write_clean_replaces_only_with_force_and_never_a_links_target(tmp_path) -> None:
+    precious, link = _user_files(tmp_path)
+    before = tree_state(tmp_path)
+    cases = [(precious, "already exists; pass --force"), (link, "is a symbolic link"),
+             (tmp_path / "a_file" / "clean.jsonl", "is a file, not a folder")]
+    for target, message in cases:
+        assert_refused(run_cli("check-data", PAIRS, "--write-clean", target), f"--write-clean {target}", message)
+        assert tree_state(tmp_path) == before
+    forced = run_cli("check-data", PAIRS, "--write-clean", link, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert not link.is_symlink() and link.read_text().count("\n") == len(PAIRS.read_text().splitlines())
+    assert precious.read_text() == "mine"  # the link was replaced, never its target
+
+
+@pytest.mark.slow
+def test_extend_tokenizer_never_replaces_a_model_or_its_vocab_without_force(tmp_path) -> None:
+    precious, link = _user_files(tmp_path)
+    corpus = tmp_path / "turkish.txt"
+    corpus.write_text("\n".join(TURKISH) + "\n", encoding="utf-8")
+    (tmp_path / "old.model").write_bytes(b"an earlier model")
+    (tmp_path / "new.vocab").write_text("an earlier vocab")  # beside a new .model: replaced with it
+    (tmp_path / "linked.model").symlink_to(precious)
+    before = tree_state(tmp_path)
+    args = ["extend-tokenizer", "--base", TINY_BPE, "--corpus", corpus, "--target-size", 160, "--normalizer", "none"]
+    for target, message in [("old.model", "old.model already exists"), ("new.model", "new.vocab already exists"),
+                            ("linked.model", "is a symbolic link"), ("a_file/x.model", "is a file, not a folder")]:
+        assert_refused(run_cli(*args, "-o", tmp_path / target), "--output", message)
+        assert tree_state(tmp_path) == before
+    forced = run_cli(*args, "-o", tmp_path / "linked.model", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert not (tmp_path / "linked.model").is_symlink() and precious.read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_output_folders_that_cannot_be_folders_are_one_line(tmp_path) -> None:
+    _user_files(tmp_path)
+    (tmp_path / "demo_done").mkdir()
+    before = tree_state(tmp_path)
+    under = tmp_path / "a_file" / "out"
+    commands = [
+        (["tokenize", PAIRS, "--tokenizer", TINY_BPE, "--out", tmp_path / "a_file"], "--out", "is a file"),
+        (["tokenize", PAIRS, "--tokenizer", TINY_BPE, "--out", under], "--out", "is a file, not a folder"),
+        (["demo", tmp_path / "a_file"], "OUT_DIR", "is a file"),
+        (["demo", under, "--max-steps", 1], "OUT_DIR", "is a file, not a folder"),
+        (["demo", ""], "OUT_DIR is empty"),
+        (["train", "--train-manifest", PAIRS, "--output-dir", ""], "--output-dir is empty"),
+        (["train", "--train-manifest", PAIRS, "--output-dir="], "--output-dir is empty"),
+        (["train", "--train-manifest", PAIRS, "--output-dir", under], "is a file"),
+    ]
+    for args, *needles in commands:
+        assert_refused(run_cli(*args, cwd=tmp_path / "demo_done"), *needles)
+        assert tree_state(tmp_path) == before
