@@ -24,18 +24,27 @@ from indextts_train.prepare.tiny_asr import write_tiny_asr
 PYTHON_VARIABLE = "INDEXTTS_INFERENCE_PYTHON"
 
 
-def listen_to_demo(out_dir: Path, family: str) -> int:
-    """Hear the demo run's best and latest checkpoints; returns 0 (a demo that cannot listen says why)."""
+def demo_listener(family: str) -> tuple[Path | None, str]:
+    """The inference interpreter that can hear the demo (None when none can), and why not."""
     if family != "2.5":
-        print("listening: the IndexTTS2 demo's GPT is too small for the official IndexTTS2 inference (its s2mel "
-              "takes a 1280-wide GPT); `indextts-train demo OUT --family 2.5` ends by listening")
-        return 0
+        return None, ("listening: the IndexTTS2 demo's GPT is too small for the official IndexTTS2 inference (its "
+                      "s2mel takes a 1280-wide GPT); `indextts-train demo OUT --family 2.5` ends by listening")
     named = os.environ.get(PYTHON_VARIABLE)
     try:
-        python = resolve_inference_python(FAMILY_V25, Path(named) if named else None)
+        return resolve_inference_python(FAMILY_V25, Path(named) if named else None), ""
     except UserError as exc:
-        print(f"listening skipped: {exc}; then rerun the demo (or set {PYTHON_VARIABLE}=VENV/bin/python) to hear "
-              "its checkpoints")
+        return None, (f"listening skipped: {exc}; then run the demo into a new OUT_DIR (or set "
+                      f"{PYTHON_VARIABLE}=VENV/bin/python) to hear its checkpoints")
+
+
+def listen_to_demo(out_dir: Path, python: Path | None, why_not: str, *, wide: bool) -> int:
+    """Hear the demo run's best and latest checkpoints; returns 0 (a demo that cannot listen says why)."""
+    if python is None:
+        print(why_not)
+        return 0
+    if not wide:
+        print(f"listening skipped: {out_dir / 'models'} was made before an inference environment was found, at "
+              "the tiny width official inference cannot take; run the demo into a new OUT_DIR to hear it")
         return 0
     model_dir = out_dir / "listen_model"
     if not (model_dir / "s2mel.pth").is_file():
