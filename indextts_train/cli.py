@@ -21,6 +21,7 @@ from indextts_train import cli_flags
 from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, ClickException, say_text_path, train_parameters
 from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
 from indextts_train.errors import UserError, disk_line, user_line
+from indextts_train.listen.command import listen  # the command's module imports the work lazily
 from indextts_train.prepare.utterance import MAX_SECONDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -85,7 +86,7 @@ def demo(
     family: Annotated[str, typer.Option(help="Model family: 2 (IndexTTS2, SentencePiece) or 2.5 (IndexTTS-2.5, tiktoken).")] = "2",
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
-    """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), then train on it and export."""
+    """Make a small well-formed dataset (real base + Ethiopic-extended vocabulary), train on it, export, listen (docs/listen.md)."""
     from indextts_train.demo import run_demo
 
     raise typer.Exit(run_guarded(run_demo, out_dir, max_steps=max_steps, resume=resume, family=family,
@@ -376,9 +377,8 @@ def tokenize(
     raise typer.Exit(tokenize_exit_code(report))
 
 
-class Pick(str, Enum):
-    best = "best"
-    latest = "latest"
+Pick = Enum("Pick", {name: name for name in ("best", "latest", "cer", "speaker_sim")}, type=str)  # export --pick
+app.command(short_help="Synthesize, transcribe and score lines from checkpoints.")(listen)
 
 
 @app.command(short_help="Write the gpt.pth + config.yaml inference loads.")
@@ -389,7 +389,7 @@ def export(
     config: Annotated[Path | None, typer.Option(help="Base IndexTTS2 config.yaml to update (default: the config stored in the checkpoint).")] = None,
     tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
-    pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth [default: best.pth, else latest.pth].")] = None,
+    pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth, or the checkpoint `listen` scored best: cer (lowest) or speaker_sim (highest) [default: best.pth, else latest.pth].")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="The tokenizer the run trained with, copied beside the export: IndexTTS-2.5's .tiktoken as multilingual_zh_ja_yue_char_del.tiktoken (required when the run grew the vocabulary), IndexTTS2's .model as --tokenizer-name.")] = None,
     adapters_out: Annotated[Path | None, typer.Option(help="--train-scope lora checkpoints: also write the adapters alone (with the heads/text rows the run trained and the sha256 of the base weights they apply to).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing output files (never a training checkpoint).")] = False,

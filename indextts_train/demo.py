@@ -19,6 +19,7 @@ from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
 from indextts_train.files.targets import make_output_folder
+from indextts_train.listen.demo import demo_listener, listen_to_demo
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried
 from indextts_train.prepare.demo_corpus import make_prepared_demo
@@ -56,7 +57,8 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     config = load_config(config_path)
     if config.gpt.is_v25 != (family == "2.5"):
         raise UserError(f"{out_dir} holds a demo of the other family ({config.gpt.family_name}); use another OUT_DIR")
-    paths = make_prepared_demo(out_dir, config_path)
+    listener, why_not = demo_listener(family)  # found first: a demo that can be heard is built wide enough
+    paths = make_prepared_demo(out_dir, config_path, inference_widths=listener is not None)
     base = paths["base_checkpoint"]
     print(f"demo data prepared in {out_dir / 'data' / 'prepared'} from synthetic clips by tiny random models in "
           f"{paths['model_dir']}: base tokenizer {paths['base_tokenizer']}, extended tokenizer {paths['tokenizer']}, "
@@ -76,4 +78,4 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
                                 force=True)  # the demo's own export folder: a rerun replaces it
     print(f"exported {out_dir / 'export' / 'gpt.pth'} ({summary['tensors']} tensors, "
           f"{summary['text_rows']} text rows) and {out_dir / 'export' / 'config.yaml'}")
-    return 0
+    return listen_to_demo(out_dir, listener, why_not, wide=paths["inference_widths"])  # docs/listen.md

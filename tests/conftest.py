@@ -35,8 +35,9 @@ SLOW_FILES = frozenset({
 
 # The synthesis tests need the official inference packages, each in an environment of its own: their
 # lane, scripts/test_listen.sh (which scripts/test.sh runs after the suite), makes the environments and
-# names their interpreters; the main run has neither, so it does not collect that file.
-collect_ignore = [] if os.environ.get("INDEXTTS_TEST_PYTHON_V25") else ["test_listen_inference.py"]
+# names their interpreters; the main run has neither, so it does not collect those files.
+LANE_FILES = ["test_listen_inference.py", "test_listen_run.py"]
+collect_ignore = [] if os.environ.get("INDEXTTS_TEST_PYTHON_V25") else LANE_FILES
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
+from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
 from indextts_train.train.loop import TrainOptions, train
@@ -69,6 +70,31 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     assert [row["val_loss"] for row in page] == [None if not row["val"] else round(row["val"]["loss"], 4)
                                                  for row in rows]
     assert page[-1]["val_loss"] is not None and "best.pth" in page[-1]["marks"]
+    assert all(row["listen"] is None for row in rows)
+    _listened_columns_and_pick(out, tmp_path)
+
+
+def _listened_columns_and_pick(out: Path, tmp_path: Path) -> None:
+    """After `listen` scored some steps (records as it appends them; step 2 is only best.pth now): the CER
+    and similarity columns, and `export --pick cer|speaker_sim` takes the best scored file on disk."""
+    for step, cer, sim in ((2, 0.01, 0.3), (4, 0.30, 0.5), (6, 0.10, 0.4), (10, 0.20, 0.7), (10, 0.40, 0.7)):
+        append_record(scores_path(out), {"format": RECORD_FORMAT, "step": step, "line_id": f"l{cer}", "ok": True,
+                                         "cer": cer, "speaker_sim": sim})
+    result = subprocess.run([sys.executable, "-m", "indextts_train", "checkpoints", str(out)], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300)
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:7] == ["file", "step", "epoch", "val", "loss", "CER", "sim"]
+    rows = {line.split()[0]: line.split() for line in lines[1:] if line.startswith(("model_", "best"))}
+    assert rows["model_step6.pth"][4:6] == ["0.100", "0.400"] and rows["model_step10.pth"][4:6] == ["0.300", "0.700"]
+    assert rows["model_step8.pth"][4:6] == ["-", "-"] and rows["best.pth"][4:6] == ["0.010", "0.300"]
+    for metric, name, step in (("cer", "best.pth", 2), ("speaker_sim", "model_step10.pth", 10)):
+        result = subprocess.run([sys.executable, "-m", "indextts_train", "export", str(out), "--pick", metric,
+                                 "-o", str(tmp_path / metric / "gpt.pth")], capture_output=True, text=True,
+                                cwd=ROOT, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"exported {out / name} (step {step}")
+    page = {Path(row["file"]).name: row for row in page_rows(out, Roots([out]))}  # the web page shows them too
+    assert (page["model_step6.pth"]["cer"], page["model_step6.pth"]["speaker_sim"]) == (0.1, 0.4)
 
 
 def test_checkpoints_of_a_missing_folder_is_one_line(tmp_path) -> None:

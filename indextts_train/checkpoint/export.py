@@ -32,6 +32,7 @@ from indextts_train.checkpoint.files import (
     load_verified,
     same_file,
 )
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
@@ -55,7 +56,8 @@ MAX_MARKER_BYTES = 1 << 16  # a publishing marker lists a few paths
 
 
 def export_source(checkpoint: Path, pick: str | None) -> Path:
-    """The file to export: `checkpoint` itself, or in a run folder best.pth or latest.pth (`pick`).
+    """The file to export: `checkpoint` itself, or in a run folder best.pth or latest.pth (`pick`), or the
+    model_step file that scored best in `listen` (`pick` cer or speaker_sim).
 
     A folder without `pick` gives best.pth, or latest.pth when the run had no validation (no best.pth).
     """
@@ -64,6 +66,8 @@ def export_source(checkpoint: Path, pick: str | None) -> Path:
             raise UserError(f"--pick {pick} chooses best.pth or latest.pth inside a run folder, but {checkpoint} "
                             "is a file; drop --pick, or pass the run's --output-dir")
         return checkpoint
+    if pick in SUMMARY_KEYS:  # what `listen` heard: RUN/listen/scores.jsonl
+        return pick_scored(checkpoint, pick)[0]
     names = {"best": [BEST], "latest": [LATEST], None: [BEST, LATEST]}[pick]
     found = next((checkpoint / name for name in names if (checkpoint / name).is_file()), None)
     if found is None:

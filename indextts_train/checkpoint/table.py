@@ -16,6 +16,7 @@ from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
 from indextts_train.errors import UserError
 
 _STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second abandoned file of one name
@@ -67,13 +68,18 @@ def _metadata(path: Path) -> dict:
 def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda path: True) -> list[dict]:
     """One JSON-ready dict per checkpoint file of `output_dir` and of its abandoned branches
     (abandoned/<branch>/, lineage.py), in step order within each folder. `include`: which files may be
-    read at all (the web page passes only files inside its roots)."""
+    read at all (the web page passes only files inside its roots). `listen`: the mean CER and speaker
+    similarity `indextts-train listen` scored for that step, if any."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: no such run folder; pass the --output-dir of a run")
     abandoned = output_dir / ABANDONED
     folders = sorted(p for p in abandoned.iterdir() if p.is_dir()) if abandoned.is_dir() else []
-    return [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]
+    rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]
+    heard = summary_by_step(output_dir)  # what `listen` scored, by step (this branch's files only)
+    for row in rows:
+        row["listen"] = heard.get(row["step"]) if not row["abandoned"] else None
+    return rows
 
 
 def _lineage_columns(path: Path, abandoned: bool) -> dict:
@@ -137,13 +143,21 @@ def _branch_heading(row: dict) -> str:
     return f"{'abandoned ' if row['abandoned'] else ''}branch {name}{origin}:"
 
 
+def _heard(row: dict) -> str:
+    scores = row.get("listen") or {}
+    cells = [f"{scores[key]:.3f}" if isinstance(scores.get(key), (int, float)) else "-" for key in SUMMARY_KEYS]
+    return f"{cells[0]:>6} {cells[1]:>6}  "
+
+
 def render_table(rows: list[dict], output_dir: Path, now: float | None = None) -> str:
     """The plain-text table (fits 80 columns without the per-language column); `age` is how long ago
     each file was written (`--json` has the time itself)."""
     if not rows:
         return f"{output_dir}: no checkpoints"
     now = time.time() if now is None else now
-    head = f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>8}  {'status':<10} {'size':>8} {'age':>4}  marks"
+    heard = any(row.get("listen") for row in rows)  # the CER / similarity columns only once listen has run
+    head = (f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>8}  " + (f"{'CER':>6} {'sim':>6}  " if heard else "")
+            + f"{'status':<10} {'size':>8} {'age':>4}  marks")
     lines = [head]
     branch = ()
     for row in rows:
@@ -154,7 +168,8 @@ def render_table(rows: list[dict], output_dir: Path, now: float | None = None) -
         loss = f"{val['loss']:.4f}" if "loss" in val else "-"
         step = "-" if row["step"] is None else str(row["step"])
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
-        line = (f"{row['file']:<20} {step:>6} {epoch:>5} {loss:>8}  {row['status']:<10} "
+        line = (f"{row['file']:<20} {step:>6} {epoch:>5} {loss:>8}  " + (_heard(row) if heard else "") +
+                f"{row['status']:<10} "
                 f"{_size(row['bytes']):>8} {age_text(now - row['mtime']):>4}  {_marks(row)}").rstrip()
         if val.get("groups"):
             line += "  [" + " ".join(f"{k} {v:.4f}" for k, v in val["groups"].items()) + "]"

@@ -11,6 +11,7 @@ import re
 from indextts_train.errors import UserError
 
 LOSS_KEYS = ("loss", "text_loss", "mel_loss")  # lower is better; what a limit or the best metric may name
+LISTEN_METRICS = ("listen/cer", "listen/speaker_sim")  # --best-metric from what `listen` heard (RUN/listen/)
 # The generation check of each validation (train/listen_check.py), TensorBoard `val/gen/<key>` and
 # `val/<group>/gen/<key>`: share of lines that stopped, median and worst generated/target length, repetition.
 GEN_KEYS = ("stopped", "length_ratio", "length_ratio_worst", "repetition")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indextts_train.config.metric_names import LOSS_KEYS, parse_forgetting_limit
+from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
@@ -157,12 +157,19 @@ class TrainConfig:
     keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep (best.pth and milestones aside).")
     keep_every: int = option(0, "Milestones: also keep every checkpoint whose step is a multiple of N (0 = none).")
     best_metric: str = option("loss", "Validation metric that picks best.pth: loss (the weighted total), "
-                                      "text_loss, mel_loss, or LANG/loss for one language.")
+                                      "text_loss, mel_loss, or LANG/loss for one language; or listen/cer, "
+                                      "listen/speaker_sim: what --listen-every heard.")
     early_stop_patience: int = option(0, "Stop after K validations in a row without a new best.pth "
                                          "(0 = never); exits 0.")
     forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
                                        "the base model's: '5' (every language) or 'zh=5,en=5'.")
     seed: int = option(1234, "Seed for init, data order and dropout.")
+    listen_every: int = option(0, "Hear every K-th saved checkpoint (and the last) with `indextts-train listen` in a "
+                                  "separate process while training goes on (0 = never); see docs/listen.md.")
+    listen_device: str = option("cpu", "--listen-every: where the listener synthesizes and scores (cpu, cuda:1, ...).")
+    listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).")
+    listen_inference_python: str = option("", "--listen-every: the listener's --inference-python (default: this "
+                                              "Python).")
     listen_lines: int = option(4, "At every validation the GPT generates speech codes (no audio) for this many "
                                   "validation lines per language: share that stops, length vs target, "
                                   "repetition. 0 = off.")
@@ -211,9 +218,10 @@ class TrainConfig:
         scope_settings(self)  # names the bad train_scope / partial_layers / lora_* key
 
     def _check_best_settings(self) -> None:
-        if self.best_metric.rpartition("/")[2] not in LOSS_KEYS:
+        if self.best_metric.rpartition("/")[2] not in LOSS_KEYS and self.best_metric not in LISTEN_METRICS:
             raise UserError(f"train.best_metric (--best-metric) {self.best_metric!r}: expected "
-                            f"{', '.join(LOSS_KEYS)}, or LANG/loss for one validation language")
+                            f"{', '.join(LOSS_KEYS)}, LANG/loss for one validation language, or "
+                            f"{' or '.join(LISTEN_METRICS)} (with --listen-every)")
         if self.forgetting_limit:
             parse_forgetting_limit(self.forgetting_limit)
 
@@ -230,7 +238,7 @@ _TRAIN_RANGES = {
     "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
     "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
     "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
-    "listen_lines": ">=0",
+    "listen_lines": ">=0", "listen_every": ">=0",
     "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)",
 }
 _RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
@@ -248,6 +256,7 @@ TRAIN_MAX = {
     "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
     "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
     "max_bad_steps": 1_000_000, "listen_lines": 1024, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
+    "listen_every": 1 << 40,
 }
 
 

@@ -15,6 +15,7 @@ from indextts_train.data.demo_data import EXTRA_PIECES as EXTRA_V2
 from indextts_train.data.demo_data_v25 import EXTRA_RANKS, _make_base_vocabulary
 from indextts_train.data.demo_data_v25 import LANGUAGES as LANGUAGES_V25
 from indextts_train.errors import UserError
+from indextts_train.files.atomic import atomic_write_text
 from indextts_train.prepare.corpus import Defaults
 from indextts_train.prepare.models import Overrides
 from indextts_train.prepare.pairs import SplitRule
@@ -27,6 +28,7 @@ from indextts_train.text.tokenizer import extend_tokenizer
 N_SPEAKERS = 3
 SECONDS = {False: (0.6, 1.1), True: (0.8, 2.4)}  # tiny max_mel_tokens: 60 codes at 50 Hz, 90 at 25 Hz
 VAL_FRACTION = 0.15
+INFERENCE_W2V_WIDTH = 1024  # the official GPT's conditioning encoders read 1024-wide w2v-BERT features
 
 
 def _tokenizers(data_dir: Path, config_path: Path, is_v25: bool, seed: int) -> tuple[Path, Path]:
@@ -59,15 +61,26 @@ def _texts(tokenizer: Path, is_v25: bool, max_text_tokens: int) -> list[tuple[st
     return fitting
 
 
-def make_prepared_demo(out_dir: Path, config_path: Path, *, seed: int = 0) -> dict:
-    """Tokenizers, clips, a tiny model folder and the prepared data under out_dir; returns the paths."""
+WIDE_MARK = "made_at_inference_widths.txt"  # in the demo's model folder: official inference can hear its GPT
+
+
+def make_prepared_demo(out_dir: Path, config_path: Path, *, seed: int = 0, inference_widths: bool = False) -> dict:
+    """Tokenizers, clips, a tiny model folder and the prepared data under out_dir; returns the paths.
+
+    `inference_widths` (IndexTTS-2.5, when an inference environment can hear the result): the folder's
+    w2v-BERT is 1024 wide, as the official GPT's conditioning takes, which makes `prepare` many times
+    slower than at the tiny width; without it the demo stays quick and cannot be heard."""
     is_v25 = load_config(config_path).gpt.is_v25
     data_dir = out_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     base, grown = _tokenizers(data_dir, config_path, is_v25, seed)
     model_dir = out_dir / "models"
     if not (model_dir / "gpt.pth").is_file():
-        write_tiny_model_dir(model_dir, gpt_config=config_path, tokenizer=base, seed=seed)
+        wide = is_v25 and inference_widths
+        write_tiny_model_dir(model_dir, gpt_config=config_path, tokenizer=base, seed=seed,
+                             **({"width": INFERENCE_W2V_WIDTH, "inference": True} if wide else {}))
+        if wide:
+            atomic_write_text(model_dir / WIDE_MARK, "w2v-BERT at the width official inference needs\n")
     corpus = data_dir / "clips" / "corpus.jsonl"
     if not corpus.is_file():
         texts = _texts(grown, is_v25, load_config(config_path).gpt.max_text_tokens)
@@ -81,4 +94,4 @@ def make_prepared_demo(out_dir: Path, config_path: Path, *, seed: int = 0) -> di
     return {"base_tokenizer": base, "tokenizer": grown, "model_dir": model_dir,
             "normalizer": TextPath.open(grown).normalizer_name,
             "base_checkpoint": model_dir / "gpt.pth", "train_manifest": prepared / "train.jsonl",
-            "val_manifest": prepared / "val.jsonl"}
+            "val_manifest": prepared / "val.jsonl", "inference_widths": (model_dir / WIDE_MARK).is_file()}

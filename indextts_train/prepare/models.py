@@ -93,7 +93,7 @@ def _raw_config(path: Path) -> dict:
     return load_yaml(path, "config")
 
 
-def _cached(hub: HubFile, cache_dirs: list[Path | None]) -> Path | None:
+def cached_hub_file(hub: HubFile, cache_dirs: list[Path | None]) -> Path | None:
     """The file in a Hugging Face cache (the model dir's hf_cache/, then the user's default cache)."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -138,7 +138,7 @@ class _Finder:
             return override
         if local.is_file():
             return local
-        cached = _cached(hub, self.caches) if hub is not None else None
+        cached = cached_hub_file(hub, self.caches) if hub is not None else None
         if cached is not None:
             return cached
         looked = f"{local}" + (f" and the Hugging Face caches ({hub.repo})" if hub else "")
@@ -153,7 +153,7 @@ class _Finder:
         local = self.model_dir / "hf_cache" / "w2v-bert-2.0"
         if all((local / name).is_file() for name in W2V_BERT_FILES):
             return local
-        found = [_cached(hub, self.caches) for hub in W2V_BERT_HUB]
+        found = [cached_hub_file(hub, self.caches) for hub in W2V_BERT_HUB]
         if all(found) and len({path.parent for path in found}) == 1:
             return found[0].parent
         self.missing.append(("w2v-BERT (config.json, preprocessor_config.json, model.safetensors)",

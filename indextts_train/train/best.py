@@ -2,8 +2,10 @@
 
 - **best**: the lowest value of one validation metric (`--best-metric`, default the weighted total
   `loss`; `text_loss`, `mel_loss`, or `GROUP/loss` for one language) among validations that were
-  within the forgetting limit, if one is set. The trainer saves a checkpoint at every new best and
-  publishes it as `best.pth` (atomically, like `latest.pth`); rotation never removes it.
+  within the forgetting limit, if one is set. Or what `listen` heard (`listen/cer`, lowest;
+  `listen/speaker_sim`, highest): best.pth then follows the scores as they arrive (`take_heard`).
+  The trainer saves a checkpoint at every new best and publishes it as `best.pth` (atomically, like
+  `latest.pth`); rotation never removes it.
 - **milestones**: with `--keep-every N`, every checkpoint whose step is a multiple of N is kept out
   of rotation (checkpoint.is_milestone).
 - **early stopping**: `--early-stop-patience K` ends the run after K validations in a row without a
@@ -15,17 +17,21 @@ of this carries across resumes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from indextts_train.checkpoint.files import BEST
-from indextts_train.config.metric_names import LOSS_KEYS
+from indextts_train.checkpoint.files import BEST, publish
+from indextts_train.checkpoint.scores import LOWER_IS_BETTER, summary_by_step
+from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS
 from indextts_train.errors import UserError
 from indextts_train.train.validation import forgetting_breaches, losses_of
 
 
 def check_metric(metric: str, groups: Sequence[str]) -> None:
-    """`loss`, `text_loss`, `mel_loss`, or `GROUP/<one of those>` for a validation group."""
+    """`loss`, `text_loss`, `mel_loss`, or `GROUP/<one of those>` for a validation group; or a listen metric."""
+    if metric in LISTEN_METRICS:
+        return
     group, _, key = metric.rpartition("/")
     if key not in LOSS_KEYS or (group and group not in groups):
         where = f"groups: {', '.join(groups)}" if groups else "no validation groups"
@@ -46,7 +52,8 @@ class BestTracker:
     metric: str = "loss"
     value: float | None = None
     step: int | None = None
-    stale: int = 0  # validations since the last new best
+    stale: int = 0  # validations since the last new best (listen metrics: heard checkpoints)
+    heard: int = -1  # listen metrics: the last step whose scores were taken
 
     def update(self, value: float, step: int, *, eligible: bool = True) -> bool:
         """Record a validation; True when it is a new best (then the trainer saves and publishes it).
@@ -64,19 +71,21 @@ class BestTracker:
         return patience > 0 and self.stale >= patience
 
     def state_dict(self) -> dict:
-        return {"metric": self.metric, "value": self.value, "step": self.step, "stale": self.stale}
+        return {"metric": self.metric, "value": self.value, "step": self.step, "stale": self.stale,
+                "heard": self.heard}
 
     @classmethod
     def from_state_dict(cls, state: dict | None, metric: str) -> BestTracker:
         """The stored tracker; a changed metric starts over (values of two metrics do not compare)."""
         if not state or state.get("metric") != metric:
             return cls(metric)
-        return cls(metric, state["value"], state["step"], state["stale"])
+        return cls(metric, state["value"], state["step"], state["stale"], state.get("heard", -1))
 
     def describe(self) -> str:
         if self.step is None:
             return f"no validation qualified as best, so there is no {BEST}"
-        return f"{BEST} is step {self.step} ({self.metric} {self.value:.4f})"
+        shown = -self.value if self.metric == "listen/speaker_sim" else self.value  # kept negated: higher is better
+        return f"{BEST} is step {self.step} ({self.metric} {shown:.4f})"
 
 
 def breaches_of(result: dict, baseline: dict | None, limits: dict[str | None, float]) -> list[str]:
@@ -98,8 +107,31 @@ def verdict(tracker: BestTracker, result: dict, step: int, *, baseline: dict | N
 
 def judge(tracker: BestTracker, result: dict, step: int, *, baseline: dict | None,
           limits: dict[str | None, float], patience: int) -> tuple[bool, str | None]:
-    """Record a validation: (is it a new best, why the run ends now or None)."""
+    """Record a validation: (is it a new best, why the run ends now or None). With a listen metric the
+    validation is never a new best: `take_heard` publishes best.pth from the scores instead."""
     breaches = breaches_of(result, baseline, limits)
+    if tracker.metric in LISTEN_METRICS:
+        return False, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience,
+                              breaches=breaches)
     new_best = tracker.update(metric_value(result, tracker.metric), step, eligible=not breaches)
     return new_best, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience,
                              breaches=breaches)
+
+
+def take_heard(tracker: BestTracker, output_dir: Path, up_to: int, protected: frozenset[str],
+               say: Callable[[str], None]) -> None:
+    """--best-metric listen/...: take the scores `listen` recorded for this run's checkpoints after
+    `tracker.heard` up to step `up_to` (RUN/listen/scores.jsonl, means over each checkpoint's lines),
+    and point best.pth at a new best's file.
+    Only the file that best.pth names changes: nothing the training computes depends on it."""
+    if tracker.metric not in LISTEN_METRICS:
+        return
+    key = tracker.metric.partition("/")[2]
+    sign = 1 if LOWER_IS_BETTER[key] else -1  # the tracker keeps the lowest value
+    summary = summary_by_step(output_dir)
+    for step in sorted(s for s, values in summary.items() if tracker.heard < s <= up_to and values[key] is not None):
+        tracker.heard = step
+        path = output_dir / f"model_step{step}.pth"
+        if tracker.update(sign * summary[step][key], step) and path.is_file():
+            publish(output_dir, path, BEST, protected)
+            say(f"{BEST} now names {path.name}: {tracker.metric} {summary[step][key]:.4f}, the best heard so far")

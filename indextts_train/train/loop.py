@@ -457,8 +457,8 @@ def save(run: Run, *, must: bool = True, best: bool = False) -> Path | None:
         def write(state: dict) -> None:
             written = save_checkpoint(state, output_dir, step, keep=keep, keep_every=keep_every, best=best,
                                       protected=protected, own=own)
-            run.last_saved, run.last_saved_step = written, step
             log.saved(written, best=best, **at)
+            run.saved(written, step)
 
         path = output_dir / f"model_step{step}.pth"
         if run.saver is None:

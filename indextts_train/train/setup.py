@@ -60,6 +60,7 @@ from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
 from indextts_train.train.listen_check import GenerationCheck
+from indextts_train.train.listening import Listener, after_save
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.preflight import check_inputs
@@ -163,6 +164,12 @@ class Run:
     last_saved: Path | None = None  # the newest checkpoint of this run on disk, and its step
     last_saved_step: int = -1
     saver: BackgroundSaver | None = None  # --async-save: the thread that writes checkpoints
+    listener: Listener | None = None  # --listen-every: the child processes that hear checkpoints
+
+    def saved(self, path: Path, step: int) -> None:
+        """The checkpoint of `step` is on disk at `path` (called by the writer, maybe its background thread)."""
+        self.last_saved, self.last_saved_step = path, step
+        after_save(self, step)  # --best-metric listen/...; --listen-every: heard by a process of its own
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The data order of `epoch` (sampling.epoch_order of the run's sampler)."""

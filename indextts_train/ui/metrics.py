@@ -71,6 +71,12 @@ class SafeWriter:
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         self._guard("write to", lambda: self._writer.add_scalar(tag, value, step))
 
+    def add_audio(self, tag: str, samples: object, step: int, sample_rate: int) -> None:
+        """A clip (a (1, N) float tensor in [-1, 1]); a writer without audio (NullWriter) drops it."""
+        add = getattr(self._writer, "add_audio", None)
+        if add is not None:
+            self._guard("write to", lambda: add(tag, samples, step, sample_rate=sample_rate))
+
     def flush(self) -> None:
         self._guard("write to", self._writer.flush)
 

@@ -27,7 +27,7 @@ LOG_LINES = 20
 CLI_TIMEOUT = 1800  # seconds a check or an export from the page may take (a big manifest: minutes)
 REPORT_CHARS = 20_000  # the end of a command's output shown in the page
 FORM_SIZE = 6 + len(forms.MAIN_FIELDS) + 2  # paths, numbers, amp, other flags
-TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "marks", "size_mb", "reasons"]
+TABLE_COLUMNS = ["file", "status", "step", "epoch", "val_loss", "cer", "speaker_sim", "marks", "size_mb", "reasons"]
 
 
 class PageServer:
@@ -280,7 +280,8 @@ def _watch_panel():
 
 def _checkpoints_panel():
     gr.Markdown("## Checkpoints and export")
-    table = gr.Dataframe(headers=TABLE_COLUMNS, label="Checkpoints (verify status)", interactive=False,
+    heard = "cer, speaker_sim: what `indextts-train listen` heard; OUTPUT_DIR/listen/index.html has the players"
+    table = gr.Dataframe(headers=TABLE_COLUMNS, label=f"Checkpoints (verify status; {heard})", interactive=False,
                          elem_id="checkpoints", wrap=True)
     with gr.Row():
         export_choice = gr.Dropdown([], label="Checkpoint to export", elem_id="export_choice")

@@ -3,8 +3,8 @@
 Progress, the hardware plan, warnings and how a run ended come from the trainer's events
 (OUTPUT_DIR/events.jsonl, ui/events.py: the fields each console line was made from, so no wording is
 parsed here); loss curves from its TensorBoard event files (OUTPUT_DIR/logs/run/); the checkpoint
-table is `indextts-train checkpoints`' own (checkpoint/table.py). Nothing here computes what the
-trainer computes. No module here imports Gradio.
+table is `indextts-train checkpoints`' own (checkpoint/table.py, with what `listen` heard). Nothing
+here computes what the trainer computes. No module here imports Gradio.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+from indextts_train.checkpoint.scores import SUMMARY_KEYS
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
 from indextts_train.ui import events as ev
 from indextts_train.ui.run_record import RECORD_NAME, read_record
@@ -147,9 +148,14 @@ def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
         rows.append({"file": str(Path(output_dir) / row["file"]), "status": row["status"], "step": row["step"],
                      "epoch": row["epoch"], "val_loss": None if val.get("loss") is None else round(val["loss"], 4),
                      "marks": ", ".join(marks), "size_mb": round(row["bytes"] / 2**20, 2),
+                     **{key: _rounded((row["listen"] or {}).get(key)) for key in SUMMARY_KEYS},
                      "reasons": row["reason"] or ""})
     return rows + [_refused_row(path) for path in refused]
     return rows
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def recorded_command(output_dir: Path) -> str:

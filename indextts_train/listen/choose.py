@@ -1,0 +1,104 @@
+"""Which checkpoints `listen` hears, and the model folder and tokenizer they are heard through.
+
+`--checkpoints` is a comma list of `best`, `latest`, `stepN` and `all` (every model_step file, plus
+latest.pth and best.pth when they are not hard links of one). Each named file must verify COMPLETE
+(`indextts-train verify`); under `all`, a file that does not is left out with a note. One
+checkpoint per step: a step named twice (latest.pth is usually a link of its model_step file) is
+heard once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from indextts_train.checkpoint.files import BEST, LATEST, list_checkpoints, same_file, verify_checkpoint
+from indextts_train.data.sampling import parse_manifest_spec
+from indextts_train.errors import UserError
+from indextts_train.files.bounded import parse_json, read_bounded
+from indextts_train.ui.run_record import RECORD_NAME, read_record
+
+MAX_PREPARE_JSON_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A checkpoint to hear: its step and file."""
+
+    step: int
+    path: Path
+
+
+def _named(run_dir: Path, word: str) -> list[Path]:
+    if word in ("best", "latest"):
+        path = run_dir / (BEST if word == "best" else LATEST)
+        if not path.is_file():
+            raise UserError(f"--checkpoints {word}: {path} does not exist; `indextts-train checkpoints {run_dir}` "
+                            "lists what there is")
+        return [path]
+    if word == "all":
+        return list_checkpoints(run_dir) + ([run_dir / BEST] if (run_dir / BEST).is_file() else [])
+    if word.startswith("step") and word[4:].isdigit():
+        path = run_dir / f"model_step{int(word[4:])}.pth"
+        if not path.is_file():
+            raise UserError(f"--checkpoints {word}: {path} does not exist; `indextts-train checkpoints {run_dir}` "
+                            "lists what there is")
+        return [path]
+    raise UserError(f"--checkpoints {word}: expected best, latest, stepN (e.g. step500) or all, comma-separated")
+
+
+def choose_checkpoints(run_dir: Path, spec: str) -> tuple[list[Chosen], list[str]]:
+    """(the checkpoints to hear in step order, notes on files `all` left out); one line for a bad one."""
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run folder; pass a run's --output-dir")
+    by_step: dict[int, Chosen] = {}
+    notes: list[str] = []
+    seen: list[Path] = []
+    for word in [w.strip() for w in spec.split(",") if w.strip()] or ["all"]:
+        for path in _named(run_dir, word):
+            if any(same_file(path, other) for other in seen):
+                continue  # latest.pth / best.pth are usually hard links of a model_step file: read it once
+            seen.append(path)
+            verdict = verify_checkpoint(path)
+            step = verdict.summary.get("step")
+            if verdict.status != "COMPLETE" or verdict.kind != "indextts-train" or not isinstance(step, int):
+                reason = verdict.reasons[0] if verdict.reasons else f"a {verdict.kind} file"
+                if word == "all":
+                    notes.append(f"left out {path.name}: {verdict.status} ({reason})")
+                    continue
+                raise UserError(f"--checkpoints {word}: {path} is {verdict.status}, not a COMPLETE checkpoint of "
+                                f"this trainer ({reason}); `indextts-train verify {path}` says more")
+            by_step.setdefault(step, Chosen(step, path))
+    if not by_step:
+        raise UserError(f"{run_dir}: no COMPLETE checkpoint to hear; `indextts-train checkpoints {run_dir}` lists them")
+    return [by_step[step] for step in sorted(by_step)], notes
+
+
+def run_inputs(run_dir: Path) -> dict:
+    """What run.yaml says about the run's inputs: `tokenizer` and `val_manifests` as paths (may be absent)."""
+    record = read_record(run_dir / RECORD_NAME) or {}
+    options = record.get("options") if isinstance(record.get("options"), dict) else {}
+    cwd = Path(str(record.get("cwd") or run_dir))
+    tokenizer = options.get("tokenizer")
+    return {"tokenizer": cwd / str(tokenizer) if tokenizer else None,
+            "val_manifests": [str(cwd / str(spec)) for spec in options.get("val_manifests") or []]}
+
+
+def model_dir_of(run_dir: Path, flag: Path | None) -> Path:
+    """`--model-dir`, else the model folder `prepare` recorded beside the run's validation manifests."""
+    if flag is not None:
+        if not (flag / "config.yaml").is_file():
+            raise UserError(f"--model-dir {flag}: no config.yaml there; pass the official IndexTTS model folder "
+                            "(checkpoints/) the run was trained from")
+        return flag
+    for spec in run_inputs(run_dir)["val_manifests"]:
+        report = parse_manifest_spec(spec, "--val-manifest").path.parent / "prepare.json"
+        try:
+            found = Path(str(parse_json(read_bounded(report, MAX_PREPARE_JSON_BYTES), str(report)).get("model_dir")
+                             or ""))
+        except (OSError, ValueError, AttributeError, UserError):
+            continue
+        if str(found) not in ("", ".") and (found / "config.yaml").is_file():
+            return found
+    raise UserError(f"{run_dir}: cannot tell which official model folder the run was trained from (no prepare.json "
+                    "beside its validation manifests names one); pass --model-dir checkpoints/")

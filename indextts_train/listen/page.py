@@ -1,0 +1,142 @@
+"""RUN/listen/index.html: one row per line, one column per checkpoint, built from scores.jsonl alone.
+
+Each cell has the WAV's player, the transcript with the errors marked against the text (the
+character alignment of text_score: a wrong character highlighted with what was expected, a missing
+one struck through in the text's place, an extra one underlined) and the scores. Beside each line:
+its text, the prompt and the reference clip. Every text from a file or a model is escaped. Audio
+is linked by paths relative to the page, so the folder can be opened from disk or served as is.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+from indextts_train.checkpoint.scores import LISTEN_DIR, latest_records, read_records, scores_path
+from indextts_train.files.atomic import atomic_write_text
+from indextts_train.listen.text_score import alignment
+
+PAGE_NAME = "index.html"
+TINY_ASR_PARAMETERS = 5_000_000  # the smallest real ASR models (whisper-tiny: 39 M) are far above this
+TINY_GPT_WIDTH = 256  # the released GPTs are 1280 wide; the test configs are a few dozen
+
+STYLE = """body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:.4em;vertical-align:top;max-width:22em}
+mark.sub{background:#fbb}mark.ins{background:#fdd;text-decoration:underline}del{color:#b00}
+.scores{color:#444;font-size:90%}.warn{background:#ffd;border:1px solid #cc8;padding:.6em}
+audio{width:15em}"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _audio(src: str) -> str:
+    return f'<audio controls preload="none" src="{_e(src)}"></audio>'
+
+
+def _link(path: str | None, listen_dir: Path) -> str | None:
+    """A path relative to the page, URL-quoted; None when there is no file."""
+    if not path:
+        return None
+    return quote(os.path.relpath(Path(path), listen_dir).replace(os.sep, "/"))
+
+
+def marked_transcript(text: str, transcript: str) -> str:
+    """The transcript as HTML with each error marked against the (normalised) text."""
+    out = []
+    for edit in alignment(text, transcript):
+        if edit.op == "equal":
+            out.append(_e(edit.hyp))
+        elif edit.op == "sub":
+            out.append(f'<mark class="sub" title="expected {_e(edit.ref)}">{_e(edit.hyp)}</mark>')
+        elif edit.op == "ins":
+            out.append(f'<mark class="ins" title="not in the text">{_e(edit.hyp)}</mark>')
+        else:
+            out.append(f'<del title="missing">{_e(edit.ref)}</del>')
+    return "".join(out)
+
+
+def _number(record: dict, key: str, label: str, fmt: str = "{:.3f}") -> str | None:
+    value = record.get(key)
+    return f"{label} {fmt.format(value)}" if isinstance(value, (int, float)) else None
+
+
+def _cell(record: dict | None) -> str:
+    if record is None:
+        return "<td>-</td>"
+    if not record.get("ok"):
+        return f'<td class="failed">failed: {_e(record.get("error") or "unknown")}</td>'
+    scores = [_number(record, "cer", "CER"), _number(record, "wer", "WER"),
+              _number(record, "speaker_sim", "similarity"), _number(record, "seconds", "", "{:.2f} s"),
+              _number(record, "length_ratio", "x reference", "{:.2f}")]
+    said = marked_transcript(record.get("text", ""), record.get("transcript", ""))
+    return (f"<td>{_audio(quote(str(record.get('wav', ''))))}<div>{said}</div>"
+            f'<div class="scores">{_e(" · ".join(s.strip() for s in scores if s))}</div></td>')
+
+
+def _line_head(record: dict, listen_dir: Path) -> str:
+    parts = [f"<b>{_e(record.get('line_id'))}</b>", f"<div>{_e(record.get('text', ''))}</div>"]
+    if record.get("language"):
+        parts.append(f'<div class="scores">language {_e(record["language"])}</div>')
+    for key, name in (("prompt_audio", "prompt"), ("reference_audio", "reference")):
+        link = _link(record.get(key), listen_dir)
+        if link:
+            parts.append(f'<div class="scores">{name}</div>{_audio(link)}')
+    return f"<td>{''.join(parts)}</td>"
+
+
+def _is_tiny(records: list[dict]) -> bool:
+    widths = [r.get("gpt_model_dim") for r in records if isinstance(r.get("gpt_model_dim"), int)]
+    asr = [(r.get("asr") or {}).get("parameters") for r in records]
+    return any(w < TINY_GPT_WIDTH for w in widths) or any(isinstance(n, int) and n < TINY_ASR_PARAMETERS for n in asr)
+
+
+def _means(records: list[dict], step: int) -> str:
+    ok = [r for r in records if r["step"] == step and r.get("ok")]
+    parts = []
+    for key, name in (("cer", "CER"), ("speaker_sim", "similarity")):
+        values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+        if values:
+            parts.append(f"{name} {sum(values) / len(values):.3f}")
+    return " · ".join(parts + [f"{len(ok)} line(s)"])
+
+
+def _models(records: list[dict]) -> str:
+    asr = sorted({str((r.get("asr") or {}).get("model")) for r in records if r.get("asr")})
+    voice = sorted({f"{v.get('file')} sha256 {str(v.get('sha256'))[:12]}" for r in records
+                    if isinstance(v := r.get("speaker_model"), dict)})
+    return (f"ASR: {', '.join(asr) or '-'}; speaker similarity: CAMPPlus {', '.join(voice) or '(not found)'}; "
+            "CER/WER on text normalised by NFKC, casefold, punctuation removed, whitespace collapsed")
+
+
+def render_page(run_dir: Path) -> str:
+    """The page's HTML from the run's scores.jsonl."""
+    listen_dir = Path(run_dir) / LISTEN_DIR
+    records = list(latest_records(read_records(scores_path(run_dir))).values())
+    steps = sorted({r["step"] for r in records})
+    line_ids = list(dict.fromkeys(str(r.get("line_id")) for r in records))
+    cells = {(r["step"], str(r.get("line_id"))): r for r in records}
+    warn = ('<p class="warn">These are tiny random test models: they speak noise, and the numbers below mean '
+            "nothing at this size.</p>") if _is_tiny(records) else ""
+    head = "".join(f"<th>step {s}<div class='scores'>{_e(_means(records, s))}</div></th>" for s in steps)
+    rows = []
+    for line_id in line_ids:
+        first = next(cells[(s, line_id)] for s in steps if (s, line_id) in cells)
+        rows.append("<tr>" + _line_head(first, listen_dir) + "".join(_cell(cells.get((s, line_id))) for s in steps)
+                    + "</tr>")
+    body = (f"<table><tr><th>line</th>{head}</tr>{''.join(rows)}</table>" if rows
+            else "<p>No checkpoint has been heard yet.</p>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(Path(run_dir).name)}: listen</title>"
+            f"<style>{STYLE}</style></head><body><h1>{_e(Path(run_dir).name)}: what each checkpoint says</h1>"
+            f"{warn}<p class='scores'>{_e(_models(records))}</p>{body}</body></html>\n")
+
+
+def write_page(run_dir: Path) -> Path:
+    """Write RUN/listen/index.html (atomically) and return its path."""
+    path = Path(run_dir) / LISTEN_DIR / PAGE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, render_page(run_dir))
+    return path

@@ -1,0 +1,214 @@
+"""`indextts-train listen RUN`: every chosen checkpoint speaks the lines through the official inference
+code, and each WAV is transcribed and scored.
+
+Everything that can be wrong with the input is found before anything is written: the lines, the
+checkpoints (COMPLETE), the model folder, the inference environment, the ASR model. Then, per
+checkpoint in step order: a temporary official model folder (RUN/listen/.model-PID, removed after),
+the missing lines synthesized into RUN/listen/step{N}/, each scored and appended to
+scores.jsonl, TensorBoard (RUN/logs/listen) and index.html updated. A rerun hears only the
+(checkpoint, line) pairs without a score, so a killed listen loses nothing and redoes nothing
+scored; lines are seeded one by one (synthesize.line_seed), so the WAVs do not depend on which
+lines were spoken together.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from indextts_train import __version__
+from indextts_train.checkpoint.scores import (
+    LISTEN_DIR,
+    RECORD_FORMAT,
+    append_record,
+    read_records,
+    scored_keys,
+    scores_path,
+)
+from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.files.bounded import load_yaml
+from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
+from indextts_train.listen.board import ListenBoard
+from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
+from indextts_train.listen.lines import Line, default_lines, read_lines_file
+from indextts_train.listen.model_folder import MARKER, make_model_folder
+from indextts_train.listen.page import write_page
+from indextts_train.listen.score import Voice, find_campplus, score_wav
+from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
+
+MODEL_FOLDER = ".model-"  # RUN/listen/.model-PID: each process's temporary official folder (links + the export)
+
+
+@dataclass
+class ListenOptions:
+    run_dir: Path
+    checkpoints: str = "all"
+    lines: Path | None = None
+    asr_model: str = DEFAULT_ASR_MODEL
+    inference_python: Path | None = None
+    model_dir: Path | None = None
+    device: str = "auto"
+    seed: int = 0
+    say: object = print  # where progress lines go
+
+
+@dataclass
+class Plan:
+    """What was checked before any work, and what is left to do."""
+
+    lines: list[Line]
+    todo: list[tuple[Chosen, list[Line]]]
+    model_dir: Path
+    family: str
+    device: str
+    python: Path | None = None  # resolved only when there is something to hear
+    recogniser: Recogniser | None = None
+    notes: list[str] = field(default_factory=list)
+    failed: int = 0  # lines whose synthesis or scoring failed (recorded; a rerun tries them again)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def plan(options: ListenOptions) -> Plan:
+    """Every input checked, the ASR model loaded (one UserError line for the first problem); nothing written."""
+    run_dir = options.run_dir
+    chosen, notes = choose_checkpoints(run_dir, options.checkpoints)
+    lines = read_lines_file(options.lines) if options.lines else default_lines(run_dir, options.seed)
+    model_dir = model_dir_of(run_dir, options.model_dir)
+    family = FAMILY_V25 if load_config(model_dir / "config.yaml").gpt.is_v25 else FAMILY_V2  # no version: 2
+    done = scored_keys(read_records(scores_path(run_dir)))
+    todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
+    work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
+    if todo:
+        work.recogniser = load_recogniser(options.asr_model, work.device)
+        work.python = resolve_inference_python(family, options.inference_python)
+    return work
+
+
+def listen(options: ListenOptions) -> tuple[Path, int]:
+    """Hear, score and record every chosen checkpoint; returns (RUN/listen/index.html, how many lines failed)."""
+    say = options.say
+    work = plan(options)
+    for note in work.notes:
+        say(f"note: {note}")
+    _remove_stale_folders(options.run_dir / LISTEN_DIR)
+    if not work.todo:
+        say(f"every chosen checkpoint was already heard ({len(work.lines)} lines); nothing to do")
+    board = ListenBoard(options.run_dir, say) if work.todo else None
+    try:
+        for chosen, missing in work.todo:
+            _hear(options, work, chosen, missing, board)
+            write_page(options.run_dir)  # after each checkpoint: the page is worth opening while the rest runs
+    finally:
+        if board is not None:
+            board.close()
+    return write_page(options.run_dir), work.failed
+
+
+def _synthesis_lines(listen_dir: Path, step: int, lines: list[Line]) -> list[SynthesisLine]:
+    folder = listen_dir / f"step{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return [SynthesisLine(line.line_id, line.text, line.prompt_audio, folder / f"{line.line_id}.wav", line.language)
+            for line in lines]
+
+
+def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
+           lines: list[Line]) -> tuple[list[SynthesisResult], int | None]:
+    """Synthesize `lines` from one checkpoint: (the results, the GPT's width, from the exported config)."""
+    listen_dir = options.run_dir / LISTEN_DIR
+    folder = listen_dir / f"{MODEL_FOLDER}{os.getpid()}"
+    make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
+    try:
+        width = (load_yaml(folder / "config.yaml", "the exported config.yaml").get("gpt") or {}).get("model_dim")
+        results = synthesize(folder, work.family, _synthesis_lines(listen_dir, chosen.step, lines), seed=options.seed,
+                             device=work.device, inference_python=work.python, log_path=listen_dir / "synthesis.log")
+    finally:
+        if (folder / MARKER).is_file():
+            shutil.rmtree(folder)
+    return results, width
+
+
+def _remove_stale_folders(listen_dir: Path) -> None:
+    """The temporary folders of listen processes that were killed (ours: they carry the marker)."""
+    for folder in listen_dir.glob(f"{MODEL_FOLDER}*"):
+        pid = folder.name[len(MODEL_FOLDER):]
+        if pid.isdigit() and int(pid) != os.getpid() and (folder / MARKER).is_file() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tokenizer(run_dir: Path) -> Path | None:
+    tokenizer = run_inputs(run_dir)["tokenizer"]
+    return tokenizer if tokenizer is not None and tokenizer.is_file() else None
+
+
+def _hear(options: ListenOptions, work: Plan, chosen: Chosen, lines: list[Line], board: ListenBoard) -> None:
+    say, recogniser = options.say, work.recogniser
+    say(f"step {chosen.step} ({chosen.path.name}): synthesizing {len(lines)} line(s) with the official "
+        f"{load_config(work.model_dir / 'config.yaml').gpt.family_name} inference on {work.device}")
+    started = time.monotonic()
+    results, width = _speak(options, work, chosen, lines)
+    synthesis_s = time.monotonic() - started
+    voice = _voice(work)
+    common = {"format": RECORD_FORMAT, "step": chosen.step, "checkpoint": chosen.path.name, "seed": options.seed,
+              "family": work.family, "device": work.device, "gpt_model_dim": width,
+              "asr": recogniser.label, "speaker_model": voice.label if voice else None,
+              "indextts_train": __version__}
+    by_id = {line.line_id: line for line in lines}
+    records = []
+    for result in results:
+        record = common | by_id[result.line_id].record() | _scored(result, by_id[result.line_id], recogniser, voice)
+        append_record(scores_path(options.run_dir), record)
+        board.line(record, result.out_wav)
+        records.append(record)
+        work.failed += not record["ok"]
+    board.checkpoint(chosen.step, records)
+    say(_summary_line(chosen.step, records, synthesis_s, time.monotonic() - started - synthesis_s))
+
+
+def _voice(work: Plan) -> Voice | None:
+    """CAMPPlus from the model folder (the official code fetches it into hf_cache/ for IndexTTS2), if present."""
+    path = find_campplus(work.model_dir)
+    return Voice.load(path, work.device) if path is not None else None
+
+
+def _scored(result: SynthesisResult, line: Line, recogniser: Recogniser, voice: Voice | None) -> dict:
+    base = {"wav": f"{result.out_wav.parent.name}/{result.out_wav.name}", "ok": result.ok,
+            "error": result.error, "line_seed": result.seed, "synthesis_seconds": round(result.seconds, 3),
+            "inference": result.versions, "scored_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if not result.ok:
+        return base
+    try:
+        return base | score_wav(line, result.out_wav, recogniser, voice)
+    except Exception as exc:  # an unreadable WAV or an ASR failure is this line's failure, not the run's
+        return base | {"ok": False, "error": f"scoring failed: {type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def _summary_line(step: int, records: list[dict], synthesis_s: float, scoring_s: float) -> str:
+    ok = [r for r in records if r.get("ok")]
+    parts = [f"step {step}: {len(ok)}/{len(records)} line(s) scored"]
+    for key, name in (("cer", "CER"), ("speaker_sim", "speaker similarity")):
+        values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+        if values:
+            parts.append(f"{name} {sum(values) / len(values):.3f}")
+    failed = next((r["error"] for r in records if not r.get("ok")), None)
+    text = ", ".join(parts) + f" (synthesis {synthesis_s:.1f} s, scoring {scoring_s:.1f} s)"
+    return text + (f"; first failure: {failed}" if failed else "")

@@ -1,0 +1,50 @@
+"""RUN/listen/scores.jsonl: appended whole lines, torn lines skipped, the last record of a key wins."""
+
+from __future__ import annotations
+
+import json
+
+from indextts_train.checkpoint.scores import (
+    RECORD_FORMAT,
+    append_record,
+    read_records,
+    scored_keys,
+    scores_path,
+    summary_by_step,
+)
+
+
+def _record(step, line_id, ok=True, **scores):
+    return {"format": RECORD_FORMAT, "step": step, "line_id": line_id, "ok": ok, **scores}
+
+
+def test_torn_line_is_skipped_and_the_next_append_starts_fresh(tmp_path):
+    path = scores_path(tmp_path)
+    append_record(path, _record(10, "a", cer=0.5))
+    with open(path, "ab") as handle:  # what a kill in the middle of a write leaves
+        handle.write(b'{"format": "' + RECORD_FORMAT.encode() + b'", "step": 10, "line_id": "b", "c')
+    append_record(path, _record(10, "b", cer=0.25))
+    assert [(r["step"], r["line_id"]) for r in read_records(path)] == [(10, "a"), (10, "b")]
+    assert len(path.read_bytes().splitlines()) == 3
+    json.loads(path.read_bytes().splitlines()[-1])
+
+
+def test_failed_lines_are_not_scored_and_the_last_record_wins(tmp_path):
+    path = scores_path(tmp_path)
+    append_record(path, _record(10, "a", ok=False, error="inference process exited"))
+    append_record(path, _record(10, "b", cer=0.5, speaker_sim=0.2))
+    assert scored_keys(read_records(path)) == {(10, "b")}
+    append_record(path, _record(10, "a", cer=0.1, speaker_sim=0.6))
+    append_record(path, _record(20, "a", cer=0.0, speaker_sim=None))
+    assert scored_keys(read_records(path)) == {(10, "a"), (10, "b"), (20, "a")}
+    summary = summary_by_step(tmp_path)
+    assert summary[10] == {"lines": 2, "cer": (0.1 + 0.5) / 2, "speaker_sim": (0.6 + 0.2) / 2}
+    assert summary[20] == {"lines": 1, "cer": 0.0, "speaker_sim": None}
+
+
+def test_foreign_lines_are_ignored(tmp_path):
+    path = scores_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"step": 3, "line_id": "x"}\nnot json\n[1, 2]\n', encoding="utf-8")
+    assert read_records(path) == []
+    assert summary_by_step(tmp_path) == {}

@@ -1,0 +1,93 @@
+"""`indextts-train listen` through the real CLI: bad input is one line, exit 2, before any synthesis, and
+nothing is written in the run folder. (Synthesis itself, with the official inference code in its own
+environment, is tested in the scripts/test_listen.sh lane.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from indextts_train.prepare.tiny_asr import write_tiny_asr
+from indextts_train.train.loop import TrainOptions, train
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # trains a tiny run, then starts the CLI a few times
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def _listen(run: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "indextts_train", "listen", str(run), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def run(tiny_data, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("listen_run")
+    out = folder / "run"
+    options = TrainOptions(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
+                           config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
+                           grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=2, epochs=100,
+                           val_interval=2, save_interval=2, tensorboard=False)
+    assert train(options) == 0
+    (out / "model_step7.pth").write_bytes(b"PK\x03\x04 not a checkpoint")  # someone's damaged file
+    model_dir = folder / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_bytes(Path(tiny_data["config"]).read_bytes())
+    prompt = folder / "prompt.wav"
+    import numpy as np
+    import soundfile
+
+    soundfile.write(prompt, np.sin(np.arange(16_000) / 7.0).astype(np.float32) * 0.3, 16_000)
+    good = folder / "lines.jsonl"
+    good.write_text(json.dumps({"text": "Hello there.", "prompt_audio": "prompt.wav"}) + "\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder / "bare")], check=True, timeout=300)
+    return {"out": out, "model_dir": model_dir, "lines": good, "folder": folder,
+            "asr": write_tiny_asr(folder / "asr"), "bare_python": folder / "bare" / "bin" / "python"}
+
+
+def _refused(run: dict, args: list[str], expected: str) -> None:
+    before = _snapshot(run["out"])
+    result = _listen(run["out"], "--model-dir", str(run["model_dir"]), *args)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr, result.stderr
+    assert _snapshot(run["out"]) == before  # nothing written, not even RUN/listen/
+
+
+def test_lines_file_with_a_missing_prompt(run):
+    bad = run["folder"] / "bad_lines.jsonl"
+    bad.write_text(json.dumps({"text": "fine", "prompt_audio": "prompt.wav"}) + "\n" +
+                   json.dumps({"text": "no voice given"}) + "\n", encoding="utf-8")
+    _refused(run, ["--lines", str(bad), "--asr-model", str(run["asr"])],
+             f"--lines {bad} line 2: key 'prompt_audio' must be a non-empty string")
+    bad.write_text(json.dumps({"text": "fine", "prompt_audio": "gone.wav"}) + "\n", encoding="utf-8")
+    _refused(run, ["--lines", str(bad), "--asr-model", str(run["asr"])], "prompt_audio")
+
+
+def test_asr_model_that_is_not_there(run, tmp_path):
+    result_args = ["--lines", str(run["lines"]), "--asr-model", "nobody/no-such-asr-model"]
+    os.environ["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
+    try:
+        _refused(run, result_args, "--asr-model nobody/no-such-asr-model: not a local folder and not in the "
+                                   "Hugging Face cache")
+    finally:
+        del os.environ["HF_HUB_CACHE"]
+
+
+def test_checkpoint_that_is_not_complete(run):
+    _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]), "--checkpoints", "latest,step7"],
+             "--checkpoints step7: ")
+    _refused(run, ["--lines", str(run["lines"]), "--checkpoints", "step99"], "model_step99.pth does not exist")
+
+
+def test_inference_environment_without_the_package(run):
+    _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]),
+                   "--inference-python", str(run["bare_python"])],
+             f"--inference-python {run['bare_python']} cannot import indextts.infer_v2")  # the rest: synthesize's tests

@@ -1,0 +1,46 @@
+"""index.html: one row per line, one column per checkpoint, errors marked, every text escaped."""
+
+from __future__ import annotations
+
+from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
+from indextts_train.listen.page import marked_transcript, render_page, write_page
+
+
+def _record(step, line_id, text, transcript, **extra):
+    return {"format": RECORD_FORMAT, "step": step, "line_id": line_id, "text": text, "transcript": transcript,
+            "ok": True, "wav": f"step{step}/{line_id}.wav", "cer": 0.25, "speaker_sim": 0.5,
+            "gpt_model_dim": 1280, "asr": {"model": "openai/whisper-small", "parameters": 240_000_000},
+            "prompt_audio": "/data/p.wav", "reference_audio": None, **extra}
+
+
+def test_marked_transcript():
+    assert marked_transcript("abc", "abd") == 'ab<mark class="sub" title="expected c">d</mark>'
+    assert marked_transcript("abc", "ac") == 'a<del title="missing">b</del>c'
+    assert marked_transcript("ab", "ab<") == 'ab<mark class="ins" title="not in the text">&lt;</mark>'
+
+
+def test_page_has_a_row_per_line_and_a_column_per_checkpoint(tmp_path):
+    path = scores_path(tmp_path)
+    append_record(path, _record(100, "l1", "good day", "good day"))
+    append_record(path, _record(100, "l2", "<script>alert(1)</script>", "script"))
+    append_record(path, _record(200, "l1", "good day", "god day"))
+    append_record(path, {**_record(200, "l2", "<script>alert(1)</script>", ""), "ok": False,
+                         "error": "inference process exited with code 1: <boom>"})
+    page = write_page(tmp_path).read_text(encoding="utf-8")
+    assert page.count("<tr>") == 3  # the header and two lines
+    assert "<th>step 100" in page and "<th>step 200" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "failed: inference process exited with code 1: &lt;boom&gt;" in page
+    assert 'src="step200/l1.wav"' in page
+    assert page.count('<del title="missing">o</del>') == 1  # "god" for "good": one o missing
+    assert "mean nothing" not in page
+    assert "NFKC" in page
+
+
+def test_page_says_when_the_models_are_tiny(tmp_path):
+    append_record(scores_path(tmp_path), _record(5, "l1", "abc", "xyz", gpt_model_dim=32))
+    assert "mean nothing" in render_page(tmp_path)
+
+
+def test_empty_record(tmp_path):
+    assert "No checkpoint has been heard yet" in render_page(tmp_path)
