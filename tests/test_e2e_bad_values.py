@@ -92,6 +92,7 @@ def required_args(command: str, tmp: Path, tiny_data: dict) -> list[str]:
                             "-o", out / "y.model"],
         "hardware": ["--config", TINY_CONFIG],
         "webui": ["--root", tmp],
+        "listen": [tmp / "run"],
         "train": ["--train-manifest", manifest, "--config", TINY_CONFIG, "--output-dir", out, "--max-steps", "1"],
     }[command]
 

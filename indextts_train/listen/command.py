@@ -19,7 +19,7 @@ def listen(
     inference_python: Annotated[Path | None, typer.Option(help="Python of the environment with the official inference package [default: this one].")] = None,
     model_dir: Annotated[Path | None, typer.Option(help="The official model folder the run was trained from [default: the one prepare.json names].")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N: where synthesis and scoring run.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed of the default line choice and of each line's synthesis.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the default line choice and of each line's synthesis.")] = 0,
 ) -> None:
     """Synthesize fixed lines from checkpoints with the official inference code, transcribe and score them;
     RUN/listen/scores.jsonl and index.html. A rerun hears only what has no score yet. Exit 0, 1 when a line
