@@ -7,6 +7,7 @@ stderr, the documented exit code and no traceback, and must leave every input fi
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -17,6 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,7 +30,7 @@ from helpers import CheckpointReads
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint.files import load_checkpoint
-from indextts_train.cli import app
+from indextts_train.cli import app, run_app
 from indextts_train.config.scope_settings import ScopeSettings
 from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import AMHARIC, ENGLISH
@@ -62,6 +64,15 @@ def cli(*args: object):
     result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result
+
+
+def entry(*args: object) -> SimpleNamespace:
+    """In-process run of the real entry point (`run_app`): a value a flag's bounds refuse is one plain
+    line there, as users see it (CliRunner alone would show Click's usage block)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_app(app, [str(a) for a in args])
+    return SimpleNamespace(exit_code=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def error_line(stderr: str, *needles: str) -> str:
@@ -418,10 +429,10 @@ def test_check_data_refusals(tiny_data, tmp_path, case) -> None:
         "bad config": ([manifest, "--config", bad_config], ["bad.yaml", "bogus_key"]),
         "missing tokenizer": ([manifest, "--tokenizer", tmp_path / "nope.model"], ["nope.model"]),
         "clean over input": ([manifest, "--write-clean", manifest], ["input manifest"]),
-        "zero base vocab": ([manifest, "--base-vocab", 0], ["--base-vocab", ">= 1"]),
+        "zero base vocab": ([manifest, "--base-vocab", 0], ["--base-vocab", "is below 1"]),
     }[case]
     before = snapshot(tiny_data["folder"])
-    result = cli("check-data", *args)
+    result = entry("check-data", *args)
     assert result.exit_code == 2 and result.stdout == ""
     error_line(result.stderr, *needles)
     assert snapshot(tiny_data["folder"]) == before
@@ -590,7 +601,7 @@ def test_evaluate_refusals(files, tiny_data, tmp_path, case) -> None:
         "zero batch": ([tiny_data["base"], tiny_data["val"], TINY_CONFIG, "--batch-size", 0], ["--batch-size"]),
     }[case]
     before = snapshot(files["folder"])
-    result = cli("evaluate", "--checkpoint", args[0], "--manifest", args[1], "--config", args[2], *args[3:])
+    result = entry("evaluate", "--checkpoint", args[0], "--manifest", args[1], "--config", args[2], *args[3:])
     assert result.exit_code == 2 and result.stdout == ""
     error_line(result.stderr, *needles)
     assert snapshot(files["folder"]) == before
@@ -720,7 +731,8 @@ def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
         assert err.strip() == f"{said} (see --help)", err
     proc = real_cli("export", "--pick", "newest", "runs/am")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: --pick: 'newest' is not one of best, latest (see --help)"
+    assert proc.stderr.strip() == ("error: --pick: 'newest' is not one of best, latest, cer, speaker_sim "
+                                   "(see --help)")
 
 
 @pytest.mark.parametrize("case", ["unknown gpu", "missing config", "zero batch", "unknown scope"])
@@ -731,7 +743,7 @@ def test_hardware_refusals(tmp_path, case) -> None:
         "missing config": (["--config", tmp_path / "nope.yaml"], ["nope.yaml", "not found"]),
         "zero batch": (["--config", TINY_CONFIG, "--effective-batch-size", 0], ["--effective-batch-size"]),
     }[case]
-    result = cli("hardware", *args)
+    result = entry("hardware", *args)
     assert result.exit_code == 2 and result.stdout == ""
     error_line(result.stderr, *needles)
 
