@@ -429,8 +429,8 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_exits_2(data,
     assert code == 2, stdout + stderr
     assert stderr == (f"error: could not save checkpoint step 8 to {out}: disk full; the previous checkpoint "
                       "model_step4.pth is intact; free space or fix the directory, then rerun with --resume auto\n")
-    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["latest.pth", "model_step4.pth", "run.yaml",
-                                                                     "train.lock", "train.log"]  # no temp file left
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["events.jsonl", "latest.pth", "model_step4.pth",
+                                                                     "run.yaml", "train.lock", "train.log"]  # no temp
     assert os.path.samefile(out / "latest.pth", out / "model_step4.pth")
     assert_same_state(out / "model_step4.pth", reference / "model_step4.pth")
 
