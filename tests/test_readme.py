@@ -166,8 +166,9 @@ def test_the_readme_blocks_run_in_a_fresh_venv(tmp_path) -> None:
     assert re.search(r"^\d\d:\d\d:\d\d \+\d+:\d\d:\d\d done: 150 steps", (run / "train.log").read_text(), re.M)
     # Section 4 on the demo's folders: the model folder's config.yaml is taken as an official one.
     am_log = (work / "runs" / "am" / "train.log").read_text()
-    head, first = am_log.splitlines()[:2]  # the start's header, then its first line
-    assert head.startswith("=== start ") and "--config not given: using runs/demo/models/config.yaml, the config.yaml of" in first
+    head, opening = am_log.splitlines()[:2]  # the start's header, then its first line
+    assert head.startswith("=== start ")
+    assert "--config not given: using runs/demo/models/config.yaml, the config.yaml of" in opening
     assert re.search(r"^\d\d:\d\d:\d\d \+\d+:\d\d:\d\d done: 30 steps", am_log, re.M) and "warning:" not in am_log
     first = torch.load(run / "latest.pth", weights_only=True)["model"]
     second = torch.load(again / "latest.pth", weights_only=True)["model"]
