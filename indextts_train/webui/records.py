@@ -124,7 +124,7 @@ REFUSED = "REFUSED"  # the status of a checkpoint the page does not read: it lie
 def _refused_row(path: Path) -> dict:
     reason = f"a symbolic link to {os.path.realpath(path)}, outside the folders this page may touch: not read"
     return {"file": str(path), "status": REFUSED, "step": None, "epoch": None, "val_loss": None, "marks": "",
-            "size_mb": None, "reasons": reason}
+            "size_mb": None, **dict.fromkeys(SUMMARY_KEYS), "reasons": reason}
 
 
 def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
@@ -151,7 +151,6 @@ def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
                      **{key: _rounded((row["listen"] or {}).get(key)) for key in SUMMARY_KEYS},
                      "reasons": row["reason"] or ""})
     return rows + [_refused_row(path) for path in refused]
-    return rows
 
 
 def _rounded(value: float | None) -> float | None:
