@@ -83,6 +83,7 @@ def exported(grown_run, tmp_path_factory) -> dict:
     return {"gpt": gpt, "config": config, "stdout": proc.stdout}
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_has_the_official_keys_order_and_shapes(grown_run, exported) -> None:
     step = load_checkpoint(grown_run["checkpoint"])["progress"]["step"]
     lines = exported["stdout"].splitlines()
@@ -103,6 +104,7 @@ def test_export_has_the_official_keys_order_and_shapes(grown_run, exported) -> N
     UnifiedVoiceGPT(shipped, dropout=0.0).load_state_dict(trained, strict=True)
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_config_names_the_grown_vocabulary(exported) -> None:
     config = yaml.safe_load(exported["config"].read_text())
     assert config["gpt"]["number_text_tokens"] == 150
@@ -111,6 +113,7 @@ def test_export_config_names_the_grown_vocabulary(exported) -> None:
     assert "train" not in config  # our own section is not IndexTTS2's
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_keeps_frozen_and_carried_tensors_bit_for_bit(grown_run, exported) -> None:
     base = torch.load(grown_run["base"], weights_only=True)
     weights = torch.load(exported["gpt"], weights_only=True)
@@ -124,6 +127,7 @@ def test_export_keeps_frozen_and_carried_tensors_bit_for_bit(grown_run, exported
     assert not torch.equal(trained["gpt.h.0.attn.c_attn.weight"], base["gpt.h.0.attn.c_attn.weight"])
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_exported_gpt_pth_evaluates_like_the_checkpoint(grown_run, exported) -> None:
     def losses(checkpoint: Path, config: Path) -> dict:
         result = cli("evaluate", "--checkpoint", checkpoint, "--manifest", grown_run["val"],
@@ -207,6 +211,7 @@ def test_export_refusals_change_nothing(grown_run, tmp_path, case) -> None:
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_without_config_ships_every_section_the_run_was_given(grown_run, exported) -> None:
     written = yaml.safe_load(exported["config"].read_text())
     for section in ("semantic_codec", "s2mel", "vocoder"):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -18,6 +19,8 @@ from indextts_train.cli import app
 from indextts_train.train.loop import TrainOptions, train
 from indextts_train.webui.records import checkpoint_rows as page_rows
 from indextts_train.webui.roots import Roots
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,6 +38,8 @@ from indextts_train.model.layout import trained_keys
 from indextts_train.model.scope import scope_counts
 from indextts_train.train.loop import TrainOptions, train
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"

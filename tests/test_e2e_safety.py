@@ -28,6 +28,8 @@ from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, RunLock, holder_pid, preflight_output_dir
 from indextts_train.ui.metrics import SafeWriter
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 

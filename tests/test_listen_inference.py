@@ -26,6 +26,8 @@ from indextts_train.listen.synthesize import SynthesisLine, resolve_inference_py
 from indextts_train.listen.tiny_folder import tiny_gpt_config, write_tiny_inference_dir
 from indextts_train.prepare.tiny import write_synthetic_clips
 
+pytestmark = pytest.mark.slow  # every test here: the official inference runs in its own interpreter
+
 PYTHONS = {FAMILY_V25: "INDEXTTS_TEST_PYTHON_V25", FAMILY_V2: "INDEXTTS_TEST_PYTHON_V2"}
 TEXTS = {"one": "hello world, this is a test.", "two": "hello world, this is a test."}
 # A random GPT seldom stops, so the cap sets each line's work: at the tiny config's 60 codes, IndexTTS2's

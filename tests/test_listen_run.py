@@ -27,6 +27,8 @@ from indextts_train.prepare.tiny import write_synthetic_clips
 from indextts_train.prepare.tiny_asr import write_tiny_asr
 from indextts_train.train.loop import TrainOptions, train
 
+pytestmark = pytest.mark.slow  # every test here: trains a tiny run and starts `listen` in a process
+
 ROOT = Path(__file__).resolve().parents[1]
 # What may differ between two hearings of one checkpoint: when, and how long it took.
 TIMING = ("scored_at", "synthesis_seconds")

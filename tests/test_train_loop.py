@@ -15,6 +15,8 @@ from indextts_train.train import loop as train_mod
 from indextts_train.train.loop import TrainOptions, lr_factor, train
 from indextts_train.ui.run_record import unstamp
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 
 

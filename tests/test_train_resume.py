@@ -23,6 +23,8 @@ from helpers import start, wait_for_training
 from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
 from indextts_train.train.loop import TrainOptions, train
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STEPS = 72  # 24 samples / effective batch 4 = 6 steps an epoch: 12 epochs
 

@@ -33,6 +33,8 @@ from indextts_train.model.layout import official_shapes
 from indextts_train.model.lora import apply_adapter_file
 from indextts_train.train.evaluate import evaluate_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8  # 24 samples / effective batch 4: 6 steps an epoch, so a run crosses into epoch 1
 SCOPE_FLAGS = {"partial": ("--train-scope", "partial"),  # the tiny configs: partial_layers 1 of 2 blocks

@@ -19,6 +19,8 @@ from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train.accel import adamw_options, compile_blocks
 from indextts_train.train.loop import TrainOptions, train
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 TRAIN_LAYER = Path(__file__).resolve().parents[1] / "indextts_train" / "train"
 

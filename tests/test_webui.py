@@ -31,6 +31,8 @@ from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
 from indextts_train.webui.trainflags import FLAGS
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
