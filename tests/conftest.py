@@ -163,6 +163,23 @@ def tiny25_data(tmp_path_factory) -> dict:
             "base_ranks": paths["base_ranks"], "added": paths["added"]}
 
 
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> Path:
+    """What `prepare --model-dir` reads, as `prepare/tiny.py` writes it: the official IndexTTS2 layout at
+    the tiny size (seeded random weights, the tiny BPE tokenizer), 200 codes a clip (4 s) as the tests'
+    clips need. Shared by the session: read it, or copy it to change it."""
+    import yaml
+
+    from indextts_train.prepare.tiny import write_tiny_model_dir
+
+    folder = tmp_path_factory.mktemp("tiny_models")
+    config = yaml.safe_load(TINY_CONFIG.read_text())
+    config["gpt"]["max_mel_tokens"] = 200
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(config))
+    return write_tiny_model_dir(folder / "models", gpt_config=folder / "tiny.yaml", seed=1,
+                                tokenizer=REFERENCE / "prepare" / "text" / "bpe_tiny.model")
+
+
 @pytest.fixture(scope="module")
 def tiny_reference_cfg():
     """The GPT config of the official tiny IndexTTS2 reference (tests/data/reference/tiny)."""
