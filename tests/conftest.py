@@ -50,6 +50,7 @@ def one_torch_thread():
 # SLOW_SECONDS is listed at the end of the session (timing depends on the machine's load, so it is
 # reported, not failed). The README's test command runs all.
 SLOW_SECONDS = 3.0
+_LONG_FAST_TESTS: list[tuple[float, str]] = []  # (seconds, test id) of the unmarked tests over SLOW_SECONDS
 
 
 @contextmanager
@@ -91,9 +92,6 @@ def pytest_runtest_call(item: pytest.Item):
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and report.duration > SLOW_SECONDS and "slow" not in report.keywords:
         _LONG_FAST_TESTS.append((report.duration, report.nodeid))
-
-
-_LONG_FAST_TESTS: list[tuple[float, str]] = []
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
