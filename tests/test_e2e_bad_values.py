@@ -430,9 +430,10 @@ def test_every_writer_on_a_full_or_read_only_disk_is_one_line(fault, tiny_data, 
 # ----------------------------------------------------------------------------- as a shell starts it
 
 
-def real_cli(args: list, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "indextts_train", *args], capture_output=True, cwd=cwd,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
+def real_cli(args: list, cwd: Path) -> subprocess.Popen:
+    """`indextts-train ARGS` started in a fresh interpreter; the caller collects it (`communicate`)."""
+    return subprocess.Popen([sys.executable, "-m", "indextts_train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @pytest.mark.slow
@@ -455,10 +456,10 @@ def test_a_sample_of_each_kind_in_a_fresh_interpreter(tiny_data, corpus, tmp_pat
           "--batch-size", str(10**30)], "--batch-size"),
     ]
     before = files_and_bytes(tmp_path)
-    for args, needle in cases:
-        done = real_cli(args, cwd)
-        stderr = done.stderr.decode("utf-8", "replace")
+    started = [(real_cli(args, cwd), args, needle) for args, needle in cases]  # side by side: each is mostly imports
+    for proc, args, needle in started:
+        stderr = proc.communicate(timeout=300)[1].decode("utf-8", "replace")
         lines = [line for line in stderr.splitlines() if line.strip()]
-        assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in stderr, (args, stderr[-800:])
+        assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in stderr, (args, stderr[-800:])
         assert lines[0].startswith("error: ") and needle in lines[0], (needle, lines[0])
     assert files_and_bytes(tmp_path) == before
