@@ -24,8 +24,6 @@ from indextts_train.checkpoint.state import FORMAT, Lineage, migrate
 from indextts_train.webui.records import checkpoint_rows as page_rows
 from indextts_train.webui.roots import Roots
 
-pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
-
 
 @pytest.fixture(scope="module")
 def data(tiny_data, tmp_path_factory) -> Path:

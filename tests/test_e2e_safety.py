@@ -28,8 +28,6 @@ from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, RunLock, holder_pid, preflight_output_dir
 from indextts_train.ui.metrics import SafeWriter
 
-pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
-
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 
@@ -58,6 +56,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow  # starts the lock's holder in a process
 def test_lock_names_the_holder_and_dies_with_it(tmp_path) -> None:
     assert holder_pid(tmp_path) is None  # no lock file yet, and holder_pid creates none
     assert not (tmp_path / LOCK_NAME).exists()
@@ -238,6 +237,7 @@ def test_fingerprint_says_what_changed(tiny_data, tmp_path) -> None:
 # ----------------------------------------------------------------------------- non-finite checkpoints
 
 
+@pytest.mark.slow  # trains a tiny run
 def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -> None:
     from indextts_train.train.loop import TrainOptions, train
 
@@ -263,6 +263,7 @@ def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -
     assert state["progress"]["step"] == 2
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_a_killed_tee_does_not_end_the_run(tiny_data, tmp_path) -> None:
     """`train-gpt ... | tee`: the reader goes away after the first line; the run must still train to the
     end, save and exit 0 (not 120 from a failed flush at exit, not EPIPE at the next print)."""
