@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainConfig, TrainOptions, config_to_dict, load_config
+from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainConfig, config_to_dict, load_config
 from indextts_train.errors import UserError
+from indextts_train.ui.run_settings import resolve_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -91,16 +92,16 @@ def test_wrong_types_name_the_key_and_the_expected_type(tmp_path, section, key, 
 
 
 def test_flags_override_the_train_section_and_are_revalidated() -> None:
-    options = TrainOptions(train_manifests=["t.jsonl"], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
-                           epochs=3, learning_rate=None)
-    assert options.overrides == {"epochs": 3}  # None: not given, the config decides
-    config = options.load_config()
+    settings = resolve_settings(train_manifests=["t.jsonl"], output_dir=Path("out"),
+                                config=ROOT / "configs" / "tiny.yaml", epochs=3, learning_rate=None)
+    config = settings.config  # None: not given, the config decides
     assert config.train.epochs == 3 and config.train.learning_rate == 3e-3
+    assert config.source == str(ROOT / "configs" / "tiny.yaml") and settings.config_note is None
     with pytest.raises(TypeError, match="unknown option"):
-        TrainOptions(train_manifests=[], output_dir=Path("out"), epoch=3)
+        resolve_settings(train_manifests=["t.jsonl"], output_dir=Path("out"), epoch=3)
     with pytest.raises(UserError, match=r"--log-interval\) must be > 0"):
-        TrainOptions(train_manifests=[], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
-                     log_interval=0).load_config()
+        resolve_settings(train_manifests=["t.jsonl"], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
+                         log_interval=0)
 
 
 @pytest.mark.parametrize(("section", "key", "value", "says"), [

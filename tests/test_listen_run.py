@@ -25,7 +25,7 @@ from indextts_train.listen.tiny_folder import write_tiny_inference_dir
 from indextts_train.prepare.outputs import file_stem
 from indextts_train.prepare.tiny import write_synthetic_clips
 from indextts_train.prepare.tiny_asr import write_tiny_asr
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 # What may differ between two hearings of one checkpoint: when, and how long it took.
@@ -40,7 +40,7 @@ def heard_run(tiny25_data, tmp_path_factory) -> dict:
     model_dir = write_tiny_inference_dir(work / "model", FAMILY_V25, tokenizer=Path(tiny25_data["base_tokenizer"]),
                                          inference_python=python, seed=0, work=work)
     run = work / "run"
-    assert train(TrainOptions(train_manifests=[tiny25_data["train"]], val_manifests=[tiny25_data["val"]],
+    assert train(resolve_settings(train_manifests=[tiny25_data["train"]], val_manifests=[tiny25_data["val"]],
                               output_dir=run, config=tiny25_data["config"], tokenizer=tiny25_data["tokenizer"],
                               base_checkpoint=tiny25_data["base"], batch_size=4, grad_accumulation=1,
                               effective_batch_size=4, num_workers=0, max_steps=4, epochs=100, val_interval=2,

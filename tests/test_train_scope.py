@@ -219,6 +219,6 @@ def test_demo_trains_the_scope_it_is_given(tmp_path, monkeypatch, family) -> Non
     seen = []
     monkeypatch.setattr(demo, "train", lambda options: seen.append(options) or 2)
     assert demo.run_demo(tmp_path, max_steps=3, family=family, train_scope="lora") == 2
-    assert seen[0].overrides["train_scope"] == "lora"
-    config = load_config(seen[0].config)  # and `demo --train-scope partial` fits the tiny model
+    assert seen[0].config.train.train_scope == "lora"
+    config = load_config(seen[0].inputs.config)  # and `demo --train-scope partial` fits the tiny model
     ScopeSettings("partial", partial_layers=config.train.partial_layers).check_fits(config.gpt.layers)
