@@ -7,7 +7,6 @@ existing scripts keep working.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import sys
@@ -413,20 +412,16 @@ def hardware(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
-    from indextts_train.config.scope_settings import scope_settings
     from indextts_train.config.settings import load_config
-    from indextts_train.train.hardware import assume_device, choose_plan, detect_device
-
+    from indextts_train.train.hardware import assume_device, detect_device
+    from indextts_train.train.plan import plan_for
 
     def run():
         cfg = load_config(config)
-        device = assume_device(assume) if assume is not None else detect_device()
-        checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
-        effective = cfg.train.effective_batch_size if effective_batch_size is None else effective_batch_size
-        train = dataclasses.replace(cfg.train, train_scope=train_scope) if train_scope else cfg.train
-        scope = scope_settings(train)
-        return choose_plan(device, cfg.gpt, effective_batch=effective, activation_checkpointing=checkpointing,
-                           scope=scope)
+        given = {"effective_batch_size": effective_batch_size, "activation_checkpointing": grad_checkpointing,
+                 "train_scope": train_scope}
+        cfg.override({name: value for name, value in given.items() if value is not None})  # as train's flags
+        return plan_for(cfg, assume_device(assume) if assume is not None else detect_device())
 
     plan = run_guarded(run)
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())

@@ -58,11 +58,12 @@ from indextts_train.text.vocab import (
 from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
-from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
+from indextts_train.train.hardware import HardwarePlan, apply_determinism, detect_device
 from indextts_train.train.listen_check import GenerationCheck
 from indextts_train.train.listening import Listener, after_save
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
+from indextts_train.train.plan import plan_for
 from indextts_train.train.preflight import check_inputs
 from indextts_train.train.resume import (
     note_changed_arithmetic,
@@ -221,14 +222,9 @@ class Run:
         self.resumed = None
 
 
-def _hardware(config: Config, options: RunSettings, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:
-    train = config.train
+def _hardware(config: Config, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:
     device_info = detect_device(dist.local_rank)
-    plan = choose_plan(device_info, config.gpt, effective_batch=train.effective_batch_size,
-                       batch_size=train.batch_size, grad_accumulation=train.grad_accumulation,
-                       num_workers=train.num_workers, amp=train.amp,
-                       activation_checkpointing=train.activation_checkpointing, world_size=dist.world_size,
-                       scope=scope_settings(train))
+    plan = plan_for(config, device_info, dist.world_size)
     if plan.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -406,7 +402,7 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
     base = read_base(options.base_checkpoint)  # one read serves the family, the checks and the weights
     settle_family(config.gpt, base, options.base_checkpoint)  # before the hardware plan sizes the model
     tokens = check_inputs(options, config, base)  # before the plan is printed and before anything is created
-    plan, device = _hardware(config, options, dist)
+    plan, device = _hardware(config, dist)
     # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
     made = first_missing(options.output_dir)
     created = [name for name in (RUN_LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (options.output_dir / name).exists()]
