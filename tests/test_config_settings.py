@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 from pathlib import Path
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainConfig, config_to_dict, load_config
+from indextts_train.config.settings import (
+    OFFICIAL_SECTIONS,
+    ConditionModuleConfig,
+    GPTConfig,
+    TrainConfig,
+    config_to_dict,
+    load_config,
+)
 from indextts_train.errors import UserError
 from indextts_train.ui.run_settings import resolve_settings
 
@@ -136,3 +144,17 @@ def test_official_sections_are_kept_and_stored_with_the_config(tmp_path: Path) -
     stored = config_to_dict(load_config(path))
     assert stored["s2mel"] == {"sr": 22050} and stored["vocoder"] == {"type": "bigvgan"} and stored["emo_num"] == [3, 4]
     assert "w2v_stat" not in stored
+
+
+@pytest.mark.parametrize(("section", "cls"), [("gpt", GPTConfig), ("condition_module", ConditionModuleConfig)])
+def test_every_model_size_has_its_range_on_its_field(tmp_path, section, cls) -> None:
+    """Each whole number of the gpt: section is refused just outside the range its field states."""
+    sizes = [f for f in dataclasses.fields(cls) if f.type in ("int", int)]
+    assert len(sizes) >= 4
+    for f in sizes:
+        low, high = f.metadata["range"]
+        for value in (low - 1, high + 1):
+            data = yaml.safe_load(TINY.read_text())
+            (data["gpt"] if section == "gpt" else data["gpt"]["condition_module"])[f.name] = value
+            with pytest.raises(UserError, match=f"{f.name} must be in {low}..{high:,}, got {value}"):
+                load_config(write(tmp_path, data))

@@ -29,53 +29,55 @@ FAMILY_NAMES = {FAMILY_V2: "IndexTTS2", FAMILY_V25: "IndexTTS-2.5"}
 _VERSIONS = {"2": FAMILY_V2, "2.0": FAMILY_V2, "2.5": FAMILY_V25}
 
 
+def bounded(default: int, low: int, high: int) -> Any:
+    """A model size with its inclusive range: far beyond the real models (IndexTTS2: 24 layers of 1280,
+    12000 text tokens), yet small enough that a typo (`layers: 100000000`) is named at once instead
+    of reaching the memory estimate or the allocator."""
+    return field(default=default, metadata={"range": (low, high)})
+
+
+def check_bounded(sizes: Any, prefix: str) -> None:
+    """Every `bounded` field of the dataclass `sizes` within its range, named `prefix` + field."""
+    for f in dataclasses.fields(sizes):
+        low, high = f.metadata.get("range", (None, None))
+        if low is not None and not low <= getattr(sizes, f.name) <= high:
+            raise UserError(f"{prefix}{f.name} must be in {low}..{high:,}, got {getattr(sizes, f.name)!r}")
+
+
 @dataclass
 class ConditionModuleConfig:
     """Conformer + perceiver that make the 32 conditioning latents (not trained here; carried)."""
 
-    output_size: int = 512
-    linear_units: int = 2048
-    attention_heads: int = 8
-    num_blocks: int = 6
+    output_size: int = bounded(512, 1, 65_536)
+    linear_units: int = bounded(2048, 1, 65_536)
+    attention_heads: int = bounded(8, 1, 65_536)
+    num_blocks: int = bounded(6, 1, 65_536)
     input_layer: str = "conv2d2"
     perceiver_mult: float = 2  # may be a float: the reference uses int(dim * mult * 2 / 3)
 
     def __post_init__(self) -> None:
-        for name in ("output_size", "linear_units", "attention_heads", "num_blocks"):
-            if not 1 <= getattr(self, name) <= 65_536:
-                raise UserError(f"gpt condition module: {name} must be in 1..65,536, got {getattr(self, name)!r}")
+        check_bounded(self, "gpt condition module: ")
         if not (math.isfinite(self.perceiver_mult) and 0 < self.perceiver_mult <= 64):
             raise UserError(f"gpt condition module: perceiver_mult must be in (0, 64], got {self.perceiver_mult!r}")
-
-
-# Every integer of the `gpt:` section, inclusive: far beyond the real models (IndexTTS2: 24 layers of
-# 1280, 12000 text tokens), yet small enough that a typo (`layers: 100000000`) is named at once
-# instead of reaching the memory estimate or the allocator.
-_GPT_RANGES = {
-    "model_dim": (1, 65_536), "heads": (1, 1024), "layers": (1, 1024), "max_mel_tokens": (1, 1_000_000),
-    "max_text_tokens": (1, 1_000_000), "number_text_tokens": (1, 10_000_000), "number_mel_codes": (1, 1_000_000),
-    "mel_length_compression": (1, 1_000_000), "start_mel_token": (0, 999_999), "stop_mel_token": (0, 999_999),
-    "start_text_token": (0, 9_999_999), "stop_text_token": (0, 9_999_999),
-}
 
 
 @dataclass
 class GPTConfig:
     """The `gpt:` section of IndexTTS2's config.yaml; defaults are the real IndexTTS2 sizes."""
 
-    model_dim: int = 1280
-    max_mel_tokens: int = 1815
-    max_text_tokens: int = 600
-    heads: int = 20
+    model_dim: int = bounded(1280, 1, 65_536)
+    max_mel_tokens: int = bounded(1815, 1, 1_000_000)
+    max_text_tokens: int = bounded(600, 1, 1_000_000)
+    heads: int = bounded(20, 1, 1024)
     use_mel_codes_as_input: bool = True
-    mel_length_compression: int = 1024
-    layers: int = 24
-    number_text_tokens: int = 12000
-    number_mel_codes: int = 8194
-    start_mel_token: int = 8192
-    stop_mel_token: int = 8193
-    start_text_token: int = 0
-    stop_text_token: int = 1
+    mel_length_compression: int = bounded(1024, 1, 1_000_000)
+    layers: int = bounded(24, 1, 1024)
+    number_text_tokens: int = bounded(12000, 1, 10_000_000)
+    number_mel_codes: int = bounded(8194, 1, 1_000_000)
+    start_mel_token: int = bounded(8192, 0, 999_999)
+    stop_mel_token: int = bounded(8193, 0, 999_999)
+    start_text_token: int = bounded(0, 0, 9_999_999)
+    stop_text_token: int = bounded(1, 0, 9_999_999)
     train_solo_embeddings: bool = False
     condition_type: str = "conformer_perceiver"
     condition_module: ConditionModuleConfig = field(default_factory=ConditionModuleConfig)
@@ -90,9 +92,7 @@ class GPTConfig:
     family: str | None = None
 
     def __post_init__(self) -> None:
-        for name, (low, high) in _GPT_RANGES.items():
-            if not low <= getattr(self, name) <= high:
-                raise UserError(f"gpt.{name} must be in {low}..{high:,}, got {getattr(self, name)!r}")
+        check_bounded(self, "gpt.")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
