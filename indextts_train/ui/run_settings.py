@@ -30,45 +30,21 @@ SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 @dataclass(frozen=True)
 class RunSettings:
     """A start's inputs as given, and what they resolve to: the config with every `train:` setting in
-    effect (`config.train`, mixed precision included) and the manifests as specs."""
+    effect (`config.train`, mixed precision included), the manifests as specs, the paths as Paths."""
 
-    inputs: TrainOptions
+    inputs: TrainOptions  # as given: what run.yaml records
     config: Config  # a run settles the model family on its own copy (setup)
     train_manifests: tuple[ManifestSpec, ...]
     val_manifests: tuple[ManifestSpec, ...]
+    output_dir: Path
+    tokenizer: Path | None
+    base_checkpoint: Path | None
+    resume: str | None  # 'auto' or a checkpoint path
+    on_vocab_change: str
+    skip_bad_lines: bool
+    accept_data_change: bool
+    tensorboard: bool
     config_note: str | None = None  # which config was taken, when --config was not given
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.inputs.output_dir)
-
-    @property
-    def tokenizer(self) -> Path | None:
-        return _path(self.inputs.tokenizer)
-
-    @property
-    def base_checkpoint(self) -> Path | None:
-        return _path(self.inputs.base_checkpoint)
-
-    @property
-    def resume(self) -> str | None:
-        return None if self.inputs.resume is None else str(self.inputs.resume)
-
-    @property
-    def on_vocab_change(self) -> str:
-        return self.inputs.on_vocab_change
-
-    @property
-    def skip_bad_lines(self) -> bool:
-        return self.inputs.skip_bad_lines
-
-    @property
-    def accept_data_change(self) -> bool:
-        return self.inputs.accept_data_change
-
-    @property
-    def tensorboard(self) -> bool:
-        return self.inputs.tensorboard
 
 
 def _path(value: Any) -> Path | None:
@@ -89,7 +65,12 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
     train = parse_manifest_specs(inputs.train_manifests, "--train-manifest", weights=True)
     val = parse_manifest_specs(inputs.val_manifests or [], "--val-manifest", weights=False)
-    return RunSettings(inputs, config, tuple(train), tuple(val), note)
+    return RunSettings(inputs, config, tuple(train), tuple(val), output_dir=Path(inputs.output_dir),
+                       tokenizer=_path(inputs.tokenizer), base_checkpoint=_path(inputs.base_checkpoint),
+                       resume=None if inputs.resume is None else str(inputs.resume),
+                       on_vocab_change=inputs.on_vocab_change, skip_bad_lines=inputs.skip_bad_lines,
+                       accept_data_change=inputs.accept_data_change, tensorboard=inputs.tensorboard,
+                       config_note=note)
 
 
 def _over_recorded_run(values: dict[str, Any], typed: Collection[str] | None) -> dict[str, Any]:
