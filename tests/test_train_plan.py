@@ -9,7 +9,9 @@ import pytest
 import torch
 import yaml
 from helpers import run_cli
+from typer.testing import CliRunner
 
+from indextts_train.cli import app
 from indextts_train.train.hardware import HardwarePlan
 from indextts_train.webui import form as forms
 from indextts_train.webui.roots import Roots
@@ -26,7 +28,7 @@ def page_plan(tiny_data: dict, tmp_path, extra: str) -> str:
     return server.hardware(*values)
 
 
-@pytest.mark.slow  # a real run (~5 s)
+@pytest.mark.slow  # a real run and the page (~20 s)
 def test_the_page_the_hardware_command_and_the_run_pick_one_plan(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     trained = run_cli("train", "--train-manifest", tiny_data["train"], "--output-dir", out, "--config",
@@ -34,14 +36,14 @@ def test_the_page_the_hardware_command_and_the_run_pick_one_plan(tiny_data, tmp_
                       "--max-steps", 1, "--save-interval", 1)
     assert trained.returncode == 0, trained.stderr
     ran = yaml.safe_load((out / "run.yaml").read_text())["hardware"]
-    command = run_cli("hardware", "--config", tiny_data["config"], "--train-scope", "lora", "--json")
-    assert command.returncode == 0, command.stderr
-    shown = json.loads(command.stdout)
+    command = CliRunner().invoke(app, ["hardware", f"--config={tiny_data['config']}", "--train-scope=lora", "--json"])
+    assert command.exit_code == 0, command.output
+    shown = json.loads(command.output)
     assert {**shown, "cpu_threads": 0} == {**ran, "cpu_threads": 0}  # threads: each process's own torch
     here = HardwarePlan.from_dict({**ran, "cpu_threads": torch.get_num_threads()})
     assert page_plan(tiny_data, tmp_path, "--train-scope=lora") == here.describe()
     # The scope reaches the plan: a full run's differs, on the page as in the command.
-    full = json.loads(run_cli("hardware", "--config", tiny_data["config"], "--json").stdout)
+    full = json.loads(CliRunner().invoke(app, ["hardware", f"--config={tiny_data['config']}", "--json"]).output)
     assert full["estimated_bytes"] > ran["estimated_bytes"]
     assert page_plan(tiny_data, tmp_path, "") == HardwarePlan.from_dict(
         {**full, "cpu_threads": torch.get_num_threads()}).describe()
