@@ -29,7 +29,7 @@ from indextts_train.config.settings import FAMILY_V25, Config, GPTConfig, load_c
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import official_shapes, split_state_dict
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
@@ -60,7 +60,7 @@ def grown_run(tiny_data, tmp_path_factory) -> dict:
     config_path = folder / "grown.yaml"
     config_path.write_text(yaml.safe_dump(config))
     out = folder / "run"
-    code = train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=config_path,
+    code = train(resolve_settings(train_manifests=[tiny_data["train"]], output_dir=out, config=config_path,
                               base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, num_workers=0, max_steps=2, epochs=10,
                               weight_decay=0.5, tensorboard=False))

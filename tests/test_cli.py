@@ -36,7 +36,7 @@ from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import AMHARIC, ENGLISH
 from indextts_train.model.layout import trained_keys
 from indextts_train.model.scope import scope_counts
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def community_latest(base: Path, config: Path, steps: int = 3) -> dict:
 def complete(tiny_data, tmp_path_factory) -> Path:
     """latest.pth of a real 2-step training run (COMPLETE)."""
     out = tmp_path_factory.mktemp("run") / "run"
-    code = train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=tiny_data["config"],
+    code = train(resolve_settings(train_manifests=[tiny_data["train"]], output_dir=out, config=tiny_data["config"],
                               base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, num_workers=0, max_steps=2, epochs=10, tensorboard=False))
     assert code == 0

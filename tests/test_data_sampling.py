@@ -213,7 +213,7 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
     from indextts_train.checkpoint.files import load_checkpoint
     from indextts_train.data.manifest import ManifestIndex
     from indextts_train.train import steps
-    from indextts_train.train.loop import TrainOptions, train
+    from indextts_train.train.loop import resolve_settings, train
 
     out = tmp_path / "run"
     out.mkdir()
@@ -228,7 +228,7 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
         return ResumableBatchSampler(order, **kwargs)
 
     monkeypatch.setattr(steps, "ResumableBatchSampler", spy)
-    assert train(TrainOptions(train_manifests=[str(data)], output_dir=out, config=TINY_CONFIG, resume="auto",
+    assert train(resolve_settings(train_manifests=[str(data)], output_dir=out, config=TINY_CONFIG, resume="auto",
                               max_steps=8, epochs=100, batch_size=2, grad_accumulation=2, effective_batch_size=4,
                               learning_rate=3e-3, warmup_steps=4, weight_decay=0.1, seed=11, log_interval=1,
                               tensorboard=False)) == 0

@@ -239,10 +239,10 @@ def test_fingerprint_says_what_changed(tiny_data, tmp_path) -> None:
 
 @pytest.mark.slow  # trains a tiny run
 def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -> None:
-    from indextts_train.train.loop import TrainOptions, train
+    from indextts_train.train.loop import resolve_settings, train
 
     out = tmp_path / "run"
-    assert train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=TINY_CONFIG,
+    assert train(resolve_settings(train_manifests=[tiny_data["train"]], output_dir=out, config=TINY_CONFIG,
                               base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, num_workers=0, max_steps=2, tensorboard=False)) == 0
     state = load_checkpoint(out / "latest.pth")

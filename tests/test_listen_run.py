@@ -34,7 +34,7 @@ from indextts_train.listen.tiny_folder import tiny_gpt_config, write_tiny_infere
 from indextts_train.prepare.outputs import file_stem
 from indextts_train.prepare.tiny import write_synthetic_clips
 from indextts_train.prepare.tiny_asr import write_tiny_asr
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 pytestmark = pytest.mark.slow  # every test here: trains a tiny run and starts `listen` in a process
 
@@ -85,7 +85,7 @@ def heard_run(request, tmp_path_factory) -> dict:
     model_dir = write_tiny_inference_dir(work / "model", family, tokenizer=Path(data["base_tokenizer"]),
                                          inference_python=python, seed=0, work=work, gpt_config=data["config"])
     run = work / "run"
-    assert train(TrainOptions(train_manifests=[data["train"]], val_manifests=[data["val"]],
+    assert train(resolve_settings(train_manifests=[data["train"]], val_manifests=[data["val"]],
                               output_dir=run, config=data["config"], tokenizer=data["tokenizer"],
                               base_checkpoint=data["base"], batch_size=4, grad_accumulation=1,
                               effective_batch_size=4, num_workers=0, max_steps=4, epochs=100, val_interval=2,

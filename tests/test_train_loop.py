@@ -12,7 +12,7 @@ from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train import loop as train_mod
-from indextts_train.train.loop import TrainOptions, lr_factor, train
+from indextts_train.train.loop import RunSettings, lr_factor, resolve_settings, train
 from indextts_train.ui.run_record import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
@@ -20,13 +20,13 @@ pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 
 
-def options(data: dict, out: Path, **overrides) -> TrainOptions:
+def options(data: dict, out: Path, **overrides) -> RunSettings:
     values = dict(train_manifests=[data["train"]], val_manifests=[data["val"]], output_dir=out,
                   config=data["config"], base_checkpoint=data["base"], batch_size=2, grad_accumulation=2,
                   effective_batch_size=4, num_workers=0, max_steps=12, epochs=100, learning_rate=3e-3,
                   warmup_steps=2, log_interval=2, val_interval=6, save_interval=6, tensorboard=False)
     values.update(overrides)
-    return TrainOptions(**values)
+    return resolve_settings(**values)
 
 
 def grown_config(tmp_path: Path, tokens: int = 150) -> Path:

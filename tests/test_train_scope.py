@@ -226,6 +226,6 @@ def test_demo_trains_the_scope_it_is_given(family_data, tmp_path, monkeypatch, f
         "train_manifest": data["train"], "val_manifest": data["val"], "inference_widths": False})
     monkeypatch.setattr(demo, "train", lambda options: seen.append(options) or 2)
     assert demo.run_demo(tmp_path, max_steps=3, family=family, train_scope="lora") == 2
-    assert seen[0].overrides["train_scope"] == "lora"
-    config = load_config(seen[0].config)  # and `demo --train-scope partial` fits the tiny model
+    assert seen[0].config.train.train_scope == "lora"
+    config = load_config(seen[0].inputs.config)  # and `demo --train-scope partial` fits the tiny model
     ScopeSettings("partial", partial_layers=config.train.partial_layers).check_fits(config.gpt.layers)

@@ -32,7 +32,6 @@ from indextts_train.checkpoint.async_save import BackgroundSaver, cpu_snapshot
 from indextts_train.checkpoint.files import BEST, NonFiniteStateError, protected_name_error, publish, save_checkpoint
 from indextts_train.checkpoint.lineage import describe_set_aside, owned_by, set_aside
 from indextts_train.checkpoint.state import nonfinite_problem
-from indextts_train.config.settings import TrainOptions
 from indextts_train.data.sampling import epoch_length
 from indextts_train.data.workers import reap_workers
 from indextts_train.distributed import any_rank, barrier, setup_distributed, teardown_distributed
@@ -47,8 +46,9 @@ from indextts_train.train.steps import OutOfMemory, fetch_step, micro_batches, o
 from indextts_train.train.validation import describe, scalars
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_record import TextLog
+from indextts_train.ui.run_settings import RunSettings, resolve_settings
 
-__all__ = ["SignalFlag", "TrainOptions", "lr_factor", "train"]
+__all__ = ["RunSettings", "SignalFlag", "lr_factor", "train", "resolve_settings"]
 
 EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 METRICS = ("loss", "text_loss", "mel_loss", "mel_top1", "grad_norm")  # what optimizer_step returns
@@ -120,7 +120,7 @@ class Diverged(Exception):
     """The run stops with EXIT_DIVERGED; the message names the last good checkpoint."""
 
 
-def train(options: TrainOptions) -> int:
+def train(options: RunSettings) -> int:
     """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal."""
     # Several ranks stop together at a step boundary (any_rank): one rank leaving setup alone would
     # leave the others waiting in a collective, so only a single process stops in setup at once.

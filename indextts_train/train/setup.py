@@ -8,6 +8,7 @@ place last, by `Run.start_rng`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import time
@@ -29,7 +30,7 @@ from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progre
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
+from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig, config_to_dict
 from indextts_train.data.fingerprint import check_same_data, data_fingerprint
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
 from indextts_train.data.sampling import (
@@ -41,7 +42,6 @@ from indextts_train.data.sampling import (
     epoch_order,
     legacy_spec,
     mix_change,
-    parse_manifest_specs,
     sampler_spec,
 )
 from indextts_train.distributed import DistInfo, gather_to_main
@@ -58,11 +58,12 @@ from indextts_train.text.vocab import (
 from indextts_train.train.accel import compile_blocks
 from indextts_train.train.best import BestTracker, check_metric
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
-from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, detect_device
+from indextts_train.train.hardware import HardwarePlan, apply_determinism, detect_device
 from indextts_train.train.listen_check import GenerationCheck
 from indextts_train.train.listening import Listener, after_save
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
+from indextts_train.train.plan import plan_for
 from indextts_train.train.preflight import check_inputs
 from indextts_train.train.resume import (
     note_changed_arithmetic,
@@ -87,6 +88,7 @@ from indextts_train.ui.run_record import (
     take_back,
     write_run_record,
 )
+from indextts_train.ui.run_settings import RunSettings
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
@@ -138,7 +140,7 @@ def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
 class Run:
     """Everything the loop needs, built by `setup`."""
 
-    options: TrainOptions
+    options: RunSettings
     config: Config
     dist: DistInfo
     device: torch.device
@@ -220,14 +222,9 @@ class Run:
         self.resumed = None
 
 
-def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:
-    train = config.train
+def _hardware(config: Config, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:
     device_info = detect_device(dist.local_rank)
-    plan = choose_plan(device_info, config.gpt, effective_batch=train.effective_batch_size,
-                       batch_size=train.batch_size, grad_accumulation=train.grad_accumulation,
-                       num_workers=train.num_workers, amp=options.amp,
-                       activation_checkpointing=train.activation_checkpointing, world_size=dist.world_size,
-                       scope=scope_settings(train))
+    plan = plan_for(config, device_info, dist.world_size)
     if plan.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -237,7 +234,7 @@ def _hardware(config: Config, options: TrainOptions, dist: DistInfo) -> tuple[Ha
     return plan, torch.device(f"cuda:{dist.local_rank}" if device_info.kind == "cuda" else "cpu")
 
 
-def _index(manifests: list[ManifestSpec], options: TrainOptions, config: Config) -> ManifestIndex:
+def _index(manifests: list[ManifestSpec], options: RunSettings, config: Config) -> ManifestIndex:
     """Lines of either family are indexed; `require_family` checks them once the model's family is known."""
     return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
                                max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens,
@@ -356,10 +353,9 @@ def _anchor_schedule(run: Run, ckpt: dict) -> None:
     clock.total_samples = clock.anchor_samples + (run.total_steps - progress.step) * clock.effective_batch
 
 
-def _data(options: TrainOptions, config: Config, log: RunLogger) -> tuple:
+def _data(options: RunSettings, config: Config, log: RunLogger) -> tuple:
     """(training manifests, their index, validation manifests, their index or None)."""
-    train_specs = parse_manifest_specs(options.train_manifests, "--train-manifest", weights=True)
-    val_specs = parse_manifest_specs(options.val_manifests or [], "--val-manifest", weights=False)
+    train_specs, val_specs = list(options.train_manifests), list(options.val_manifests)
     index = _index(train_specs, options, config)
     if index.skipped:
         log.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
@@ -378,7 +374,7 @@ def _republish_best(run: Run, path: Path | None) -> None:
         run.log.info(f"{best} now names {path.name}, the best checkpoint (its publication was interrupted)")
 
 
-def _check_data(ckpt: dict, path: Path, fingerprint: dict, options: TrainOptions, log: RunLogger) -> bool:
+def _check_data(ckpt: dict, path: Path, fingerprint: dict, options: RunSettings, log: RunLogger) -> bool:
     """Whether the training data is the one the checkpoint was trained on; refuses a change (exit 2)
     unless --accept-data-change, then says how the stored position maps onto the new data."""
     progress = ckpt["progress"]
@@ -395,19 +391,18 @@ def _restore_data(run: Run, ckpt: dict, path: Path) -> None:
     run.last_saved, run.last_saved_step = ckpt_io.step_file_of(path) or path, run.progress.step
 
 
-def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None) -> Run:
+def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None) -> Run:
     """Build the run: config + flags, checks of every input, hardware plan, data, weights, optimizer set,
     resume state. Nothing is created on disk before the checks pass; a start refused later removes
     what it created (the output folder it made, its lock and log)."""
     startup = RunLogger(None, 0, enabled=dist.is_main, tensorboard=False, text_log=text_log)
-    chosen = options.config_path()[1]
-    if chosen:
-        startup.info(chosen)
-    config = options.load_config()
+    if options.config_note:
+        startup.info(options.config_note)
+    config = copy.deepcopy(options.config)  # the run settles the model family on its own copy
     base = read_base(options.base_checkpoint)  # one read serves the family, the checks and the weights
     settle_family(config.gpt, base, options.base_checkpoint)  # before the hardware plan sizes the model
     tokens = check_inputs(options, config, base)  # before the plan is printed and before anything is created
-    plan, device = _hardware(config, options, dist)
+    plan, device = _hardware(config, dist)
     # What this start creates, so that a refusal can take it back: the folders, the lock and the log.
     made = first_missing(options.output_dir)
     created = [name for name in (RUN_LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (options.output_dir / name).exists()]
@@ -419,7 +414,7 @@ def setup(options: TrainOptions, dist: DistInfo, text_log: TextLog | None = None
         run = _build(options, dist, config, plan, device, startup, lock, tokens, base)
         _warn_schedule(run)
         if dist.is_main:
-            write_run_record(options.output_dir, recordable_options(options, config), config_to_dict(config),
+            write_run_record(options.output_dir, recordable_options(options.inputs, config), config_to_dict(config),
                              run.plan.to_dict(), startup.text_log.started)
         return run
     except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
@@ -442,7 +437,7 @@ def _warn_schedule(run: Run) -> None:
         run.log.warn(warning)
 
 
-def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
+def _build(options: RunSettings, dist: DistInfo, config: Config, plan: HardwarePlan, device: torch.device,
            startup: RunLogger, lock: RunLock | None, tokens: int, base: object | None) -> Run:
     train = config.train
     startup.info(plan.describe(), "plan", plan=plan.to_dict())

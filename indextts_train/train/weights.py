@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config, TrainConfig, TrainOptions
+from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import (
@@ -35,6 +35,7 @@ from indextts_train.text.vocab import (
     resize_text_rows,
 )
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_settings import RunSettings
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
@@ -85,7 +86,7 @@ def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> Unif
     return model
 
 
-def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLogger,
+def fresh_weights(options: RunSettings, config: Config, tokens: int, log: RunLogger,
                   loaded: object | None = None) -> Weights:
     """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init.
 
