@@ -26,6 +26,10 @@ from indextts_train.model.gpt import Batch
 EXIT_DIVERGED = 3
 
 
+class Diverged(Exception):
+    """The run stops with EXIT_DIVERGED; the message names the last good checkpoint."""
+
+
 class DivergenceGuard:
     """Counts non-finite steps in the run's Progress (bad_steps, bad_streak, bad_streak_start), so
     the counters are saved and restored with it and a resumed run stops at exactly the same step."""

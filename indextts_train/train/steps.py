@@ -24,7 +24,8 @@ from indextts_train.train.hardware import halve_for_oom, is_oom_error
 from indextts_train.train.validation import evaluate_groups
 
 if TYPE_CHECKING:
-    from indextts_train.train.setup import Run
+    from indextts_train.train.run import RunSpec, RunState
+    from indextts_train.ui.console import RunLogger
 
 
 class OutOfMemory(Exception):
@@ -36,15 +37,15 @@ class OutOfMemory(Exception):
 StepBatches = list[tuple[Batch | None, list[str]]]  # per micro-batch: its good samples, the bad ones' reasons
 
 
-def micro_batches(run: Run) -> Iterator[tuple[Batch | None, list[str]]]:
+def micro_batches(run: RunSpec, state: RunState) -> Iterator[tuple[Batch | None, list[str]]]:
     """This rank's micro-batches from the current sample of the epoch onward.
 
     Rebuilt only at an epoch change, a resume or an OOM retry; slicing the epoch order at
     `samples_in_epoch` is what makes a resume cost nothing and an OOM retry see the same samples.
     """
-    plan, progress = run.plan, run.progress
+    plan, progress = state.layout, state.progress
     sampler = ResumableBatchSampler(
-        run.epoch_order(progress.epoch), micro_batch=plan.micro_batch, start_sample=progress.samples_in_epoch,
+        run.orders(progress.epoch), micro_batch=plan.micro_batch, start_sample=progress.samples_in_epoch,
         world_size=plan.world_size, rank=run.dist.rank)
     return iter(make_loader(run.dataset, sampler, plan.num_workers, run.device.type == "cuda",
                             collate_fn=collate_skipping))
@@ -61,7 +62,8 @@ def step_is_finite(loss: torch.Tensor, grad_norm: torch.Tensor, *, scaled: bool)
     return bool((torch.isfinite(loss) & grads_ok).item())
 
 
-def fetch_step(run: Run, batches: Iterator[tuple[Batch | None, list[str]]]) -> StepBatches | UserError:
+def fetch_step(run: RunSpec, state: RunState,
+               batches: Iterator[tuple[Batch | None, list[str]]]) -> StepBatches | UserError:
     """The step's micro-batches, all loaded before any compute, or the UserError of a bad sample.
 
     Loading first means a bad sample costs no half-done step, and every rank learns of it at the
@@ -69,7 +71,7 @@ def fetch_step(run: Run, batches: Iterator[tuple[Batch | None, list[str]]]) -> S
     """
     error = None
     try:
-        step_batches = [next(batches) for _ in range(run.plan.grad_accumulation)]
+        step_batches = [next(batches) for _ in range(state.layout.grad_accumulation)]
         if run.dist.enabled and any(batch is None for batch, _ in step_batches):
             raise UserError("every sample of a micro-batch failed to load, which --skip-bad-lines cannot "
                             "skip with several processes: " + step_batches[0][1][0])
@@ -80,14 +82,14 @@ def fetch_step(run: Run, batches: Iterator[tuple[Batch | None, list[str]]]) -> S
     return step_batches
 
 
-def _accumulate(run: Run, step_batches: StepBatches, step: int) -> torch.Tensor:
+def _accumulate(run: RunSpec, state: RunState, step_batches: StepBatches, step: int) -> torch.Tensor:
     """Forward and backward over the step's micro-batches.
 
     Returns the logged sums (6,) float64 *on the device*: total loss, text_ce, text_count, mel_ce,
     mel_count, mel_correct. Nothing here waits for the device: a `.item()` per micro-batch would
     stop the CPU from queueing the next kernels until the GPU caught up.
     """
-    accumulation, wrapped, autocast = run.plan.grad_accumulation, run.wrapped, run.autocast
+    accumulation, wrapped, autocast = state.layout.grad_accumulation, run.wrapped, run.autocast
     non_blocking = run.device.type == "cuda"  # batches come from pinned memory there
     sums = torch.zeros(6, dtype=torch.float64, device=run.device)
     for micro, (batch, _) in enumerate(step_batches):
@@ -102,13 +104,13 @@ def _accumulate(run: Run, step_batches: StepBatches, step: int) -> torch.Tensor:
                 loss = run.config.train.loss(text_loss, mel_loss)
                 if nan_loss_at(step):
                     loss = loss * float("nan")
-            run.optim.scaler.scale(loss / accumulation).backward()
+            state.optim.scaler.scale(loss / accumulation).backward()
         crash_point("accumulation", step)
         sums += torch.stack([loss.detach().double() / accumulation, *(c.detach().double() for c in counts)])
     return sums
 
 
-def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torch.Tensor, bool]:
+def optimizer_step(run: RunSpec, state: RunState, step_batches: StepBatches, step: int) -> tuple[torch.Tensor, bool]:
     """One optimizer step over the step's micro-batches.
 
     Returns [loss, text_loss, mel_loss, mel_top1, grad_norm] for logging as a (5,) float64 tensor on
@@ -118,9 +120,9 @@ def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torc
     A CUDA OOM surfaces as `OutOfMemory` with the gradients cleared, so the caller can retry the
     same samples.
     """
-    optim = run.optim
+    optim = state.optim
     try:
-        sums = _accumulate(run, step_batches, step)
+        sums = _accumulate(run, state, step_batches, step)
     except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
         if not is_oom_error(exc):
             raise
@@ -129,12 +131,12 @@ def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torc
             torch.cuda.empty_cache()
         raise OutOfMemory(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     for _, skipped in step_batches:  # counted once the step went through (an OOM retry loads them again)
-        run.data.add_skipped(skipped)
+        state.data.add_skipped(skipped)
     run.freezer.mask_grads()  # frozen rows: no update, and no weight in the clipping norm
     optim.scaler.unscale_(optim.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in run.weights.trainable()], run.config.train.grad_clip)
-    finite = not any_rank(not step_is_finite(sums[0], grad_norm, scaled=optim.scaler.is_enabled()), run.dist,
-                          run.device)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in state.weights.trainable()], run.config.train.grad_clip)
+    finite_here = step_is_finite(sums[0], grad_norm, scaled=optim.scaler.is_enabled())
+    finite = not any_rank(not finite_here, run.dist, run.device)
     if finite:
         optim.scaler.step(optim.optimizer)
         run.freezer.restore()  # undo AdamW's decoupled decay and stale momentum on the frozen rows
@@ -150,38 +152,38 @@ def optimizer_step(run: Run, step_batches: StepBatches, step: int) -> tuple[torc
     return metrics, finite
 
 
-def validate(run: Run) -> dict:
+def validate(run: RunSpec, state: RunState, log: RunLogger) -> dict:
     """Validation per group (validation.py) over this rank's shard, in manifest order: {"total", "groups"},
     and on rank 0 the generation check's numbers as "generation" (listen_check.py; --listen-lines).
 
     An OOM halves the micro-batch and retries.
     """
-    result = _losses(run)
+    result = _losses(run, state, log)
     check = run.val.generation
     if check is not None and run.dist.is_main:
         started = time.perf_counter()
         try:
-            result["generation"] = check.run(run.model, run.progress.step, run.device, run.autocast)
+            result["generation"] = check.run(state.model, state.progress.step, run.device, run.autocast)
         except Exception as exc:  # only OOM is handled here: the numbers of this validation are left out
             if not is_oom_error(exc):
                 raise
-            run.log.warn(f"CUDA out of memory in the generation check at step {run.progress.step}; it is left "
+            log.warn(f"CUDA out of memory in the generation check at step {state.progress.step}; it is left "
                          "out of this validation (a smaller --listen-lines needs less memory)")
             return result
         if not check.announced:
             check.announced = True
-            run.log.info(check.cost_line(time.perf_counter() - started))
+            log.info(check.cost_line(time.perf_counter() - started))
     return result
 
 
-def _losses(run: Run) -> dict:
+def _losses(run: RunSpec, state: RunState, log: RunLogger) -> dict:
     while True:
         try:
-            return evaluate_groups(run.model, run.val.dataset, run.val.groups, batch_size=run.plan.micro_batch,
-                                   config=run.config, device=run.device, num_workers=run.plan.num_workers,
+            return evaluate_groups(state.model, run.val.dataset, run.val.groups, batch_size=state.layout.micro_batch,
+                                   config=run.config, device=run.device, num_workers=state.layout.num_workers,
                                    dist_info=run.dist, autocast=run.autocast)
         except Exception as exc:  # only OOM is handled here; everything else propagates unchanged
             if not is_oom_error(exc):
                 raise
-            run.plan = halve_for_oom(run.plan, exc)
-            run.log.warn(f"CUDA out of memory in validation; retrying with micro-batch {run.plan.micro_batch}")
+            state.layout = halve_for_oom(state.layout, exc)
+            log.warn(f"CUDA out of memory in validation; retrying with micro-batch {state.layout.micro_batch}")
