@@ -1,7 +1,8 @@
 """The training loop, top to bottom.
 
-`train(options)` is all of `train-gpt`: `setup` (setup.py) builds the run, then `loop` runs one
-optimizer step per iteration. Exact resume rests on four rules kept here:
+`train(options)` is all of `train-gpt`: `setup` (setup.py) builds the run (run.py: its frozen spec,
+its state, its services), then `loop` runs one optimizer step per iteration. Exact resume rests on
+four rules kept here:
   1. Checkpoints are taken only at optimizer-step boundaries, after validation, and hold everything
      that decides what happens next (weights, the matched optimizer/scheduler/scaler set, the data
      position in samples, every RNG, the divergence guard's counters, the skipped samples).

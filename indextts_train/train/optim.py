@@ -46,7 +46,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 class LrClock:
     """Where the LR schedule is, in samples seen: the samples at `anchor_step` (the step a run started or
     resumed at), then `effective_batch` a step. A resume at another effective batch moves the anchor
-    (train/setup.py), so the schedule follows the samples, not the step count."""
+    (train/restore.py), so the schedule follows the samples, not the step count."""
 
     effective_batch: int
     warmup_steps: int  # the flag; in samples at the current effective batch
