@@ -55,21 +55,16 @@ def window_values(history: History, progress: Progress, optim: OptimizerSet, clo
 
 def report_step(history: History, progress: Progress, optim: OptimizerSet, log: RunLogger, clock: Clock, *,
                 line_due: bool) -> Clock:
-    """After a step: a logged line when one is due (returns the new clock), else on a terminal the live
-    status line (one device->host read per step, not per micro-batch)."""
-    if history.pending and line_due:
-        return log_window(history, progress, optim, log, clock)
-    if log.interactive:
-        values = window_values(history, progress, optim, clock) if history.pending else None
-        log.train_step(progress.step, progress.epoch, values, print_line=False)
-    return clock
-
-
-def log_window(history: History, progress: Progress, optim: OptimizerSet, log: RunLogger, clock: Clock) -> Clock:
-    """One line for the steps since the last: history, TensorBoard, console. Returns the new clock."""
-    values = window_values(history, progress, optim, clock)
-    history.record_train(progress.step, values)
-    history.pending = []
-    log.scalars("train", values, progress.step)
-    log.train_step(progress.step, progress.epoch, values, print_line=True)
-    return time.perf_counter(), progress.samples_total
+    """After a step: a logged line for the steps since the last when one is due (history, TensorBoard,
+    console; returns the new clock), else on a terminal the live status line (one device->host read
+    per step, not per micro-batch)."""
+    line = bool(history.pending) and line_due
+    if not line and not log.interactive:
+        return clock
+    values = window_values(history, progress, optim, clock) if history.pending else None
+    if line:
+        history.record_train(progress.step, values)
+        history.pending = []
+        log.scalars("train", values, progress.step)
+    log.train_step(progress.step, progress.epoch, values, print_line=line)
+    return (time.perf_counter(), progress.samples_total) if line else clock
