@@ -24,8 +24,6 @@ import signal
 import time
 from collections.abc import Iterator
 
-import torch
-
 from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.config.settings import TrainOptions
 from indextts_train.data.sampling import epoch_length
@@ -33,17 +31,16 @@ from indextts_train.data.workers import reap_workers
 from indextts_train.distributed import any_rank, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError, user_line
 from indextts_train.files.faults import crash_point
-from indextts_train.train.best import judge, verdict
-from indextts_train.train.guard import EXIT_DIVERGED, Diverged
-from indextts_train.train.hardware import halve_for_oom, prepare_exact_resume_env
+from indextts_train.train.guard import EXIT_DIVERGED, Diverged, StreakStop, count_step
+from indextts_train.train.hardware import prepare_exact_resume_env
 from indextts_train.train.listening import Listener, listen_flags
 from indextts_train.train.optim import lr_factor
 from indextts_train.train.resume import restore_rng_for_rank
 from indextts_train.train.run import RunSpec, RunState, Services
 from indextts_train.train.saving import save_before_exit, save_when_due, wait_for_save
 from indextts_train.train.setup import Started, setup
-from indextts_train.train.steps import OutOfMemory, fetch_step, micro_batches, optimizer_step, validate
-from indextts_train.train.validation import describe, scalars
+from indextts_train.train.steps import EndAfterSaving, next_step, optimizer_step
+from indextts_train.train.validating import baseline, validation
 from indextts_train.train.window import report_step
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_record import TextLog
@@ -130,7 +127,7 @@ def train(options: TrainOptions) -> int:
         started = setup(options, dist, text_log)
         signals.in_setup = False
         services = open_services(started)
-        return loop(started.run, started.state, services, signals, rng=started.rng)
+        return run_to_end(started.run, started.state, services, signals, started.rng)
     except SetupInterrupted as stop:  # setup released the lock and removed its temp files on the way out
         return EXIT_BY_SIGNAL[stop.signum]
     except Diverged as stop:
@@ -166,40 +163,50 @@ def open_services(started: Started) -> Services:
     return Services(log, started.lock, BackgroundSaver() if train.async_save else None, listener)
 
 
-def loop(run: RunSpec, state: RunState, services: Services, signals: SignalFlag, *,
-         rng: list[dict] | None = None) -> int:
-    """One iteration = one optimizer step; logging, validation and saving at their intervals.
+def run_to_end(run: RunSpec, state: RunState, services: Services, signals: SignalFlag,
+               rng: list[dict] | None) -> int:
+    """Begin (`rng`: each rank's RNG stream to continue, None for a fresh run), loop, finish. A mid-run
+    error (a bad sample, out of memory at micro-batch 1) ends the run, exit 2, once the completed
+    steps are saved."""
+    try:
+        if not begin(run, state, services, rng):
+            return 0
+        exit_code = loop(run, state, services, signals)
+    except EndAfterSaving as end:
+        raise UserError(f"{end.line}; {save_before_exit(run, state, services)}; {end.then}") from None
+    except StreakStop:
+        wait_for_save(state, services)  # the last good checkpoint named below is on disk
+        raise Diverged(state.guard.stop_message(state.last_saved, state.last_saved_step)) from None
+    finish(run, state, services, exit_code)
+    return exit_code
 
-    `rng`: each rank's RNG stream to continue (the checkpoint's), None for a fresh run."""
-    if not begin(run, state, services, rng):
-        return 0
-    progress, train, log = state.progress, run.config.train, services.log
+
+def loop(run: RunSpec, state: RunState, services: Services, signals: SignalFlag) -> int:
+    """One iteration = one optimizer step; logging, validation and saving at their intervals. Returns the
+    exit code: 0 at the end (or an early one), 130/143/129 after a safe save on a signal."""
+    progress = state.progress
+    log = services.log
+    train = run.config.train
     clock = (time.perf_counter(), progress.samples_total)
     batches: Iterator | None = None
     exit_code = 0
     while progress.step < run.total_steps:
         if end_of_epoch(run, state):
             progress.epoch, progress.samples_in_epoch, batches = progress.epoch + 1, 0, None
-        if batches is None:
-            batches = micro_batches(run, state)
-        step_batches = fetch_step(run, state, batches)
-        if isinstance(step_batches, UserError):
-            raise stop_for_bad_data(run, state, services, step_batches)
-        try:
-            metrics, finite = optimizer_step(run, state, step_batches, step=progress.step + 1)
-        except OutOfMemory as oom:
-            retry_smaller(run, state, services, oom)
+        step_batches, batches = next_step(run, state, batches)  # a bad sample ends the run (EndAfterSaving)
+        done = optimizer_step(run, state, step_batches, progress.step + 1, log)
+        if done is None:  # out of memory: the same samples again at half the micro-batch
             batches = None
             continue
         progress.step += 1
-        progress.samples_in_epoch += run.plan.effective_batch
-        progress.samples_total += run.plan.effective_batch
-        count_step(state, services, metrics, finite)  # a good step's metrics join history.pending, on the device
+        progress.samples_in_epoch += state.layout.effective_batch
+        progress.samples_total += state.layout.effective_batch
+        count_step(state.guard, state.history, log, *done)  # a good step's metrics join history.pending
         clock = report_step(state.history, progress, state.optim, log, clock,
                             line_due=due(run, state, train.log_interval))
         crash_point("step_logged", progress.step)
-        new_best, ending = validation(run, state, services) if run.val and due(run, state, train.val_interval) \
-            else (False, None)
+        validating = run.val is not None and due(run, state, train.val_interval)
+        new_best, ending = validation(run, state, log) if validating else (False, None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
         save_when_due(run, state, services, stop, best=new_best, ending=ending is not None)
         if ending:  # early stop or forgetting limit: a planned end, exit 0
@@ -211,33 +218,7 @@ def loop(run: RunSpec, state: RunState, services: Services, signals: SignalFlag,
             log.stopped(progress.step, exit_code)
             break
     wait_for_save(state, services)  # the last checkpoint is on disk before the run reports done or stopped
-    finish(run, state, services, exit_code)
     return exit_code
-
-
-def count_step(state: RunState, services: Services, metrics: torch.Tensor, finite: bool) -> None:
-    """A good step's metrics go to history.pending; a skipped one is counted, said, and may end the run."""
-    guard = state.guard
-    guard.record(finite)
-    if finite:
-        # An fp16 overflow step is finite for the guard (the scaler skipped it) but its gradient norm
-        # is Inf: NaN marks it, and the window mean leaves it out. On the device: no read per step.
-        grad_norm = metrics[4]
-        metrics[4] = torch.where(torch.isfinite(grad_norm), grad_norm, torch.full_like(grad_norm, float("nan")))
-        state.history.pending.append(metrics)
-        return
-    loss, grad_norm = metrics[[0, 4]].tolist()  # a skipped step is rare: its own read of the device
-    services.log.warn(guard.skipped_line(loss, grad_norm))
-    if guard.should_stop:
-        wait_for_save(state, services)  # the last good checkpoint named below is on disk
-        raise Diverged(guard.stop_message(state.last_saved, state.last_saved_step))
-
-
-def stop_for_bad_data(run: RunSpec, state: RunState, services: Services, error: UserError) -> UserError:
-    """Save the last completed step (unless it is on disk already); the error to exit 2 with."""
-    kept = save_before_exit(run, state, services)
-    return UserError(f"{user_line(error)}; {kept}; fix or remove the line (`indextts-train check-data` lists every "
-                     "bad line) or pass --skip-bad-lines, then rerun with --resume auto")
 
 
 def begin(run: RunSpec, state: RunState, services: Services, rng: list[dict] | None) -> bool:
@@ -250,7 +231,7 @@ def begin(run: RunSpec, state: RunState, services: Services, rng: list[dict] | N
         return False
     # Last: model building and data setup may draw random numbers.
     restore_rng_for_rank(rng, progress.step, run.dist, run.config.train.seed, log)
-    if run.val is not None and not baseline(run, state, services):
+    if run.val is not None and not baseline(run, state, log):
         log.close()
         return False
     log.info(f"training {run.total_steps} steps: {epoch_length(run.schedule.sampler)} samples an epoch, "
@@ -269,65 +250,8 @@ def due(run: RunSpec, state: RunState, interval: int) -> bool:
 
 def end_of_epoch(run: RunSpec, state: RunState) -> bool:
     """Whether the next step would run past the epoch (its tail short of a step is dropped)."""
-    batch = run.plan.effective_batch
-    return state.progress.samples_in_epoch + batch > run.schedule.steps_per_epoch(batch) * batch
-
-
-def retry_smaller(run: RunSpec, state: RunState, services: Services, oom: OutOfMemory) -> None:
-    """The same samples again at half the micro-batch; at micro-batch 1 the run ends (exit 2) with the
-    steps since the last checkpoint saved (the failed step changed nothing: its gradients were cleared)."""
-    try:
-        state.layout = halve_for_oom(state.layout, RuntimeError(oom.message))
-    except UserError as exc:
-        raise UserError(f"{user_line(exc)}; {save_before_exit(run, state, services)}; then rerun with "
-                        "--resume auto") from None
-    services.log.warn(f"CUDA out of memory at step {state.progress.step + 1} ({oom.message}); retrying the same "
-                      f"samples with micro-batch {state.layout.micro_batch} x accumulation "
-                      f"{state.layout.grad_accumulation}")
-
-
-def checked_validate(run: RunSpec, state: RunState, services: Services) -> dict:
-    """validate(); a bad validation sample stops the run (exit 2) with the completed steps saved."""
-    try:
-        return validate(run, state, services.log)
-    except UserError as exc:
-        raise stop_for_bad_data(run, state, services, exc) from None
-
-
-def baseline(run: RunSpec, state: RunState, services: Services) -> bool:
-    """Validate the model before its first step (the base model: the forgetting report's reference), or on a
-    resume say why there is nothing to do when the run already ended early. False: nothing to do."""
-    history, val, step, log = state.history, run.val, state.progress.step, services.log
-    if step == 0 and history.baseline is None:
-        result = checked_validate(run, state, services)
-        history.record_baseline(result)
-        log.scalars("val", scalars(result), 0)
-        log.validated(0, describe(0, result, None, " (before training)"), result)
-        return True
-    if val.limits and history.baseline is None:
-        log.warn("this run recorded no validation of the base model (it started before that existed), so "
-                 "--forgetting-limit cannot be checked")
-    if history.last_val is None or history.last_val["step"] != step:
-        return True
-    why = verdict(state.best, history.last_val, step, baseline=history.baseline, limits=val.limits,
-                  patience=val.patience)
-    if why:
-        log.info(f"nothing to do: the run in {run.output_dir} already ended ({why}); raise "
-                 "--early-stop-patience or --forgetting-limit to continue it")
-    return why is None
-
-
-def validation(run: RunSpec, state: RunState, services: Services) -> tuple[bool, str | None]:
-    """Validate, log (total and per language, with the change against the base model), judge best.pth.
-
-    Returns (a new best: save and publish it now, why the run ends now or None).
-    """
-    result = checked_validate(run, state, services)  # a bad validation sample: the step is done, keep it
-    step, history, val, log = state.progress.step, state.history, run.val, services.log
-    history.record_validation(step, result)
-    log.scalars("val", scalars(result), step)
-    log.validated(step, describe(step, result, history.baseline), result)
-    return judge(state.best, result, step, baseline=history.baseline, limits=val.limits, patience=val.patience)
+    batch = state.layout.effective_batch
+    return state.progress.samples_in_epoch + batch > run.steps_per_epoch * batch
 
 
 def finish(run: RunSpec, state: RunState, services: Services, exit_code: int) -> None:

@@ -123,6 +123,7 @@ class RunSpec:
     plan: HardwarePlan  # as chosen at the start; the layout in effect is RunState.layout
     schedule: Schedule
     total_steps: int  # schedule.end_step at the start: the same at every step of the run
+    steps_per_epoch: int  # at the run's effective batch
     dataset: ManifestDataset | SkippingDataset  # SkippingDataset under --skip-bad-lines
     orders: EpochOrders
     val: Validation | None

@@ -104,11 +104,11 @@ def save(run: RunSpec, state: RunState, services: Services, *, must: bool = True
         raise diverged(state, f"not saving step {step}: {problem}")
     log.flush()  # TensorBoard holds everything up to this step before the checkpoint exists
     state.history.pending = host_rows(state.history.pending)  # the checkpoint stores plain floats
+    if state.new_branch and run.dist.is_main:  # before its first file: the abandoned branch's names stay whole
+        set_aside_abandoned(run, state, services)
     saved = checkpoint_state(run, state)
     path = None
     if saved is not None:
-        if state.new_branch:  # before its first file: the abandoned branch's names must not be clobbered
-            set_aside_abandoned(run, state, services)
         progress = state.progress  # where the run is now: an --async-save write ends steps later
         at = {"step": step, "total": run.total_steps, "epoch": progress.epoch, "sample": progress.samples_in_epoch}
         write = functools.partial(_write, run, state, services, at=at, own=owned_by(state.lineage), best=best)

@@ -254,5 +254,6 @@ def _spec(options: TrainOptions, dist: DistInfo, config: Config, device: torch.d
     plan = state.layout
     total_steps = schedule.end_step(state.progress, plan.effective_batch)
     return RunSpec(options, config, dist, device, plan, schedule, total_steps,
+                   schedule.steps_per_epoch(plan.effective_batch),
                    SkippingDataset(dataset) if options.skip_bad_lines else dataset,
                    EpochOrders(schedule.sampler, index.total_lengths), val, wrapped, freezer, protected)
