@@ -92,7 +92,7 @@ class Progress(Component):
     bad_steps: int = added_field(0)
     bad_streak: int = added_field(0)
     bad_streak_start: int = added_field(0)
-    # 1 while a periodic save waits for the end of a streak of skipped steps (train.save_when_due).
+    # 1 while a periodic save waits for the end of a streak of skipped steps (saving.save_when_due).
     save_pending: int = added_field(0)
 
     @staticmethod
