@@ -238,10 +238,10 @@ def test_an_error_exit_closes_tensorboard_and_the_status_line(tiny_data, tmp_pat
     monkeypatch.setattr(console.RunLogger, "stop", lambda self: stopped.append(1))
     original = train_mod.optimizer_step
 
-    def broken_at_step_3(run, state, step_batches, step):
+    def broken_at_step_3(run, state, step_batches, step, *rest):
         if step == 3:
             raise RuntimeError("a bug")
-        return original(run, state, step_batches, step)
+        return original(run, state, step_batches, step, *rest)
 
     monkeypatch.setattr(train_mod, "optimizer_step", broken_at_step_3)
     with pytest.raises(RuntimeError, match="a bug"):
