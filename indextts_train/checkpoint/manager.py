@@ -83,6 +83,8 @@ def resumed_state(ckpt: dict, path: Path) -> Resumed:
     """A loaded (migrated, verified) checkpoint dict as its typed parts."""
     sampler = ckpt.get("sampler", {})
     legacy = sampler.get("rule", LEGACY_RULE) == LEGACY_RULE  # no record: written before order rules
+    sort_window = stored_sort_window(ckpt) if legacy else None
+    samples_unknown = "progress.samples_total" in repaired_unknown(ckpt)
     return Resumed(
         path=path, model=ckpt["model"], vocab_plan=VocabPlan.from_dict(ckpt["vocab_plan"]), lora=ckpt.get("lora"),
         optimizer_set={key: ckpt[key] for key in ("optimizer", "optimizer_param_names", "scheduler", "scaler")},
@@ -90,8 +92,7 @@ def resumed_state(ckpt: dict, path: Path) -> Resumed:
         data=_part(DataRecord, ckpt["data"]), lineage=_part(Lineage, ckpt["lineage"]), rng=ckpt["rng"],
         hparams=ckpt["hparams"], train_config=ckpt["config"].get("train") or {}, hardware=ckpt.get("hardware") or {},
         sampler=None if legacy else SamplerSpec.from_state_dict(sampler),
-        sort_window=stored_sort_window(ckpt) if legacy else None, repaired=bool(ckpt.get("repaired")),
-        samples_unknown="progress.samples_total" in repaired_unknown(ckpt))
+        sort_window=sort_window, repaired=bool(ckpt.get("repaired")), samples_unknown=samples_unknown)
 
 
 def _what_to_do(path: Path, reason: str) -> str:
@@ -163,25 +164,23 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     return resumed_state(ckpt_io.load_checkpoint(path, crc_checked=True), path), protected  # verified above
 
 
-def _written_by_us(path: Path) -> bool:
-    """Cheap: the file loads (tensor data left on disk, no CRC pass) and says it is our format."""
-    try:
-        obj = ckpt_io.read_unchecked(path)
-    except ckpt_io.CheckpointError:
-        return False
-    return isinstance(obj, dict) and obj.get("format") == ckpt_io.FORMAT
-
-
 def untouchable_names(output_dir: Path, skipped: list[Path], verified: Path | None) -> frozenset[str]:
     """Names in `output_dir` that no save or rotation of this run may replace or delete.
 
     Those `--resume` skipped (they failed to load or verify) and every other checkpoint-named file that
     is not ours (a community or foreign file placed there, best.pth included). `verified` is the one
-    being resumed.
+    being resumed. Whether a file is ours is cheap to tell: it loads (tensor data left on disk, no CRC
+    pass) and says it is our format.
     """
     names = {path.name for path in skipped}
     best = output_dir / ckpt_io.BEST
     for path in [*ckpt_io.list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
-        if path.name not in names and not ckpt_io.same_file(path, verified) and not _written_by_us(path):
+        if path.name in names or ckpt_io.same_file(path, verified):
+            continue
+        try:
+            obj = ckpt_io.read_unchecked(path)
+        except ckpt_io.CheckpointError:
+            obj = None
+        if not (isinstance(obj, dict) and obj.get("format") == ckpt_io.FORMAT):
             names.add(path.name)
     return frozenset(names)
