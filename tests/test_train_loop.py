@@ -240,10 +240,10 @@ def test_an_error_exit_closes_tensorboard_and_the_status_line(tiny_data, tmp_pat
     monkeypatch.setattr(console.RunLogger, "stop", lambda self: stopped.append(1))
     original = train_mod.optimizer_step
 
-    def broken_at_step_3(run, step_batches, step):
+    def broken_at_step_3(run, state, step_batches, step, *rest):
         if step == 3:
             raise RuntimeError("a bug")
-        return original(run, step_batches, step)
+        return original(run, state, step_batches, step, *rest)
 
     monkeypatch.setattr(train_mod, "optimizer_step", broken_at_step_3)
     with pytest.raises(RuntimeError, match="a bug"):
@@ -285,9 +285,10 @@ def test_a_save_deferred_by_a_streak_survives_a_stop_inside_it(tiny_data, tmp_pa
 def test_the_window_mean_leaves_out_an_overflowed_gradient_norm() -> None:
     from types import SimpleNamespace
 
-    run = SimpleNamespace(history=SimpleNamespace(pending=[torch.tensor([1.0, 1.0, 1.0, 0.5, 2.0]),
-                                                           torch.tensor([3.0, 3.0, 3.0, 0.5, float("inf")])]),
-                          progress=SimpleNamespace(samples_total=8),
-                          optim=SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3])))
-    values = train_mod.window_values(run, (0.0, 0))
+    from indextts_train.train import window
+
+    history = SimpleNamespace(pending=[torch.tensor([1.0, 1.0, 1.0, 0.5, 2.0]),
+                                       torch.tensor([3.0, 3.0, 3.0, 0.5, float("inf")])])
+    optim = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]))
+    values = window.window_values(history, SimpleNamespace(samples_total=8), optim, (0.0, 0))
     assert values["loss"] == 2.0 and values["grad_norm"] == 2.0
