@@ -3,7 +3,8 @@
 Files are read with `torch.load(weights_only=True)` through the allow-list unpickler, so a checkpoint
 from a stranger cannot run code; the plain-data walk is bounded (depth, values, bytes), so a crafted
 file cannot hang a reader; and the zip CRC-32 of every member is checked first, because torch itself
-does not notice a flipped byte inside tensor data. A checkpoint of our format comes back migrated.
+does not notice a flipped byte inside tensor data (zip bounds, CRC and the bounded load are one call
+into files/numpy_pickle.py). A checkpoint of our format comes back migrated.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from indextts_train.checkpoint.state import FORMAT, migrate
 from indextts_train.config.settings import Config, config_from_dict, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.bounded import check_regular
-from indextts_train.files.numpy_pickle import NOT_OURS, check_zip_bounds, load_weights_only
+from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
 from indextts_train.files.numpy_pickle import REFUSED as NUMPY_REFUSED
 
 
@@ -30,40 +31,14 @@ def _first_line(exc: BaseException) -> str:
     return (text[:160] + "...") if len(text) > 160 else (text or type(exc).__name__)
 
 
-def _check_zip_crc(path: Path) -> None:
-    """Raise CheckpointError when a zip member fails its CRC-32 (torch.load would not notice)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = [m for m in archive.infolist() if m.file_size]
-            if members and all(m.CRC == 0 for m in members):
-                return  # written with torch's compute_crc32 off: nothing to check against
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"{path} is corrupt: its zip structure is damaged ({_first_line(exc)})") from None
-    if bad:
-        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 checksum "
-                              "(damaged on disk or in a copy); it is left on disk")
-
-
-def _checked_before_reading(path: Path, check_crc: bool) -> bool:
-    """What is refused before torch reads a byte: not a regular file, zip members that could inflate or
-    claim more than the file has (before the CRC pass, which would inflate them), a bad CRC. Whether
-    the file is a zip."""
+def _check_file(path: Path) -> None:
+    """What is refused before torch reads a byte: a missing file, a folder, not a regular file."""
     if not path.exists() or path.is_dir():
         raise CheckpointError(f"{path}: {missing_reason(path)}")
     try:
         check_regular(path, "checkpoint")  # a FIFO would block, a /proc file's size is not its content
     except UserError as exc:
         raise CheckpointError(str(exc)) from None
-    is_zip = zipfile.is_zipfile(path)
-    if is_zip:
-        try:
-            check_zip_bounds(path, path.stat().st_size)
-        except pickle.UnpicklingError as exc:
-            raise CheckpointError(f"refusing to load {path}: {exc}") from None
-        if check_crc:
-            _check_zip_crc(path)
-    return is_zip
 
 
 def _unpickling_error(path: Path, exc: pickle.UnpicklingError) -> CheckpointError:
@@ -82,16 +57,18 @@ def _unpickling_error(path: Path, exc: pickle.UnpicklingError) -> CheckpointErro
 
 def _read(path: Path, *, mmap: bool, check_crc: bool = True) -> Any:
     """torch.load(weights_only=True) with every failure turned into a one-line CheckpointError."""
-    is_zip = _checked_before_reading(path, check_crc)
-    try:
-        obj = load_weights_only(path, mmap=mmap and is_zip)
+    _check_file(path)
+    try:  # zip bounds and CRC first, then the bounded load (files/numpy_pickle.py)
+        obj = load_weights_only(path, mmap=mmap, check_crc=check_crc)
+    except CheckpointError:
+        raise
     except pickle.UnpicklingError as exc:
         raise _unpickling_error(path, exc) from None
     except EOFError:
         raise CheckpointError(f"{path} is not a readable checkpoint: the file ends early "
                               "(empty or truncated)") from None
     except Exception as exc:  # anything else a hostile or damaged file provokes means "unreadable"
-        if not is_zip and _starts_like_zip(path):
+        if not zipfile.is_zipfile(path) and _starts_like_zip(path):
             reason = "the zip archive has no end record: the file is truncated (an interrupted save or copy)"
         else:
             reason = f"truncated, corrupt or not written by torch.save ({_first_line(exc)})"

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from indextts_train.errors import CheckpointError
+
 # numpy's own spellings in a pickled dtype: bool, signed/unsigned ints, floats, complex.
 PLAIN_DTYPES = frozenset({"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"})
 REFUSED = "numpy content refused"  # starts every refusal message, so callers can say what happened
@@ -246,23 +248,49 @@ def check_zip_bounds(path: Path, file_bytes: int) -> None:
         raise _not_ours(f"its pickle holds {size >> 20} MiB of plain data (at most {MAX_PICKLE_BYTES >> 20} MiB)")
 
 
-def load_weights_only(path: Path, *, mmap: bool = False) -> Any:
+def _first_line(exc: BaseException) -> str:
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return (text[:160] + "...") if len(text) > 160 else (text or type(exc).__name__)
+
+
+def _check_zip_crc(path: Path) -> None:
+    """Raise CheckpointError when a zip member fails its CRC-32 (torch.load would not notice)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = [m for m in archive.infolist() if m.file_size]
+            if members and all(m.CRC == 0 for m in members):
+                return  # written with torch's compute_crc32 off: nothing to check against
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"{path} is corrupt: its zip structure is damaged ({_first_line(exc)})") from None
+    if bad:
+        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 checksum "
+                              "(damaged on disk or in a copy); it is left on disk")
+
+
+def load_weights_only(path: Path, *, mmap: bool = False, check_crc: bool = False) -> Any:
     """torch.load(weights_only=True) on the CPU, plus plain numpy arrays (see the module docstring).
 
     The work is bounded before it is done where the zip's central directory tells (check_zip_bounds),
     and the plain data and tensors after (_BoundedWalk); a file past the bounds raises an
-    UnpicklingError whose message starts with NOT_OURS.
+    UnpicklingError whose message starts with NOT_OURS. `check_crc`: every zip member's CRC-32 is
+    checked after the bounds and before torch reads it (torch itself does not notice a flipped byte
+    inside tensor data); a failure is a CheckpointError. `mmap` applies to zip files (the old format
+    cannot be mapped).
 
     torch before 2.5 cannot bind a global name to another object: there the numpy allow-list is
     off and such files are refused as before.
     """
     file_bytes = os.stat(path).st_size
-    if zipfile.is_zipfile(path):
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
         check_zip_bounds(path, file_bytes)
+        if check_crc:
+            _check_zip_crc(path)
     elif file_bytes > MAX_PICKLE_BYTES:  # the old format is one pickle with the tensor data after it
         raise _not_ours(f"an old-format (not zip) torch file of {file_bytes >> 20} MiB is read op by op; "
                         f"at most {MAX_PICKLE_BYTES >> 20} MiB (save it again with torch.save)")
     allow = getattr(torch.serialization, "safe_globals", None)
     with allow(SAFE_GLOBALS) if allow is not None else nullcontext():
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
     return _BoundedWalk(TENSOR_BYTES_PER_FILE_BYTE * file_bytes + (1 << 20)).plain(obj)[0]
