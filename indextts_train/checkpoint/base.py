@@ -71,7 +71,8 @@ def check_base_layout(path: Path, cfg: GPTConfig, *, merge_adapters: bool = True
                       loaded: object | None = None) -> dict[str, Tensor]:
     """The checkpoint's weights under official names, refused in one line when their keys and shapes
     are not the ones `cfg` describes (also sets cfg.family from the keys when the config does not say)."""
-    state = clean_keys(_read_state(path, merge_adapters, loaded)).state
+    raw = _read_state(path, merge_adapters, loaded)
+    state = clean_keys(raw).state
     resolve_family(cfg, state, path)
     problems = layout_problems(state, cfg)
     if problems:
