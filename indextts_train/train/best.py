@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.checkpoint.files import BEST, publish
+from indextts_train.checkpoint.files import BEST, publish, same_file
 from indextts_train.checkpoint.scores import LOWER_IS_BETTER, summary_by_step
 from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS
 from indextts_train.errors import UserError
@@ -124,6 +124,17 @@ def judge(tracker: BestTracker, result: dict, step: int, *, baseline: dict | Non
     new_best = tracker.update(metric_value(result, tracker.metric), step, eligible=not breaches)
     return new_best, verdict(tracker, result, step, baseline=baseline, limits=limits, patience=patience,
                              breaches=breaches)
+
+
+def restored_best(saved: dict | None, metric: str, step: int, *, resumed_from: Path | None, output_dir: Path,
+                  protected: frozenset[str], is_main: bool, say: Callable[[str], None]) -> BestTracker:
+    """The tracker from a checkpoint's history (`saved`; None: fresh). A kill between saving a new best
+    and publishing best.pth leaves the run resuming from that very file: rank 0 publishes it now."""
+    tracker, best = BestTracker.from_state_dict(saved, metric), output_dir / BEST
+    if is_main and resumed_from is not None and tracker.step == step and not same_file(best, resumed_from):
+        publish(output_dir, resumed_from, BEST, protected)
+        say(f"{best} now names {resumed_from.name}, the best checkpoint (its publication was interrupted)")
+    return tracker
 
 
 def take_heard(tracker: BestTracker, output_dir: Path, up_to: int, protected: frozenset[str],

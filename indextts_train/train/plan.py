@@ -7,9 +7,14 @@ checkpointing, train scope); only the device and the number of processes come fr
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config
-from indextts_train.train.hardware import DeviceInfo, HardwarePlan, choose_plan
+from indextts_train.distributed import DistInfo
+from indextts_train.train.hardware import DeviceInfo, HardwarePlan, apply_determinism, choose_plan, detect_device
 
 
 def plan_for(config: Config, device: DeviceInfo, world_size: int = 1) -> HardwarePlan:
@@ -19,3 +24,17 @@ def plan_for(config: Config, device: DeviceInfo, world_size: int = 1) -> Hardwar
                        grad_accumulation=train.grad_accumulation, num_workers=train.num_workers, amp=train.amp,
                        activation_checkpointing=train.activation_checkpointing, world_size=world_size,
                        scope=scope_settings(train))
+
+
+def run_plan(config: Config, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:
+    """The plan of this process's run on the device it finds, put in effect (TF32, deterministic
+    algorithms), and the torch device it runs on."""
+    device_info = detect_device(dist.local_rank)
+    plan = plan_for(config, device_info, dist.world_size)
+    if plan.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if apply_determinism(plan):
+        plan.reasons.append("Deterministic CUDA algorithms (CUBLAS_WORKSPACE_CONFIG="
+                            f"{os.environ['CUBLAS_WORKSPACE_CONFIG']}): a resumed run stays bit-identical.")
+    return plan, torch.device(f"cuda:{dist.local_rank}" if device_info.kind == "cuda" else "cpu")

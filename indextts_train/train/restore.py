@@ -1,4 +1,5 @@
-"""Applying a resumed checkpoint to the run being built: the one place setup puts the saved state in.
+"""Applying a resumed checkpoint to the run being built: the one place the saved state is put in
+(start.py builds the state a run starts from, and calls it when the run resumes).
 
 The checkpoint manager (checkpoint/manager.py) chose the file and split it into typed parts; here the
 run's parts load them (`load_state_dict`) and what changed since is said: the vocabulary, the
@@ -7,12 +8,8 @@ settings, the LR schedule's anchor at a new effective batch.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from indextts_train.checkpoint.files import BEST, publish, same_file
 from indextts_train.checkpoint.manager import Resumed
 from indextts_train.config.settings import Config
-from indextts_train.distributed import DistInfo
 from indextts_train.text.vocab import VocabPlan
 from indextts_train.train.resume import report_changed_hparams
 from indextts_train.train.run import RunState, Schedule, settings_in_effect
@@ -56,13 +53,3 @@ def _anchor_schedule(state: RunState, total_steps: int, *, samples_unknown: bool
         progress.samples_total = progress.step * clock.effective_batch
     clock.anchor_step, clock.anchor_samples = progress.step, progress.samples_total
     clock.total_samples = clock.anchor_samples + (total_steps - progress.step) * clock.effective_batch
-
-
-def republish_best(state: RunState, path: Path | None, output_dir: Path, protected: frozenset[str],
-                   dist: DistInfo, log: RunLogger) -> None:
-    """A kill between saving a new best and publishing best.pth leaves the run resuming from that very file."""
-    tracker, best = state.best, output_dir / BEST
-    if (dist.is_main and path is not None and tracker is not None and tracker.step == state.progress.step
-            and not same_file(best, path)):
-        publish(output_dir, path, BEST, protected)
-        log.info(f"{best} now names {path.name}, the best checkpoint (its publication was interrupted)")

@@ -16,7 +16,8 @@ import torch
 from indextts_train.checkpoint.manager import Resumed
 from indextts_train.checkpoint.manager import check_no_earlier_run as check_no_earlier_run  # preflight's check
 from indextts_train.checkpoint.rng import ProcessRng
-from indextts_train.config.settings import TrainConfig
+from indextts_train.config.scope_settings import scope_settings
+from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.data.fingerprint import check_same_data
 from indextts_train.data.manifest import ManifestIndex
 from indextts_train.data.sampling import (
@@ -29,6 +30,7 @@ from indextts_train.data.sampling import (
 )
 from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
+from indextts_train.model.scope import check_resume_scope
 from indextts_train.train.hardware import HardwarePlan
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
@@ -54,6 +56,17 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
     if "seed" in changed:
         log.warn("the seed changed: the data order keeps the checkpoint's seed so no sample is skipped "
                  "or repeated; dropout continues from the saved RNG")
+
+
+def checked_plan(resumed: Resumed | None, plan: HardwarePlan, config: Config, log: RunLogger) -> HardwarePlan:
+    """The resumed run's scope must be today's; its OOM-reduced micro-batch is kept; a change of arithmetic said."""
+    if resumed is None:
+        return plan
+    check_resume_scope(resumed.train_config, scope_settings(config.train), resumed.path)
+    if config.train.batch_size == 0:
+        plan = remembered_oom_plan(plan, resumed.hardware, log)
+    note_changed_arithmetic(plan, resumed.hardware, log)
+    return plan
 
 
 def remembered_oom_plan(plan: HardwarePlan, saved: dict, log: RunLogger) -> HardwarePlan:

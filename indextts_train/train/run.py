@@ -24,20 +24,23 @@ from torch import nn
 from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.checkpoint.rng import ProcessRng
 from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, TrainingState
+from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_to_dict
-from indextts_train.data.manifest import ManifestDataset
+from indextts_train.data.manifest import ManifestDataset, ManifestIndex
 from indextts_train.data.sampling import SamplerSpec, epoch_length, epoch_order
 from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
-from indextts_train.text.vocab import RowFreezer
+from indextts_train.text.vocab import RowFreezer, family_freezer
 from indextts_train.train.best import BestTracker
 from indextts_train.train.guard import DivergenceGuard, SkippingDataset
 from indextts_train.train.hardware import HardwarePlan
 from indextts_train.train.listen_check import GenerationCheck
 from indextts_train.train.listening import Listener
+from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.runlock import RunLock
+from indextts_train.train.schedule_check import schedule_warning
 from indextts_train.train.weights import Weights
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
@@ -161,6 +164,39 @@ class RunState:
     @property
     def model(self) -> UnifiedVoiceGPT:
         return self.weights.model
+
+
+def dataset_of(index: ManifestIndex, config: Config) -> ManifestDataset:
+    """The samples of an index as the model of `config` reads them."""
+    gpt = config.gpt
+    return ManifestDataset(index, model_dim=gpt.model_dim, text_vocab=gpt.number_text_tokens,
+                           mel_codes=gpt.number_mel_codes, mel_specials=(gpt.start_mel_token, gpt.stop_mel_token))
+
+
+def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: torch.device, schedule: Schedule,
+               index: ManifestIndex, val: Validation | None, state: RunState, protected: frozenset[str],
+               log: RunLogger) -> RunSpec:
+    """The frozen run: the model as the loop calls it (its frozen rows, DDP under torchrun) and its data.
+
+    Before the first step of a new run, a schedule that cannot learn is said, with the flags to pass."""
+    weights, train, batch = state.weights, config.train, state.layout.effective_batch
+    dataset, orders = dataset_of(index, config), EpochOrders(schedule.sampler, index.total_lengths)
+    total_steps, steps_per_epoch = schedule.end_step(state.progress, batch), schedule.steps_per_epoch(batch)
+    fresh_steps = schedule.end_step(Progress(), batch)
+    log.info(weights.vocab_plan.describe())
+    log.info(f"train scope: {scope_settings(train).describe()}; "
+             f"{sum(p.numel() for _, p in weights.trainable()):,} trainable parameters")
+    freezer = family_freezer(weights.model, weights.vocab_plan, config.gpt, train, index.lang_ids, log.info)
+    wrapped = LossModule(weights.model, weights.adapters)
+    if dist.enabled:
+        wrapped = nn.parallel.DistributedDataParallel(
+            wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+    warning = schedule_warning(train, fresh_steps, steps_per_epoch, batch)
+    if warning and state.progress.step == 0:
+        log.warn(warning)
+    return RunSpec(options, config, dist, device, state.layout, schedule, total_steps, steps_per_epoch,
+                   SkippingDataset(dataset) if options.skip_bad_lines else dataset, orders, val, wrapped, freezer,
+                   protected)
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,20 @@ flock is advisory and local: it does not protect an output dir shared over NFS b
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from indextts_train.distributed import DistInfo, any_rank
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, user_line
+from indextts_train.files.faults import crash_point
+from indextts_train.ui.events import EVENTS_NAME
+from indextts_train.ui.run_record import LOG_NAME, TextLog
 
 if TYPE_CHECKING:  # torch only for a run's claim: a process that only asks holder_pid() stays light
     import torch
@@ -242,3 +247,71 @@ def claim_output_dir(output_dir: Path, dist_info: DistInfo, device: torch.device
     if any_rank(error is not None, dist_info, device):
         raise error or UserError(f"rank 0 could not claim --output-dir {output_dir} (see its message)")
     return lock
+
+
+def first_missing(output_dir: Path) -> Path | None:
+    """The topmost folder of output_dir that does not exist yet (None: it exists)."""
+    missing = None
+    for folder in (Path(output_dir), *Path(output_dir).parents):
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
+
+
+def take_back(output_dir: Path, made: Path | None, names: list[str]) -> None:
+    """Remove what a refused start created: `names` in output_dir (its lock, its log), then the folders
+    it made (`made`: the topmost, None when the output folder was there), each only if empty."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            (Path(output_dir) / name).unlink()
+    folder = Path(output_dir)
+    while made is not None:
+        try:
+            folder.rmdir()  # only an empty folder: anything else in it stays
+        except OSError:
+            return
+        if folder == made:
+            return
+        folder = folder.parent
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A start's hold on its output dir: the lock (rank 0), and what the start created there
+    (`made`: the topmost folder it made; `created`: its lock and log files) so a refusal can take it back."""
+
+    output_dir: Path
+    lock: RunLock | None
+    made: Path | None
+    created: list[str]
+
+    def give_back(self, exc: BaseException, dist_info: DistInfo, text_log: TextLog) -> None:
+        """A refused start (bad data, changed data, ...) ends here: its error in the log, what it created
+        removed, its lock released."""
+        if isinstance(exc, UserError):
+            text_log.record(text_log.stamp(f"error: {user_line(exc)}"), "error")
+        text_log.close()
+        if dist_info.is_main:  # while the lock is held: no other start can take a lock file about to be removed
+            take_back(self.output_dir, self.made, self.created)
+        if self.lock is not None:
+            self.lock.release()
+
+
+def claim_run(output_dir: Path, dist_info: DistInfo, device: torch.device, text_log: TextLog) -> Claim:
+    """Claim OUTPUT_DIR for this start (one run per output dir) and send the log there (rank 0).
+
+    What the start creates is noted first, so that a refusal can take it back: the folders, the lock
+    and the log.
+    """
+    made = first_missing(output_dir)
+    created = [name for name in (LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (output_dir / name).exists()]
+    claim = Claim(output_dir, claim_output_dir(output_dir, dist_info, device), made, created)
+    try:
+        crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
+        if dist_info.is_main:
+            text_log.attach(output_dir)
+    except BaseException as exc:
+        claim.give_back(exc, dist_info, text_log)
+        raise
+    return claim

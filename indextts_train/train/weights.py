@@ -17,7 +17,7 @@ from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
 from indextts_train.checkpoint.manager import Resumed
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config, TrainConfig
+from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import (
@@ -144,4 +144,19 @@ def resumed_weights(resumed: Resumed, config: Config, tokens: int,
         trained = split_state_dict(state, config.gpt)[0]
         raise UserError(f"{path} does not fit --config {config.source}: {mismatch_summary(trained, config.gpt)}; "
                         "pass the config the checkpoint was trained with") from None
+    return weights, growth
+
+
+def run_weights(resumed: Resumed | None, options: RunSettings, config: Config, tokens: int, log: RunLogger,
+                base: object | None, device: torch.device) -> tuple[Weights, VocabPlan]:
+    """The run's weights (the checkpoint's, or fresh from the base) in the train scope, on the device,
+    and the vocabulary growth since; the model family is settled by them (a random-init model of an
+    unstated family is IndexTTS2)."""
+    if resumed is None:
+        weights, growth = fresh_weights(options, config, tokens, log, base), VocabPlan(tokens, tokens)
+    else:
+        weights, growth = resumed_weights(resumed, config, tokens, options.tokenizer)
+    config.gpt.family = config.gpt.family or FAMILY_V2
+    weights.apply_scope(config.train, resumed.lora if resumed is not None else None, str(resumed and resumed.path))
+    weights.to(device)
     return weights, growth

@@ -12,7 +12,6 @@ fails its checks creates nothing on disk.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import platform
@@ -250,30 +249,3 @@ def recordable_options(options: TrainOptions, config: Config) -> dict:
     values["config"] = config.source
     return {name: [str(v) for v in value] if isinstance(value, list) else
             (str(value) if isinstance(value, Path) else value) for name, value in values.items()}
-
-
-def first_missing(output_dir: Path) -> Path | None:
-    """The topmost folder of output_dir that does not exist yet (None: it exists)."""
-    missing = None
-    for folder in (Path(output_dir), *Path(output_dir).parents):
-        if folder.exists():
-            return missing
-        missing = folder
-    return missing
-
-
-def take_back(output_dir: Path, made: Path | None, names: list[str]) -> None:
-    """Remove what a refused start created: `names` in output_dir (its lock, its log), then the folders
-    it made (`made`: the topmost, None when the output folder was there), each only if empty."""
-    for name in names:
-        with contextlib.suppress(OSError):
-            (Path(output_dir) / name).unlink()
-    folder = Path(output_dir)
-    while made is not None:
-        try:
-            folder.rmdir()  # only an empty folder: anything else in it stays
-        except OSError:
-            return
-        if folder == made:
-            return
-        folder = folder.parent

@@ -1,0 +1,69 @@
+"""The run's data: its manifests indexed (training, and validation when given), the dataset the
+model reads, and the validation groups with what each validation is judged by.
+
+Lines of either family are indexed when the run starts; `RunData.require_family` checks them once
+the model's family is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from indextts_train.config.metric_names import parse_forgetting_limit
+from indextts_train.config.settings import Config
+from indextts_train.data.manifest import ManifestIndex
+from indextts_train.data.sampling import ManifestSpec
+from indextts_train.errors import UserError
+from indextts_train.text.languages import parse_borrowed
+from indextts_train.train.best import check_metric
+from indextts_train.train.listen_check import GenerationCheck
+from indextts_train.train.run import Validation, dataset_of
+from indextts_train.train.validation import check_limit_groups, group_lines
+from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_settings import RunSettings
+
+
+def _index(manifests: list[ManifestSpec], options: RunSettings, config: Config) -> ManifestIndex:
+    return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
+                               max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens,
+                               borrowed=parse_borrowed(config.train.borrow_languages))
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The training manifests and their index; the validation manifests and theirs (None: no validation)."""
+
+    train_specs: list[ManifestSpec]
+    index: ManifestIndex
+    val_specs: list[ManifestSpec]
+    val_index: ManifestIndex | None
+
+    @classmethod
+    def read(cls, options: RunSettings, config: Config, log: RunLogger) -> RunData:
+        """Index the manifests of the run; skipped bad lines are said, judged validations need validation data."""
+        train_specs, val_specs = list(options.train_manifests), list(options.val_manifests)
+        index = _index(train_specs, options, config)
+        if index.skipped:
+            log.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
+        if not val_specs and (config.train.early_stop_patience or config.train.forgetting_limit):
+            raise UserError("--early-stop-patience and --forgetting-limit judge validations: pass --val-manifest")
+        return cls(train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None)
+
+    def validation(self, config: Config) -> Validation | None:
+        """Once the model is known: every line, training and validation, must be of its family; then the
+        validation groups, the metric and limits they are judged by, the lines generated at each."""
+        for part in (self.index, self.val_index):
+            if part is not None:
+                part.require_family(config.gpt.family)
+        if self.val_index is None:
+            return None
+        train = config.train
+        groups = group_lines(self.val_index, self.val_specs)
+        reported = list(groups) if len(groups) > 1 else []  # one group is only the total
+        check_metric(train.best_metric, reported)
+        limits = parse_forgetting_limit(train.forgetting_limit) if train.forgetting_limit else {}
+        check_limit_groups(limits, reported)
+        dataset = dataset_of(self.val_index, config)
+        generation = GenerationCheck.build(dataset, groups, count=train.listen_lines, seed=train.seed,
+                                           max_codes=config.gpt.max_mel_tokens)
+        return Validation(dataset, groups, limits, train.early_stop_patience, generation)

@@ -1,0 +1,58 @@
+"""The state a run starts from: the schedule, the optimizer set, progress, lineage and the best
+tracker, fresh, or with a resumed checkpoint's saved state put in (restore.py).
+
+The data record and the data order are checked against the checkpoint's (resume.py); the run's
+schedule follows the samples its data gives at its effective batch.
+"""
+
+from __future__ import annotations
+
+from indextts_train.checkpoint.lineage import run_lineage
+from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.state import History, Progress
+from indextts_train.config.settings import Config
+from indextts_train.data.fingerprint import data_fingerprint
+from indextts_train.distributed import DistInfo
+from indextts_train.text.vocab import VocabPlan
+from indextts_train.train.accel import compile_blocks
+from indextts_train.train.best import restored_best
+from indextts_train.train.guard import DivergenceGuard
+from indextts_train.train.hardware import HardwarePlan
+from indextts_train.train.optim import OptimizerSet
+from indextts_train.train.restore import apply_resumed
+from indextts_train.train.resume import check_data, data_order
+from indextts_train.train.run import RunState, Schedule, Validation
+from indextts_train.train.run_data import RunData
+from indextts_train.train.weights import Weights
+from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_settings import RunSettings
+
+
+def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth: VocabPlan, plan: HardwarePlan, *,
+                options: RunSettings, config: Config, dist: DistInfo, val: Validation | None,
+                protected: frozenset[str], log: RunLogger) -> tuple[RunState, Schedule, list | None]:
+    """The run's state (fresh, or the checkpoint's), its schedule, and the RNG streams to continue
+    (None: fresh from the seed, also when --on-vocab-change reset starts the run over)."""
+    train = config.train
+    reset = bool(growth.new_ids) and options.on_vocab_change == "reset"  # the run starts over
+    fingerprint = data_fingerprint(data.index)
+    changed = resumed is not None and not reset and check_data(resumed, fingerprint, options, log)
+    schedule = Schedule(data_order(None if reset else resumed, data.train_specs, data.index, train, plan, log,
+                                   data_changed=changed), train.epochs, train.max_steps)
+    if train.compile:
+        compile_blocks(weights.model.gpt.h)
+    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.end_step(Progress(), plan.effective_batch))
+    progress = Progress(sampler_seed=train.seed)
+    state = RunState(weights, optim, progress, History(), plan, DivergenceGuard(progress, train.max_bad_steps))
+    state.data.fingerprint = fingerprint
+    state.lineage, state.new_branch = run_lineage(
+        resumed and resumed.lineage, resumed.step if resumed is not None else 0, resumed and resumed.path,
+        options.output_dir, auto=options.resume == "auto", reset=reset)
+    if resumed is not None:
+        apply_resumed(state, resumed, growth=growth, reset=reset, config=config, schedule=schedule, log=log)
+    saved = None if reset else resumed
+    if val is not None:
+        state.best = restored_best(state.history.best, train.best_metric, state.progress.step,
+                                   resumed_from=None if saved is None else saved.path, output_dir=options.output_dir,
+                                   protected=protected, is_main=dist.is_main, say=log.info)
+    return state, schedule, None if saved is None else saved.rng
