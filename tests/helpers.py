@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from indextts_train.checkpoint.base import load_base_checkpoint
+from indextts_train.config.family import INDEXTTS2
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 from indextts_train.ui.run_record import unstamp
@@ -250,7 +251,7 @@ def stand_in_models(tmp_path: Path, monkeypatch, featurizer: object) -> object:
 
     model_dir = tmp_path / "models"
     model_dir.mkdir()
-    models = ModelFiles(model_dir=model_dir, is_v25=False, config=model_dir / "config.yaml", gpt=model_dir / "g",
+    models = ModelFiles(model_dir=model_dir, family=INDEXTTS2, config=model_dir / "config.yaml", gpt=model_dir / "g",
                         stats=model_dir / "s", tokenizer=model_dir / "t", w2v_bert=model_dir, codec=model_dir / "c")
     hashes = {"gpt": "0" * 64}
     monkeypatch.setattr(pipeline, "locate_models", lambda *a, **k: models)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from indextts_train.checkpoint.scores import read_records, scores_path
-from indextts_train.config.settings import FAMILY_V25
+from indextts_train.config.family import INDEXTTS25
 from indextts_train.listen.tiny_folder import write_tiny_inference_dir
 from indextts_train.prepare.outputs import file_stem
 from indextts_train.prepare.tiny import write_synthetic_clips
@@ -37,7 +37,7 @@ def heard_run(tiny25_data, tmp_path_factory) -> dict:
     """A tiny IndexTTS-2.5 run (checkpoints at steps 2 and 4), a tiny inference folder of its family, two lines."""
     work = tmp_path_factory.mktemp("listen_run")
     python = Path(os.environ["INDEXTTS_TEST_PYTHON_V25"])
-    model_dir = write_tiny_inference_dir(work / "model", FAMILY_V25, tokenizer=Path(tiny25_data["base_tokenizer"]),
+    model_dir = write_tiny_inference_dir(work / "model", INDEXTTS25, tokenizer=Path(tiny25_data["base_tokenizer"]),
                                          inference_python=python, seed=0, work=work)
     run = work / "run"
     assert train(TrainOptions(train_manifests=[tiny25_data["train"]], val_manifests=[tiny25_data["val"]],

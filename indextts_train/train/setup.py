@@ -29,7 +29,7 @@ from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progre
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig, TrainOptions, config_to_dict
+from indextts_train.config.settings import Config, TrainConfig, TrainOptions, config_to_dict
 from indextts_train.data.fingerprint import check_same_data, data_fingerprint
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
 from indextts_train.data.sampling import (
@@ -460,7 +460,7 @@ def _build(options: TrainOptions, dist: DistInfo, config: Config, plan: Hardware
         weights = fresh_weights(options, config, tokens, startup, base)
     else:
         weights, growth = resumed_weights(ckpt, path, config, tokens, options.tokenizer)
-    config.gpt.family = config.gpt.family or FAMILY_V2  # a random-init model of an unstated family is IndexTTS2
+    config.gpt.stated_family = config.gpt.family  # a random-init model of an unstated family is IndexTTS2
     for part in (index, val_index):
         if part is not None:
             part.require_family(config.gpt.family)
