@@ -328,14 +328,12 @@ def extend_tokenizer(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --output (and the .vocab beside it).")] = False,
 ) -> None:
     """Learn new pieces (tiktoken: byte-pair merges) from the corpus as inference presents it, and append them to the base."""
-    from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
+    from indextts_train.config.family import TIKTOKEN, grown_tokenizer_family
     from indextts_train.text.inference_text import TextPath
     from indextts_train.text.tiktoken_vocab import extend_tiktoken
     from indextts_train.text.tokenizer import extend_tokenizer as run_extend
 
-    if family_of_tokenizer(base) is not family_of_tokenizer(output):
-        fail(f"--output {output} must have the base's kind ({base.suffix}); a .tiktoken grows into a .tiktoken")
-    if family_of_tokenizer(base).tokenizer_kind == TIKTOKEN:
+    if run_guarded(grown_tokenizer_family, base, output).tokenizer_kind == TIKTOKEN:
         text_path = run_guarded(TextPath.open, base, normalizer=normalizer)
         summary = run_guarded(extend_tiktoken, base, corpus, target_size, output,
                               lambda text: text_path.present_body(text, language), force=force)

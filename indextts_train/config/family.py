@@ -127,6 +127,15 @@ def family_of_tokenizer(path: str | Path) -> Family:
     return next((family for family in FAMILIES if family.tokenizer_suffix == suffix), INDEXTTS2)
 
 
+def grown_tokenizer_family(base: Path, output: Path) -> Family:
+    """The family of a tokenizer grown from `base` into `output`: both files must be of its kind."""
+    family = family_of_tokenizer(base)
+    if family_of_tokenizer(output) is not family:
+        raise UserError(f"--output {output} must have the base's kind ({Path(base).suffix}); a .tiktoken grows into "
+                        "a .tiktoken")
+    return family
+
+
 def family_of_keys(keys: Iterable[str]) -> Family | None:
     """The family a GPT state dict's keys show (None: no marker key, e.g. a partial dict)."""
     keys = set(keys)

@@ -81,6 +81,13 @@ class _Limits:
     mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
     text_path: TextPath | None = None  # the tokenizer's official text path: text_ids must be its encoding
 
+    def checked_against(self) -> dict:
+        """The report's account of these limits."""
+        return {"max_text_tokens": self.max_text, "max_mel_tokens": self.max_mel, "model_dim": self.model_dim,
+                "text_vocab": self.text_vocab, "number_mel_codes": self.mel_codes, "base_vocab": self.base_vocab,
+                "family": None if self.family is None else self.family.key,
+                "language_tag_base": tag_base(self.text_vocab)}
+
 
 def _check_speakers(obj: dict, where: str) -> None:
     """Prompt and target must be the same speaker wherever the line says who both are.
@@ -241,11 +248,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "lines_bad": len(bad_lines),
         "errors": errors,
         "bad_lines": bad_lines,
-        "checked_against": {"max_text_tokens": limits.max_text, "max_mel_tokens": limits.max_mel,
-                            "model_dim": limits.model_dim, "text_vocab": limits.text_vocab,
-                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab,
-                            "family": limits.family and limits.family.key,
-                            "language_tag_base": tag_base(limits.text_vocab)},
+        "checked_against": limits.checked_against(),
         "speakers": {"count": len(stats.speakers), "top": stats.speakers.most_common(10)},
         "languages": dict(stats.languages.most_common()),
         "text_len": _distribution(stats.text_lengths),
