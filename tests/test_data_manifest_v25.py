@@ -126,6 +126,18 @@ def test_a_borrowed_row_trains_a_language_without_a_tag(data: Path):
         parse_borrowed(["kab=zh"])
 
 
+def _break_text_ids(data: Path, case: str) -> None:
+    """Line 2's text ids: a start/stop id inside ("start_id"), or without their language tag ("tag")."""
+    ids = data / "text_ids" / "tgt1.npy"
+    if case == "start_id":
+        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
+    else:
+        np.save(ids, np.load(ids)[1:])
+        lines = lines_of(data / "pairs.jsonl")
+        lines[1]["target_text_len"] -= 1
+        write(data / "pairs.jsonl", lines)
+
+
 @pytest.mark.parametrize("case, message", [
     ("shape", r"spk_emb .*prm1.npy must be the prompt's CAMPPlus vector, float \[192\], got float32 \[191\]"),
     ("nan", "spk_emb .*prm1.npy holds NaN or Inf"),
@@ -133,18 +145,13 @@ def test_a_borrowed_row_trains_a_language_without_a_tag(data: Path):
     ("tag", r"starts with id 94, not the tag <\|ja\|> \(109\) of lang_id 7"),
 ])
 def test_check_data_knows_the_25_rules(data: Path, case: str, message: str):
-    spk, ids = data / "spk_emb" / "prm1.npy", data / "text_ids" / "tgt1.npy"
+    spk = data / "spk_emb" / "prm1.npy"
     if case == "shape":
         np.save(spk, np.zeros(191, np.float32))
     elif case == "nan":
         np.save(spk, np.full(192, np.nan, np.float32))
-    elif case == "start_id":
-        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
     else:
-        np.save(ids, np.load(ids)[1:])
-        lines = lines_of(data / "pairs.jsonl")
-        lines[1]["target_text_len"] -= 1
-        write(data / "pairs.jsonl", lines)
+        _break_text_ids(data, case)
     # a full tiktoken vocabulary (100 ranks + 1673 specials): the tag of lang id L is 102 + L
     report = check_manifests([data / "pairs.jsonl"], vocab_size=1773)
     assert report["lines_ok"] == 2 and report["bad_lines"] == [[str(data / "pairs.jsonl"), 2]]
@@ -163,14 +170,7 @@ def test_check_data_passes_the_reference_and_counts_languages():
 ])
 def test_training_reads_refuse_bad_25_text_ids_by_file_and_line(data: Path, case: str, message: str):
     """What train-gpt and evaluate read (ManifestDataset) applies check-data's 2.5 text rules."""
-    ids = data / "text_ids" / "tgt1.npy"
-    if case == "start_id":
-        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
-    else:
-        np.save(ids, np.load(ids)[1:])
-        lines = lines_of(data / "pairs.jsonl")
-        lines[1]["target_text_len"] -= 1
-        write(data / "pairs.jsonl", lines)
+    _break_text_ids(data, case)
     index = ManifestIndex.build([data / "pairs.jsonl"], family=INDEXTTS25)
     dataset = ManifestDataset(index, model_dim=64, text_vocab=1773)  # a full vocabulary: tags are known
     dataset[0], dataset[2]  # the good lines load

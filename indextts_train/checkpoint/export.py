@@ -33,7 +33,7 @@ from indextts_train.checkpoint.files import (
     same_file,
 )
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
-from indextts_train.config.family import family_of_tokenizer
+from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
@@ -46,6 +46,7 @@ from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
 from indextts_train.text.languages import borrow_notes
+from indextts_train.text.tiktoken_vocab import read_tiktoken
 from indextts_train.text.vocab import VocabPlan, tokenizer_size
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -298,9 +299,16 @@ def _checked_tokenizer(tokenizer: Path | None, tokens: int, config: Config, load
     if given is not model:
         raise UserError(f"--tokenizer {tokenizer}: a {given.tokenizer_noun} is {given.name}'s, but the checkpoint is "
                         f"{model.name}; pass the {model.tokenizer_label} the run trained with")
-    size = tokenizer_size(tokenizer)  # a .tiktoken's ranks + specials
+    if model.tokenizer_kind == TIKTOKEN:
+        vocab = read_tiktoken(tokenizer)
+        if vocab.n_vocab != tokens:
+            raise UserError(f"--tokenizer {tokenizer}: {vocab.n_ranks} ranks + specials = {vocab.n_vocab} tokens, "
+                            f"but the checkpoint has {tokens} (number_text_tokens); pass the .tiktoken it was "
+                            "trained with")
+        return vocab.raw
+    size = tokenizer_size(tokenizer)
     if size != tokens:
-        raise UserError(f"--tokenizer {tokenizer}: {size} text tokens, but the checkpoint has {tokens} "
+        raise UserError(f"--tokenizer {tokenizer}: {size} pieces, but the checkpoint has {tokens} text tokens "
                         "(number_text_tokens); pass the tokenizer it was trained with")
     return tokenizer.read_bytes()
 
