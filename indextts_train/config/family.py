@@ -24,6 +24,12 @@ TIKTOKEN = "tiktoken"
 
 @dataclass(frozen=True, eq=False)  # one instance per family: identity is equality
 class Family:
+    """One model family: its names, its tokenizer, its conditioning input, its files and its inference code.
+
+    Capabilities (`language_rows`, `speaker_vector`, `hub_parts`, ...) are named for what code needs,
+    so a caller asks the question it has, not which family it holds.
+    """
+
     key: str  # what run records and exported metadata write ("indextts2", "indextts2.5")
     name: str  # what messages say
     version: float  # the official config.yaml's top-level `version:`
