@@ -23,17 +23,22 @@ same length (prompt, text, codes), times the real config's effective batch 64 (n
 a lower bound); the share is check / (check + val_interval x step) at each config's val_interval.
 
     python benchmarks/bench_listen_check.py [--lines 4] [--text 60] [--codes 300] [--steps 8] [--threads 1]
+        [--sizes tiny,real] [--repeats 5]
 
-Writes benchmarks/results/listen_check.json and prints it.
+Seconds are the process's CPU seconds (CLOCK), each tiny figure the fastest of `--repeats` timings, the training
+step's too.
+Writes benchmarks/results/listen_check.json (the sizes measured; the others keep their figures) and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,6 +51,9 @@ from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "listen_check.json"
 SIZES = {"tiny": ROOT / "configs" / "tiny.yaml", "real": ROOT / "configs" / "indextts2.yaml"}
+# The process's CPU seconds: with one torch thread they are what the check takes on an idle core, while the
+# wall time on the shared machine measured the other jobs as much (tiny figures varied 2x between runs)
+CLOCK = time.process_time
 LINGER = 1.05  # beam search goes on a little after the first stop code, until no running beam can win
 
 
@@ -61,22 +69,29 @@ def lines(config: Config, count: int, text: int, codes: int) -> Batch:
                  emo_vec=torch.randn(count, cfg.model_dim, generator=rng))
 
 
-@torch.no_grad()
-def prefill_seconds(model: UnifiedVoiceGPT, batch: Batch) -> float:
-    rows = prompt_rows(model, batch)
-    started = time.perf_counter()
-    trunk_step(model, torch.stack(rows), KVCache(len(model.gpt.h)), torch.zeros(len(rows)).long())
-    return time.perf_counter() - started
-
-
-def first_step_seconds(model: UnifiedVoiceGPT, batch: Batch, steps: int) -> float:
-    """Seconds per decoding step over the first `steps` (the stop code is disabled)."""
+def fastest(run: Callable[[], object], repeats: int) -> float:
+    """The least disturbed of `repeats` timings of run()."""
     times = []
-    for count in (1, steps + 1):
-        started = time.perf_counter()
-        generate_codes(model, batch, max_codes=count, generator=torch.Generator().manual_seed(1))
-        times.append(time.perf_counter() - started)
-    return (times[1] - times[0]) / steps
+    for _ in range(repeats):
+        started = CLOCK()
+        run()
+        times.append(CLOCK() - started)
+    return min(times)
+
+
+@torch.no_grad()
+def prefill_seconds(model: UnifiedVoiceGPT, batch: Batch, repeats: int) -> float:
+    rows = prompt_rows(model, batch)
+    return fastest(lambda: trunk_step(model, torch.stack(rows), KVCache(len(model.gpt.h)),
+                                      torch.zeros(len(rows)).long()), repeats)
+
+
+def first_step_seconds(model: UnifiedVoiceGPT, batch: Batch, steps: int, repeats: int) -> float:
+    """Seconds per decoding step over the first `steps` (the stop code is disabled)."""
+    def generate(count: int) -> Callable[[], object]:
+        return lambda: generate_codes(model, batch, max_codes=count, generator=torch.Generator().manual_seed(1))
+
+    return (fastest(generate(steps + 1), repeats) - fastest(generate(1), repeats)) / steps
 
 
 @torch.no_grad()
@@ -90,10 +105,10 @@ def cached_step_seconds(model: UnifiedVoiceGPT, sequences: int, cached: int, rep
     runs = []
     for _ in range(repeats):
         cache.length = cached
-        started = time.perf_counter()
+        started = CLOCK()
         cache.select(torch.randperm(sequences))
         trunk_step(model, x, cache, pad)
-        runs.append(time.perf_counter() - started)
+        runs.append(CLOCK() - started)
     return min(runs)  # the least disturbed by other jobs on the cores
 
 
@@ -115,19 +130,19 @@ def train_step_seconds(model: UnifiedVoiceGPT, config: Config, args: argparse.Na
     """Tiny: one optimizer step (4 x 2 samples). Real: forward + backward of one sample x 64."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    count = 1 if real else 4
-    batch = lines(config, count, args.text, args.codes)
-    runs = []
-    for _ in range(1 if real else 4):
-        started = time.perf_counter()
+    batch = lines(config, 1 if real else 4, args.text, args.codes)
+
+    def step() -> None:
         for _ in range(1 if real else 2):
             model.compute_losses(batch).mel_loss.backward()
         if not real:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        runs.append(time.perf_counter() - started)
+
+    if not real:
+        step()  # the first one pays the allocations
+    seconds = fastest(step, 1 if real else args.repeats)
     model.eval()
-    seconds = statistics.median(runs[1:] if len(runs) > 1 else runs)
     return seconds * config.train.effective_batch_size if real else seconds
 
 
@@ -139,8 +154,9 @@ def measure(size: str, args: argparse.Namespace) -> dict:
     with torch.no_grad():
         model.mel_head.bias[cfg.stop_mel_token] = -torch.inf  # never stops: every step is timed
     batch = lines(config, args.lines, args.text, args.codes)
-    prefill = prefill_seconds(model, batch)
-    first_step = first_step_seconds(model, batch, args.steps)
+    repeats = 1 if size == "real" else args.repeats
+    prefill = prefill_seconds(model, batch, repeats)
+    first_step = first_step_seconds(model, batch, args.steps, repeats)
     prompt = 34 + int(batch.text_lengths[0]) + 2
     reach = min(cfg.max_mel_tokens, 1000)  # a longer random cache would need 2 x 7 GB at the real size
     lengths = sorted({prompt, prompt + reach // 2, prompt + reach})
@@ -171,12 +187,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", default="tiny,real")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per figure at the tiny size (the fastest "
+                                                               "is kept; the real size is timed once)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = {"torch": torch.__version__, "cpus": os.cpu_count(), "threads": args.threads,
-              "machine": platform.machine(), "date": time.strftime("%Y-%m-%d")}
+    # a size not measured this time keeps its earlier figures, with the date and torch they were taken with
+    result = json.loads(RESULT.read_text(encoding="utf-8")) if RESULT.is_file() else {}
     for size in args.sizes.split(","):
-        result[size] = measure(size, args)
+        result[size] = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "clock": "process CPU seconds",
+                        **measure(size, args)}
+    result.update(cpus=os.cpu_count(), threads=args.threads, machine=platform.machine())
     write_result(RESULT, result)
 
 

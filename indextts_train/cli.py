@@ -7,7 +7,6 @@ existing scripts keep working.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import sys
@@ -18,8 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from indextts_train import cli_flags
-from indextts_train.cli_flags import NORMALIZER_HELP, REQUIRED_INPUTS, ClickException, say_text_path, train_parameters
-from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions
+from indextts_train.cli_flags import NORMALIZER_HELP, ClickException, say_text_path, train_parameters
+from indextts_train.config.settings import DEFAULT_CONFIG
 from indextts_train.errors import UserError, disk_line, user_line
 from indextts_train.listen.command import listen  # the command's module imports the work lazily
 from indextts_train.prepare.utterance import MAX_SECONDS
@@ -47,30 +46,18 @@ def run_guarded(fn, *args, **kwargs):
         fail(line)
 
 
-def train_values(values: dict[str, Any], typed: set[str]) -> dict[str, Any]:
-    """The values for TrainOptions: with --from-run, the recorded run's, then the flags typed beside it."""
-    from indextts_train.ui.run_record import recorded_options
-
-    plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
-    from_run = plain.pop("from_run", None)
-    if from_run is not None:
-        plain = {**run_guarded(recorded_options, from_run), **{k: v for k, v in plain.items() if k in typed}}
-    for name, flag in REQUIRED_INPUTS.items():
-        if not plain.get(name):
-            fail(f"{flag} is required (or --from-run OUTPUT_DIR/run.yaml of an earlier run)")
-    return plain
-
-
 def train(**values: Any) -> None:
     """Train the IndexTTS2 / IndexTTS-2.5 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by
     Ctrl+C/SIGTERM/SIGHUP after a safe save."""
     from indextts_train.train.loop import train as run_train
+    from indextts_train.ui.run_settings import resolve_settings
 
     ctx = values.pop("ctx")
     # By name: Typer may carry its own copy of click, whose ParameterSource is another enum.
     typed = {name for name in values if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
-    options = run_guarded(TrainOptions, **train_values(values, typed))
-    raise typer.Exit(run_guarded(run_train, options) or 0)
+    plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
+    settings = run_guarded(resolve_settings, typed=typed, **plain)
+    raise typer.Exit(run_guarded(run_train, settings) or 0)
 
 
 train.__signature__ = inspect.Signature(train_parameters())  # what Typer reads to build the command
@@ -425,20 +412,16 @@ def hardware(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
-    from indextts_train.config.scope_settings import scope_settings
     from indextts_train.config.settings import load_config
-    from indextts_train.train.hardware import assume_device, choose_plan, detect_device
-
+    from indextts_train.train.hardware import assume_device, detect_device
+    from indextts_train.train.plan import plan_for
 
     def run():
         cfg = load_config(config)
-        device = assume_device(assume) if assume is not None else detect_device()
-        checkpointing = cfg.train.activation_checkpointing if grad_checkpointing is None else grad_checkpointing
-        effective = cfg.train.effective_batch_size if effective_batch_size is None else effective_batch_size
-        train = dataclasses.replace(cfg.train, train_scope=train_scope) if train_scope else cfg.train
-        scope = scope_settings(train)
-        return choose_plan(device, cfg.gpt, effective_batch=effective, activation_checkpointing=checkpointing,
-                           scope=scope)
+        given = {"effective_batch_size": effective_batch_size, "activation_checkpointing": grad_checkpointing,
+                 "train_scope": train_scope}
+        cfg.override({name: value for name, value in given.items() if value is not None})  # as train's flags
+        return plan_for(cfg, assume_device(assume) if assume is not None else detect_device())
 
     plan = run_guarded(run)
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())

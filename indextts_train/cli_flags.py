@@ -28,6 +28,7 @@ except ImportError:
 from indextts_train.config.schema import field_types
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import text_problem
+from indextts_train.ui.run_settings import REQUIRED_INPUTS
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
@@ -36,7 +37,7 @@ def _shown(value: Any) -> str:
     """A default as the user would type it; an empty one (no list, no text) is 'not set'."""
     if isinstance(value, bool):
         return "on" if value else "off"
-    if value in ("", [], ()):
+    if value is None or value in ("", [], ()):
         return "not set"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -45,8 +46,6 @@ def _default_of(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
-# The inputs a run cannot do without; not required by the parser, so that --from-run can supply them.
-REQUIRED_INPUTS = {"train_manifests": "--train-manifest", "output_dir": "--output-dir"}
 
 
 def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Parameter:

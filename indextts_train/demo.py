@@ -24,7 +24,7 @@ from indextts_train.listen.demo import demo_listener, listen_to_demo
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried
 from indextts_train.prepare.demo_corpus import make_prepared_demo
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / INDEXTTS2.tiny_config
@@ -66,7 +66,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
           f"{paths['model_dir']}: base tokenizer {paths['base_tokenizer']}, extended tokenizer {paths['tokenizer']}, "
           f"base checkpoint {base}; text presented as official inference does, normaliser: {paths['normalizer']}")
     run_dir = out_dir / "run"
-    code = train(TrainOptions(
+    code = train(resolve_settings(
         train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],
         output_dir=run_dir, config=config_path, tokenizer=Path(paths["tokenizer"]), base_checkpoint=base,
         resume=resume, max_steps=max_steps, epochs=10_000, val_interval=50, save_interval=50, log_interval=10,

@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from indextts_train.checkpoint.base import load_base_checkpoint
-from indextts_train.config.family import INDEXTTS2
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 from indextts_train.ui.run_record import unstamp
@@ -239,26 +238,23 @@ class FaultyFolder:
         return self
 
 
-# ---- prepare without real models ----------------------------------------------------------------
+# ---- prepare on the real tiny models -------------------------------------------------------------
 
 
-def stand_in_models(tmp_path: Path, monkeypatch, featurizer: object) -> object:
-    """`prepare` with every model stage replaced by `featurizer` (an object with the Featurizer methods
-    the pipeline calls) and a model folder that is never read. Returns the ModelFiles; its `hashes`
-    dict is what the settings guard sees (a test changes it to mean "other weights")."""
-    from indextts_train.prepare import pipeline
-    from indextts_train.prepare.models import ModelFiles
+def feature_batches(monkeypatch) -> list[int]:
+    """The size of each batch the real model stages compute from now on (the real method runs; this
+    only counts), so a test sees what a rerun recomputed."""
+    from indextts_train.prepare.featurize import Featurizer
 
-    model_dir = tmp_path / "models"
-    model_dir.mkdir()
-    models = ModelFiles(model_dir=model_dir, family=INDEXTTS2, config=model_dir / "config.yaml", gpt=model_dir / "g",
-                        stats=model_dir / "s", tokenizer=model_dir / "t", w2v_bert=model_dir, codec=model_dir / "c")
-    hashes = {"gpt": "0" * 64}
-    monkeypatch.setattr(pipeline, "locate_models", lambda *a, **k: models)
-    monkeypatch.setattr(pipeline, "model_hashes", lambda m: dict(hashes))
-    monkeypatch.setattr(pipeline.Featurizer, "load", classmethod(lambda cls, *a, **k: featurizer))
-    models.hashes = hashes
-    return models
+    sizes: list[int] = []
+    real = Featurizer.features
+
+    def counted(self, clips):
+        sizes.append(len(clips))
+        return real(self, clips)
+
+    monkeypatch.setattr(Featurizer, "features", counted)
+    return sizes
 
 
 def run_cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ from indextts_train.config.settings import Config, GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import official_shapes, split_state_dict
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
@@ -61,7 +61,7 @@ def grown_run(tiny_data, tmp_path_factory) -> dict:
     config_path = folder / "grown.yaml"
     config_path.write_text(yaml.safe_dump(config))
     out = folder / "run"
-    code = train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=config_path,
+    code = train(resolve_settings(train_manifests=[tiny_data["train"]], output_dir=out, config=config_path,
                               base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, num_workers=0, max_steps=2, epochs=10,
                               weight_decay=0.5, tensorboard=False))
@@ -84,6 +84,7 @@ def exported(grown_run, tmp_path_factory) -> dict:
     return {"gpt": gpt, "config": config, "stdout": proc.stdout}
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_has_the_official_keys_order_and_shapes(grown_run, exported) -> None:
     step = load_checkpoint(grown_run["checkpoint"])["progress"]["step"]
     lines = exported["stdout"].splitlines()
@@ -104,6 +105,7 @@ def test_export_has_the_official_keys_order_and_shapes(grown_run, exported) -> N
     UnifiedVoiceGPT(shipped, dropout=0.0).load_state_dict(trained, strict=True)
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_config_names_the_grown_vocabulary(exported) -> None:
     config = yaml.safe_load(exported["config"].read_text())
     assert config["gpt"]["number_text_tokens"] == 150
@@ -112,6 +114,7 @@ def test_export_config_names_the_grown_vocabulary(exported) -> None:
     assert "train" not in config  # our own section is not IndexTTS2's
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_keeps_frozen_and_carried_tensors_bit_for_bit(grown_run, exported) -> None:
     base = torch.load(grown_run["base"], weights_only=True)
     weights = torch.load(exported["gpt"], weights_only=True)
@@ -125,6 +128,7 @@ def test_export_keeps_frozen_and_carried_tensors_bit_for_bit(grown_run, exported
     assert not torch.equal(trained["gpt.h.0.attn.c_attn.weight"], base["gpt.h.0.attn.c_attn.weight"])
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_exported_gpt_pth_evaluates_like_the_checkpoint(grown_run, exported) -> None:
     def losses(checkpoint: Path, config: Path) -> dict:
         result = cli("evaluate", "--checkpoint", checkpoint, "--manifest", grown_run["val"],
@@ -208,6 +212,7 @@ def test_export_refusals_change_nothing(grown_run, tmp_path, case) -> None:
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # `exported` runs the real entry point
 def test_export_without_config_ships_every_section_the_run_was_given(grown_run, exported) -> None:
     written = yaml.safe_load(exported["config"].read_text())
     for section in ("semantic_codec", "s2mel", "vocoder"):

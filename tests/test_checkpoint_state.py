@@ -17,7 +17,7 @@ from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
 from indextts_train.checkpoint.state import FORMAT_VERSION, History, Progress, migrate, nonfinite_problem, validate
 from indextts_train.cli import app
 from indextts_train.errors import UserError
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -52,7 +52,7 @@ def test_format_1_run_resumes_and_saves_the_current_format(format1, tmp_path) ->
 
     data = tmp_path / "data"
     train_manifest = write_dataset(data, 24, seed=1, name="train.jsonl")  # the fixture run's data
-    code = train(TrainOptions(train_manifests=[train_manifest], output_dir=format1.parent, config=CONFIG,
+    code = train(resolve_settings(train_manifests=[train_manifest], output_dir=format1.parent, config=CONFIG,
                               resume="auto", max_steps=6, epochs=100, batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, learning_rate=3e-3, warmup_steps=4, weight_decay=0.1,
                               seed=11, log_interval=1, tensorboard=False))
@@ -69,7 +69,7 @@ def test_format_1_run_was_trained_full_and_refuses_another_scope(format1, tmp_pa
     train_manifest = write_dataset(tmp_path / "data", 24, seed=1, name="train.jsonl")
     before = format1.read_bytes()
     with pytest.raises(UserError) as refused:
-        train(TrainOptions(train_manifests=[train_manifest], output_dir=format1.parent, config=CONFIG,
+        train(resolve_settings(train_manifests=[train_manifest], output_dir=format1.parent, config=CONFIG,
                            resume="auto", max_steps=6, train_scope="lora", tensorboard=False))
     message = str(refused.value)
     assert "\n" not in message and "was trained with --train-scope full" in message and "asks for lora" in message

@@ -9,15 +9,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 from indextts_train.webui.records import checkpoint_rows as page_rows
 from indextts_train.webui.roots import Roots
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +29,7 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     # A learning rate below float32 resolution: validation never improves, so best.pth stays at step 2,
     # whose step file rotation removes; steps 4 and 8 are milestones (kept aside: they do not count toward 2).
-    options = TrainOptions(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
+    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
                            config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
                            grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=10, epochs=100,
                            learning_rate=1e-30, log_interval=2, val_interval=2, save_interval=2, keep_checkpoints=2,

@@ -36,7 +36,7 @@ from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import AMHARIC, ENGLISH
 from indextts_train.model.layout import trained_keys
 from indextts_train.model.scope import scope_counts
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 TRAINED_TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def community_latest(base: Path, config: Path, steps: int = 3) -> dict:
 def complete(tiny_data, tmp_path_factory) -> Path:
     """latest.pth of a real 2-step training run (COMPLETE)."""
     out = tmp_path_factory.mktemp("run") / "run"
-    code = train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=tiny_data["config"],
+    code = train(resolve_settings(train_manifests=[tiny_data["train"]], output_dir=out, config=tiny_data["config"],
                               base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, num_workers=0, max_steps=2, epochs=10, tensorboard=False))
     assert code == 0
@@ -174,6 +174,7 @@ def files(community_bytes, tmp_path) -> dict[str, Path]:
 # ----------------------------------------------------------------------------- verify
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_verify_complete_through_the_real_cli(complete) -> None:
     before = snapshot(complete.parent)
     proc = real_cli("verify", complete, "-v")
@@ -225,6 +226,7 @@ def test_verify_incomplete(files, kind, reason) -> None:
 # ----------------------------------------------------------------------------- repair
 
 
+@pytest.mark.slow  # the real CLI in a process, then trains
 def test_repair_community_then_train_gpt_resumes_from_it(tiny_data, files, tmp_path) -> None:
     path = files["community"]
     original = path.read_bytes()
@@ -248,6 +250,7 @@ def test_repair_community_then_train_gpt_resumes_from_it(tiny_data, files, tmp_p
     assert float(moments["step"]) == 4
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_verify_and_repair_read_the_community_latest_pth(tiny_data, tmp_path) -> None:
     path = tmp_path / "latest.pth"
     torch.save(community_latest(tiny_data["base"], tiny_data["config"]), path)
@@ -264,6 +267,7 @@ def test_verify_and_repair_read_the_community_latest_pth(tiny_data, tmp_path) ->
     assert load_checkpoint(path)["progress"]["step"] == 3
 
 
+@pytest.mark.slow  # seconds: several repairs and trainings
 def test_repair_records_the_base_rows_it_was_told_or_assumed(tiny_data, files, tmp_path) -> None:
     out = tmp_path / "repaired.pth"
     result = cli("repair", files["community"], "-o", out, "--base-vocab", 80, "--config", tiny_data["config"])
@@ -365,6 +369,7 @@ def bad_manifest(tmp_path: Path) -> tuple[Path, list[int]]:
     return manifest, [2, 4, 5, 6, 7, 8]
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_check_data_good_manifest_through_the_real_cli(tiny_data) -> None:
     before = snapshot(tiny_data["folder"])
     proc = real_cli("check-data", tiny_data["train"], "--config", tiny_data["config"])
@@ -458,6 +463,7 @@ def spm_base(tmp_path_factory) -> dict[str, Path]:
     return {"base": folder / "base.model", "corpus": corpus, "folder": folder}
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_extend_then_check_tokenizer_through_the_real_cli(spm_base, tmp_path) -> None:
     base_sp = spm.SentencePieceProcessor(model_file=str(spm_base["base"]))
     base_size = base_sp.get_piece_size()
@@ -543,6 +549,7 @@ def test_check_tokenizer_refuses_a_file_that_is_not_a_model(tmp_path) -> None:
 # ----------------------------------------------------------------------------- evaluate
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_evaluate_reference_batch_through_the_real_cli() -> None:
     proc = real_cli("evaluate", "--config", TINY / "config.yaml", "--checkpoint", TINY / "gpt.pth",
                     "--manifest", TINY / "pairs.jsonl", "--batch-size", 3, "--json")
@@ -553,6 +560,7 @@ def test_evaluate_reference_batch_through_the_real_cli() -> None:
     assert (result["samples"], result["text_tokens"]) == (3, 100)
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_bundled_configs_are_found_from_any_folder(tmp_path) -> None:
     """`--config configs/NAME.yaml` as the docs write it works outside the checkout; a name it does not
     ship is refused with the folder where the bundled configs really are."""
@@ -607,6 +615,7 @@ def test_evaluate_refusals(files, tiny_data, tmp_path, case) -> None:
     assert snapshot(files["folder"]) == before
 
 
+@pytest.mark.slow  # reads `complete`, a trained run
 def test_evaluate_uses_the_config_stored_in_the_checkpoint(complete, tiny_data, tmp_path) -> None:
     stored = cli("evaluate", "--checkpoint", complete, "--manifest", tiny_data["val"], "--json")
     assert stored.exit_code == 0, stored.output
@@ -624,6 +633,7 @@ def test_evaluate_uses_the_config_stored_in_the_checkpoint(complete, tiny_data, 
     assert len(line) < 300
 
 
+@pytest.mark.slow  # reads `complete`, a trained run
 def test_evaluate_reads_the_checkpoint_once(complete, tiny_data, monkeypatch) -> None:
     """One CRC pass and one load serve the checks, the stored config and the weights (checkpoints are GBs)."""
     reads = CheckpointReads(complete).install(monkeypatch)
@@ -632,6 +642,7 @@ def test_evaluate_reads_the_checkpoint_once(complete, tiny_data, monkeypatch) ->
     assert (reads.loads, reads.crc_passes) == (1, 1)
 
 
+@pytest.mark.slow  # the real CLI in a process
 @pytest.mark.parametrize("case", ["vocabulary smaller than the data", "code beyond the codec", "negative id"])
 def test_evaluate_names_an_id_outside_the_checkpoint_without_a_traceback(tiny_data, tmp_path, case) -> None:
     folder = tmp_path / "data"
@@ -666,6 +677,7 @@ def test_evaluate_names_an_id_outside_the_checkpoint_without_a_traceback(tiny_da
 # ----------------------------------------------------------------------------- hardware
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_hardware_on_this_machine_through_the_real_cli() -> None:
     proc = real_cli("hardware", "--config", TINY_CONFIG, "--json", env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -715,6 +727,7 @@ def test_an_unknown_or_ambiguous_gpu_names_the_closest(typed, closest) -> None:
     error_line(result.stderr, f"--assume: unknown GPU {typed!r}; {closest}")
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
     """What the parser refuses reads as the user typed it, not in the validation library's words
     ("Value error, ...", "Input should be ..."); through the entry point both commands use."""
@@ -779,6 +792,7 @@ def test_a_training_checkpoint_as_base_says_what_is_ignored(complete, files, tin
     assert plain.exit_code == 0 and "is a training checkpoint" not in plain.output
 
 
+@pytest.mark.slow  # the real CLI in processes
 def test_train_gpt_refuses_bad_input_with_one_line(tiny_data, tmp_path) -> None:
     data = tiny_data
     bad_config = tmp_path / "bad.yaml"
@@ -828,6 +842,7 @@ def test_train_gpt_refuses_bad_input_with_one_line(tiny_data, tmp_path) -> None:
     assert {k: v for k, v in after[1].items() if k in before[1]} == before[1]
 
 
+@pytest.mark.slow  # the shim in a process
 def test_community_script_shim_help_lists_train_flags() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "trainers" / "train_gpt_v2.py"), "--help"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120,
@@ -837,6 +852,7 @@ def test_community_script_shim_help_lists_train_flags() -> None:
         assert flag in proc.stdout, flag
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_train_help_at_80_columns_shows_every_flag_whole_with_its_default() -> None:
     from indextts_train.cli import train_parameters
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 from pathlib import Path
@@ -9,9 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from indextts_train.config.family import INDEXTTS2
-from indextts_train.config.settings import OFFICIAL_SECTIONS, TrainConfig, TrainOptions, config_to_dict, load_config
+from indextts_train.config.settings import (
+    OFFICIAL_SECTIONS,
+    ConditionModuleConfig,
+    GPTConfig,
+    TrainConfig,
+    config_to_dict,
+    load_config,
+)
 from indextts_train.errors import UserError
+from indextts_train.ui.run_settings import resolve_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -92,16 +100,16 @@ def test_wrong_types_name_the_key_and_the_expected_type(tmp_path, section, key, 
 
 
 def test_flags_override_the_train_section_and_are_revalidated() -> None:
-    options = TrainOptions(train_manifests=["t.jsonl"], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
-                           epochs=3, learning_rate=None)
-    assert options.overrides == {"epochs": 3}  # None: not given, the config decides
-    config = options.load_config()
+    settings = resolve_settings(train_manifests=["t.jsonl"], output_dir=Path("out"),
+                                config=ROOT / "configs" / "tiny.yaml", epochs=3, learning_rate=None)
+    config = settings.config  # None: not given, the config decides
     assert config.train.epochs == 3 and config.train.learning_rate == 3e-3
+    assert config.source == str(ROOT / "configs" / "tiny.yaml") and settings.config_note is None
     with pytest.raises(TypeError, match="unknown option"):
-        TrainOptions(train_manifests=[], output_dir=Path("out"), epoch=3)
+        resolve_settings(train_manifests=["t.jsonl"], output_dir=Path("out"), epoch=3)
     with pytest.raises(UserError, match=r"--log-interval\) must be > 0"):
-        TrainOptions(train_manifests=[], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
-                     log_interval=0).load_config()
+        resolve_settings(train_manifests=["t.jsonl"], output_dir=Path("out"), config=ROOT / "configs" / "tiny.yaml",
+                         log_interval=0)
 
 
 @pytest.mark.parametrize(("section", "key", "value", "says"), [
@@ -136,3 +144,17 @@ def test_official_sections_are_kept_and_stored_with_the_config(tmp_path: Path) -
     stored = config_to_dict(load_config(path))
     assert stored["s2mel"] == {"sr": 22050} and stored["vocoder"] == {"type": "bigvgan"} and stored["emo_num"] == [3, 4]
     assert "w2v_stat" not in stored
+
+
+@pytest.mark.parametrize(("section", "cls"), [("gpt", GPTConfig), ("condition_module", ConditionModuleConfig)])
+def test_every_model_size_has_its_range_on_its_field(tmp_path, section, cls) -> None:
+    """Each whole number of the gpt: section is refused just outside the range its field states."""
+    sizes = [f for f in dataclasses.fields(cls) if f.type in ("int", int)]
+    assert len(sizes) >= 4
+    for f in sizes:
+        low, high = f.metadata["range"]
+        for value in (low - 1, high + 1):
+            data = yaml.safe_load(TINY.read_text())
+            (data["gpt"] if section == "gpt" else data["gpt"]["condition_module"])[f.name] = value
+            with pytest.raises(UserError, match=f"{f.name} must be in {low}..{high:,}, got {value}"):
+                load_config(write(tmp_path, data))

@@ -48,6 +48,7 @@ def test_the_reference_manifest_collates_into_the_reference_batch():
     assert batch.condition is None
 
 
+@pytest.mark.slow  # the real CLI in a subprocess
 def test_evaluate_on_the_reference_equals_expected_json():
     result = subprocess.run(
         [sys.executable, "-m", "indextts_train", "evaluate", "--checkpoint", str(TINY / "gpt.pth"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -213,7 +214,7 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
     from indextts_train.checkpoint.files import load_checkpoint
     from indextts_train.data.manifest import ManifestIndex
     from indextts_train.train import steps
-    from indextts_train.train.loop import TrainOptions, train
+    from indextts_train.train.loop import resolve_settings, train
 
     out = tmp_path / "run"
     out.mkdir()
@@ -228,7 +229,7 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
         return ResumableBatchSampler(order, **kwargs)
 
     monkeypatch.setattr(steps, "ResumableBatchSampler", spy)
-    assert train(TrainOptions(train_manifests=[str(data)], output_dir=out, config=TINY_CONFIG, resume="auto",
+    assert train(resolve_settings(train_manifests=[str(data)], output_dir=out, config=TINY_CONFIG, resume="auto",
                               max_steps=8, epochs=100, batch_size=2, grad_accumulation=2, effective_batch_size=4,
                               learning_rate=3e-3, warmup_steps=4, weight_decay=0.1, seed=11, log_interval=1,
                               tensorboard=False)) == 0
@@ -242,10 +243,15 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
 def test_a_rule_1_run_keeps_the_sort_window_it_started_with() -> None:
     """The default window grew (512 -> 4096) after rule 1; a rule-1 run's order depends on its window,
     so its resume takes the one in its stored config, not today's default."""
+    from indextts_train.checkpoint.manager import resumed_state, stored_sort_window
+    from indextts_train.checkpoint.state import migrate
     from indextts_train.config.settings import TrainConfig
-    from indextts_train.train.setup import _legacy_window
 
     with gzip.open(FIXTURES / "format1_step4.pth.gz", "rb") as f:
         fixture = torch.load(io.BytesIO(f.read()), weights_only=True)
-    assert TrainConfig().sort_window == 4096 and _legacy_window(fixture, TrainConfig()) == 512
-    assert _legacy_window({"config": {}}, TrainConfig(sort_window=64)) == 64  # nothing stored: the flag
+    resumed = resumed_state(migrate(fixture), FIXTURES / "format1_step4.pth.gz")
+    assert resumed.sampler is None  # rule 1: no sampler record
+    assert TrainConfig().sort_window == 4096 and resumed.legacy_window(TrainConfig().sort_window) == 512
+    assert stored_sort_window({"config": {}}) is None  # nothing stored: the flag
+    nothing_stored = dataclasses.replace(resumed, sort_window=None)
+    assert nothing_stored.legacy_window(TrainConfig(sort_window=64).sort_window) == 64

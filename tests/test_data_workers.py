@@ -42,6 +42,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # starts a parent process and kills it
 def test_workers_die_with_a_killed_parent() -> None:
     parent = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -21,7 +21,7 @@ from typing import Annotated, get_args, get_origin, get_type_hints
 import pytest
 import typer
 import yaml
-from helpers import FaultyFolder, stand_in_models
+from helpers import FaultyFolder
 
 from indextts_train.cli import app, run_app
 from indextts_train.cli_flags import plain_help
@@ -378,42 +378,15 @@ def test_from_run_with_wrong_types_names_the_key(tiny_data, tmp_path, capsys) ->
 # ----------------------------------------------------------------------------- a full or read-only disk
 
 
-class CopyFeaturizer:
-    """The model stages stood in: arrays made from the text alone, so `prepare` gets to its writes at once."""
-
-    new_ids = range(0)
-
-    def notes(self) -> list[str]:
-        return []
-
-    def code_limit(self):
-        from indextts_train.prepare.featurize import CodeLimit
-
-        return CodeLimit(max_codes=1_000_000, frames_per_code=1)
-
-    def text_ids(self, utt):
-        import numpy as np
-
-        from indextts_train.prepare.featurize import TextIds
-
-        return TextIds(np.frombuffer(utt.text.encode(), dtype=np.uint8).astype(np.int32), None)
-
-    def features(self, clips: list) -> list[dict]:
-        import numpy as np
-
-        return [{"codes": np.arange(8, dtype=np.int32), "condition": np.zeros((32, 4), np.float32),
-                 "emo_vec": np.zeros(4, np.float32)} for _ in clips]
-
-
+@pytest.mark.slow  # the real model stages (conftest `tiny_models`): seconds a run
 @pytest.mark.parametrize("fault", ["full at once", "full after a few files", "read-only"])
 def test_prepare_on_a_full_or_read_only_disk_is_one_line_and_a_rerun_goes_on(fault, corpus, tmp_path, capsys,
-                                                                             monkeypatch) -> None:
-    stand_in_models(tmp_path, monkeypatch, CopyFeaturizer())
+                                                                             monkeypatch, tiny_models) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
     faulty = FaultyFolder(disk, capacity={"full at once": 0, "full after a few files": 3000}.get(fault),
                           read_only=fault == "read-only").install(monkeypatch)
-    args = ["prepare", corpus, "--model-dir", tmp_path / "models", "--out", disk / "prepared", "--device", "cpu",
+    args = ["prepare", corpus, "--model-dir", tiny_models, "--out", disk / "prepared", "--device", "cpu",
             "--min-seconds", "0.1", "--prompt-seconds", "0.5", "--val-fraction", "0"]
     line = one_line(args, capsys, f"--out {disk / 'prepared'}: cannot ")  # write, or create it
     assert ("read-only" if fault == "read-only" else "no space left") in line.lower()
@@ -457,9 +430,10 @@ def test_every_writer_on_a_full_or_read_only_disk_is_one_line(fault, tiny_data, 
 # ----------------------------------------------------------------------------- as a shell starts it
 
 
-def real_cli(args: list, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "indextts_train", *args], capture_output=True, cwd=cwd,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
+def real_cli(args: list, cwd: Path) -> subprocess.Popen:
+    """`indextts-train ARGS` started in a fresh interpreter; the caller collects it (`communicate`)."""
+    return subprocess.Popen([sys.executable, "-m", "indextts_train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @pytest.mark.slow
@@ -482,10 +456,10 @@ def test_a_sample_of_each_kind_in_a_fresh_interpreter(tiny_data, corpus, tmp_pat
           "--batch-size", str(10**30)], "--batch-size"),
     ]
     before = files_and_bytes(tmp_path)
-    for args, needle in cases:
-        done = real_cli(args, cwd)
-        stderr = done.stderr.decode("utf-8", "replace")
+    started = [(real_cli(args, cwd), args, needle) for args, needle in cases]  # side by side: each is mostly imports
+    for proc, args, needle in started:
+        stderr = proc.communicate(timeout=300)[1].decode("utf-8", "replace")
         lines = [line for line in stderr.splitlines() if line.strip()]
-        assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in stderr, (args, stderr[-800:])
+        assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in stderr, (args, stderr[-800:])
         assert lines[0].startswith("error: ") and needle in lines[0], (needle, lines[0])
     assert files_and_bytes(tmp_path) == before

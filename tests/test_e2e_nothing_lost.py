@@ -37,6 +37,8 @@ from indextts_train.files import faults
 from indextts_train.train import preflight
 from indextts_train.ui.run_record import unstamp
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 STEPS, SEED = 8, 7

@@ -56,6 +56,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow  # starts the lock's holder in a process
 def test_lock_names_the_holder_and_dies_with_it(tmp_path) -> None:
     assert holder_pid(tmp_path) is None  # no lock file yet, and holder_pid creates none
     assert not (tmp_path / LOCK_NAME).exists()
@@ -236,11 +237,12 @@ def test_fingerprint_says_what_changed(tiny_data, tmp_path) -> None:
 # ----------------------------------------------------------------------------- non-finite checkpoints
 
 
+@pytest.mark.slow  # trains a tiny run
 def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -> None:
-    from indextts_train.train.loop import TrainOptions, train
+    from indextts_train.train.loop import resolve_settings, train
 
     out = tmp_path / "run"
-    assert train(TrainOptions(train_manifests=[tiny_data["train"]], output_dir=out, config=TINY_CONFIG,
+    assert train(resolve_settings(train_manifests=[tiny_data["train"]], output_dir=out, config=TINY_CONFIG,
                               base_checkpoint=tiny_data["base"], batch_size=2, grad_accumulation=2,
                               effective_batch_size=4, num_workers=0, max_steps=2, tensorboard=False)) == 0
     state = load_checkpoint(out / "latest.pth")
@@ -261,6 +263,7 @@ def test_nan_weights_verify_incomplete_and_export_refuses(tiny_data, tmp_path) -
     assert state["progress"]["step"] == 2
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_a_killed_tee_does_not_end_the_run(tiny_data, tmp_path) -> None:
     """`train-gpt ... | tee`: the reader goes away after the first line; the run must still train to the
     end, save and exit 0 (not 120 from a failed flush at exit, not EPIPE at the next print)."""

@@ -20,11 +20,14 @@ import pytest
 
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.settings import load_config
-from indextts_train.data.demo_data import _make_base_tokenizer, _make_base_vocabulary
+from indextts_train.data.demo_data import _make_base_tokenizer
+from indextts_train.data.demo_data import _make_base_vocabulary
 from indextts_train.listen.model_folder import make_model_folder
 from indextts_train.listen.synthesize import SynthesisLine, resolve_inference_python, synthesize
 from indextts_train.listen.tiny_folder import tiny_gpt_config, write_tiny_inference_dir
 from indextts_train.prepare.tiny import write_synthetic_clips
+
+pytestmark = pytest.mark.slow  # every test here: the official inference runs in its own interpreter
 
 PYTHONS = {INDEXTTS25: "INDEXTTS_TEST_PYTHON_V25", INDEXTTS2: "INDEXTTS_TEST_PYTHON_V2"}
 TEXTS = {"one": "hello world, this is a test.", "two": "hello world, this is a test."}

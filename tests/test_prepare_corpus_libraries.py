@@ -20,12 +20,11 @@ import lhotse  # noqa: F401 (used through `from lhotse import ...` below; a miss
 import numpy as np
 import pytest
 import soundfile
-from helpers import stand_in_models
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, read_corpora
-from indextts_train.prepare.featurize import Clip, CodeLimit, TextIds, load_clip
+from indextts_train.prepare.featurize import Clip, load_clip
 from indextts_train.prepare.pairs import SplitRule
 from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
 
@@ -241,34 +240,16 @@ def test_hf_without_a_text_column_is_one_line(tmp_path) -> None:
         read_corpora([tmp_path / "broken.parquet"], Defaults())
 
 
-class WaveFeaturizer:
-    """Stores the waveforms the stages would see, so equal arrays mean equal inputs to the real stages."""
-
-    new_ids = range(0)  # the tokenizer grows no pieces
-
-    def notes(self) -> list[str]:
-        return []
-
-    def code_limit(self) -> CodeLimit:
-        return CodeLimit(max_codes=1_000_000, frames_per_code=1)
-
-    def text_ids(self, utt) -> TextIds | str:
-        return TextIds(np.frombuffer(utt.text.encode(), dtype=np.uint8).astype(np.int32), None)
-
-    def features(self, clips: list[Clip]) -> list[dict]:
-        return [{"codes": (np.round(c.speaker_full * 1e6)).astype(np.int32), "condition": c.speaker_full[None],
-                 "emo_vec": c.emotion} for c in clips]
-
-
 @pytest.fixture
-def wave_models(tmp_path, monkeypatch) -> None:
-    stand_in_models(tmp_path, monkeypatch, WaveFeaturizer())
+def wave_models(tmp_path, tiny_models) -> None:
+    """The real stages on the tiny models (conftest): equal arrays mean equal waveforms went in."""
+    (tmp_path / "models").symlink_to(tiny_models, target_is_directory=True)
 
 
 def _prepare(tmp_path: Path, corpus: Path, out: str) -> dict[str, np.ndarray]:
     options = PrepareOptions(corpora=[corpus], model_dir=tmp_path / "models", out=tmp_path / out, device="cpu",
                              split=SplitRule(val_fraction=0.0, prompts_per_target=1), min_seconds=0.3,
-                             prompt_seconds=0.6, batch_seconds=3.0)
+                             prompt_seconds=0.6, batch_seconds=3.0, allow_unk=True)  # the tiny BPE knows no digits
     assert run_prepare(options) == 0
     return {p.relative_to(tmp_path / out).as_posix(): np.load(p) for p in sorted((tmp_path / out).rglob("*.npy"))}
 
@@ -279,6 +260,7 @@ def _same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> Non
         np.testing.assert_array_equal(got[name], array, err_msg=name)
 
 
+@pytest.mark.slow  # the real model stages: seconds a run
 def test_prepare_of_lhotse_and_hf_corpora_equals_the_jsonl_of_the_same_clips(tmp_path, wave_models) -> None:
     from lhotse import CutSet
 
@@ -299,6 +281,7 @@ def test_prepare_of_lhotse_and_hf_corpora_equals_the_jsonl_of_the_same_clips(tmp
     assert [k["audio"] for k in kept] == [f"{(tmp_path / 'hf' / 'train.parquet').resolve()}#{i}" for i in range(3)]
 
 
+@pytest.mark.slow  # the real model stages: seconds a run
 def test_a_row_without_audio_is_rejected_with_its_reason(tmp_path, wave_models) -> None:
     dataset, _ = _hf_dataset(tmp_path / "hf")
     rows = dataset.to_dict()
@@ -306,7 +289,7 @@ def test_a_row_without_audio_is_rejected_with_its_reason(tmp_path, wave_models) 
     rows["audio"][2] = {"bytes": b"not audio", "path": None}
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "bad.parquet"))
     options = PrepareOptions(corpora=[tmp_path / "bad.parquet"], model_dir=tmp_path / "models", out=tmp_path / "o",
-                             device="cpu", split=SplitRule(val_fraction=0.0), min_seconds=0.3)
+                             device="cpu", split=SplitRule(val_fraction=0.0), min_seconds=0.3, allow_unk=True)
     assert run_prepare(options) == 1
     rejected = [json.loads(line) for line in (tmp_path / "o" / "rejected.jsonl").read_text().splitlines()]
     assert [(r["id"], r["audio"].rsplit("#", 1)[1]) for r in rejected] == [("clip1", "1"), ("clip2", "2")]

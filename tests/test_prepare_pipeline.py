@@ -1,65 +1,40 @@
 """The prepare pipeline around the stages: batches, records, resumability, manifests, rejections, exit codes.
 
-The stages are replaced by a small deterministic featurizer here (the real ones are exercised end to
-end in test_prepare_e2e.py); everything else (corpus, audio headers, planning, atomic writes,
-settings guard, pairs, manifests) is the shipped code.
+The stages run on the tiny model folder `prepare/tiny.py` writes (conftest `tiny_models`; their outputs
+are checked against the official code in test_prepare_e2e.py); everything is the shipped code, and
+`feature_batches` only counts what the stages compute.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FaultyFolder, stand_in_models
+from helpers import FaultyFolder, feature_batches
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.corpus import Defaults
-from indextts_train.prepare.featurize import Clip, CodeLimit, TextIds
-from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.pairs import SplitRule
 from indextts_train.prepare.pipeline import PrepareOptions, plan, run_prepare
-from indextts_train.prepare.tiny import write_synthetic_clips
+from indextts_train.prepare.tiny import TINY_W2V_WIDTH, write_synthetic_clips, write_tiny_gpt
 
-TEXTS = [("hello there", None), ("good day", None), ("bad ? text", None), ("", None), ("one more", None),
+TEXTS = [("hello there", None), ("good day", None), ("bad § text", None), ("", None), ("one more", None),
          ("and again", None), ("last one", None), ("fine", None)]
 
 
-class FakeFeaturizer:
-    """Deterministic stand-in for the model stages: ids from the text bytes, features from the waveform."""
-
-    calls: list[int] = []
-    new_ids = range(40, 50)  # "grown pieces": ids 40..49
-
-    def notes(self) -> list[str]:
-        return []
-
-    def code_limit(self) -> CodeLimit:
-        return CodeLimit(max_codes=10_000, frames_per_code=1)
-
-    def text_ids(self, utt) -> TextIds | str:
-        if not utt.text.strip():
-            return "text: empty"
-        if "?" in utt.text:
-            return "text: characters the tokenizer does not know: ?"
-        ids = np.frombuffer(utt.text.encode(), dtype=np.uint8).astype(np.int32) % 50
-        return TextIds(ids, None, int(np.count_nonzero(ids >= 40)))
-
-    def features(self, clips: list[Clip]) -> list[dict | str]:
-        FakeFeaturizer.calls.append(len(clips))
-        out = []
-        for clip in clips:
-            n = len(clip.speaker_full) // 320
-            out.append({"codes": (np.arange(n) % 7).astype(np.int32),
-                        "condition": np.full((32, 4), float(np.abs(clip.speaker_full).mean()), np.float32),
-                        "emo_vec": np.full(4, float(len(clip.emotion)), np.float32)})
-        return out
+@pytest.fixture
+def models(tmp_path, tiny_models) -> Path:
+    """The shared tiny model folder, linked where `_options` looks for it."""
+    (tmp_path / "models").symlink_to(tiny_models, target_is_directory=True)
+    return tmp_path / "models"
 
 
 @pytest.fixture
-def fake_models(tmp_path, monkeypatch) -> ModelFiles:
-    return stand_in_models(tmp_path, monkeypatch, FakeFeaturizer())
+def batches(monkeypatch) -> list[int]:
+    return feature_batches(monkeypatch)
 
 
 def _options(tmp_path: Path, corpus: Path, **kw) -> PrepareOptions:
@@ -78,7 +53,8 @@ def _outputs(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
-def test_rejections_have_reasons_and_exit_1(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_rejections_have_reasons_and_exit_1(tmp_path, models) -> None:
     corpus = _corpus(tmp_path)
     assert run_prepare(_options(tmp_path, corpus)) == 1
     out = tmp_path / "out"
@@ -97,38 +73,40 @@ def test_rejections_have_reasons_and_exit_1(tmp_path, fake_models) -> None:
     assert report["counts"]["kept"] == 5 and report["counts"]["rejected_by_reason"] == {"audio": 1, "text": 2}
 
 
-def test_rerun_skips_complete_work_and_gives_the_same_bytes(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_rerun_skips_complete_work_and_gives_the_same_bytes(tmp_path, models, batches) -> None:
     corpus = _corpus(tmp_path)
     run_prepare(_options(tmp_path, corpus))
     first = _outputs(tmp_path / "out")
-    FakeFeaturizer.calls.clear()
+    batches.clear()
     assert run_prepare(_options(tmp_path, corpus)) == 1
-    assert FakeFeaturizer.calls == []  # nothing recomputed
+    assert batches == []  # nothing recomputed
     assert _outputs(tmp_path / "out") == first
     record = next((tmp_path / "out" / "records").glob("utt0004.json"))
     record.unlink()  # as if killed after the arrays, before the record
     assert run_prepare(_options(tmp_path, corpus)) == 1
-    assert len(FakeFeaturizer.calls) == 1  # only that utterance's batch
+    assert len(batches) == 1  # only that utterance's batch
     assert _outputs(tmp_path / "out") == first
 
 
-def test_a_rerun_recomputes_what_changed_in_the_corpus_and_ends_as_a_fresh_run(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_a_rerun_recomputes_what_changed_in_the_corpus_and_ends_as_a_fresh_run(tmp_path, models, batches) -> None:
     """A fixed transcript (rejected before, kept now), an edited one and a replaced clip are recomputed on
     the rerun; the rest is skipped; the folder ends with the manifests a fresh run on the new corpus writes."""
     import soundfile
 
     corpus = _corpus(tmp_path)
     assert run_prepare(_options(tmp_path, corpus)) == 1
-    old_condition = np.load(tmp_path / "out" / "condition" / "utt0004.npy")  # the fake's: from the waveform
+    old_condition = np.load(tmp_path / "out" / "condition" / "utt0004.npy")
     lines = [json.loads(line) for line in corpus.read_text().splitlines()]
     lines[2]["text"], lines[1]["text"] = "fixed text", "a better day"
     corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
     clip = tmp_path / "clips" / "utt0004.wav"
     wave, rate = soundfile.read(clip, dtype="float32")
     soundfile.write(clip, np.roll(wave, 1000) * 0.5, rate)  # another recording of the same length
-    FakeFeaturizer.calls.clear()
+    batches.clear()
     assert run_prepare(_options(tmp_path, corpus)) == 1  # utt0003 (empty text) and utt0007 stay rejected
-    assert sum(FakeFeaturizer.calls) < 7  # batches without a changed member were skipped
+    assert sum(batches) < 7  # batches without a changed member were skipped
     fresh = tmp_path / "fresh"
     assert run_prepare(_options(tmp_path, corpus, out=fresh)) == 1
     for name in ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", "prepare.json"):
@@ -156,12 +134,16 @@ def test_batches_depend_only_on_corpus_and_budget(tmp_path) -> None:
     assert small.early == {7: small.early[7]} and small.early[7].startswith("audio: unreadable")
 
 
-def test_other_settings_or_models_refuse_to_mix(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_other_settings_or_models_refuse_to_mix(tmp_path, models) -> None:
     corpus = _corpus(tmp_path)
     run_prepare(_options(tmp_path, corpus))
     with pytest.raises(UserError, match="prepared with other prompt_seconds; rerun with --restart"):
         run_prepare(_options(tmp_path, corpus, prompt_seconds=5.0))
-    fake_models.hashes["gpt"] = "1" * 64
+    shared = models.resolve()
+    models.unlink()
+    shutil.copytree(shared, models)  # this test's own copy, with other GPT weights
+    write_tiny_gpt(models / "config.yaml", models / "gpt.pth", TINY_W2V_WIDTH, seed=2)
     with pytest.raises(UserError, match="prepared with other models"):
         run_prepare(_options(tmp_path, corpus))
     (tmp_path / "out" / "mine.txt").write_text("user file")
@@ -169,7 +151,8 @@ def test_other_settings_or_models_refuse_to_mix(tmp_path, fake_models) -> None:
     assert (tmp_path / "out" / "mine.txt").read_text() == "user file"  # not ours: kept
 
 
-def test_foreign_output_folder_and_nothing_usable(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_foreign_output_folder_and_nothing_usable(tmp_path, models) -> None:
     corpus = _corpus(tmp_path)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "train.jsonl").write_text("theirs\n")
@@ -183,7 +166,8 @@ def test_foreign_output_folder_and_nothing_usable(tmp_path, fake_models) -> None
     assert run_prepare(options) == 2
 
 
-def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, models) -> None:
     corpus = _corpus(tmp_path)
     run_prepare(_options(tmp_path, corpus))
     stale = tmp_path / "out" / "codes" / ".utt0000.npy.tmp-99999"
@@ -196,7 +180,8 @@ def test_a_rerun_removes_temp_files_a_killed_run_left(tmp_path, fake_models) -> 
     assert not stale.exists() and not beside.exists() and foreign.read_bytes() == b"mine"
 
 
-def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, models) -> None:
     import soundfile
 
     corpus = _corpus(tmp_path)
@@ -207,14 +192,15 @@ def test_a_clip_too_short_for_w2v_bert_is_rejected_not_a_crash(tmp_path, fake_mo
     assert reasons["utt0000"] == "too short: 300 samples at 16 kHz, w2v-BERT needs 560"
 
 
-def test_a_rerun_may_change_batch_seconds(tmp_path, fake_models) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_a_rerun_may_change_batch_seconds(tmp_path, models, batches) -> None:
     """After running out of GPU memory, a smaller --batch-seconds continues instead of starting over."""
     corpus = _corpus(tmp_path)
     run_prepare(_options(tmp_path, corpus))
     first = _outputs(tmp_path / "out")
-    FakeFeaturizer.calls.clear()
+    batches.clear()
     assert run_prepare(_options(tmp_path, corpus, batch_seconds=1.0)) == 1
-    assert FakeFeaturizer.calls == []  # everything was complete: nothing recomputed
+    assert batches == []  # everything was complete: nothing recomputed
     again = _outputs(tmp_path / "out")
     assert {k for k in first if first[k] != again[k]} == {"prepare.json"}  # only the recorded setting
 
@@ -244,7 +230,8 @@ def test_token_count_reports_the_grown_pieces_share_and_records_of_earlier_versi
 
 
 @pytest.mark.parametrize("fault", [{"capacity": 3000}, {"read_only": True}])
-def test_a_full_or_read_only_out_is_one_line_and_a_rerun_goes_on(tmp_path, fake_models, monkeypatch, fault) -> None:
+@pytest.mark.slow  # the real model stages: seconds a run
+def test_a_full_or_read_only_out_is_one_line_and_a_rerun_goes_on(tmp_path, models, monkeypatch, fault) -> None:
     corpus = _corpus(tmp_path)
     (tmp_path / "out").mkdir()
     with monkeypatch.context() as patch:

@@ -23,6 +23,8 @@ from indextts_train.cli import app
 from indextts_train.data.sampling import SamplerSpec, epoch_order
 from indextts_train.ui.run_record import unstamp
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 LOSSES = ("loss", "text_loss", "mel_loss", "mel_top1")
 

@@ -13,6 +13,8 @@ from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import config_beside
 from indextts_train.demo import run_demo
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 
 def assert_extended_share(prepared, grown: range, printed: str) -> None:
     """prepare.json's text coverage, recounted from the text_ids arrays it wrote: the ids in `grown` are

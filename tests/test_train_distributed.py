@@ -18,6 +18,8 @@ from helpers import start, wait_for_training
 
 from indextts_train.checkpoint.files import load_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

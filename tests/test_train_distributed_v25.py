@@ -10,9 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import start, wait_for_training
 from test_train_distributed import children, final, run
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 
 def command(data: dict, out: Path, *, nproc: int, max_steps: int) -> list[str]:

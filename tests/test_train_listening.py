@@ -11,13 +11,13 @@ import torch
 from indextts_train.checkpoint.files import load_checkpoint, same_file
 from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.train.listening import Listener, due_steps
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
 
 pytestmark = pytest.mark.slow  # trains twice and starts the CLI
 
 
 def _train(tiny_data, out: Path, **extra) -> None:
-    options = TrainOptions(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
+    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
                            config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
                            grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=6, epochs=100,
                            val_interval=2, save_interval=2, tensorboard=False, **extra)

@@ -12,19 +12,21 @@ from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train import loop as train_mod
-from indextts_train.train.loop import TrainOptions, lr_factor, train
+from indextts_train.train.loop import RunSettings, lr_factor, resolve_settings, train
 from indextts_train.ui.run_record import unstamp
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 
 
-def options(data: dict, out: Path, **overrides) -> TrainOptions:
+def options(data: dict, out: Path, **overrides) -> RunSettings:
     values = dict(train_manifests=[data["train"]], val_manifests=[data["val"]], output_dir=out,
                   config=data["config"], base_checkpoint=data["base"], batch_size=2, grad_accumulation=2,
                   effective_batch_size=4, num_workers=0, max_steps=12, epochs=100, learning_rate=3e-3,
                   warmup_steps=2, log_interval=2, val_interval=6, save_interval=6, tensorboard=False)
     values.update(overrides)
-    return TrainOptions(**values)
+    return resolve_settings(**values)
 
 
 def grown_config(tmp_path: Path, tokens: int = 150) -> Path:
@@ -238,10 +240,10 @@ def test_an_error_exit_closes_tensorboard_and_the_status_line(tiny_data, tmp_pat
     monkeypatch.setattr(console.RunLogger, "stop", lambda self: stopped.append(1))
     original = train_mod.optimizer_step
 
-    def broken_at_step_3(run, step_batches, step):
+    def broken_at_step_3(run, state, step_batches, step, *rest):
         if step == 3:
             raise RuntimeError("a bug")
-        return original(run, step_batches, step)
+        return original(run, state, step_batches, step, *rest)
 
     monkeypatch.setattr(train_mod, "optimizer_step", broken_at_step_3)
     with pytest.raises(RuntimeError, match="a bug"):
@@ -283,9 +285,10 @@ def test_a_save_deferred_by_a_streak_survives_a_stop_inside_it(tiny_data, tmp_pa
 def test_the_window_mean_leaves_out_an_overflowed_gradient_norm() -> None:
     from types import SimpleNamespace
 
-    run = SimpleNamespace(history=SimpleNamespace(pending=[torch.tensor([1.0, 1.0, 1.0, 0.5, 2.0]),
-                                                           torch.tensor([3.0, 3.0, 3.0, 0.5, float("inf")])]),
-                          progress=SimpleNamespace(samples_total=8),
-                          optim=SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3])))
-    values = train_mod.window_values(run, (0.0, 0))
+    from indextts_train.train import window
+
+    history = SimpleNamespace(pending=[torch.tensor([1.0, 1.0, 1.0, 0.5, 2.0]),
+                                       torch.tensor([3.0, 3.0, 3.0, 0.5, float("inf")])])
+    optim = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]))
+    values = window.window_values(history, SimpleNamespace(samples_total=8), optim, (0.0, 0))
     assert values["loss"] == 2.0 and values["grad_norm"] == 2.0

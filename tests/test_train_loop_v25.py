@@ -33,6 +33,8 @@ from indextts_train.text.tiktoken_vocab import extend_tiktoken, read_tiktoken
 from indextts_train.train import preflight
 from indextts_train.train.evaluate import evaluate_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 R, N, K = 320, 1993, 50  # base ranks, base text tokens, ranks the grown vocabulary adds

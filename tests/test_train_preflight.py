@@ -13,10 +13,11 @@ from helpers import CheckpointReads
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
-from indextts_train.config.settings import DEFAULT_CONFIG, TrainOptions, config_beside, load_config
+from indextts_train.config.settings import DEFAULT_CONFIG, config_beside, config_choice, load_config
 from indextts_train.errors import UserError
 from indextts_train.train.preflight import SAMPLE_LINES, check_manifest_sample, check_output_dir
 from indextts_train.ui.run_record import first_missing
+from indextts_train.ui.run_settings import resolve_settings
 
 PLAN_WORDS = "micro-batch"  # the first line of the hardware plan says it
 
@@ -109,15 +110,15 @@ def test_the_sample_is_the_head_of_each_manifest(tiny_data, tmp_path) -> None:
     config = load_config(tiny_data["config"])
     repeat = SAMPLE_LINES // 24 + 1
     for line_no, refused in ((SAMPLE_LINES, True), (SAMPLE_LINES + 1, False)):
-        options = TrainOptions(train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, line_no, repeat=repeat))],
-                               output_dir=tmp_path / "run")
+        options = resolve_settings(output_dir=tmp_path / "run",
+                                   train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, line_no, repeat=repeat))])
         if refused:
             with pytest.raises(UserError, match=f"bad.jsonl:{line_no}: target_text_ids_path holds id 5000"):
                 check_manifest_sample(options, config, 100)
         else:
             check_manifest_sample(options, config, 100)
-    options.skip_bad_lines = True
-    options.train_manifests = [str(bad_ids_manifest(tiny_data, tmp_path, 1))]
+    options = resolve_settings(train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, 1))],
+                               output_dir=tmp_path / "run", skip_bad_lines=True)
     check_manifest_sample(options, config, 100)
 
 
@@ -129,14 +130,20 @@ def test_config_defaults_to_the_official_one_beside_the_base_checkpoint(tiny_dat
     base.write_bytes(Path(tiny_data["base"]).read_bytes())
     official = yaml.safe_load(Path(tiny_data["config"]).read_text())
     (folder / "config.yaml").write_text(yaml.safe_dump({**official, "gpt_checkpoint": "gpt.pth"}))
-    options = TrainOptions(train_manifests=[str(tiny_data["train"])], output_dir=tmp_path / "run", base_checkpoint=base)
-    path, line = options.config_path()
-    assert path == folder / "config.yaml" and line.startswith("--config not given: using")
+    settings = resolve_settings(train_manifests=[str(tiny_data["train"])], output_dir=tmp_path / "run",
+                                base_checkpoint=base)
+    line = settings.config_note
+    assert settings.config.source == str(folder / "config.yaml") and line.startswith("--config not given: using")
+    assert config_choice(None, base) == (folder / "config.yaml", line)
     assert config_beside(folder / "other.pth")[0] is None  # gpt_checkpoint names another file
-    assert TrainOptions(train_manifests=["x"], output_dir=tmp_path).config_path() == (DEFAULT_CONFIG, None)
+    default = resolve_settings(train_manifests=["x"], output_dir=tmp_path)
+    assert (default.config.source, default.config_note) == (str(DEFAULT_CONFIG), None)
     # A folder config.yaml that does not name the checkpoint is not taken, and the first line says why.
     (folder / "config.yaml").write_text(yaml.safe_dump(official))
-    path, line = options.config_path()
+    settings = resolve_settings(train_manifests=[str(tiny_data["train"])], output_dir=tmp_path / "run",
+                                base_checkpoint=base)
+    path, line = Path(settings.config.source), settings.config_note
+    assert config_choice(None, base) == (path, line)
     assert path == DEFAULT_CONFIG and line == (
         f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2), not {folder / 'config.yaml'}: its "
         "gpt_checkpoint is not 'gpt.pth', so it is not taken as that checkpoint's official config; pass --config "

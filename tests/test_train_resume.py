@@ -21,7 +21,9 @@ import yaml
 from helpers import start, wait_for_training
 
 from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import RunSettings, resolve_settings, train
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STEPS = 72  # 24 samples / effective batch 4 = 6 steps an epoch: 12 epochs
@@ -221,13 +223,13 @@ def test_corrupt_latest_is_skipped_and_left_on_disk(tiny_data, grown, tmp_path) 
     assert load_checkpoint(out / "latest.pth")["progress"]["step"] == 10
 
 
-def options(data: dict, config: Path, out: Path, **overrides) -> TrainOptions:
+def options(data: dict, config: Path, out: Path, **overrides) -> RunSettings:
     values = dict(train_manifests=[data["train"]], val_manifests=[data["val"]], output_dir=out, config=config,
                   base_checkpoint=data["base"], batch_size=2, grad_accumulation=2, effective_batch_size=4,
                   num_workers=0, max_steps=12, epochs=100, learning_rate=3e-3, warmup_steps=2, log_interval=1,
                   val_interval=6, save_interval=6, tensorboard=False, resume="auto", seed=5)
     values.update(overrides)
-    return TrainOptions(**values)
+    return resolve_settings(**values)
 
 
 def bigger_vocab(config: Path, tmp_path: Path, tokens: int) -> Path:

@@ -34,6 +34,8 @@ from indextts_train.model.layout import official_shapes
 from indextts_train.model.lora import apply_adapter_file
 from indextts_train.train.evaluate import evaluate_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8  # 24 samples / effective batch 4: 6 steps an epoch, so a run crosses into epoch 1
 SCOPE_FLAGS = {"partial": ("--train-scope", "partial"),  # the tiny configs: partial_layers 1 of 2 blocks
@@ -213,13 +215,18 @@ def test_the_scope_cannot_change_on_resume(family_data, reference, tmp_path, fam
     assert verdict.status != "COMPLETE" and any("lora: missing" in r for r in verdict.reasons), verdict.reasons
 
 
-@pytest.mark.slow  # the demo's data is made by the real prepare first (~9 s)
 @pytest.mark.parametrize("family", ["2", "2.5"])
-def test_demo_trains_the_scope_it_is_given(tmp_path, monkeypatch, family) -> None:
-    """`demo --train-scope` reaches the trainer (the runs above train each scope on the demo's data)."""
+def test_demo_trains_the_scope_it_is_given(family_data, tmp_path, monkeypatch, family) -> None:
+    """`demo --train-scope` reaches the trainer (the runs above train each scope on the demo's data). The
+    demo's data (the real prepare, test_train_demo.py checks it) is this file's: the flag is the point."""
     seen = []
+    data = family_data[family]
+    monkeypatch.setattr(demo, "make_prepared_demo", lambda out_dir, config_path, **_: {
+        "base_tokenizer": data.get("base_tokenizer", data["base"]), "tokenizer": data.get("tokenizer", data["base"]),
+        "model_dir": data["folder"], "normalizer": "none", "base_checkpoint": data["base"],
+        "train_manifest": data["train"], "val_manifest": data["val"], "inference_widths": False})
     monkeypatch.setattr(demo, "train", lambda options: seen.append(options) or 2)
     assert demo.run_demo(tmp_path, max_steps=3, family=family, train_scope="lora") == 2
-    assert seen[0].overrides["train_scope"] == "lora"
-    config = load_config(seen[0].config)  # and `demo --train-scope partial` fits the tiny model
+    assert seen[0].config.train.train_scope == "lora"
+    config = load_config(seen[0].inputs.config)  # and `demo --train-scope partial` fits the tiny model
     ScopeSettings("partial", partial_layers=config.train.partial_layers).check_fits(config.gpt.layers)

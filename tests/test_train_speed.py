@@ -17,7 +17,9 @@ from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train.accel import adamw_options, compile_blocks
-from indextts_train.train.loop import TrainOptions, train
+from indextts_train.train.loop import resolve_settings, train
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 TINY = Path(__file__).resolve().parent / "data" / "reference" / "tiny"
 TRAIN_LAYER = Path(__file__).resolve().parents[1] / "indextts_train" / "train"
@@ -42,7 +44,7 @@ def test_the_loop_reads_metrics_once_per_log_interval(tiny_data, tmp_path, monke
 
     for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
         monkeypatch.setattr(torch.Tensor, name, counting(name))
-    options = TrainOptions(train_manifests=[tiny_data["train"]], output_dir=tmp_path / "run",
+    options = resolve_settings(train_manifests=[tiny_data["train"]], output_dir=tmp_path / "run",
                            config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=2,
                            grad_accumulation=2, effective_batch_size=4, num_workers=0, max_steps=8, epochs=100,
                            log_interval=4, save_interval=100, val_interval=100, tensorboard=False)

@@ -8,10 +8,13 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import start
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from indextts_train.checkpoint.files import load_checkpoint
+
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
 
 def args(data: dict, out: Path) -> list[str]:

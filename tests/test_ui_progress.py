@@ -7,6 +7,8 @@ import pytest
 from indextts_train.ui.progress import DROP_ORDER, EtaClock, format_duration, speed_text, status_line
 from indextts_train.ui.run_record import unstamp
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 VALUES = {"loss": 2.2104, "text_loss": 3.9859, "mel_loss": 1.7723, "mel_top1": 0.629, "lr": 2.67e-3,
           "samples_per_s": 244.1}
 LABELS = {"top1": "top1 0.629", "mel": "mel 1.7723", "text": "text 3.9859", "epoch": "ep 3", "bar": "[",

@@ -42,6 +42,7 @@ def cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess
                           cwd=ROOT, env={**os.environ, **(env or {})}, timeout=120)
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
     (tmp_path / "gradio.py").write_text("raise ImportError(\"No module named 'gradio'\")\n")
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
@@ -56,6 +57,7 @@ def test_without_gradio_webui_says_how_to_install(tmp_path) -> None:
 @pytest.mark.parametrize(("args", "says"), [(["--share"], "add --auth USER:PASS"),
                                             (["--share", "--auth", "me"], "--auth must be USER:PASS"),
                                             (["--auth", ":pw"], "--auth must be USER:PASS")])
+@pytest.mark.slow  # the real CLI in a process
 def test_a_public_link_needs_a_password(args, says) -> None:
     result = cli(["webui", *args])
     assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
@@ -74,6 +76,7 @@ def test_a_page_other_machines_can_reach_needs_a_password() -> None:
     assert not is_loopback("0.0.0.0") and is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
 
 
+@pytest.mark.slow  # the real CLI in a process
 def test_a_taken_port_is_one_line_and_no_auth_on_network_must_be_said() -> None:
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))  # bound, not listening: the port is taken, nothing can connect
@@ -88,6 +91,7 @@ def test_a_taken_port_is_one_line_and_no_auth_on_network_must_be_said() -> None:
         assert result.stdout.startswith("warning: --host 0.0.0.0 --no-auth-on-network: anyone who can reach")
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
     importers = []
     for path in (ROOT / "indextts_train").rglob("*.py"):
@@ -169,6 +173,7 @@ CHILD = ("import signal, sys, time\n"
          "time.sleep(120)\n")
 
 
+@pytest.mark.slow  # starts runs in processes
 def test_a_run_lives_in_its_own_session_stops_with_sigint_and_is_found_again(tmp_path) -> None:
     out = tmp_path / "out"
     registry = RunRegistry()
@@ -199,6 +204,7 @@ def test_a_run_lives_in_its_own_session_stops_with_sigint_and_is_found_again(tmp
     assert RunRegistry().find(out) is None
 
 
+@pytest.mark.slow  # starts the trainer in a process
 def test_a_trainer_run_is_found_through_its_run_lock_after_a_server_restart(tiny_data, tmp_path) -> None:
     """The real trainer holds OUTPUT_DIR/train.lock: a page that did not start the run (the web server
     was restarted) shows it running with its PID, and Stop ends it the way Ctrl+C does."""

@@ -30,6 +30,8 @@ from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import make_demo_dataset
 from indextts_train.demo import TINY_CONFIG, make_base_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
+
 MAX_STEPS = 12
 PAUSE_STEP = 3  # the page run stops itself here (SIGSTOP); the stop button is pressed while it waits
 # Longest wait for one page state: a loaded 2-core machine trains the tiny demo at about 1-2 s a step.

@@ -210,6 +210,7 @@ def hold_forged_lock(folder: Path, pid: int):
     return lock
 
 
+@pytest.mark.slow  # starts a bystander process
 def test_stop_does_not_signal_a_process_a_forged_lock_names(folders) -> None:
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     lock = hold_forged_lock(folders["root"] / "run", bystander.pid)
@@ -226,6 +227,7 @@ def test_stop_does_not_signal_a_process_a_forged_lock_names(folders) -> None:
         bystander.wait()
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_train_run_of_that_output_dir_is_recognised_by_its_command_line(tmp_path) -> None:
     script = tmp_path / "train-gpt"
     script.write_text("import time\ntime.sleep(60)\n")

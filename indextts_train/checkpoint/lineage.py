@@ -80,15 +80,15 @@ def lineage_of(path: Path) -> FileLineage | None:
     return _cache[key]
 
 
-def new_branch(parent: dict | None = None, parent_step: int | None = None, *, continues: bool = False) -> Lineage:
-    """A branch born now; `parent` is the Lineage dict of the checkpoint it starts from, if any.
+def new_branch(parent: Lineage | None = None, parent_step: int | None = None, *, continues: bool = False) -> Lineage:
+    """A branch born now; `parent` is the Lineage of the checkpoint it starts from, if any.
 
     `continues`: its steps go on from `parent_step` (a rollback), so the parent's files up to that step
     are its ancestors; a reset run (step 0 again) continues nothing.
     """
     branch = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"  # not the run's RNG
-    forks = [*parent["forks"], [parent["branch"], parent_step]] if parent is not None and continues else []
-    return Lineage(branch=branch, parent=parent["branch"] if parent is not None else None,
+    forks = [*parent.forks, [parent.branch, parent_step]] if parent is not None and continues else []
+    return Lineage(branch=branch, parent=parent.branch if parent is not None else None,
                    parent_step=parent_step if parent is not None else None, born=time.time_ns(), forks=forks)
 
 
@@ -114,18 +114,16 @@ def continues_head(output_dir: Path, path: Path) -> bool:
         head.branch, head.step, head.born)
 
 
-def run_lineage(ckpt: dict | None, path: Path | None, output_dir: Path, *, auto: bool,
+def run_lineage(saved: Lineage | None, step: int, path: Path | None, output_dir: Path, *, auto: bool,
                 reset: bool) -> tuple[Lineage, bool]:
     """The lineage this run's checkpoints carry, and whether it is a new branch (set_aside before its
-    first save). `ckpt` is the (migrated) checkpoint resumed from, None for a fresh run."""
-    if ckpt is None:
+    first save). `saved` is the lineage of the checkpoint resumed from (at `step`), None for a fresh run."""
+    if saved is None:
         return new_branch(), True
-    saved = ckpt["lineage"]
-    step = ckpt["progress"]["step"]
     if reset:
         return new_branch(saved, step), True
     if auto or continues_head(output_dir, path):
-        return Lineage(**saved), False
+        return Lineage(**saved.state_dict()), False
     return new_branch(saved, step, continues=True), True
 
 

@@ -83,3 +83,13 @@ def restore_rng(state: dict) -> None:
     devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for device, cuda_state in enumerate(state["cuda"][:devices]):
         torch.cuda.set_rng_state(cuda_state, device)
+
+
+class ProcessRng:
+    """This process's RNG streams as a checkpoint part (one per rank in the checkpoint's `rng` list)."""
+
+    def state_dict(self) -> dict:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict) -> None:
+        restore_rng(state)

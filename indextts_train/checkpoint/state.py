@@ -92,7 +92,7 @@ class Progress(Component):
     bad_steps: int = added_field(0)
     bad_streak: int = added_field(0)
     bad_streak_start: int = added_field(0)
-    # 1 while a periodic save waits for the end of a streak of skipped steps (train.save_when_due).
+    # 1 while a periodic save waits for the end of a streak of skipped steps (saving.save_when_due).
     save_pending: int = added_field(0)
 
     @staticmethod
@@ -405,7 +405,11 @@ def validate(state: dict) -> list[str]:
 
 
 class Stateful(Protocol):
+    """A part of a run that saves and loads itself: `load_state_dict(state_dict())` gives it back."""
+
     def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass
@@ -414,8 +418,8 @@ class TrainingState:
 
     `weights` gives the official-layout `model`; `optimizer_set` its four matched keys (optimizer,
     optimizer_param_names, scheduler, scaler); `info` what the run was (hparams, config, vocab_plan,
-    hardware, created), stored for resume checks and humans. Reading back is the reverse in
-    train/setup.py: progress and history through their `load_state_dict`, the set through `OptimizerSet.load_from`.
+    hardware, created), stored for resume checks and humans. Reading back is the reverse: the checkpoint
+    manager (manager.py) splits a file into its typed parts, which each part loads with `load_state_dict`.
     """
 
     weights: Stateful

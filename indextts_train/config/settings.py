@@ -23,53 +23,55 @@ from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 
 
+def bounded(default: int, low: int, high: int) -> Any:
+    """A model size with its inclusive range: far beyond the real models (IndexTTS2: 24 layers of 1280,
+    12000 text tokens), yet small enough that a typo (`layers: 100000000`) is named at once instead
+    of reaching the memory estimate or the allocator."""
+    return field(default=default, metadata={"range": (low, high)})
+
+
+def check_bounded(sizes: Any, prefix: str) -> None:
+    """Every `bounded` field of the dataclass `sizes` within its range, named `prefix` + field."""
+    for f in dataclasses.fields(sizes):
+        low, high = f.metadata.get("range", (None, None))
+        if low is not None and not low <= getattr(sizes, f.name) <= high:
+            raise UserError(f"{prefix}{f.name} must be in {low}..{high:,}, got {getattr(sizes, f.name)!r}")
+
+
 @dataclass
 class ConditionModuleConfig:
     """Conformer + perceiver that make the 32 conditioning latents (not trained here; carried)."""
 
-    output_size: int = 512
-    linear_units: int = 2048
-    attention_heads: int = 8
-    num_blocks: int = 6
+    output_size: int = bounded(512, 1, 65_536)
+    linear_units: int = bounded(2048, 1, 65_536)
+    attention_heads: int = bounded(8, 1, 65_536)
+    num_blocks: int = bounded(6, 1, 65_536)
     input_layer: str = "conv2d2"
     perceiver_mult: float = 2  # may be a float: the reference uses int(dim * mult * 2 / 3)
 
     def __post_init__(self) -> None:
-        for name in ("output_size", "linear_units", "attention_heads", "num_blocks"):
-            if not 1 <= getattr(self, name) <= 65_536:
-                raise UserError(f"gpt condition module: {name} must be in 1..65,536, got {getattr(self, name)!r}")
+        check_bounded(self, "gpt condition module: ")
         if not (math.isfinite(self.perceiver_mult) and 0 < self.perceiver_mult <= 64):
             raise UserError(f"gpt condition module: perceiver_mult must be in (0, 64], got {self.perceiver_mult!r}")
-
-
-# Every integer of the `gpt:` section, inclusive: far beyond the real models (IndexTTS2: 24 layers of
-# 1280, 12000 text tokens), yet small enough that a typo (`layers: 100000000`) is named at once
-# instead of reaching the memory estimate or the allocator.
-_GPT_RANGES = {
-    "model_dim": (1, 65_536), "heads": (1, 1024), "layers": (1, 1024), "max_mel_tokens": (1, 1_000_000),
-    "max_text_tokens": (1, 1_000_000), "number_text_tokens": (1, 10_000_000), "number_mel_codes": (1, 1_000_000),
-    "mel_length_compression": (1, 1_000_000), "start_mel_token": (0, 999_999), "stop_mel_token": (0, 999_999),
-    "start_text_token": (0, 9_999_999), "stop_text_token": (0, 9_999_999),
-}
 
 
 @dataclass
 class GPTConfig:
     """The `gpt:` section of IndexTTS2's config.yaml; defaults are the real IndexTTS2 sizes."""
 
-    model_dim: int = 1280
-    max_mel_tokens: int = 1815
-    max_text_tokens: int = 600
-    heads: int = 20
+    model_dim: int = bounded(1280, 1, 65_536)
+    max_mel_tokens: int = bounded(1815, 1, 1_000_000)
+    max_text_tokens: int = bounded(600, 1, 1_000_000)
+    heads: int = bounded(20, 1, 1024)
     use_mel_codes_as_input: bool = True
-    mel_length_compression: int = 1024
-    layers: int = 24
-    number_text_tokens: int = 12000
-    number_mel_codes: int = 8194
-    start_mel_token: int = 8192
-    stop_mel_token: int = 8193
-    start_text_token: int = 0
-    stop_text_token: int = 1
+    mel_length_compression: int = bounded(1024, 1, 1_000_000)
+    layers: int = bounded(24, 1, 1024)
+    number_text_tokens: int = bounded(12000, 1, 10_000_000)
+    number_mel_codes: int = bounded(8194, 1, 1_000_000)
+    start_mel_token: int = bounded(8192, 0, 999_999)
+    stop_mel_token: int = bounded(8193, 0, 999_999)
+    start_text_token: int = bounded(0, 0, 9_999_999)
+    stop_text_token: int = bounded(1, 0, 9_999_999)
     train_solo_embeddings: bool = False
     condition_type: str = "conformer_perceiver"
     condition_module: ConditionModuleConfig = field(default_factory=ConditionModuleConfig)
@@ -84,9 +86,7 @@ class GPTConfig:
     stated_family: Family | None = None
 
     def __post_init__(self) -> None:
-        for name, (low, high) in _GPT_RANGES.items():
-            if not low <= getattr(self, name) <= high:
-                raise UserError(f"gpt.{name} must be in {low}..{high:,}, got {getattr(self, name)!r}")
+        check_bounded(self, "gpt.")
         if self.model_dim % self.heads:
             raise UserError(f"gpt.model_dim {self.model_dim} is not divisible by gpt.heads {self.heads}")
         if self.condition_type != "conformer_perceiver":
@@ -108,61 +108,72 @@ class GPTConfig:
         return self.number_text_tokens + 1
 
 
-def option(default: Any, help: str, *, flag: str | None = None) -> Any:
+def option(default: Any, help: str, *, flag: str | None = None, rule: str | None = None,
+           most: float | None = None) -> Any:
     """A `train:` field that is also a `train-gpt` flag: the CLI, overrides and hparams derive from it.
 
     `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
+    A number has its allowed range here (`rule`, one of RULES, and the inclusive upper end `most`), read
+    by every check of it: the config file, the flags, `--from-run` and the web page.
     """
-    return field(default=default, metadata={"help": help, "flag": flag})
+    return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most})
 
 
 @dataclass
 class TrainConfig:
     """Our own `train:` section: defaults for the loop. Each field is also a `train-gpt` flag."""
 
-    batch_size: int = option(0, "Micro-batch per GPU; 0 = auto from GPU memory.")
-    grad_accumulation: int = option(0, "Micro-batches per optimizer step; 0 = auto to reach the effective batch.")
+    batch_size: int = option(0, "Micro-batch per GPU; 0 = auto from GPU memory.", rule=">=0", most=65_536)
+    grad_accumulation: int = option(0, "Micro-batches per optimizer step; 0 = auto to reach the effective batch.",
+                                    rule=">=0", most=65_536)
     effective_batch_size: int = option(64, "Samples per optimizer step (micro x accumulation x GPUs), "
-                                           "the same on every GPU.")
-    num_workers: int = option(0, "Data-loading workers; 0 = auto from the CPU count.")
-    learning_rate: float = option(2e-5, "Peak AdamW learning rate.")
-    weight_decay: float = option(0.01, "AdamW decoupled weight decay (not on biases/norms; never on frozen rows).")
+                                           "the same on every GPU.", rule=">0", most=1 << 24)
+    num_workers: int = option(0, "Data-loading workers; 0 = auto from the CPU count.", rule=">=0")
+    learning_rate: float = option(2e-5, "Peak AdamW learning rate.", rule=">0")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay (not on biases/norms; never on frozen rows).",
+                                 rule=">=0", most=100.0)
     adam_betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW betas.", "cli": False})
-    adam_eps: float = option(1e-8, "AdamW epsilon.")
-    warmup_steps: int = option(1000, "Linear warmup steps before cosine decay.")
-    min_lr_ratio: float = option(0.0, "Cosine decays to learning_rate x this.")
-    epochs: int = option(10, "Epochs to train.")
-    max_steps: int = option(0, "Stop at this optimizer step (0 = run all --epochs).")
-    grad_clip: float = option(1.0, "Gradient-norm clipping.")
-    text_loss_weight: float = option(0.2, "Weight of the text cross-entropy.")
-    mel_loss_weight: float = option(0.8, "Weight of the semantic-code cross-entropy.")
-    dropout: float = option(0.1, "GPT-2 residual/embedding/attention dropout, as the official trunk.")
+    adam_eps: float = option(1e-8, "AdamW epsilon.", rule=">0", most=1.0)
+    warmup_steps: int = option(1000, "Linear warmup steps before cosine decay.", rule=">=0", most=1 << 40)
+    min_lr_ratio: float = option(0.0, "Cosine decays to learning_rate x this.", rule="[0,1]")
+    epochs: int = option(10, "Epochs to train.", rule=">0", most=1_000_000)
+    max_steps: int = option(0, "Stop at this optimizer step (0 = run all --epochs).", rule=">=0", most=1 << 40)
+    grad_clip: float = option(1.0, "Gradient-norm clipping.", rule=">0", most=1e9)
+    text_loss_weight: float = option(0.2, "Weight of the text cross-entropy.", rule=">=0", most=1e6)
+    mel_loss_weight: float = option(0.8, "Weight of the semantic-code cross-entropy.", rule=">=0", most=1e6)
+    dropout: float = option(0.1, "GPT-2 residual/embedding/attention dropout, as the official trunk.", rule="[0,1)")
+    amp: bool | None = option(None, "Force mixed precision on/off (omitted: bf16 where supported, fp16+scaler "
+                                    "otherwise, fp32 on CPU).", flag="--amp/--no-amp")
     activation_checkpointing: bool = option(False, "Recompute activations to save GPU memory.",
                                             flag="--grad-checkpointing/--no-grad-checkpointing")
     freeze_base_vocab: bool = option(True, "Keep the base-vocabulary rows of the text embedding/head frozen.",
                                      flag="--freeze-base-vocab/--unfreeze-base-vocab")
-    log_interval: int = option(10, "Steps between log lines / TensorBoard points.")
-    val_interval: int = option(500, "Steps between validations (also run at the end).")
-    save_interval: int = option(1000, "Steps between checkpoints (also at the end and on Ctrl+C).")
-    keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep (best.pth and milestones aside).")
-    keep_every: int = option(0, "Milestones: also keep every checkpoint whose step is a multiple of N (0 = none).")
+    log_interval: int = option(10, "Steps between log lines / TensorBoard points.", rule=">0", most=1 << 40)
+    val_interval: int = option(500, "Steps between validations (also run at the end).", rule=">0", most=1 << 40)
+    save_interval: int = option(1000, "Steps between checkpoints (also at the end and on Ctrl+C).",
+                                rule=">0", most=1 << 40)
+    keep_checkpoints: int = option(3, "How many model_step{N}.pth to keep (best.pth and milestones aside).",
+                                   rule=">0", most=1_000_000)
+    keep_every: int = option(0, "Milestones: also keep every checkpoint whose step is a multiple of N (0 = none).",
+                             rule=">=0", most=1 << 40)
     best_metric: str = option("loss", "Validation metric that picks best.pth: loss (the weighted total), "
                                       "text_loss, mel_loss, or LANG/loss for one language; or listen/cer, "
                                       "listen/speaker_sim: what --listen-every heard.")
     early_stop_patience: int = option(0, "Stop after K validations in a row without a new best.pth "
-                                         "(0 = never); exits 0.")
+                                         "(0 = never); exits 0.", rule=">=0", most=1_000_000)
     forgetting_limit: str = option("", "Stop when a validation language's loss rises more than PCT% above "
                                        "the base model's: '5' (every language) or 'zh=5,en=5'.")
-    seed: int = option(1234, "Seed for init, data order and dropout.")
+    seed: int = option(1234, "Seed for init, data order and dropout.", rule=">=0", most=2**64 - 1)
     listen_every: int = option(0, "Hear every K-th saved checkpoint (and the last) with `indextts-train listen` in a "
-                                  "separate process while training goes on (0 = never); see docs/listen.md.")
+                                  "separate process while training goes on (0 = never); see docs/listen.md.",
+                               rule=">=0", most=1 << 40)
     listen_device: str = option("cpu", "--listen-every: where the listener synthesizes and scores (cpu, cuda:1, ...).")
     listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).")
     listen_inference_python: str = option("", "--listen-every: the listener's --inference-python (default: this "
                                               "Python).")
     listen_lines: int = option(4, "At every validation the GPT generates speech codes (no audio) for this many "
                                   "validation lines per language: share that stops, length vs target, "
-                                  "repetition. 0 = off.")
+                                  "repetition. 0 = off.", rule=">=0", most=1024)
     # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
     # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
     train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
@@ -172,7 +183,8 @@ class TrainConfig:
                 "CODE; repeatable.", "flag": "--borrow-language", "metavar": "NEW=CODE"})
     # 4096 = 64 steps of the usual effective batch 64: each step then spans 1/64 of a window's lengths,
     # so even one micro-batch per step pads about 7% (benchmarks/bench_padding.py); 512 padded 22%.
-    sort_window: int = option(4096, "Samples sorted by length together, so batches pad little.")
+    sort_window: int = option(4096, "Samples sorted by length together, so batches pad little.",
+                              rule=">0", most=1 << 24)
     compile: bool = option(False, "torch.compile each GPT block: faster steps on a GPU after a minute of "
                                   "compiling; results equal to eager within float rounding.",
                            flag="--compile/--no-compile")
@@ -180,27 +192,29 @@ class TrainConfig:
                                      "the step boundary, so training goes on while the file is written.",
                               flag="--async-save/--no-async-save")
     max_bad_steps: int = option(20, "Stop (exit 3) after this many steps in a row with a non-finite loss or "
-                                    "gradient norm; each is skipped, weights untouched.")
+                                    "gradient norm; each is skipped, weights untouched.", rule=">0", most=1_000_000)
     train_scope: str = field(default="full", metadata={
         "help": "What trains: full (everything), partial (last --partial-layers trunk blocks, final norms, heads, "
                 "new text rows) or lora (adapters on the trunk, heads, new text rows). Fixed for a run.",
         "flag": None, "choices": ("full", "partial", "lora")})
-    partial_layers: int = option(4, "--train-scope partial: how many of the last trunk blocks train.")
-    lora_rank: int = option(16, "--train-scope lora: rank of each adapter.")
-    lora_alpha: float = option(32.0, "--train-scope lora: adapter scale = alpha / rank.")
-    lora_dropout: float = option(0.0, "--train-scope lora: dropout on each adapter's input.")
+    partial_layers: int = option(4, "--train-scope partial: how many of the last trunk blocks train.",
+                                 rule=">0", most=1024)
+    lora_rank: int = option(16, "--train-scope lora: rank of each adapter.", rule=">0", most=65_536)
+    lora_alpha: float = option(32.0, "--train-scope lora: adapter scale = alpha / rank.", rule=">0", most=1e9)
+    lora_dropout: float = option(0.0, "--train-scope lora: dropout on each adapter's input.", rule="[0,1)")
     lora_targets: str = option("qkv,attn_out,mlp_in,mlp_out",
                                "--train-scope lora: adapted layers of every trunk block, comma-separated: "
                                "qkv, attn_out, mlp_in, mlp_out.")
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
-        for name, rule in _TRAIN_RANGES.items():
-            _check_range(name, getattr(self, name), rule)
+        for f in dataclasses.fields(self):
+            if f.metadata.get("rule"):
+                check_setting(f.name, getattr(self, f.name))
         if len(self.adam_betas) != 2:
             raise UserError(f"train.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
         for beta in self.adam_betas:
-            _check_range("adam_betas", beta, "[0,1)")
+            _check_range("train.adam_betas", beta, "[0,1)")
         if self.text_loss_weight == 0 and self.mel_loss_weight == 0:
             raise UserError("train.text_loss_weight and train.mel_loss_weight (--text-loss-weight, "
                             "--mel-loss-weight) are both 0: nothing would be learned; set at least one > 0")
@@ -220,47 +234,36 @@ class TrainConfig:
         return self.text_loss_weight * text_loss + self.mel_loss_weight * mel_loss
 
 
-# The allowed range of every numeric `train:` setting (types are checked by schema.build first);
-# nan and inf are refused everywhere. An epochs of 0 or a grad_clip of -1 is a typo, never a request.
-_TRAIN_RANGES = {
-    "batch_size": ">=0", "grad_accumulation": ">=0", "effective_batch_size": ">0", "num_workers": ">=0",
-    "learning_rate": ">0", "weight_decay": ">=0", "adam_eps": ">0", "warmup_steps": ">=0", "min_lr_ratio": "[0,1]",
-    "epochs": ">0", "max_steps": ">=0", "grad_clip": ">0", "text_loss_weight": ">=0", "mel_loss_weight": ">=0",
-    "dropout": "[0,1)", "log_interval": ">0", "val_interval": ">0", "save_interval": ">0", "keep_checkpoints": ">0",
-    "keep_every": ">=0", "early_stop_patience": ">=0", "seed": ">=0", "sort_window": ">0", "max_bad_steps": ">0",
-    "listen_lines": ">=0", "listen_every": ">=0",
-    "partial_layers": ">0", "lora_rank": ">0", "lora_alpha": ">0", "lora_dropout": "[0,1)",
-}
-_RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
-          "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
+# The allowed ranges of numbers (a field's `rule`); nan and inf are refused everywhere. An epochs of 0 or
+# a grad_clip of -1 is a typo, never a request. Upper ends (`most`) are far beyond any real run, so a typo
+# is one line; the seed's is a 64-bit unsigned integer (what torch and numpy accept). --num-workers has
+# none (above the CPU count it is lowered, with a warning: hardware.py), nor has --learning-rate (any
+# finite rate is a valid if diverging request; tests use 1e30).
+RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
+         "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
+_TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
-# Upper ends (inclusive) of the `train:` settings that have no natural one: far beyond any real run,
-# so a typo is one line; the seed is a 64-bit unsigned integer (what torch and numpy accept).
-# --num-workers has none: above the CPU count it is lowered, with a warning (hardware.py).
-# --learning-rate has none either: any finite rate is a valid (if diverging) request; tests use 1e30.
-TRAIN_MAX = {
-    "batch_size": 65_536, "grad_accumulation": 65_536, "effective_batch_size": 1 << 24,
-    "weight_decay": 100.0, "adam_eps": 1.0, "warmup_steps": 1 << 40, "epochs": 1_000_000,
-    "max_steps": 1 << 40, "grad_clip": 1e9, "text_loss_weight": 1e6, "mel_loss_weight": 1e6,
-    "log_interval": 1 << 40, "val_interval": 1 << 40, "save_interval": 1 << 40, "keep_checkpoints": 1_000_000,
-    "keep_every": 1 << 40, "early_stop_patience": 1_000_000, "seed": 2**64 - 1, "sort_window": 1 << 24,
-    "max_bad_steps": 1_000_000, "listen_lines": 1024, "partial_layers": 1024, "lora_rank": 65_536, "lora_alpha": 1e9,
-    "listen_every": 1 << 40,
-}
+def setting_range(name: str) -> tuple[str | None, float | None]:
+    """The `train:` setting's rule and upper end, from its field (None, None: not a number)."""
+    meta = _TRAIN_FIELDS[name].metadata
+    return meta.get("rule"), meta.get("most")
 
 
-def _check_range(name: str, value: Any, rule: str) -> None:
-    """One line naming the config key and the flag."""
-    text, ok = _RULES[rule]
-    where = f"train.{name}" + ("" if name == "adam_betas" else f" (--{name.replace('_', '-')})")
+def check_setting(name: str, value: Any) -> None:
+    """A `train:` number against its field's range: one line naming the config key and the flag."""
+    rule, most = setting_range(name)
+    _check_range(f"train.{name} (--{name.replace('_', '-')})", value, rule, most)
+
+
+def _check_range(where: str, value: Any, rule: str, most: float | None = None) -> None:
+    text, ok = RULES[rule]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise UserError(f"{where} must be a finite number, got {value!r}")
     if not ok(value):
         raise UserError(f"{where} must be {text}, got {value!r}")
-    high = TRAIN_MAX.get(name)
-    if high is not None and value > high:
-        raise UserError(f"{where} must be at most {high:,}, got {value:,}")
+    if most is not None and value > most:
+        raise UserError(f"{where} must be at most {most:,}, got {value:,}")
 
 
 def train_flags() -> list[dataclasses.Field]:
@@ -371,13 +374,10 @@ def run_option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str 
                  metadata={"help": help, "flag": flag, "choices": choices, "cli": cli})
 
 
-@dataclass(init=False)
+@dataclass(frozen=True)
 class TrainOptions:
-    """Everything `train-gpt` accepts besides the `train:` settings, which go to `overrides` by name.
-
-    `TrainOptions(output_dir=..., max_steps=12)`: any TrainConfig field is accepted as a keyword and
-    beats the config file; None means "take it from the config".
-    """
+    """The inputs `train-gpt` accepts besides the `train:` settings (TrainConfig), as given; the start
+    resolves both into one RunSettings (ui/run_settings.py)."""
 
     train_manifests: list[str] = run_option(help="Training manifest JSONL; repeat to mix datasets: "
                                                  "PATH[::lang][@weight], the weight a share of each epoch "
@@ -395,8 +395,6 @@ class TrainOptions:
                                                     "tokenizer). Omit for random init.")
     resume: str | None = run_option(None, "'auto': newest checkpoint in --output-dir that verifies (fresh start "
                                           "if none); or a checkpoint path. Omit for a new run.")
-    amp: bool | None = run_option(None, "Force mixed precision on/off (omitted: bf16 where supported, fp16+scaler "
-                                        "otherwise, fp32 on CPU).", flag="--amp/--no-amp")
     on_vocab_change: str = run_option("keep", "When the tokenizer grew since the checkpoint: 'keep' optimizer state "
                                               "(remapped rows) or 'reset' optimizer+scheduler+scaler to step 0.",
                                       choices=("keep", "reset"))
@@ -408,43 +406,24 @@ class TrainOptions:
                                              "every option and train: setting; flags given beside it win. Omit to take "
                                              "everything from the flags.")
     tensorboard: bool = run_option(True, "Write TensorBoard logs.", cli=False)
-    overrides: dict[str, Any] = run_option(factory=dict, cli=False)
 
-    def __init__(self, **values: Any) -> None:
-        for f in dataclasses.fields(self):
-            if f.name in values:
-                setattr(self, f.name, values.pop(f.name))
-            elif f.default is not dataclasses.MISSING:
-                setattr(self, f.name, f.default)
-            elif f.default_factory is not dataclasses.MISSING:
-                setattr(self, f.name, f.default_factory())
-            else:
-                raise TypeError(f"TrainOptions needs {f.name}")
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
-        if unknown:
-            raise TypeError(f"TrainOptions got unknown option(s) {', '.join(unknown)}")
-        self.overrides = {**self.overrides, **{k: v for k, v in values.items() if v is not None}}
+    def __post_init__(self) -> None:
         if self.on_vocab_change not in ("keep", "reset"):
             raise UserError(f"--on-vocab-change {self.on_vocab_change!r}: choose keep or reset")
 
-    def config_path(self) -> tuple[Path, str | None]:
-        """--config, else the official config.yaml beside --base-checkpoint, else ours; and the line that
-        says which was taken when the user did not choose."""
-        if self.config is not None:
-            return Path(self.config), None
-        beside, why_not = config_beside(self.base_checkpoint)
-        if beside is not None:
-            return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
-        if self.base_checkpoint is None:
-            return DEFAULT_CONFIG, None
-        return DEFAULT_CONFIG, (f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2){why_not}; "
-                                "pass --config for another size")
 
-    def load_config(self) -> Config:
-        """The config file with this run's flags applied."""
-        config = load_config(self.config_path()[0])
-        config.override(self.overrides)
-        return config
+def config_choice(config: Path | None, base_checkpoint: Path | None) -> tuple[Path, str | None]:
+    """--config, else the official config.yaml beside --base-checkpoint, else ours; and the line that
+    says which was taken when the user did not choose."""
+    if config is not None:
+        return Path(config), None
+    beside, why_not = config_beside(base_checkpoint)
+    if beside is not None:
+        return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
+    if base_checkpoint is None:
+        return DEFAULT_CONFIG, None
+    return DEFAULT_CONFIG, (f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2){why_not}; "
+                            "pass --config for another size")
 
 
 OFFICIAL_CONFIG_BYTES = 1024 * 1024  # the official config.yaml is about 2 KiB

@@ -134,9 +134,10 @@ def tiny_gpt_config(family: Family, folder: Path) -> Path:
 
 
 def write_tiny_inference_dir(model_dir: Path, family: Family, *, tokenizer: Path, inference_python: Path,
-                             seed: int = 0, work: Path) -> Path:
+                             seed: int = 0, work: Path, gpt_config: Path | None = None) -> Path:
     """A whole tiny official-layout inference folder of `family` (the tokenizer: the tiny config's base
-    vocabulary); `work` holds the generated GPT config. Returns model_dir."""
-    write_tiny_model_dir(model_dir, gpt_config=tiny_gpt_config(family, work), tokenizer=tokenizer, seed=seed,
-                         width=W2V_WIDTH, inference=True)
+    vocabulary); `work` holds the generated GPT config. `gpt_config`: another GPT config of the inference
+    widths instead (e.g. tiny_gpt_config's with fewer codes a line). Returns model_dir."""
+    write_tiny_model_dir(model_dir, gpt_config=gpt_config or tiny_gpt_config(family, work), tokenizer=tokenizer,
+                         seed=seed, width=W2V_WIDTH, inference=True)
     return add_inference_parts(model_dir, inference_python=inference_python, seed=seed)

@@ -79,10 +79,14 @@ class KVCache:
         self.length += count
 
     def select(self, rows: Tensor) -> None:
-        """Reorder (or repeat) the sequences: row i becomes old row rows[i]."""
+        """Reorder (or repeat) the sequences: row i becomes old row rows[i]. Only the cached positions are
+        moved, into a fresh buffer of the same room: copying the chunk's unused room too was most of a tiny
+        model's decoding step, and reordering in place costs a second copy (slower at both sizes measured)."""
         for store in (self.keys, self.values):
             for i, cached in enumerate(store):
-                store[i] = cached.index_select(0, rows)
+                moved = cached.new_empty(len(rows), *cached.shape[1:])
+                torch.index_select(cached[:, :, :self.length], 0, rows, out=moved[:, :, :self.length])
+                store[i] = moved
 
 
 def trunk_step(model: UnifiedVoiceGPT, x: Tensor, cache: KVCache, pad: Tensor) -> Tensor:
@@ -94,8 +98,11 @@ def trunk_step(model: UnifiedVoiceGPT, x: Tensor, cache: KVCache, pad: Tensor) -
     total, new = cache.length + x.shape[1], x.shape[1]
     keys = torch.arange(total, device=x.device)
     valid = keys[None, :] >= pad[:, None]  # (N, total)
-    causal = keys[None, :] <= keys[total - new:, None]  # (S_new, total)
-    mask = (causal[None] & (valid[:, None, :] | ~valid[:, total - new:, None]))[:, None]  # (N, 1, S_new, total)
+    if new == 1:  # one generated code, a real position: it sees every earlier key but the padding
+        mask = valid[:, None, None, :]
+    else:
+        causal = keys[None, :] <= keys[total - new:, None]  # (S_new, total)
+        mask = (causal[None] & (valid[:, None, :] | ~valid[:, total - new:, None]))[:, None]  # (N, 1, S_new, total)
     n, _, dim = x.shape
     for i, block in enumerate(model.gpt.h):
         attn = block.attn
@@ -131,7 +138,9 @@ def processed_scores(logits: Tensor, seen: Tensor, settings: SamplingSettings) -
     """(N, V) logits -> the log-probabilities beam sampling draws from (see the module docstring)."""
     scores = logits.float().log_softmax(-1)
     penalty = settings.repetition_penalty
-    scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+    # HF multiplies a seen code's negative score by the penalty and divides a positive one; log-probabilities
+    # are never positive (and 0 x or / the penalty is 0), so the product alone gives the same numbers
+    scores = torch.where(seen, scores * penalty, scores)
     scores = scores / settings.temperature
     vocab = scores.shape[-1]
     kth = scores.topk(min(max(settings.top_k, MIN_KEPT), vocab), dim=-1).values[:, -1:]
@@ -212,7 +221,7 @@ def select_beams(state: BeamState, scores: Tensor, tokens: Tensor, origins: Tens
     return picked
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_codes(model: UnifiedVoiceGPT, batch: Batch, *, max_codes: int, generator: torch.Generator,
                    settings: SamplingSettings = SamplingSettings()) -> list[GeneratedLine]:
     """Beam-sample codes for every line of `batch` (on the model's device), at most `max_codes` each.

@@ -74,12 +74,20 @@ class BestTracker:
         return {"metric": self.metric, "value": self.value, "step": self.step, "stale": self.stale,
                 "heard": self.heard}
 
+    def load_state_dict(self, state: dict | None) -> None:
+        """The stored tracker; a changed metric starts over (values of two metrics do not compare)."""
+        if not state or state.get("metric") != self.metric:
+            self.value, self.step, self.stale, self.heard = None, None, 0, -1
+            return
+        self.value, self.step, self.stale, self.heard = state["value"], state["step"], state["stale"], \
+            state.get("heard", -1)
+
     @classmethod
     def from_state_dict(cls, state: dict | None, metric: str) -> BestTracker:
-        """The stored tracker; a changed metric starts over (values of two metrics do not compare)."""
-        if not state or state.get("metric") != metric:
-            return cls(metric)
-        return cls(metric, state["value"], state["step"], state["stale"], state.get("heard", -1))
+        """A tracker of `metric` loaded from `state` (see load_state_dict)."""
+        tracker = cls(metric)
+        tracker.load_state_dict(state)
+        return tracker
 
     def describe(self) -> str:
         if self.step is None:

@@ -16,14 +16,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
-from indextts_train.checkpoint.state import Progress
+from indextts_train.checkpoint.state import History, Progress
 from indextts_train.data.manifest import ManifestDataset, collate
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import Batch
+from indextts_train.ui.console import RunLogger
 
 EXIT_DIVERGED = 3
+
+
+class Diverged(Exception):
+    """The run stops with EXIT_DIVERGED; the message names the last good checkpoint."""
+
+
+class StreakStop(Exception):
+    """max_bad_steps skipped steps in a row: the run stops, Diverged once the save in flight is on disk
+    (loop.run_to_end)."""
 
 
 class DivergenceGuard:
@@ -64,6 +75,23 @@ class DivergenceGuard:
         return diverged_message(f"stopped: the last {progress.bad_streak} steps ({progress.bad_streak_start}-"
                                 f"{progress.step}) all had a non-finite loss or gradient norm (the run diverged) "
                                 "and were not saved", last_good, last_good_step)
+
+
+def count_step(guard: DivergenceGuard, history: History, log: RunLogger, metrics: torch.Tensor,
+               finite: bool) -> None:
+    """A good step's metrics go to history.pending; a skipped one is counted, said, and may end the run."""
+    guard.record(finite)
+    if finite:
+        # An fp16 overflow step is finite for the guard (the scaler skipped it) but its gradient norm
+        # is Inf: NaN marks it, and the window mean leaves it out. On the device: no read per step.
+        grad_norm = metrics[4]
+        metrics[4] = torch.where(torch.isfinite(grad_norm), grad_norm, torch.full_like(grad_norm, float("nan")))
+        history.pending.append(metrics)
+        return
+    loss, grad_norm = metrics[[0, 4]].tolist()  # a skipped step is rare: its own read of the device
+    log.warn(guard.skipped_line(loss, grad_norm))
+    if guard.should_stop:
+        raise StreakStop
 
 
 def diverged_message(problem: str, last_good: Path | None, last_good_step: int) -> str:

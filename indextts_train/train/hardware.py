@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from indextts_train.config.scope_settings import ScopeSettings
-from indextts_train.config.settings import TRAIN_MAX, GPTConfig
+from indextts_train.config.settings import GPTConfig, setting_range
 from indextts_train.errors import UserError
 from indextts_train.train.gpu_names import known_gpu_key
 from indextts_train.train.memory import (
@@ -323,7 +323,7 @@ def _choose_workers(cpu_count: int, world_size: int, requested: int, kind: str) 
 
 def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int, num_workers: int,
                   world_size: int, memory_share: float) -> None:
-    largest = TRAIN_MAX["effective_batch_size"]  # the schema's bound; the planner is also called without it
+    largest = setting_range("effective_batch_size")[1]  # the schema's bound; the planner is also called without it
     if not 1 <= effective_batch <= largest:
         raise UserError(f"train.effective_batch_size (--effective-batch-size) must be in 1..{largest:,}, "
                         f"got {effective_batch:,}")

@@ -19,8 +19,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from indextts_train.train.best import take_heard
-
 LOG_NAME = "listen.log"
 
 
@@ -90,19 +88,3 @@ def listen_flags(train: object) -> list[str]:
     if train.listen_inference_python:
         flags += ["--inference-python", train.listen_inference_python]
     return flags
-
-
-def after_save(run: object, step: int) -> None:
-    """Called when the checkpoint of `step` is on disk (rank 0 only saves): take the scores heard so far
-    (--best-metric listen/...; not while a listener is mid-checkpoint), and start hearing it when it is due."""
-    train = run.config.train
-    if run.val is not None and (run.listener is None or run.listener.child is None):
-        take_heard(run.val.tracker, run.options.output_dir, step, run.protected, run.log.info)
-    if not train.listen_every or not (step % (train.listen_every * train.save_interval) == 0
-                                      or step == run.total_steps):
-        return
-    steps = due_steps(run.options.output_dir, train.listen_every, train.save_interval, run.total_steps)
-    if steps:
-        if run.listener is None:
-            run.listener = Listener(run.options.output_dir, listen_flags(train), run.log.info, run.log.warn)
-        run.listener.hear(steps)

@@ -46,7 +46,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 class LrClock:
     """Where the LR schedule is, in samples seen: the samples at `anchor_step` (the step a run started or
     resumed at), then `effective_batch` a step. A resume at another effective batch moves the anchor
-    (train/setup.py), so the schedule follows the samples, not the step count."""
+    (train/restore.py), so the schedule follows the samples, not the step count."""
 
     effective_batch: int
     warmup_steps: int  # the flag; in samples at the current effective batch
@@ -115,39 +115,54 @@ class OptimizerSet:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None}
 
-    def load_from(self, ckpt: dict, path: Path, growth: VocabPlan, train: TrainConfig, total_steps: int,
-                  log: RunLogger) -> None:
-        """Load the checkpoint's set; `growth` (saved -> current text tokens) says how to remap grown rows."""
-        opt_state = self._saved_state(ckpt, path)
-        if opt_state is None:  # a repaired checkpoint whose optimizer could not be recovered
-            log.warn(f"{path} has no usable optimizer state (repaired): optimizer, scheduler and scaler "
-                     f"start fresh together at step {ckpt['progress']['step']}")
-            self.scheduler.last_epoch = ckpt["progress"]["step"]
-            self.apply_changed_settings({}, train, total_steps)
-        else:
-            if growth.new_ids:
+    def load_state_dict(self, state: dict, *, growth: VocabPlan | None = None, repaired: bool = False,
+                        source: Path | str = "the checkpoint") -> None:
+        """Load a saved set (this set's `state_dict`) into this one; `growth` (saved -> current text tokens)
+        says how to remap grown rows. A `repaired` file's optimizer is matched by parameter name, and
+        may hold none at all (`has_optimizer`): the optimizer and scheduler are then left as built."""
+        opt_state = self._saved_state(state, source, repaired)
+        if opt_state is not None:
+            if growth is not None and growth.new_ids:
                 opt_state = remap_optimizer_state(opt_state, self.param_names, growth)
             self.optimizer.load_state_dict(opt_state)
-            self.scheduler.load_state_dict(ckpt["scheduler"])
-            self.apply_changed_settings(ckpt["hparams"], train, total_steps)
-        self._load_scaler(ckpt.get("scaler"), log)
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler.is_enabled() and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
 
-    def _saved_state(self, ckpt: dict, path: Path) -> dict | None:
+    @staticmethod
+    def has_optimizer(state: dict) -> bool:
+        """Whether a saved set holds optimizer moments (a repair that could not match them stores None)."""
+        return state["optimizer"] is not None
+
+    def resume(self, state: dict, *, step: int, hparams: dict, repaired: bool, growth: VocabPlan,
+               source: Path, train: TrainConfig, total_steps: int, log: RunLogger) -> None:
+        """Load the checkpoint's set, saying what a resume at `step` with today's flags changes about it."""
+        self.load_state_dict(state, growth=growth, repaired=repaired, source=source)
+        if not self.has_optimizer(state):  # a repaired checkpoint whose optimizer could not be recovered
+            log.warn(f"{source} has no usable optimizer state (repaired): optimizer, scheduler and scaler "
+                     f"start fresh together at step {step}")
+            self.scheduler.last_epoch = step
+            self.apply_changed_settings({}, train, total_steps)
+        else:
+            self.apply_changed_settings(hparams, train, total_steps)
+        self._say_scaler(state["scaler"], log)
+
+    def _saved_state(self, saved: dict, source: Path | str, repaired: bool) -> dict | None:
         """The saved optimizer state in this optimizer's parameter order (None: none is usable).
 
         Our own checkpoints match name for name. A repaired community checkpoint holds one group over
         every parameter in weight order, so its moments are moved to our groups by parameter name.
         """
-        saved_names, names = ckpt["optimizer_param_names"], self.param_names
+        saved_names, names = saved["optimizer_param_names"], self.param_names
         if names == saved_names:
-            return ckpt["optimizer"]
-        if not ckpt.get("repaired"):
-            raise UserError(f"{path}: its optimizer was built for other parameters; resume with the config it was "
-                            "trained with, or start a new --output-dir with it as --base-checkpoint")
-        if ckpt["optimizer"] is None:
+            return saved["optimizer"]
+        if not repaired:
+            raise UserError(f"{source}: its optimizer was built for other parameters; resume with the config it "
+                            "was trained with, or start a new --output-dir with it as --base-checkpoint")
+        if saved["optimizer"] is None:
             return None
         position = {name: i for i, name in enumerate(saved_names)}
-        saved_state = ckpt["optimizer"]["state"]
+        saved_state = saved["optimizer"]["state"]
         state = self.optimizer.state_dict()
         state["state"] = {j: saved_state[position[name]] for j, name in enumerate(names)
                           if position.get(name) in saved_state}
@@ -168,13 +183,11 @@ class OptimizerSet:
         if saved.get("weight_decay") != train.weight_decay:
             optimizer.param_groups[0]["weight_decay"] = train.weight_decay
 
-    def _load_scaler(self, saved: dict | None, log: RunLogger) -> None:
-        if self.scaler.is_enabled() and saved:
-            self.scaler.load_state_dict(saved)
-        elif self.scaler.is_enabled():
+    def _say_scaler(self, saved: dict | None, log: RunLogger) -> None:
+        if self.scaler.is_enabled() and not saved:
             log.warn("the checkpoint has no fp16 gradient-scaler state (it was trained without fp16); "
                      "starting a fresh scaler")
-        elif saved:
+        elif not self.scaler.is_enabled() and saved:
             log.info("the checkpoint's fp16 gradient-scaler state is not needed in this precision; dropped")
 
     def vocab_change_block(self, growth: VocabPlan, *, reset: bool) -> str:

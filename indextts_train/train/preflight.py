@@ -16,14 +16,14 @@ from pathlib import Path
 from indextts_train.checkpoint.base import check_base_layout
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.family import family_of_tokenizer
-from indextts_train.config.settings import Config, TrainOptions
+from indextts_train.config.settings import Config
 from indextts_train.data.checkdata import check_manifests
-from indextts_train.data.sampling import parse_manifest_specs
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import tokenizer_size
 from indextts_train.train.resume import check_no_earlier_run
+from indextts_train.ui.run_settings import RunSettings
 
 # Lines read from the head of each manifest: enough to catch data made with another tokenizer or
 # for another config (every line is alike then), bounded so a start stays quick on any manifest.
@@ -43,11 +43,9 @@ def check_output_dir(output_dir: Path) -> None:
         raise UserError(f"{flag}: {existing} is not writable; choose a writable folder")
 
 
-def check_paths(options: TrainOptions) -> None:
+def check_paths(options: RunSettings) -> None:
     """Every file the start names exists, in the order the flags are usually written."""
-    specs = parse_manifest_specs(options.train_manifests, "--train-manifest", weights=True)
-    specs += parse_manifest_specs(options.val_manifests or [], "--val-manifest", weights=False)
-    for spec in specs:
+    for spec in (*options.train_manifests, *options.val_manifests):
         if not Path(spec.path).exists() or Path(spec.path).is_dir():
             raise UserError(f"{spec.path}: manifest not found; check the path you passed")
         check_regular(spec.path, "manifest")  # a FIFO would block the first read: one line instead
@@ -62,7 +60,7 @@ def check_paths(options: TrainOptions) -> None:
     check_output_dir(options.output_dir)
 
 
-def check_tokenizer_family(options: TrainOptions, config: Config) -> None:
+def check_tokenizer_family(options: RunSettings, config: Config) -> None:
     """A .tiktoken vocabulary is IndexTTS-2.5's, a SentencePiece .model IndexTTS2's: the tokenizer's family
     against the model's (the base checkpoint's keys settled it, else the config's version)."""
     model = config.gpt.stated_family
@@ -76,7 +74,7 @@ def check_tokenizer_family(options: TrainOptions, config: Config) -> None:
                     f"pass {wanted}, or the checkpoint and config of the tokenizer's family")
 
 
-def check_base_checkpoint(options: TrainOptions, config: Config, loaded: object | None) -> None:
+def check_base_checkpoint(options: RunSettings, config: Config, loaded: object | None) -> None:
     """The base checkpoint's keys and shapes against the config. `loaded` is the start's one read of it
     (checkpoint.base.read_base); None when it could not be read, which reading again names."""
     if options.base_checkpoint is None:
@@ -86,12 +84,10 @@ def check_base_checkpoint(options: TrainOptions, config: Config, loaded: object 
     check_base_layout(Path(options.base_checkpoint), config.gpt, loaded=loaded)
 
 
-def check_manifest_sample(options: TrainOptions, config: Config, tokens: int) -> None:
+def check_manifest_sample(options: RunSettings, config: Config, tokens: int) -> None:
     """The first SAMPLE_LINES lines of every manifest, as check-data checks them; the first bad one
     is refused (under --skip-bad-lines the run skips such lines itself)."""
-    paths = [spec.path for flag, values in (("--train-manifest", options.train_manifests),
-                                            ("--val-manifest", options.val_manifests or []))
-             for spec in parse_manifest_specs(values, flag, weights=flag == "--train-manifest")]
+    paths = [spec.path for spec in (*options.train_manifests, *options.val_manifests)]
     report = check_manifests(paths, gpt_cfg=config.gpt, vocab_size=tokens if options.tokenizer else None,
                              borrowed=parse_borrowed(config.train.borrow_languages), max_lines=SAMPLE_LINES)
     if report["lines_bad"] and not options.skip_bad_lines:
@@ -99,7 +95,7 @@ def check_manifest_sample(options: TrainOptions, config: Config, tokens: int) ->
                         "every bad line)")
 
 
-def check_inputs(options: TrainOptions, config: Config, base: object | None = None) -> int:
+def check_inputs(options: RunSettings, config: Config, base: object | None = None) -> int:
     """All the checks above, cheapest first; returns the text vocabulary size the run will use."""
     check_paths(options)
     check_no_earlier_run(Path(options.output_dir), options.resume)

@@ -1,26 +1,37 @@
-"""Resuming: which checkpoint, and how its saved state meets the settings of this run.
+"""Resuming: how a checkpoint's saved state (checkpoint/manager.py chose and typed it) meets this run.
 
-Which checkpoint `--resume` means, what changed since it was written (settings, an OOM-reduced
-micro-batch, the number of ranks) and each rank's RNG stream; the optimizer set restores itself
-(optim.py).
+What changed since it was written (settings, an OOM-reduced micro-batch, the number of ranks, the
+data), the data order it keeps, and each rank's RNG stream; the parts of the state load themselves
+(restore.py applies them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from indextts_train.checkpoint import files as ckpt_io
-from indextts_train.checkpoint.lineage import resume_order
-from indextts_train.checkpoint.rng import restore_rng
+from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.manager import check_no_earlier_run as check_no_earlier_run  # preflight's check
+from indextts_train.checkpoint.rng import ProcessRng
+from indextts_train.config.settings import TrainConfig
+from indextts_train.data.fingerprint import check_same_data
+from indextts_train.data.manifest import ManifestIndex
+from indextts_train.data.sampling import (
+    ManifestSpec,
+    SamplerSpec,
+    describe_epoch,
+    legacy_spec,
+    mix_change,
+    sampler_spec,
+)
 from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
 from indextts_train.train.hardware import HardwarePlan
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_settings import RunSettings
 
 
 def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
@@ -43,69 +54,6 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
     if "seed" in changed:
         log.warn("the seed changed: the data order keeps the checkpoint's seed so no sample is skipped "
                  "or repeated; dropout continues from the saved RNG")
-
-
-def _what_to_do(path: Path, reason: str) -> str:
-    if "format_version" in reason and "newer" in reason:
-        return "written by a newer indextts-train: resume it with that version"
-    if "PARTIAL:" in reason:
-        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
-    return "it cannot be used; keep it, or remove it yourself if you do not need it"
-
-
-def refuse_fresh_start(output_dir: Path, skipped: list[tuple[Path, str]]) -> UserError:
-    """--resume auto found checkpoints but none resumes: starting fresh would rotate them away."""
-    lines = [f"--resume auto: {output_dir} holds checkpoints but none of them can resume this run, so nothing "
-             "was started and no file was changed:"]
-    for path, reason in skipped:
-        short = reason if len(reason) <= 200 else reason[:200] + "..."
-        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
-    lines.append("  or start a new run with another --output-dir")
-    return UserError("\n".join(lines))
-
-
-def check_no_earlier_run(output_dir: Path, resume: str | None) -> None:
-    """A new run (no --resume) never starts over the checkpoints of another one in the same folder."""
-    existing = ckpt_io.list_checkpoints(output_dir) if resume is None else []
-    if existing:
-        raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume auto "
-                        "to continue that run, or choose another --output-dir")
-
-
-def select_checkpoint(output_dir: Path, resume: str | None,
-                      log: RunLogger) -> tuple[dict | None, Path | None, frozenset[str]]:
-    """Resolve --resume (None, "auto" or a path) into a loaded checkpoint, or None to start fresh.
-
-    Also returns the file names in `output_dir` that this run must never replace or delete.
-    """
-    if resume is None:
-        check_no_earlier_run(output_dir, resume)
-        return None, None, frozenset()
-    skipped: list[tuple[Path, str]] = []
-    if resume == "auto":
-        # Newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
-        path, skipped = ckpt_io.find_resume_checkpoint(resume_order(output_dir))
-        if path is None and skipped:
-            raise refuse_fresh_start(output_dir, skipped)
-        for bad, reason in skipped:
-            log.warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
-        if path is None:
-            log.notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
-            return None, None, frozenset()
-    else:
-        path = Path(resume)
-        if not path.is_file():
-            raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
-        verdict = ckpt_io.verify_checkpoint(path)
-        if verdict.status != "COMPLETE":
-            # A community file's reasons already say to repair it, and repair cannot turn bare weights
-            # into a run: only our own partial files get the hint here.
-            ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
-            hint = "; `indextts-train repair` can convert it" if ours else ""
-            raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
-    protected = untouchable_names(output_dir, [bad for bad, _ in skipped], path)
-    log.notice(f"resuming from {path}")
-    return ckpt_io.load_checkpoint(path, crc_checked=True), path, protected  # verified just above
 
 
 def remembered_oom_plan(plan: HardwarePlan, saved: dict, log: RunLogger) -> HardwarePlan:
@@ -151,41 +99,68 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def restore_rng_for_rank(ckpt: dict | None, dist_info: DistInfo, seed: int, log: RunLogger) -> None:
-    """Each rank continues its own saved RNG stream; a rank the checkpoint did not have starts a new one."""
-    if ckpt is None:
+def restore_rng_for_rank(rng: list[dict] | None, step: int, dist_info: DistInfo, seed: int, log: RunLogger) -> None:
+    """Each rank continues its own saved RNG stream (`rng`, resumed at `step`); a rank the checkpoint did
+    not have starts a new one. None: a fresh run, seeded."""
+    if rng is None:
         seed_everything(seed + dist_info.rank)
         return
-    states = ckpt["rng"]
-    if dist_info.rank < len(states):
-        restore_rng(states[dist_info.rank])
+    if dist_info.rank < len(rng):
+        ProcessRng().load_state_dict(rng[dist_info.rank])
     else:
-        seed_everything(seed + dist_info.rank + 7919 * ckpt["progress"]["step"])
-    if len(states) != dist_info.world_size:
-        log.warn(f"the checkpoint was written by {len(states)} process(es), this run has {dist_info.world_size}: "
+        seed_everything(seed + dist_info.rank + 7919 * step)
+    if len(rng) != dist_info.world_size:
+        log.warn(f"the checkpoint was written by {len(rng)} process(es), this run has {dist_info.world_size}: "
                  "training continues from the same global sample with the same effective batch; "
                  "dropout streams of new ranks are freshly seeded")
 
 
-def _written_by_us(path: Path) -> bool:
-    """Cheap: the file loads (tensor data left on disk, no CRC pass) and says it is our format."""
-    try:
-        obj = ckpt_io.read_unchecked(path)
-    except ckpt_io.CheckpointError:
-        return False
-    return isinstance(obj, dict) and obj.get("format") == ckpt_io.FORMAT
+def check_data(resumed: Resumed, fingerprint: dict, options: RunSettings, log: RunLogger) -> bool:
+    """Whether the training data is the one the checkpoint was trained on; refuses a change (exit 2)
+    unless --accept-data-change, then says how the stored position maps onto the new data."""
+    progress = resumed.progress  # the data record of files older than it has fingerprint None
+    return check_same_data(resumed.data.fingerprint, fingerprint, accept=options.accept_data_change,
+                           checkpoint=str(resumed.path),
+                           position=f"sample {progress.samples_in_epoch} of epoch {progress.epoch}",
+                           info=log.info, warn=log.warn)
 
 
-def untouchable_names(output_dir: Path, skipped: list[Path], verified: Path | None) -> frozenset[str]:
-    """Names in `output_dir` that no save or rotation of this run may replace or delete.
+def data_order(resumed: Resumed | None, manifests: list[ManifestSpec], index: ManifestIndex, train: TrainConfig,
+               plan: HardwarePlan, log: RunLogger, *, data_changed: bool = False) -> SamplerSpec:
+    """The data order of the run: new runs take rule 2 and the flags' mix; a resumed run keeps its own.
 
-    Those `--resume` skipped (they failed to load or verify) and every other checkpoint-named file that
-    is not ours (a community or foreign file placed there, best.pth included). `verified` is the one
-    being resumed.
+    `data_changed` (the data changed and --accept-data-change took it): the run's order settings
+    apply to the new data's line counts.
     """
-    names = {path.name for path in skipped}
-    best = output_dir / ckpt_io.BEST
-    for path in [*ckpt_io.list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
-        if path.name not in names and not ckpt_io.same_file(path, verified) and not _written_by_us(path):
-            names.add(path.name)
-    return frozenset(names)
+    lines = np.bincount(index.file_ids, minlength=len(index.files)).tolist()
+    current = sampler_spec(manifests, lines, seed=train.seed, sort_window=train.sort_window,
+                           step_samples=plan.effective_batch)
+    if resumed is None:
+        spec = current
+    elif resumed.sampler is None:  # no record: written before rules
+        log.info("this run started before data order rule 2: it keeps the order it started with (rule 1)")
+        spec = legacy_spec(resumed.progress.sampler_seed, resumed.legacy_window(train.sort_window),
+                           plan.effective_batch, len(index))
+    else:
+        spec = resumed.sampler
+        if data_changed and [s.lines for s in spec.sources] != lines:
+            spec = _on_new_data(spec, current)
+        if [s.lines for s in spec.sources] != lines:
+            raise UserError(f"the training manifests now have {lines} usable lines per file, the run was made with "
+                            f"{[s.lines for s in spec.sources]}; resume with the same data or start a new --output-dir")
+        change = mix_change(spec, current)
+        if change:
+            log.warn(change)
+    log.info(describe_epoch(spec))
+    return spec
+
+
+def _on_new_data(spec: SamplerSpec, current: SamplerSpec) -> SamplerSpec:
+    """The run's order settings (seed, window, step, mix) over the new data's line counts; with another
+    number of manifests, the flags' mix."""
+    if len(spec.sources) == len(current.sources):
+        sources = tuple(dataclasses.replace(old, lines=new.lines)
+                        for old, new in zip(spec.sources, current.sources, strict=True))
+    else:
+        sources = current.sources
+    return dataclasses.replace(spec, sources=sources)

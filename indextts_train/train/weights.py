@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
+from indextts_train.checkpoint.manager import Resumed
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config, TrainConfig, TrainOptions
+from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import (
@@ -35,6 +36,7 @@ from indextts_train.text.vocab import (
     resize_text_rows,
 )
 from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_settings import RunSettings
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
@@ -54,6 +56,11 @@ class Weights:
 
     def state_dict(self) -> dict[str, Tensor]:
         return full_state_dict(self.model, self.carried)
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """The official layout back: the module's tensors into the model (strict), the others carried."""
+        trained, self.carried = split_state_dict(state, self.model.cfg)
+        self.model.load_state_dict(trained, strict=True)
 
     def adapter_record(self) -> dict | None:
         return adapter_record(self.adapters) if self.adapters is not None else None
@@ -85,7 +92,7 @@ def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> Unif
     return model
 
 
-def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLogger,
+def fresh_weights(options: RunSettings, config: Config, tokens: int, log: RunLogger,
                   loaded: object | None = None) -> Weights:
     """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init.
 
@@ -113,27 +120,28 @@ def fresh_weights(options: TrainOptions, config: Config, tokens: int, log: RunLo
     return Weights(_new_model(config, trained), carried, plan)
 
 
-def resumed_weights(ckpt: dict, path: Path, config: Config, tokens: int,
+def resumed_weights(resumed: Resumed, config: Config, tokens: int,
                     tokenizer: Path | None) -> tuple[Weights, VocabPlan]:
     """The checkpoint's weights, text rows grown when the tokenizer grew; also that growth (saved -> now)."""
-    train = config.train
-    resolve_family(config.gpt, ckpt["model"], path)
-    trained, carried = split_state_dict(ckpt["model"], config.gpt)
-    saved_tokens = trained["text_embedding.weight"].shape[0] - 1
+    train, path, state = config.train, resumed.path, resumed.model
+    resolve_family(config.gpt, state, path)
+    saved_tokens = state["text_embedding.weight"].shape[0] - 1
     if tokens < saved_tokens:
         raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
                         f"{saved_tokens}; a vocabulary can grow between runs, not shrink")
     growth = growth_between_runs(saved_tokens, tokens, tokenizer)
     if tokens != saved_tokens:
-        trained = resize_text_rows(trained, growth, torch.Generator().manual_seed(train.seed + tokens))
+        state = resize_text_rows(state, growth, torch.Generator().manual_seed(train.seed + tokens))
     config.gpt.number_text_tokens = tokens
-    try:
-        model = _new_model(config, trained)
-    except RuntimeError:
-        raise UserError(f"{path} does not fit --config {config.source}: {mismatch_summary(trained, config.gpt)}; "
-                        "pass the config the checkpoint was trained with") from None
-    saved = VocabPlan.from_dict(ckpt["vocab_plan"])
+    saved = resumed.vocab_plan
     # A repaired community plan does not say where new rows went; the tokenizer's kind does.
     insert_at = saved.insert_at if saved.insert_at is not None else growth_point(tokenizer, saved.base_tokens)
-    plan = VocabPlan(saved.base_tokens, tokens, train.freeze_base_vocab, insert_at=insert_at)
-    return Weights(model, carried, plan), growth
+    weights = Weights(_new_model(config), {}, VocabPlan(saved.base_tokens, tokens, train.freeze_base_vocab,
+                                                        insert_at=insert_at))
+    try:
+        weights.load_state_dict(state)
+    except RuntimeError:
+        trained = split_state_dict(state, config.gpt)[0]
+        raise UserError(f"{path} does not fit --config {config.source}: {mismatch_summary(trained, config.gpt)}; "
+                        "pass the config the checkpoint was trained with") from None
+    return weights, growth

@@ -211,6 +211,7 @@ def _recorded_types() -> dict[str, Any]:
                 if f.metadata.get("cli", True) and f.name != "from_run"}
     for name in PATH_OPTIONS:
         recorded[name] = list[str] if name.endswith("manifests") else str if name == "output_dir" else str | None
+    recorded["amp"] = bool | None  # a record written before amp became a train: setting holds it here
     return recorded
 
 
@@ -244,7 +245,7 @@ def _absolute(value: Any, cwd: Path) -> Any:
 
 def recordable_options(options: TrainOptions, config: Config) -> dict:
     """The inputs of this start for run.yaml (the train: settings are in the resolved config)."""
-    skip = ("overrides", "tensorboard", "from_run")
+    skip = ("tensorboard", "from_run")
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name not in skip}
     values["config"] = config.source
     return {name: [str(v) for v in value] if isinstance(value, list) else

@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indextts_train.config.settings import TrainConfig, load_config
+from indextts_train.config.settings import Config, TrainConfig, check_setting, load_config
 from indextts_train.errors import UserError
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import train_command
-from indextts_train.webui.trainflags import checked_value, other_flags
+from indextts_train.webui.trainflags import checked_value, flag_settings, other_flags
 
 # The main knobs, in the order the page shows them; everything else goes in "other flags".
 MAIN_FIELDS = (
@@ -58,6 +58,22 @@ def defaults_for(config: str) -> dict[str, float | int]:
     return {name: getattr(train, name) for name in MAIN_FIELDS}
 
 
+def form_config(form: RunForm, roots: Roots) -> Config:
+    """The config the form's run would use: the config file's train: section under the form's numbers,
+    mixed precision and other flags, each checked against its field's range, as the run checks them."""
+    config = load_config(roots.inside(form.config, "Config"))
+    values = {name: _number(name, value) for name, value in form.hparams.items() if value is not None}
+    if form.amp != "auto":
+        values["amp"] = form.amp == "on"
+    config.override({**values, **flag_settings(other_flags(form.extra, roots, OWN_FIELDS))})
+    return config
+
+
+def _number(name: str, value: float | int) -> float | int:
+    text = number_text(name, value)
+    return int(text) if "int" in str(_FIELDS[name].type) else float(text)
+
+
 def lines_of(text: str) -> list[str]:
     return [line.strip() for line in (text or "").splitlines() if line.strip()]
 
@@ -69,8 +85,9 @@ def number_text(name: str, value: float | int) -> str:
     if "int" in str(_FIELDS[name].type):
         if float(value) != int(value):
             raise UserError(f"{flag_name(name)} must be a whole number, got {value}")
-        return str(int(value))
-    return repr(float(value))
+        value = int(value)
+    check_setting(name, value)  # the field's range, as the run would refuse it
+    return str(value) if isinstance(value, int) else repr(float(value))
 
 
 # Fields the form has a box for: typed again in "Other flags", one would silently win.

@@ -16,7 +16,8 @@ import pandas as pd
 
 from indextts_train.config.settings import DEFAULT_CONFIG, load_config
 from indextts_train.errors import UserError
-from indextts_train.train.hardware import choose_plan, detect_device
+from indextts_train.train.hardware import detect_device
+from indextts_train.train.plan import plan_for
 from indextts_train.ui.events import read_events
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
@@ -102,14 +103,9 @@ class PageServer:
         return self.run_cli(["check-tokenizer", *base, "--", str(tokenizer)])
 
     def hardware(self, *values) -> str:
-        run = self.form_of(list(values))
+        """The plan the form's run would pick here: the run's own planner call on the run's settings."""
         try:
-            gpt = load_config(self.roots.inside(run.config, "Config")).gpt
-            h = {k: int(forms.number_text(k, v or 0)) for k, v in run.hparams.items() if k in
-                 ("effective_batch_size", "batch_size", "grad_accumulation", "num_workers")}
-            plan = choose_plan(detect_device(), gpt, effective_batch=h["effective_batch_size"],
-                               batch_size=h["batch_size"], grad_accumulation=h["grad_accumulation"],
-                               num_workers=h["num_workers"], amp={"on": True, "off": False}.get(run.amp))
+            plan = plan_for(forms.form_config(self.form_of(list(values)), self.roots), detect_device())
         except UserError as exc:
             return f"error: {exc}"
         return plan.describe()

@@ -13,6 +13,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from indextts_train.config.schema import field_types
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
@@ -29,6 +30,7 @@ class Flag:
 
     name: str  # the TrainOptions / TrainConfig field
     kind: str  # switch (no value), manifest, path, resume ('auto' or a path), record (--from-run), value
+    on: bool = True  # a switch: the value its spelling sets (--no-compile: False)
 
 
 def _kind(name: str, type_text: str) -> str:
@@ -49,7 +51,7 @@ def _flag_table() -> dict[str, Flag]:
         declared = f.metadata.get("flag")
         if "bool" in str(types[f.name]):
             on, _, off = (declared or f"{dashed}/--no-{dashed[2:]}").partition("/")
-            table[on] = table[off] = Flag(f.name, "switch")
+            table[on], table[off] = Flag(f.name, "switch"), Flag(f.name, "switch", on=False)
         else:
             table[declared or dashed] = Flag(f.name, _kind(f.name, str(types[f.name])))
     return table
@@ -117,3 +119,30 @@ def other_flags(text: str, roots: Roots, own_fields: set[str]) -> list[str]:
         out.append(f"{flag}={checked_value(flag, value, roots, f'Other flags {flag}')}")
         i += 1 if equals else 2
     return out
+
+
+def flag_settings(flags: list[str]) -> dict[str, Any]:
+    """The `train:` settings that checked flags (`--flag=VALUE`, switches; see other_flags) set, typed as
+    their fields: what the run of those flags would read, for the page's own plan."""
+    types, out = field_types(TrainConfig), {}
+    for item in flags:
+        flag, _, text = item.partition("=")
+        spec = FLAGS[flag]
+        if spec.name not in types:
+            continue
+        tp = types[spec.name]
+        if spec.kind == "switch":
+            out[spec.name] = spec.on
+        elif tp == list[str]:
+            out.setdefault(spec.name, []).append(text)
+        else:
+            out[spec.name] = _typed(flag, text, tp)
+    return out
+
+
+def _typed(flag: str, text: str, tp: Any) -> Any:
+    """A flag's text as its field's type; the field's range is checked where the config is built."""
+    try:
+        return int(text) if tp is int else float(text) if tp is float else text
+    except ValueError:
+        raise UserError(f"Other flags: {flag} {text!r} is not a {'whole ' if tp is int else ''}number") from None

@@ -1,0 +1,21 @@
+"""The plan of a run from its settings: the one planner call that the run (setup), the `hardware`
+command and the web page all make, so that what they show is what the run picks.
+
+Every input of the plan is a `train:` setting (batch sizes, workers, mixed precision, activation
+checkpointing, train scope); only the device and the number of processes come from where it runs.
+"""
+
+from __future__ import annotations
+
+from indextts_train.config.scope_settings import scope_settings
+from indextts_train.config.settings import Config
+from indextts_train.train.hardware import DeviceInfo, HardwarePlan, choose_plan
+
+
+def plan_for(config: Config, device: DeviceInfo, world_size: int = 1) -> HardwarePlan:
+    """What a run of `config` (its gpt: sizes and train: settings in effect) picks on `device`."""
+    train = config.train
+    return choose_plan(device, config.gpt, effective_batch=train.effective_batch_size, batch_size=train.batch_size,
+                       grad_accumulation=train.grad_accumulation, num_workers=train.num_workers, amp=train.amp,
+                       activation_checkpointing=train.activation_checkpointing, world_size=world_size,
+                       scope=scope_settings(train))

@@ -1,0 +1,68 @@
+"""Applying a resumed checkpoint to the run being built: the one place setup puts the saved state in.
+
+The checkpoint manager (checkpoint/manager.py) chose the file and split it into typed parts; here the
+run's parts load them (`load_state_dict`) and what changed since is said: the vocabulary, the
+settings, the LR schedule's anchor at a new effective batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from indextts_train.checkpoint.files import BEST, publish, same_file
+from indextts_train.checkpoint.manager import Resumed
+from indextts_train.config.settings import Config
+from indextts_train.distributed import DistInfo
+from indextts_train.text.vocab import VocabPlan
+from indextts_train.train.resume import report_changed_hparams
+from indextts_train.train.run import RunState, Schedule, settings_in_effect
+from indextts_train.ui.console import RunLogger
+
+
+def apply_resumed(state: RunState, resumed: Resumed, *, growth: VocabPlan, reset: bool, config: Config,
+                  schedule: Schedule, log: RunLogger) -> None:
+    """Progress, history, the optimizer set and the data record from the checkpoint (or nothing, when
+    --on-vocab-change reset starts the run over: step 0, fresh optimizer set, fresh RNG)."""
+    optim = state.optim
+    if reset:
+        log.info(optim.vocab_change_block(growth, reset=True))
+        return
+    state.progress.load_state_dict(resumed.progress.state_dict())
+    state.history.load_state_dict(resumed.history.state_dict())
+    total_steps = schedule.end_step(state.progress, state.layout.effective_batch)
+    _anchor_schedule(state, total_steps, samples_unknown=resumed.samples_unknown)
+    optim.resume(resumed.optimizer_set, step=resumed.step, hparams=resumed.hparams, repaired=resumed.repaired,
+                 growth=growth, source=resumed.path, train=config.train, total_steps=total_steps, log=log)
+    if growth.new_ids:
+        log.info(optim.vocab_change_block(growth, reset=False))
+    if resumed.hparams:
+        report_changed_hparams(resumed.hparams, settings_in_effect(config, total_steps, state.layout), log)
+    else:
+        log.info("the checkpoint was repaired and records no settings: the current ones apply")
+    fingerprint = state.data.fingerprint  # the data this run trains on (check_data compared the two)
+    state.data.load_state_dict(resumed.data.state_dict())
+    state.data.fingerprint = fingerprint
+    state.last_saved, state.last_saved_step = resumed.step_file, state.progress.step
+
+
+def _anchor_schedule(state: RunState, total_steps: int, *, samples_unknown: bool) -> None:
+    """The LR schedule goes on from the samples seen, and ends with the run at this effective batch.
+
+    A repaired file whose sample count is not known gets the steps times this batch, as its count from
+    now on (the files this run writes no longer say they were repaired).
+    """
+    progress, clock = state.progress, state.optim.clock
+    if samples_unknown:
+        progress.samples_total = progress.step * clock.effective_batch
+    clock.anchor_step, clock.anchor_samples = progress.step, progress.samples_total
+    clock.total_samples = clock.anchor_samples + (total_steps - progress.step) * clock.effective_batch
+
+
+def republish_best(state: RunState, path: Path | None, output_dir: Path, protected: frozenset[str],
+                   dist: DistInfo, log: RunLogger) -> None:
+    """A kill between saving a new best and publishing best.pth leaves the run resuming from that very file."""
+    tracker, best = state.best, output_dir / BEST
+    if (dist.is_main and path is not None and tracker is not None and tracker.step == state.progress.step
+            and not same_file(best, path)):
+        publish(output_dir, path, BEST, protected)
+        log.info(f"{best} now names {path.name}, the best checkpoint (its publication was interrupted)")

@@ -1,0 +1,204 @@
+"""A run in three parts, each with one kind of owner.
+
+- `RunSpec`: what the run is, decided by setup and never reassigned (config, flags, hardware plan,
+  schedule, device, processes, data, the model as the loop calls it). Frozen.
+- `RunState`: what the run has done and what a checkpoint saves (weights, optimizer set, progress,
+  history, data record, lineage, best tracker, the divergence guard's counters in progress) and the
+  batch layout in effect, which an OOM halves (progress records it at each save).
+- `Services`: what the run talks to (log and TensorBoard, the output folder's lock, the background
+  saver, the listener); opened once setup has passed its checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from indextts_train.checkpoint.async_save import BackgroundSaver
+from indextts_train.checkpoint.rng import ProcessRng
+from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, TrainingState
+from indextts_train.config.settings import Config, config_to_dict
+from indextts_train.data.manifest import ManifestDataset
+from indextts_train.data.sampling import SamplerSpec, epoch_length, epoch_order
+from indextts_train.distributed import DistInfo, gather_to_main
+from indextts_train.errors import UserError
+from indextts_train.model.gpt import UnifiedVoiceGPT
+from indextts_train.text.vocab import RowFreezer
+from indextts_train.train.best import BestTracker
+from indextts_train.train.guard import DivergenceGuard, SkippingDataset
+from indextts_train.train.hardware import HardwarePlan
+from indextts_train.train.listen_check import GenerationCheck
+from indextts_train.train.listening import Listener
+from indextts_train.train.optim import OptimizerSet
+from indextts_train.train.runlock import RunLock
+from indextts_train.train.weights import Weights
+from indextts_train.ui.console import RunLogger
+from indextts_train.ui.run_settings import RunSettings
+
+Autocast = Callable[[], contextlib.AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How many optimizer steps the run has: full epochs of the data, cut at max_steps (a step number).
+
+    The epochs are counted in samples (progress.epoch and samples_in_epoch), so a resume at another
+    effective batch finishes the same epochs: no "nothing to do" and no extra epoch.
+    """
+
+    sampler: SamplerSpec  # decides the epoch's length (sampling.py)
+    epochs: int
+    max_steps: int
+
+    def steps_per_epoch(self, effective_batch: int) -> int:
+        steps = epoch_length(self.sampler) // effective_batch
+        if steps == 0:
+            raise UserError(f"{self.sampler.sources[0].name}: an epoch of the training manifests has fewer samples "
+                            f"({self.sampler.total_lines} usable lines) than one effective batch ({effective_batch}); "
+                            "lower --effective-batch-size or add data")
+        return steps
+
+    def end_step(self, progress: Progress, effective_batch: int) -> int:
+        """The step the run ends at: the rest of the current epoch, then the epochs left, at `effective_batch`.
+
+        With one effective batch from the start this is epochs x steps an epoch, at every step of the run.
+        """
+        per_epoch = self.steps_per_epoch(effective_batch)
+        if progress.epoch >= self.epochs:
+            end = progress.step
+        else:
+            # The loop's rule (loop.end_of_epoch): a step that would run past the epoch starts the next one.
+            left_in_epoch = max(0, (per_epoch * effective_batch - progress.samples_in_epoch) // effective_batch)
+            end = progress.step + left_in_epoch + (self.epochs - 1 - progress.epoch) * per_epoch
+        return min(end, self.max_steps) if self.max_steps else end
+
+
+def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
+    """A context factory: autocast in the plan's dtype (HardwarePlan.amp_dtype), or nothing in fp32."""
+    if plan.amp_dtype is None:
+        return contextlib.nullcontext
+    dtype = getattr(torch, plan.amp_dtype)
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The validation data, grouped by language (validation.py), and what each validation is judged by
+    (the best tracker, which changes, is in RunState)."""
+
+    dataset: ManifestDataset
+    groups: dict[str, np.ndarray]  # group -> line indices, manifest order
+    limits: dict[str | None, float]  # --forgetting-limit, percent per group (None: every group)
+    patience: int  # --early-stop-patience, 0 = off
+    generation: GenerationCheck | None = None  # --listen-lines: codes generated at each validation
+
+
+class EpochOrders:
+    """The data order of an epoch (sampling.epoch_order of the run's sampler), computed once per epoch."""
+
+    def __init__(self, sampler: SamplerSpec, lengths: np.ndarray) -> None:
+        self.sampler, self.lengths = sampler, lengths
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, epoch_order(self.sampler, self.lengths, epoch))
+        return self._cached[1]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the run is: built by setup, read by the loop, never reassigned."""
+
+    options: RunSettings
+    config: Config
+    dist: DistInfo
+    device: torch.device
+    plan: HardwarePlan  # as chosen at the start; the layout in effect is RunState.layout
+    schedule: Schedule
+    total_steps: int  # schedule.end_step at the start: the same at every step of the run
+    steps_per_epoch: int  # at the run's effective batch
+    dataset: ManifestDataset | SkippingDataset  # SkippingDataset under --skip-bad-lines
+    orders: EpochOrders
+    val: Validation | None
+    wrapped: nn.Module  # the loss module, DDP-wrapped under torchrun
+    freezer: RowFreezer
+    protected: frozenset[str] = frozenset()  # names in output_dir this run never replaces or deletes
+
+    @property
+    def output_dir(self) -> Path:
+        return self.options.output_dir
+
+    @property
+    def autocast(self) -> Autocast:
+        return autocast_for(self.plan, self.device)
+
+
+@dataclass
+class RunState:
+    """What the run has done: the parts a checkpoint saves, and where its files are."""
+
+    weights: Weights
+    optim: OptimizerSet
+    progress: Progress
+    history: History
+    layout: HardwarePlan  # the batch layout in effect: the plan, its micro-batch halved by each OOM
+    guard: DivergenceGuard
+    data: DataRecord = field(default_factory=DataRecord)
+    lineage: Lineage = field(default_factory=Lineage)  # the branch this run's checkpoints belong to
+    best: BestTracker | None = None  # best.pth and the early-stop count (with --val-manifest)
+    new_branch: bool = False  # set the abandoned branch's files aside before the first save (lineage.py)
+    last_saved: Path | None = None  # the newest checkpoint of this run on disk, and its step
+    last_saved_step: int = -1
+
+    @property
+    def model(self) -> UnifiedVoiceGPT:
+        return self.weights.model
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the run talks to; none of it is saved."""
+
+    log: RunLogger
+    lock: RunLock | None = None  # rank 0's hold on the output dir
+    saver: BackgroundSaver | None = None  # --async-save: the thread that writes checkpoints
+    listener: Listener | None = None  # --listen-every: the child processes that hear checkpoints
+
+
+def settings_in_effect(config: Config, total_steps: int, layout: HardwarePlan) -> dict:
+    """The settings in effect: every `train:` field plus the batch layout and precision."""
+    return {**config_to_dict(config)["train"], "total_steps": total_steps,
+            "effective_batch": layout.effective_batch, "micro_batch": layout.micro_batch,
+            "grad_accumulation": layout.grad_accumulation, "world_size": layout.world_size,
+            "precision": layout.precision}
+
+
+def training_state(run: RunSpec, state: RunState) -> TrainingState:
+    """The run's saveable parts, gathered (checkpoint/state.py writes the one dict)."""
+    if state.best is not None:
+        state.history.best = state.best.state_dict()
+    progress, layout = state.progress, state.layout
+    progress.micro_batch, progress.grad_accumulation = layout.micro_batch, layout.grad_accumulation
+    progress.world_size = layout.world_size
+    weights = state.weights
+    return TrainingState(
+        weights=weights, optimizer_set=state.optim, progress=progress, history=state.history, data=state.data,
+        info={"hparams": settings_in_effect(run.config, run.total_steps, layout), "config": config_to_dict(run.config),
+              "vocab_plan": weights.vocab_plan.to_dict(), "hardware": layout.to_dict(),
+              "sampler": run.schedule.sampler.state_dict(), "lora": weights.adapter_record(),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, lineage=state.lineage)
+
+
+def checkpoint_state(run: RunSpec, state: RunState) -> dict | None:
+    """The checkpoint dict on rank 0; other ranks send their RNG state and get None."""
+    gathered = training_state(run, state)
+    rng = gather_to_main(ProcessRng().state_dict(), run.dist)
+    return gathered.state_dict(rng) if run.dist.is_main else None

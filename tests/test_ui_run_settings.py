@@ -1,0 +1,103 @@
+"""run_settings.py: one start's settings, resolved once from the flags, a recorded run and the config
+file; every number's range is its field's metadata, and each way in refuses a value outside it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from indextts_train.cli import app
+from indextts_train.config.schema import field_types
+from indextts_train.config.settings import RULES, TrainConfig, config_to_dict, load_config, setting_range
+from indextts_train.errors import UserError
+from indextts_train.ui.run_record import write_run_record
+from indextts_train.ui.run_settings import resolve_settings
+from indextts_train.webui import form as forms
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+TYPES = field_types(TrainConfig)
+NUMBERS = [f.name for f in dataclasses.fields(TrainConfig) if TYPES[f.name] in (int, float)]
+
+
+def outside(name: str) -> list[int | float]:
+    """Values just outside the field's range, as its metadata states it."""
+    rule, most = setting_range(name)
+    values = [0 if rule == ">0" else -1]
+    if rule in ("[0,1)", "[0,1]"):
+        values.append(1 if rule == "[0,1)" else 2)
+    elif most is not None:
+        values.append(most + 1 if TYPES[name] is int else most * 2)
+    return values
+
+
+def test_every_number_has_its_range_on_its_field() -> None:
+    assert len(NUMBERS) >= 25  # the schema's numbers, not an empty list
+    for name in NUMBERS:
+        rule, _ = setting_range(name)
+        assert rule in RULES, name
+
+
+@pytest.mark.parametrize("name", NUMBERS)
+def test_each_way_in_refuses_a_number_outside_its_fields_range(tmp_path, name) -> None:
+    flag = "--" + name.replace("_", "-")
+    for value in outside(name):
+        said = f"train.{name} ({flag}) must be"
+        data = yaml.safe_load(TINY.read_text())
+        data["train"][name] = value
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
+        with pytest.raises(UserError, match=re.escape(said)):  # the config file
+            load_config(tmp_path / "bad.yaml")
+        record = config_to_dict(load_config(TINY))
+        record["train"][name] = value
+        write_run_record(tmp_path, {"train_manifests": ["t.jsonl"], "output_dir": "out", "config": str(TINY)},
+                         record, {}, 0.0)
+        with pytest.raises(UserError, match=re.escape(said)):  # a recorded run
+            resolve_settings(from_run=tmp_path / "run.yaml")
+        with pytest.raises(UserError, match=re.escape(said)):  # the web page's form
+            forms.number_text(name, value)
+
+
+@pytest.mark.slow  # one train-gpt command line per number (~15 s)
+def test_the_flags_refuse_a_number_outside_its_fields_range(tmp_path) -> None:
+    for name in NUMBERS:
+        flag = "--" + name.replace("_", "-")
+        for value in outside(name):
+            result = CliRunner().invoke(app, ["train", "--train-manifest=t.jsonl", f"--output-dir={tmp_path / 'out'}",
+                                              f"--config={TINY}", f"{flag}={value}"])
+            assert result.exit_code == 2, result.output
+            typed = TYPES[name](value)  # as the flag's type reads it (0 -> 0.0 for a float)
+            assert result.output == f"error: train.{name} ({flag}) must be {_said(name, typed)}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def _said(name: str, value: float) -> str:
+    """What the range in the field's metadata says of `value`."""
+    rule, most = setting_range(name)
+    text, ok = RULES[rule]
+    return f"{text}, got {value!r}" if not ok(value) else f"at most {most:,}, got {value:,}"
+
+
+def test_a_recorded_run_is_resolved_under_the_flags_given_beside_it(tmp_path) -> None:
+    first = resolve_settings(train_manifests=[f"{tmp_path / 'a.jsonl'}::en@0.5", str(tmp_path / "b.jsonl")],
+                             output_dir=tmp_path / "out", config=TINY, epochs=7, amp=False, train_scope="lora")
+    assert [(s.path.name, s.lang, s.weight) for s in first.train_manifests] == [("a.jsonl", "en", 0.5),
+                                                                                 ("b.jsonl", None, None)]
+    assert first.config.train.amp is False and first.config.train.epochs == 7
+    write_run_record(tmp_path, {"train_manifests": [f"{tmp_path / 'a.jsonl'}::en@0.5"], "output_dir": "out",
+                                "config": str(TINY)}, config_to_dict(first.config), {}, 0.0)
+    again = resolve_settings(from_run=tmp_path / "run.yaml", epochs=9, seed=None, typed={"epochs"})
+    assert again.config.train.epochs == 9  # typed beside --from-run: wins
+    assert (again.config.train.amp, again.config.train.train_scope) == (False, "lora")  # recorded
+    assert again.train_manifests[0].lang == "en" and again.output_dir == Path.cwd() / "out"
+    with pytest.raises(UserError, match="--train-manifest is required"):
+        resolve_settings(output_dir=tmp_path)
+    with pytest.raises(UserError, match="--val-manifest .*a weight has no meaning here"):  # parsed here, once
+        resolve_settings(train_manifests=["a.jsonl"], val_manifests=["v.jsonl@0.5"], output_dir=tmp_path, config=TINY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.config_note = "changed"
