@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from indextts_train.config.family import INDEXTTS2
 from indextts_train.config.settings import (
     OFFICIAL_SECTIONS,
     ConditionModuleConfig,

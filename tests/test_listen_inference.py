@@ -20,8 +20,7 @@ import pytest
 
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.settings import load_config
-from indextts_train.data.demo_data import _make_base_tokenizer
-from indextts_train.data.demo_data import _make_base_vocabulary
+from indextts_train.data.demo_data import _make_base_tokenizer, _make_base_vocabulary
 from indextts_train.listen.model_folder import make_model_folder
 from indextts_train.listen.synthesize import SynthesisLine, resolve_inference_python, synthesize
 from indextts_train.listen.tiny_folder import tiny_gpt_config, write_tiny_inference_dir
