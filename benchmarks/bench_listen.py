@@ -39,9 +39,9 @@ import torch
 import yaml
 from report import write_result
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
-from indextts_train.data.demo_data import _make_base_tokenizer
-from indextts_train.data.demo_data_v25 import _make_base_vocabulary
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
+from indextts_train.config.settings import load_config
+from indextts_train.data.demo_data import _make_base_tokenizer, _make_base_vocabulary
 from indextts_train.listen.model_folder import make_model_folder
 from indextts_train.listen.synthesize import SynthesisLine, resolve_inference_python, synthesize
 from indextts_train.listen.tiny_folder import W2V_WIDTH, add_inference_parts, tiny_gpt_config
@@ -49,8 +49,8 @@ from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_
 
 ROOT = Path(__file__).resolve().parents[1]
 # --family -> (family, real config, codes per second of speech)
-FAMILIES = {"2.5": (FAMILY_V25, ROOT / "configs" / "indextts2_5.yaml", 25),
-            "2": (FAMILY_V2, ROOT / "configs" / "indextts2.yaml", 50)}
+FAMILIES = {"2.5": (INDEXTTS25, ROOT / "configs" / "indextts2_5.yaml", 25),
+            "2": (INDEXTTS2, ROOT / "configs" / "indextts2.yaml", 50)}
 FILLER = b"\xff\xfe"  # never in UTF-8 text: filler ranks no text encodes to
 TEXTS = ["Hello world, this is a test of the model.", "The quick brown fox jumps over the lazy dog.",
          "Every line is spoken in the voice of its prompt.", "Numbers and names are read as written."]
@@ -66,7 +66,7 @@ def tokenizer_for(config: Path, work: Path) -> Path:
     """A base vocabulary of exactly the config's text tokens: the demo's (IndexTTS2: with filler pieces;
     IndexTTS-2.5: its English merges, then filler ranks up to the released 58,836)."""
     gpt = load_config(config).gpt
-    if not gpt.is_v25:
+    if gpt.family is INDEXTTS2:
         return _make_base_tokenizer(work / "bpe.model", gpt, seed=0)
     tiny = load_config(ROOT / "configs" / "tiny_v25.yaml").gpt
     base = _make_base_vocabulary(work, tiny)
@@ -166,7 +166,7 @@ def main() -> None:
               "folder_written_seconds": round(written_s, 2), **figures,
               "machine": platform.platform(), "python": platform.python_version(),
               "s2mel": yaml.safe_load((model_dir / "config.yaml").read_text())["s2mel"]["DiT"]["depth"]}
-    suffix = "v25" if family == FAMILY_V25 else "v2"
+    suffix = "v25" if family is INDEXTTS25 else "v2"
     write_result(args.result or ROOT / "benchmarks" / "results" / f"listen_{size}_{args.device}_{suffix}.json",
                  result)
 

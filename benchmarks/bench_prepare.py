@@ -55,6 +55,7 @@ import torch
 import yaml
 from report import write_result
 
+from indextts_train.config.family import INDEXTTS25
 from indextts_train.model.conditioning import COND_PREFIXES, EMO_PREFIXES
 from indextts_train.prepare.corpus import Defaults, read_corpora
 from indextts_train.prepare.featurize import Featurizer, load_clip, read_gpt_weights
@@ -120,7 +121,7 @@ def model_sizes(model_dir: Path) -> dict:
     w2v, w2v_total = _safetensors_counts(models.w2v_bert / "model.safetensors",
                                          re.compile(r"^encoder\.layers\.(1[7-9]|[2-9]\d)\."))
     unused = re.compile(r"^(decoder|up)\.|out_project")
-    if models.is_v25:  # codec.pth {"model": state dict}; the speaker vector comes from CAMPPlus
+    if models.family is INDEXTTS25:  # codec.pth {"model": state dict}; the speaker vector comes from CAMPPlus
         codec_state = torch.load(models.codec, map_location="cpu", weights_only=True, mmap=True)["model"]
         codec_total = sum(v.numel() for v in codec_state.values())
         codec = sum(v.numel() for k, v in codec_state.items() if not unused.search(k))

@@ -275,12 +275,13 @@ def check_tokenizer(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
+    from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
     from indextts_train.text.inference_text import TextPath
-    from indextts_train.text.tiktoken_vocab import check_tiktoken, is_tiktoken, render_tiktoken_report
+    from indextts_train.text.tiktoken_vocab import check_tiktoken, render_tiktoken_report
     from indextts_train.text.tokenizer import check_tokenizer as run_check
     from indextts_train.text.tokenizer import render_tokenizer_report, tokenizer_exit_code
 
-    if is_tiktoken(model):
+    if family_of_tokenizer(model).tokenizer_kind == TIKTOKEN:
         if base_vocab is not None:
             fail("--base-vocab is for SentencePiece models; for a .tiktoken file pass --base BASE.tiktoken")
         text_path = run_guarded(TextPath.open, model, normalizer=normalizer)
@@ -314,13 +315,12 @@ def extend_tokenizer(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --output (and the .vocab beside it).")] = False,
 ) -> None:
     """Learn new pieces (tiktoken: byte-pair merges) from the corpus as inference presents it, and append them to the base."""
+    from indextts_train.config.family import TIKTOKEN, grown_tokenizer_family
     from indextts_train.text.inference_text import TextPath
-    from indextts_train.text.tiktoken_vocab import extend_tiktoken, is_tiktoken
+    from indextts_train.text.tiktoken_vocab import extend_tiktoken
     from indextts_train.text.tokenizer import extend_tokenizer as run_extend
 
-    if is_tiktoken(base) != is_tiktoken(output):
-        fail(f"--output {output} must have the base's kind ({base.suffix}); a .tiktoken grows into a .tiktoken")
-    if is_tiktoken(base):
+    if run_guarded(grown_tokenizer_family, base, output).tokenizer_kind == TIKTOKEN:
         text_path = run_guarded(TextPath.open, base, normalizer=normalizer)
         summary = run_guarded(extend_tiktoken, base, corpus, target_size, output,
                               lambda text: text_path.present_body(text, language), force=force)

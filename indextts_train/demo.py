@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from indextts_train.checkpoint.export import export_checkpoint
+from indextts_train.config.family import INDEXTTS2, family_of_version
 from indextts_train.config.schema import build
 from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
@@ -25,9 +26,9 @@ from indextts_train.model.layout import full_state_dict, init_carried
 from indextts_train.prepare.demo_corpus import make_prepared_demo
 from indextts_train.train.loop import resolve_settings, train
 
-TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
-TINY_CONFIG_V25 = TINY_CONFIG.with_name("tiny_v25.yaml")
-FAMILIES = ("2", "2.5")
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / INDEXTTS2.tiny_config
+FAMILIES = ("2", "2.5")  # --family, as the official config.yaml's `version:` names them
 
 
 def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
@@ -47,7 +48,8 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     build(TrainConfig, {"max_steps": max_steps, "train_scope": train_scope}, "train")
     if resume not in (None, "auto") and not Path(resume).is_file():
         raise UserError(f"--resume {resume}: no such checkpoint file; use --resume auto to continue the demo run")
-    tiny = TINY_CONFIG_V25 if family == "2.5" else TINY_CONFIG
+    chosen = family_of_version(family, "--family")
+    tiny = ROOT / chosen.tiny_config
     if not tiny.is_file():
         raise UserError(f"{tiny} not found: run the demo from a checkout of indextts-train (pip install -e .)")
     make_output_folder("OUT_DIR", out_dir)
@@ -55,9 +57,9 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     if not config_path.exists():
         atomic_write_bytes(config_path, tiny.read_bytes())
     config = load_config(config_path)
-    if config.gpt.is_v25 != (family == "2.5"):
-        raise UserError(f"{out_dir} holds a demo of the other family ({config.gpt.family_name}); use another OUT_DIR")
-    listener, why_not = demo_listener(family)  # found first: a demo that can be heard is built wide enough
+    if config.gpt.family is not chosen:
+        raise UserError(f"{out_dir} holds a demo of the other family ({config.gpt.family.name}); use another OUT_DIR")
+    listener, why_not = demo_listener(chosen)  # found first: a demo that can be heard is built wide enough
     paths = make_prepared_demo(out_dir, config_path, inference_widths=listener is not None)
     base = paths["base_checkpoint"]
     print(f"demo data prepared in {out_dir / 'data' / 'prepared'} from synthetic clips by tiny random models in "
@@ -78,4 +80,4 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
                                 force=True)  # the demo's own export folder: a rerun replaces it
     print(f"exported {out_dir / 'export' / 'gpt.pth'} ({summary['tensors']} tensors, "
           f"{summary['text_rows']} text rows) and {out_dir / 'export' / 'config.yaml'}")
-    return listen_to_demo(out_dir, listener, why_not, wide=paths["inference_widths"])  # docs/listen.md
+    return listen_to_demo(out_dir, chosen, listener, why_not, wide=paths["inference_widths"])  # docs/listen.md

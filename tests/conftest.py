@@ -148,12 +148,12 @@ def tiny25_data(tmp_path_factory) -> dict:
     """IndexTTS-2.5 at the tiny size: the demo's toy tiktoken vocabularies (base 320 ranks, grown by 50
     Amharic ranks), 24 training and 8 validation samples in English and Amharic, and a base gpt.pth."""
     from indextts_train.config.settings import load_config
-    from indextts_train.data.demo_data_v25 import make_demo_dataset_v25
+    from indextts_train.data.demo_data import make_demo_dataset
     from indextts_train.demo import make_base_checkpoint
 
     folder = tmp_path_factory.mktemp("tiny25_data")
     config = ROOT / "configs" / "tiny_v25.yaml"
-    paths = make_demo_dataset_v25(folder, gpt_cfg=load_config(config).gpt, n_train=24, n_val=8, seed=1)
+    paths = make_demo_dataset(folder, gpt_cfg=load_config(config).gpt, n_train=24, n_val=8, seed=1)
     base = folder / "base_gpt.pth"
     make_base_checkpoint(config, base, seed=3)
     return {"train": paths["train_manifest"], "val": paths["val_manifest"], "base": base, "config": config,

@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint.export import _checked_tokenizer
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
-from indextts_train.config.settings import FAMILY_V25, Config, GPTConfig, load_config
+from indextts_train.config.family import INDEXTTS25
+from indextts_train.config.settings import Config, GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import official_shapes, split_state_dict
@@ -296,7 +297,7 @@ def test_an_indextts2_tokenizer_is_checked_and_copied_under_the_config_name(grow
 
 
 def test_a_grown_indextts25_export_needs_its_tiktoken() -> None:
-    config = Config(gpt=GPTConfig(family=FAMILY_V25))
+    config = Config(gpt=GPTConfig(stated_family=INDEXTTS25))
     grown = {"vocab_plan": {"base_tokens": 320, "tokens": 370}}
     with pytest.raises(UserError, match=r"grew the vocabulary \(320 -> 370 tokens\).*needs --tokenizer"):
         _checked_tokenizer(None, 370, config, grown)

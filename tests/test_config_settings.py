@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from indextts_train.config.family import INDEXTTS2
 from indextts_train.config.settings import (
     OFFICIAL_SECTIONS,
     ConditionModuleConfig,
@@ -79,7 +80,7 @@ def test_misspelled_section_is_refused_and_official_sections_are_kept(tmp_path) 
     official = yaml.safe_load(REFERENCE_CONFIG.read_text())
     official.update(OFFICIAL := dict.fromkeys(OFFICIAL_SECTIONS, {}))  # every IndexTTS2 section we do not read
     assert set(OFFICIAL) >= {"dataset", "s2mel", "vocoder"}
-    assert load_config(write(tmp_path, official)).gpt.family == "indextts2"  # its `version: 2.0`
+    assert load_config(write(tmp_path, official)).gpt.stated_family is INDEXTTS2  # its `version: 2.0`
     official["version"] = {}
     with pytest.raises(UserError, match=r"version \{\} is not a known model family"):
         load_config(write(tmp_path, official))

@@ -10,7 +10,7 @@ import pytest
 import sentencepiece as spm
 
 from indextts_train.config.settings import load_config
-from indextts_train.data.demo_data import EXTRA_PIECES, make_demo_dataset
+from indextts_train.data.demo_data import EXTRA_TOKENS, make_demo_dataset
 from indextts_train.errors import UserError
 from indextts_train.text.tokenizer import check_tokenizer
 
@@ -36,7 +36,7 @@ def test_tokenizers_load_and_extension_keeps_the_base(demo):
     base = spm.SentencePieceProcessor(model_file=str(demo["base_tokenizer"]))
     ext = spm.SentencePieceProcessor(model_file=str(demo["tokenizer"]))
     assert base.get_piece_size() == GPT.number_text_tokens
-    assert ext.get_piece_size() == GPT.number_text_tokens + EXTRA_PIECES == demo["vocab_size"]
+    assert ext.get_piece_size() == GPT.number_text_tokens + EXTRA_TOKENS == demo["vocab_size"]
     # the GPT's start/stop text ids are control pieces, so encoding never produces them
     assert (base.bos_id(), base.eos_id()) == (GPT.start_text_token, GPT.stop_text_token)
     report = check_tokenizer(demo["tokenizer"], base=demo["base_tokenizer"], sample_text=demo["corpus"])

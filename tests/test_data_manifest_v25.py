@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_model_gpt_v25 import EXPECTED, TINY, v25_batch
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.data.checkdata import check_manifests
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, collate
 from indextts_train.errors import UserError
@@ -39,7 +39,7 @@ def write(manifest: Path, lines: list[dict]) -> Path:
 
 
 def test_the_reference_manifest_collates_into_the_reference_batch():
-    index = ManifestIndex.build([TINY / "pairs.jsonl"], family=FAMILY_V25)
+    index = ManifestIndex.build([TINY / "pairs.jsonl"], family=INDEXTTS25)
     assert index.lang_ids.tolist() == [0, 7, 9]
     batch = collate([ManifestDataset(index, model_dim=64)[i] for i in range(3)])
     expected = v25_batch()
@@ -88,7 +88,7 @@ def test_the_single_utterance_form(data: Path):
                "spk_emb_path": line["prompt_spk_emb_path"], "emo_vec_path": line["prompt_emo_vec_path"],
                "text_len": line["target_text_len"], "code_len": line["target_code_len"], "language": line["language"]}
               for line in lines_of(data / "pairs.jsonl")]
-    index = ManifestIndex.build([write(data / "single.jsonl", single)], family=FAMILY_V25)
+    index = ManifestIndex.build([write(data / "single.jsonl", single)], family=INDEXTTS25)
     batch = collate([ManifestDataset(index)[i] for i in range(3)])
     assert torch.equal(batch.spk_emb, v25_batch().spk_emb) and batch.lang_ids.tolist() == [0, 7, 9]
 
@@ -106,12 +106,12 @@ def test_bad_lines_name_file_and_line(data: Path, edit, message: str):
     edit(lines[1])
     manifest = write(data / "bad.jsonl", lines)
     with pytest.raises(UserError, match=f"bad.jsonl:2: {message}"):
-        ManifestIndex.build([manifest], family=FAMILY_V25)
+        ManifestIndex.build([manifest], family=INDEXTTS25)
 
 
 def test_a_line_of_the_other_family_is_refused(data: Path):
     with pytest.raises(UserError, match="pairs.jsonl:1: an IndexTTS-2.5 line, but the model is IndexTTS2"):
-        ManifestIndex.build([data / "pairs.jsonl"], family=FAMILY_V2)
+        ManifestIndex.build([data / "pairs.jsonl"], family=INDEXTTS2)
 
 
 def test_a_borrowed_row_trains_a_language_without_a_tag(data: Path):
@@ -119,12 +119,24 @@ def test_a_borrowed_row_trains_a_language_without_a_tag(data: Path):
     lines[2].pop("lang_id")
     lines[2]["language"] = "kab"
     manifest = write(data / "kab.jsonl", lines)
-    index = ManifestIndex.build([manifest], family=FAMILY_V25, borrowed=parse_borrowed(["kab=tr"]))
+    index = ManifestIndex.build([manifest], family=INDEXTTS25, borrowed=parse_borrowed(["kab=tr"]))
     assert index.lang_ids.tolist() == [0, 7, 9]
     with pytest.raises(UserError, match="'en' has its own row"):
         parse_borrowed(["en=tr"])
     with pytest.raises(UserError, match="zh is a language the release speaks"):
         parse_borrowed(["kab=zh"])
+
+
+def _break_text_ids(data: Path, case: str) -> None:
+    """Line 2's text ids: a start/stop id inside ("start_id"), or without their language tag ("tag")."""
+    ids = data / "text_ids" / "tgt1.npy"
+    if case == "start_id":
+        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
+    else:
+        np.save(ids, np.load(ids)[1:])
+        lines = lines_of(data / "pairs.jsonl")
+        lines[1]["target_text_len"] -= 1
+        write(data / "pairs.jsonl", lines)
 
 
 @pytest.mark.parametrize("case, message", [
@@ -134,18 +146,13 @@ def test_a_borrowed_row_trains_a_language_without_a_tag(data: Path):
     ("tag", r"starts with id 94, not the tag <\|ja\|> \(109\) of lang_id 7"),
 ])
 def test_check_data_knows_the_25_rules(data: Path, case: str, message: str):
-    spk, ids = data / "spk_emb" / "prm1.npy", data / "text_ids" / "tgt1.npy"
+    spk = data / "spk_emb" / "prm1.npy"
     if case == "shape":
         np.save(spk, np.zeros(191, np.float32))
     elif case == "nan":
         np.save(spk, np.full(192, np.nan, np.float32))
-    elif case == "start_id":
-        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
     else:
-        np.save(ids, np.load(ids)[1:])
-        lines = lines_of(data / "pairs.jsonl")
-        lines[1]["target_text_len"] -= 1
-        write(data / "pairs.jsonl", lines)
+        _break_text_ids(data, case)
     # a full tiktoken vocabulary (100 ranks + 1673 specials): the tag of lang id L is 102 + L
     report = check_manifests([data / "pairs.jsonl"], vocab_size=1773)
     assert report["lines_ok"] == 2 and report["bad_lines"] == [[str(data / "pairs.jsonl"), 2]]
@@ -164,15 +171,8 @@ def test_check_data_passes_the_reference_and_counts_languages():
 ])
 def test_training_reads_refuse_bad_25_text_ids_by_file_and_line(data: Path, case: str, message: str):
     """What train-gpt and evaluate read (ManifestDataset) applies check-data's 2.5 text rules."""
-    ids = data / "text_ids" / "tgt1.npy"
-    if case == "start_id":
-        np.save(ids, np.array([109, 94, 74, 1, *np.load(ids)[4:]], np.int32))
-    else:
-        np.save(ids, np.load(ids)[1:])
-        lines = lines_of(data / "pairs.jsonl")
-        lines[1]["target_text_len"] -= 1
-        write(data / "pairs.jsonl", lines)
-    index = ManifestIndex.build([data / "pairs.jsonl"], family=FAMILY_V25)
+    _break_text_ids(data, case)
+    index = ManifestIndex.build([data / "pairs.jsonl"], family=INDEXTTS25)
     dataset = ManifestDataset(index, model_dim=64, text_vocab=1773)  # a full vocabulary: tags are known
     dataset[0], dataset[2]  # the good lines load
     with pytest.raises(UserError, match=f"pairs.jsonl:2: .*{message}"):

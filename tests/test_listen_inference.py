@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
-from indextts_train.data.demo_data import _make_base_tokenizer
-from indextts_train.data.demo_data_v25 import _make_base_vocabulary
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
+from indextts_train.config.settings import load_config
+from indextts_train.data.demo_data import _make_base_tokenizer, _make_base_vocabulary
 from indextts_train.listen.model_folder import make_model_folder
 from indextts_train.listen.synthesize import SynthesisLine, resolve_inference_python, synthesize
 from indextts_train.listen.tiny_folder import tiny_gpt_config, write_tiny_inference_dir
@@ -28,7 +28,7 @@ from indextts_train.prepare.tiny import write_synthetic_clips
 
 pytestmark = pytest.mark.slow  # every test here: the official inference runs in its own interpreter
 
-PYTHONS = {FAMILY_V25: "INDEXTTS_TEST_PYTHON_V25", FAMILY_V2: "INDEXTTS_TEST_PYTHON_V2"}
+PYTHONS = {INDEXTTS25: "INDEXTTS_TEST_PYTHON_V25", INDEXTTS2: "INDEXTTS_TEST_PYTHON_V2"}
 TEXTS = {"one": "hello world, this is a test.", "two": "hello world, this is a test."}
 # A random GPT seldom stops, so the cap sets each line's work: at the tiny config's 60 codes, IndexTTS2's
 # generation (a 1280-wide GPT, 3 beams) took about 2 minutes a line on the shared 2-core machine
@@ -50,14 +50,14 @@ def offline(tmp_path_factory):
             os.environ[name] = value
 
 
-@pytest.fixture(scope="module", params=[FAMILY_V25, FAMILY_V2])
+@pytest.fixture(scope="module", params=[INDEXTTS25, INDEXTTS2])
 def tiny(request, tmp_path_factory) -> dict:
     """A tiny inference folder of the family, its interpreter, and a prompt clip."""
     family = request.param
     python = resolve_inference_python(family, Path(os.environ[PYTHONS[family]]))
     work = tmp_path_factory.mktemp(f"work_{family}")
     gpt = load_config(tiny_gpt_config(family, work)).gpt
-    if family == FAMILY_V25:
+    if family is INDEXTTS25:
         tokenizer = _make_base_vocabulary(work, gpt)
     else:
         tokenizer = _make_base_tokenizer(work / "bpe.model", gpt, seed=0)
@@ -99,10 +99,11 @@ def test_seeded_synthesis_is_reproducible(tiny, tmp_path) -> None:
 PARENT = """
 import sys
 from pathlib import Path
+from indextts_train.config.family import family_named
 from indextts_train.listen.synthesize import SynthesisLine, synthesize
 folder, family, python, prompt, out = sys.argv[1:6]
 lines = [SynthesisLine("one", "hello world", Path(prompt), Path(out) / "one.wav", "de")]
-synthesize(Path(folder), family, lines, seed=1, device="cpu", inference_python=Path(python), threads=1)
+synthesize(Path(folder), family_named(family), lines, seed=1, device="cpu", inference_python=Path(python), threads=1)
 """
 
 
@@ -129,7 +130,7 @@ def _alive(pid: int) -> bool:
 def test_a_killed_parent_takes_its_synthesis_child_along(tiny, tmp_path) -> None:
     """SIGKILL of the process that called synthesize (what a killed `listen` is): its child goes too, and no
     WAV appears."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tiny["model_dir"]), tiny["family"],
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tiny["model_dir"]), tiny["family"].key,
                                str(tiny["python"]), str(tiny["prompt"]), str(tmp_path / "out")])
     deadline = time.monotonic() + 120
     while not (children := _children(parent.pid)) and time.monotonic() < deadline:

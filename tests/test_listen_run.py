@@ -26,7 +26,8 @@ import torch
 from conftest import write_dataset
 
 from indextts_train.checkpoint.scores import read_records, scores_path
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
+from indextts_train.config.settings import load_config
 from indextts_train.data.demo_data import _make_base_tokenizer
 from indextts_train.demo import make_base_checkpoint
 from indextts_train.files.bounded import load_yaml
@@ -41,14 +42,14 @@ pytestmark = pytest.mark.slow  # every test here: trains a tiny run and starts `
 ROOT = Path(__file__).resolve().parents[1]
 # What may differ between two hearings of one checkpoint: when, and how long it took.
 TIMING = ("scored_at", "synthesis_seconds")
-PYTHONS = {FAMILY_V25: "INDEXTTS_TEST_PYTHON_V25", FAMILY_V2: "INDEXTTS_TEST_PYTHON_V2"}
-PACKAGES = {FAMILY_V25: "indextts25-inference", FAMILY_V2: "indextts2-inference"}
+PYTHONS = {INDEXTTS25: "INDEXTTS_TEST_PYTHON_V25", INDEXTTS2: "INDEXTTS_TEST_PYTHON_V2"}
+PACKAGES = {INDEXTTS25: "indextts25-inference", INDEXTTS2: "indextts2-inference"}
 # IndexTTS2's generation (1280 wide, 3 beams) costs seconds a code on the CPU: its lines stop at 16 codes,
 # and its manifests' codes fit under that limit
 V2_MAX_CODES = 16
 # What each family's listen hears and how often it is killed: IndexTTS2's model load and lines cost minutes
 # on the CPU, so it hears the latest checkpoint and is killed once (the kill rules are the family's alike)
-HEARD = {FAMILY_V25: ("all", (2, 4), 2), FAMILY_V2: ("latest", (4,), 1)}
+HEARD = {INDEXTTS25: ("all", (2, 4), 2), INDEXTTS2: ("latest", (4,), 1)}
 
 
 def _v2_inputs(work: Path) -> dict:
@@ -57,7 +58,7 @@ def _v2_inputs(work: Path) -> dict:
 
     The base never says the stop code (its bias far below the others, where 4 steps cannot lift it): a tiny
     model that learnt to stop at once gives the official s2mel no code at all, which it cannot take."""
-    raw = load_yaml(tiny_gpt_config(FAMILY_V2, work), "config")
+    raw = load_yaml(tiny_gpt_config(INDEXTTS2, work), "config")
     raw["gpt"]["max_mel_tokens"] = V2_MAX_CODES
     config = work / "gpt_v2.yaml"
     config.write_text(json.dumps(raw), encoding="utf-8")  # JSON is YAML
@@ -74,14 +75,14 @@ def _v2_inputs(work: Path) -> dict:
             "base_tokenizer": _make_base_tokenizer(work / "bpe.model", gpt, seed=0)}
 
 
-@pytest.fixture(scope="module", params=[FAMILY_V25, FAMILY_V2], ids=["v25", "v2"])
+@pytest.fixture(scope="module", params=[INDEXTTS25, INDEXTTS2], ids=["v25", "v2"])
 def heard_run(request, tmp_path_factory) -> dict:
     """A tiny run of the family (checkpoints at steps 2 and 4), a tiny inference folder of it, two lines, and
     what listen hears of it (HEARD)."""
     family = request.param
     work = tmp_path_factory.mktemp(f"listen_run_{family}")
     python = Path(os.environ[PYTHONS[family]])
-    data = request.getfixturevalue("tiny25_data") if family == FAMILY_V25 else _v2_inputs(work)
+    data = request.getfixturevalue("tiny25_data") if family is INDEXTTS25 else _v2_inputs(work)
     model_dir = write_tiny_inference_dir(work / "model", family, tokenizer=Path(data["base_tokenizer"]),
                                          inference_python=python, seed=0, work=work, gpt_config=data["config"])
     run = work / "run"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, family_named
 from indextts_train.errors import UserError
 from indextts_train.listen.synthesize import SynthesisLine, line_seed, resolve_inference_python, synthesize
 
@@ -22,8 +22,8 @@ def bare_python(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow  # a new venv: seconds
-@pytest.mark.parametrize(("family", "package", "module"), [(FAMILY_V25, "indextts25-inference", "indextts25"),
-                                                           (FAMILY_V2, "indextts2-inference", "indextts")])
+@pytest.mark.parametrize(("family", "package", "module"), [(INDEXTTS25, "indextts25-inference", "indextts25"),
+                                                           (INDEXTTS2, "indextts2-inference", "indextts")])
 def test_an_environment_without_the_package_is_one_line_naming_it(bare_python, family, package, module) -> None:
     with pytest.raises(UserError) as caught:
         resolve_inference_python(family, bare_python)
@@ -35,12 +35,12 @@ def test_an_environment_without_the_package_is_one_line_naming_it(bare_python, f
 
 def test_a_missing_interpreter_is_one_line(tmp_path) -> None:
     with pytest.raises(UserError, match=r"--inference-python .*nothing/python: not an executable file"):
-        resolve_inference_python(FAMILY_V25, tmp_path / "nothing" / "python")
+        resolve_inference_python(INDEXTTS25, tmp_path / "nothing" / "python")
 
 
-def test_an_unknown_family_is_one_line() -> None:
-    with pytest.raises(UserError, match="unknown model family 'indextts3'"):
-        resolve_inference_python("indextts3", None)
+def test_an_unknown_family_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown model family 'indextts3'"):
+        family_named("indextts3")
 
 
 def test_a_line_seed_depends_on_the_seed_and_the_line_only() -> None:
@@ -53,7 +53,7 @@ def test_a_line_seed_depends_on_the_seed_and_the_line_only() -> None:
 def test_a_child_that_cannot_run_fails_every_line_with_its_reason(bare_python, tmp_path) -> None:
     """The bare interpreter has no torch: the child reports the load failure, the parent gets one line per line."""
     lines = [SynthesisLine(f"l{i}", "text", tmp_path / "p.wav", tmp_path / "out" / f"l{i}.wav", "en") for i in range(2)]
-    results = synthesize(tmp_path / "model", FAMILY_V25, lines, seed=1, device="cpu", inference_python=bare_python,
+    results = synthesize(tmp_path / "model", INDEXTTS25, lines, seed=1, device="cpu", inference_python=bare_python,
                          log_path=tmp_path / "log.txt")
     assert [r.line_id for r in results] == ["l0", "l1"]
     for result in results:

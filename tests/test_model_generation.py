@@ -33,7 +33,7 @@ def lines(model: UnifiedVoiceGPT, text_lengths: list[int], codes: torch.Tensor, 
                   codes=codes.repeat(count, 1), text_lengths=torch.tensor(text_lengths),
                   code_lengths=torch.full((count,), codes.shape[0]),
                   emo_vec=torch.randn(count, cfg.model_dim, generator=rng))
-    if cfg.is_v25:
+    if cfg.family.speaker_vector:
         return Batch(**common, condition=None, spk_emb=torch.randn(count, 192, generator=rng),
                      lang_ids=torch.tensor([1, 2, 1][:count]))
     return Batch(**common, condition=torch.randn(count, 32, cfg.model_dim, generator=rng))

@@ -13,7 +13,8 @@ from helpers import reference_model
 from torch.nn.utils.rnn import pad_sequence
 
 from indextts_train.checkpoint.base import load_base_checkpoint
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, GPTConfig, load_config
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
+from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 from indextts_train.model.layout import full_state_dict, init_carried, official_shapes, trained_keys
@@ -59,13 +60,13 @@ def model() -> UnifiedVoiceGPT:
 
 
 def test_the_config_version_selects_the_family(cfg):
-    assert cfg.family == FAMILY_V25 and cfg.is_v25
-    assert load_config(REF / "tiny" / "config.yaml").gpt.family == FAMILY_V2
+    assert cfg.family is INDEXTTS25 and cfg.stated_family is INDEXTTS25
+    assert load_config(REF / "tiny" / "config.yaml").gpt.family is INDEXTTS2
 
 
 def test_real_config_keys_shapes_and_totals_equal_the_reference_json():
     real = json.loads((V25 / "indextts25_gpt_keys.json").read_text())["indextts25"]
-    cfg = GPTConfig(number_text_tokens=60509, family=FAMILY_V25)
+    cfg = GPTConfig(number_text_tokens=60509, stated_family=INDEXTTS25)
     shapes = official_shapes(cfg)
     assert list(shapes) == [e["key"] for e in real["state_dict"]]
     assert shapes == {e["key"]: tuple(e["shape"]) for e in real["state_dict"]}
@@ -95,9 +96,9 @@ def test_the_checkpoint_decides_the_family_when_the_config_does_not_say(tmp_path
     text = (TINY / "config.yaml").read_text().replace("version: 2.5", "")
     (tmp_path / "config.yaml").write_text(text)
     cfg = load_config(tmp_path / "config.yaml").gpt
-    assert cfg.family is None
+    assert cfg.stated_family is None and cfg.family is INDEXTTS2  # unstated reads as IndexTTS2 ...
     load_base_checkpoint(TINY / "gpt.pth", cfg)
-    assert cfg.family == FAMILY_V25
+    assert cfg.stated_family is INDEXTTS25  # ... until the checkpoint's keys say
 
 
 @pytest.mark.parametrize("config, checkpoint, message", [

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from indextts_train.config.constants import SPK_EMB_DIM
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.scope_settings import LORA_TARGETS, LoraSpec, ScopeSettings, parse_targets, scope_settings
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, GPTConfig, config_from_dict
+from indextts_train.config.settings import GPTConfig, config_from_dict
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 from indextts_train.model.layout import official_shapes, trained_keys
@@ -21,18 +22,18 @@ from indextts_train.text.vocab import RowFreezer, VocabPlan
 BASE_TOKENS, TOKENS = 16, 20  # the vocabulary grew by 4 rows
 
 
-FAMILIES = [FAMILY_V2, FAMILY_V25]
+FAMILIES = [INDEXTTS2, INDEXTTS25]
 
 
-def _cfg(layers: int = 3, family: str = FAMILY_V2) -> GPTConfig:
+def _cfg(layers: int = 3, family: str = INDEXTTS2) -> GPTConfig:
     return GPTConfig(model_dim=32, heads=4, layers=layers, max_text_tokens=12, max_mel_tokens=16,
                      number_text_tokens=TOKENS, number_mel_codes=18, start_mel_token=16, stop_mel_token=17,
-                     family=family)
+                     stated_family=family)
 
 
-def _batch(seed: int, size: int = 3, family: str = FAMILY_V2) -> Batch:
+def _batch(seed: int, size: int = 3, family: str = INDEXTTS2) -> Batch:
     g = torch.Generator().manual_seed(seed)
-    v25 = family == FAMILY_V25  # speaker vector and language rows instead of the 32-row condition
+    v25 = family == INDEXTTS25  # speaker vector and language rows instead of the 32-row condition
     return Batch(text_ids=torch.randint(2, TOKENS, (size, 10), generator=g),
                  codes=torch.randint(0, 16, (size, 14), generator=g),
                  text_lengths=torch.tensor([10, 7, 4][:size]), code_lengths=torch.tensor([14, 9, 12][:size]),
@@ -42,7 +43,7 @@ def _batch(seed: int, size: int = 3, family: str = FAMILY_V2) -> Batch:
                  lang_ids=torch.tensor([0, 75, 0][:size]) if v25 else None)
 
 
-def _model(seed: int = 0, dropout: float = 0.0, layers: int = 3, family: str = FAMILY_V2) -> UnifiedVoiceGPT:
+def _model(seed: int = 0, dropout: float = 0.0, layers: int = 3, family: str = INDEXTTS2) -> UnifiedVoiceGPT:
     torch.manual_seed(seed)
     return UnifiedVoiceGPT(_cfg(layers, family), dropout=dropout)
 
@@ -96,7 +97,7 @@ def test_lora_trains_adapters_heads_and_text_rows_only():
 def test_25_language_rows_and_speaker_projection_stay_with_the_row_freezer(scope):
     """IndexTTS-2.5: lang_embedding and spk_emb_proj train in every scope; the row freezer (not the
     scope) keeps the other languages' rows and, without --train-speaker-proj, spk_emb_proj as they were."""
-    model = _model(family=FAMILY_V25)
+    model = _model(family=INDEXTTS25)
     adapters = apply_scope(model, _settings(scope), text_rows_train=True, generator=torch.Generator())
     trainable = {n for n, _ in trainable_parameters(model, adapters)}
     assert {"spk_emb_proj.weight", "spk_emb_proj.bias", "lang_embedding.weight"} <= trainable

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family
 from indextts_train.errors import UserError
 from indextts_train.prepare.codecs import (
     EnhancedCodec,
@@ -183,8 +184,8 @@ def test_bad_config_sections_are_refused(section: dict, fragment: str) -> None:
         SemanticCodec.load(ORACLE / "semantic_codec/model.safetensors", section, CPU)
 
 
-@pytest.mark.parametrize("family, cls", [("indextts2", SemanticCodec), ("indextts2.5", EnhancedCodec)])
-def test_tiny_codec_is_seeded_loadable_and_never_overwrites(tmp_path, family: str, cls) -> None:
+@pytest.mark.parametrize("family, cls", [(INDEXTTS2, SemanticCodec), (INDEXTTS25, EnhancedCodec)])
+def test_tiny_codec_is_seeded_loadable_and_never_overwrites(tmp_path, family: Family, cls) -> None:
     path = tmp_path / ("model.safetensors" if cls is SemanticCodec else "codec.pth")
     section = write_tiny_codec(path, family, seed=5, hidden=24)
     assert section["hidden_size"] == 24

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.errors import UserError
 from indextts_train.prepare.pairs import SplitRule, in_val_by_hash, make_pairs, paired_line
 
@@ -59,8 +60,8 @@ def test_paired_line_has_the_fields_train_gpt_reads() -> None:
             "spk_emb_path": "spk_emb/x.npy", "emo_vec_path": "emo_vec/x.npy", "text_len": 3, "code_len": 9}
     target, prompt = {**base, "id": "t"}, {**base, "id": "p", "condition_path": "condition/p.npy",
                                              "spk_emb_path": "spk_emb/p.npy"}
-    v2 = paired_line(target, prompt, is_v25=False)
+    v2 = paired_line(target, prompt, INDEXTTS2)
     assert v2["prompt_condition_path"] == "condition/p.npy" and "prompt_spk_emb_path" not in v2
     assert (v2["target_text_len"], v2["target_code_len"], v2["id"]) == (3, 9, "t__p")
-    v25 = paired_line(target, prompt, is_v25=True)
+    v25 = paired_line(target, prompt, INDEXTTS25)
     assert v25["prompt_spk_emb_path"] == "spk_emb/p.npy" and v25["lang_id"] == 177

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.errors import UserError
 from indextts_train.text import inference_text
 from indextts_train.text.inference_text import (
@@ -50,7 +50,7 @@ def _oracle(cases: list[dict], source: str, target: str):
 
 
 def test_families_and_normaliser_name(spm_path, tiktoken_path):
-    assert (spm_path.family, tiktoken_path.family) == (FAMILY_V2, FAMILY_V25)
+    assert (spm_path.family, tiktoken_path.family) == (INDEXTTS2, INDEXTTS25)
     assert spm_path.normalizer_name == CHARMAP_ONLY
     assert (spm_path.size, tiktoken_path.size) == (150, 1773)
 

@@ -243,9 +243,9 @@ def test_growth_from_mixed_case_latin_gives_only_pieces_inference_produces(tmp_p
 
 def test_check_finds_a_tokenizer_grown_from_raw_text(tmp_path, monkeypatch):
     """What earlier versions did: pieces learned on the raw (mixed-case) text."""
-    from indextts_train.text.inference_text import TextPath
+    from indextts_train.text.inference_text import SentencePiecePath
 
-    monkeypatch.setattr(TextPath, "present", lambda self, text, language=None: text)
+    monkeypatch.setattr(SentencePiecePath, "present", lambda self, text, language=None: text)
     corpus, out = _grow_turkish(tmp_path)
     monkeypatch.undo()
     report = check_tokenizer(out, base=TINY_BPE, sample_text=corpus, normalizer="none")

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.scope_settings import LoraSpec, ScopeSettings
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, GPTConfig
+from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.scope import scope_counts
 from indextts_train.train import hardware, memory
@@ -54,7 +55,7 @@ def test_trained_parameter_count_matches_the_reference_backward():
 
 def test_trained_parameter_count_of_the_real_25_config_matches_its_reference_backward():
     keys = json.loads((REFERENCE / "v2_5" / "indextts25_gpt_keys.json").read_text(encoding="utf-8"))
-    cfg = GPTConfig(number_text_tokens=60509, family=FAMILY_V25)
+    cfg = GPTConfig(number_text_tokens=60509, stated_family=INDEXTTS25)
     assert trained_parameter_count(cfg) == keys["indextts25"]["trained_in_training_path"]["numel"] == 651_696_224
     assert max_sequence_positions(cfg) == max_sequence_positions(REAL) - 31  # a 3-row prefix, not 34
 
@@ -194,7 +195,7 @@ def test_estimate_grows_with_the_batch_and_shrinks_with_checkpointing_and_half_p
         estimate_memory(REAL, 1, precision="int8", activation_checkpointing=False)
 
 
-@pytest.mark.parametrize("family", [FAMILY_V2, FAMILY_V25])
+@pytest.mark.parametrize("family", [INDEXTTS2, INDEXTTS25])
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_estimate_covers_what_the_real_model_saves_for_backward(ckpt, family):
     """Bytes saved for backward by indextts_train.model.gpt per sample (fp32, dropout 0 so CPU SDPA takes
@@ -202,7 +203,7 @@ def test_estimate_covers_what_the_real_model_saves_for_backward(ckpt, family):
     from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 
     cfg = _small_cfg()
-    cfg.family = family
+    cfg.stated_family = family
     torch.manual_seed(0)
     model = UnifiedVoiceGPT(cfg, dropout=0.0, activation_checkpointing=ckpt).train()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -211,9 +212,9 @@ def test_estimate_covers_what_the_real_model_saves_for_backward(ckpt, family):
         T, M, D = cfg.max_text_tokens, cfg.max_mel_tokens, cfg.model_dim
         batch = Batch(torch.randint(2, 100, (batch_size, T)), torch.randint(0, 64, (batch_size, M)),
                       torch.full((batch_size,), T), torch.full((batch_size,), M),
-                      None if cfg.is_v25 else torch.randn(batch_size, 32, D), torch.randn(batch_size, D),
-                      spk_emb=torch.randn(batch_size, 192) if cfg.is_v25 else None,
-                      lang_ids=torch.randint(0, 107, (batch_size,)) if cfg.is_v25 else None)
+                      None if cfg.family.speaker_vector else torch.randn(batch_size, 32, D), torch.randn(batch_size, D),
+                      spk_emb=torch.randn(batch_size, 192) if cfg.family.speaker_vector else None,
+                      lang_ids=torch.randint(0, 107, (batch_size,)) if cfg.family.speaker_vector else None)
         storages: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -331,7 +332,7 @@ def test_docs_table_is_the_current_output():
     table = gpu_table(REAL)
     assert len(table.splitlines()) == 2 + 2 * len(KNOWN_GPUS)
     assert table in (PROJECT / "docs" / "gpu_table.md").read_text(encoding="utf-8")
-    table_25 = gpu_table(GPTConfig(number_text_tokens=60509, family=FAMILY_V25))
+    table_25 = gpu_table(GPTConfig(number_text_tokens=60509, stated_family=INDEXTTS25))
     assert table_25 != table and table_25 in (PROJECT / "docs" / "gpu_table.md").read_text(encoding="utf-8")
 
 
@@ -339,7 +340,7 @@ def test_docs_table_is_the_current_output():
 
 
 SCOPES = [ScopeSettings("full"), ScopeSettings("partial"), ScopeSettings("lora")]
-REAL_BY_FAMILY = {"2": REAL, "2.5": GPTConfig(number_text_tokens=60509, family=FAMILY_V25)}
+REAL_BY_FAMILY = {"2": REAL, "2.5": GPTConfig(number_text_tokens=60509, stated_family=INDEXTTS25)}
 
 
 @pytest.mark.parametrize("family", list(REAL_BY_FAMILY))

@@ -24,6 +24,7 @@ from indextts_train.checkpoint.export import export_checkpoint
 from indextts_train.checkpoint.files import CheckpointError, load_checkpoint, verify_checkpoint
 from indextts_train.checkpoint.repair import repair_checkpoint
 from indextts_train.cli import app
+from indextts_train.config.family import INDEXTTS25
 from indextts_train.config.settings import TrainConfig, config_to_dict, load_config
 from indextts_train.data.retokenize import tokenize_manifests
 from indextts_train.data.sampling import ManifestSpec, epoch_order, sampler_spec
@@ -147,7 +148,7 @@ def test_verify_evaluate_and_export_with_the_grown_tiktoken(tiny25_data, trained
                       tokenizer=Path(tiny25_data["tokenizer"]))
     weights = torch.load(export / "gpt.pth", weights_only=True)
     shipped = load_config(export / "config.yaml").gpt
-    assert shipped.is_v25 and shipped.number_text_tokens == N + K
+    assert shipped.family is INDEXTTS25 and shipped.number_text_tokens == N + K
     # IndexTTS-2.5's loader is strict=False: the key set must be exactly the official one, checked here.
     assert list(weights) == list(official_shapes(shipped))
     assert {k: tuple(v.shape) for k, v in weights.items()} == official_shapes(shipped)

@@ -23,10 +23,11 @@ from test_train_resume import assert_same_final_state, cli_args, finish
 from typer.testing import CliRunner
 
 import indextts_train.demo as demo
-from indextts_train.checkpoint.export import TIKTOKEN_NAME, export_checkpoint
+from indextts_train.checkpoint.export import export_checkpoint
 from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.config.constants import TEXT_ROW_KEYS
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.scope_settings import ScopeSettings
 from indextts_train.config.settings import load_config
 from indextts_train.model.layout import official_shapes
@@ -160,7 +161,7 @@ def test_export_merges_into_the_official_layout(family_data, reference, tmp_path
     export_checkpoint(run, export / "gpt.pth", config_out=export / "config.yaml", tokenizer=tokenizer)
     exported = torch.load(export / "gpt.pth", weights_only=True)
     shipped = load_config(export / "config.yaml").gpt
-    assert shipped.is_v25 == (family == "2.5")
+    assert shipped.family is (INDEXTTS25 if family == "2.5" else INDEXTTS2)
     assert list(exported) == list(official_shapes(shipped))  # exactly the official keys, in release order
     assert {k: tuple(v.shape) for k, v in exported.items()} == official_shapes(shipped)
     # what export makes of the plain base gpt.pth: the same keys in the same order and shapes, but text rows
@@ -171,7 +172,7 @@ def test_export_merges_into_the_official_layout(family_data, reference, tmp_path
         rows = 1 if key in TEXT_ROW_KEYS else 0  # only the text rows grew
         assert tensor.shape[rows:] == exported[key].shape[rows:], key
     if family == "2.5":
-        assert (export / TIKTOKEN_NAME).read_bytes() == tokenizer.read_bytes()
+        assert (export / INDEXTTS25.tokenizer_name).read_bytes() == tokenizer.read_bytes()
     manifest = [Path(data["val"])]
     adapted = evaluate_checkpoint(run, manifest)
     merged = evaluate_checkpoint(export / "gpt.pth", manifest, export / "config.yaml")
@@ -186,7 +187,7 @@ def test_export_merges_into_the_official_layout(family_data, reference, tmp_path
                                           "--adapters-out", str(tmp_path / "lora.pth"), *grown])
         assert result.exit_code == 0, result.output
         payload = torch.load(tmp_path / "lora.pth", weights_only=True)
-        assert payload["applies_to"]["family"] == shipped.family
+        assert payload["applies_to"]["family"] == shipped.family.key
         assert (tmp_path / "lora.pth").stat().st_size < (tmp_path / "again.pth").stat().st_size / 2
         applied = apply_adapter_file(base, payload, "lora.pth")
         assert all(torch.allclose(applied[k], exported[k], rtol=0, atol=1e-6) for k in exported)

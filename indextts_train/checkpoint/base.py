@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from indextts_train.checkpoint.files import load_checkpoint
-from indextts_train.config.settings import FAMILY_V2, GPTConfig
+from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.layout import (
     clean_keys,
@@ -61,7 +61,7 @@ def read_base(path: Path | None) -> object | None:
 
 def settle_family(cfg: GPTConfig, loaded: object | None, path: Path | None) -> None:
     """cfg.family from the base checkpoint's keys when the config does not state it (before anything is sized)."""
-    if cfg.family is not None or not isinstance(loaded, Mapping):
+    if cfg.stated_family is not None or not isinstance(loaded, Mapping):
         return
     weights = loaded["model"] if isinstance(loaded.get("model"), Mapping) else loaded
     resolve_family(cfg, weights, path)
@@ -77,7 +77,7 @@ def check_base_layout(path: Path, cfg: GPTConfig, *, merge_adapters: bool = True
     problems = layout_problems(state, cfg)
     if problems:
         raise UserError(
-            f"{path}: does not match the {cfg.family_name} GPT layout of the config (model_dim "
+            f"{path}: does not match the {cfg.family.name} GPT layout of the config (model_dim "
             f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from the config's "
             "gpt: section: pass the config.yaml that came with the checkpoint as --config"
         )
@@ -99,8 +99,7 @@ def load_base_checkpoint(
     """
     path = Path(path)
     state = check_base_layout(path, cfg, merge_adapters=merge_adapters, loaded=loaded)
-    if cfg.family is None:
-        cfg.family = FAMILY_V2
+    cfg.stated_family = cfg.family  # neither the config nor the keys say: IndexTTS2
     ordered = {k: state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
     base_text_tokens = ordered["text_embedding.weight"].shape[0] - 1
     if base_text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):

@@ -33,9 +33,10 @@ from indextts_train.checkpoint.files import (
     same_file,
 )
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
+from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict, version_of_family
+from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import load_yaml
@@ -45,11 +46,10 @@ from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
 from indextts_train.text.languages import borrow_notes
-from indextts_train.text.tiktoken_vocab import TiktokenVocab, is_tiktoken, read_tiktoken
+from indextts_train.text.tiktoken_vocab import read_tiktoken
 from indextts_train.text.vocab import VocabPlan, tokenizer_size
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-TIKTOKEN_NAME = "multilingual_zh_ja_yue_char_del.tiktoken"  # the name stock 2.5 inference opens
 # Sections IndexTTS inference reads besides gpt: (the semantic codec, the s2mel stage, the vocoder).
 INFERENCE_SECTIONS = ("semantic_codec", "s2mel")
 MAX_MARKER_BYTES = 1 << 16  # a publishing marker lists a few paths
@@ -94,8 +94,8 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     """Write `output` (official key order, dtype asked for) and optionally `config_out`, `adapters_out`.
 
     `tokenizer` is checked against the exported text rows and copied beside `output`: a .tiktoken
-    as TIKTOKEN_NAME (IndexTTS-2.5), a SentencePiece model as `tokenizer_name` (IndexTTS2, the name
-    config.yaml gives as dataset.bpe_model). Notes (borrowed language rows, sections config.yaml
+    under the name stock 2.5 inference opens (IndexTTS-2.5), a SentencePiece model as `tokenizer_name`
+    (IndexTTS2, the name config.yaml gives as dataset.bpe_model). Notes (borrowed language rows, sections config.yaml
     lacks) go into the summary, the first kind also as comments into `config_out`.
 
     An existing target is replaced only with `force`, and a training checkpoint never. Every file is
@@ -133,7 +133,7 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     if payload is not None:
         files.append((adapters_out, lambda handle: torch.save(payload, handle)))
     _publish(files)
-    return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family_name,
+    return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family.name,
             "numel": sum(t.numel() for t in state.values()), "tokenizer": copy_target if vocabulary else None,
             "notes": notes + config_notes, "provenance": provenance(loaded)}
 
@@ -252,8 +252,10 @@ def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
     settings = scope_settings(config.train)
     model = loaded["model"]
     tensors = {k: model[k] for k in trained_keys(config.gpt) if is_trainable(k, settings, config.gpt.layers, rows)}
-    applies_to = {"family": config.gpt.family, "model_dim": config.gpt.model_dim, "layers": config.gpt.layers,
-                  "text_rows": plan.rows, "base_text_rows": plan.base_tokens + 1, "checkpoint": checkpoint.name}
+    stated = config.gpt.stated_family
+    applies_to = {"family": None if stated is None else stated.key, "model_dim": config.gpt.model_dim,
+                  "layers": config.gpt.layers, "text_rows": plan.rows, "base_text_rows": plan.base_tokens + 1,
+                  "checkpoint": checkpoint.name}
     return adapter_file(record["adapters"], record_spec(record), model, tensors, applies_to)
 
 
@@ -267,7 +269,8 @@ def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str)
         return None
     if not tokenizer.is_file():
         raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
-    return output.parent / (TIKTOKEN_NAME if is_tiktoken(tokenizer) else tokenizer_name)
+    family = family_of_tokenizer(tokenizer)
+    return output.parent / (family.tokenizer_name if family.tokenizer_name_fixed else tokenizer_name)
 
 
 def _grown(loaded: dict) -> tuple[int, int] | None:
@@ -284,35 +287,30 @@ def _checked_tokenizer(tokenizer: Path | None, tokens: int, config: Config, load
     A 2.5 run that grew its vocabulary must ship its .tiktoken: stock inference would otherwise read
     the stock vocabulary, whose special-token ids are no longer the model's.
     """
+    model = config.gpt.family
     if tokenizer is None:
-        grown = _grown(loaded) if config.gpt.is_v25 else None
+        grown = _grown(loaded) if model.tokenizer_name_fixed else None
         if grown is not None:
             raise UserError(f"the run grew the vocabulary ({grown[0]} -> {grown[1]} tokens), so an IndexTTS-2.5 "
                             "export needs --tokenizer with the run's .tiktoken: stock inference would read its own "
                             "vocabulary, whose special-token ids no longer match the model")
         return None
-    if is_tiktoken(tokenizer):
-        return _checked_vocabulary(tokenizer, tokens, config).raw
-    if config.gpt.is_v25:
-        raise UserError(f"--tokenizer {tokenizer}: IndexTTS-2.5 reads a .tiktoken vocabulary; pass the .tiktoken "
-                        "the run trained with")
+    given = family_of_tokenizer(tokenizer)
+    if given is not model:
+        raise UserError(f"--tokenizer {tokenizer}: a {given.tokenizer_noun} is {given.name}'s, but the checkpoint is "
+                        f"{model.name}; pass the {model.tokenizer_label} the run trained with")
+    if model.tokenizer_kind == TIKTOKEN:
+        vocab = read_tiktoken(tokenizer)
+        if vocab.n_vocab != tokens:
+            raise UserError(f"--tokenizer {tokenizer}: {vocab.n_ranks} ranks + specials = {vocab.n_vocab} tokens, "
+                            f"but the checkpoint has {tokens} (number_text_tokens); pass the .tiktoken it was "
+                            "trained with")
+        return vocab.raw
     size = tokenizer_size(tokenizer)
     if size != tokens:
         raise UserError(f"--tokenizer {tokenizer}: {size} pieces, but the checkpoint has {tokens} text tokens "
                         "(number_text_tokens); pass the tokenizer it was trained with")
     return tokenizer.read_bytes()
-
-
-def _checked_vocabulary(tokenizer: Path, tokens: int, config: Config) -> TiktokenVocab:
-    """The .tiktoken to ship: it must be of a 2.5 model and give exactly the exported text rows - 1."""
-    if not config.gpt.is_v25:
-        raise UserError(f"--tokenizer {tokenizer}: a .tiktoken vocabulary is IndexTTS-2.5's, but the checkpoint is "
-                        f"{config.gpt.family_name}; pass its SentencePiece model name with --tokenizer-name")
-    vocab = read_tiktoken(tokenizer)
-    if vocab.n_vocab != tokens:
-        raise UserError(f"--tokenizer {tokenizer}: {vocab.n_ranks} ranks + specials = {vocab.n_vocab} tokens, but the "
-                        f"checkpoint has {tokens} (number_text_tokens); pass the .tiktoken it was trained with")
-    return vocab
 
 
 def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path | None,
@@ -357,10 +355,10 @@ def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokeni
     one stored in the checkpoint), with only what the fine-tune changed replaced."""
     data = load_yaml(base_config, "config") if base_config else copy.deepcopy(config.sections)
     data.pop("train", None)
-    data["version"] = version_of_family(config.gpt.family)
+    data["version"] = config.gpt.family.version
     data["gpt"] = gpt_to_dict(config.gpt)
     data["gpt_checkpoint"] = gpt_name
-    if not config.gpt.is_v25:  # 2.5 reads its vocabulary from the fixed TIKTOKEN_NAME, not from here
+    if not config.gpt.family.tokenizer_name_fixed:  # 2.5 reads its vocabulary from a fixed name, not from here
         data.setdefault("dataset", {})
         data["dataset"]["bpe_model"] = tokenizer_name
     missing = [name for name in INFERENCE_SECTIONS if name not in data]

@@ -46,15 +46,14 @@ from indextts_train.checkpoint.state import (  # noqa: F401  (FORMAT_VERSION: re
     unsafe_value,
     validate,
 )
+from indextts_train.config.family import family_of_keys
 from indextts_train.config.schema import is_int
-from indextts_train.config.settings import FAMILY_NAMES
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.atomic import atomic_write as atomic_write_file
 from indextts_train.files.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.files.faults import crash_armed, crash_point
 from indextts_train.model.layout import (
     clean_keys,
-    family_of_keys,
 )
 
 LATEST = "latest.pth"
@@ -148,7 +147,7 @@ def _summary(obj: dict, kind: str, path: Path) -> dict:
     sizes = {"file_bytes": path.stat().st_size, "tensors": len(tensors),
              "params": sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))}
     found = family_of_keys(clean_keys(weights).state) if isinstance(weights, dict) else None
-    family = FAMILY_NAMES.get(found, "unknown")  # IndexTTS2 or IndexTTS-2.5, from the weights' keys
+    family = "unknown" if found is None else found.name  # IndexTTS2 or IndexTTS-2.5, from the weights' keys
     if kind == "community":
         return {"step": obj.get("step"), "epoch": obj.get("epoch"), "family": family, "sizes": sizes}
     if kind != "indextts-train":

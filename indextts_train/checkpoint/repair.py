@@ -37,11 +37,12 @@ from indextts_train.checkpoint.state import (
     optimizer_problems,
     validate,
 )
+from indextts_train.config.family import family_of_keys
 from indextts_train.config.schema import field_types, is_int
-from indextts_train.config.settings import FAMILY_V25, TrainConfig
+from indextts_train.config.settings import TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import link_or_copy
-from indextts_train.model.layout import clean_keys, family_of_keys
+from indextts_train.model.layout import clean_keys
 from indextts_train.text.tiktoken_vocab import SPECIAL_TOKENS
 
 # Persistent buffers of UnifiedVoice (tests/data/reference keys json): in the state dict, never in an optimizer.
@@ -179,22 +180,23 @@ def _repair_vocab_plan(state: dict, base_vocab: int | None, unknown: list[str], 
     rule is IndexTTS2's (its train_gpt_v2.py), so a 2.5 file without --base-vocab trains every row.
     """
     tokens = state["model"]["text_embedding.weight"].shape[0] - 1  # text rows = tokenizer size + 1
-    v25 = family_of_keys(state["model"]) == FAMILY_V25
+    family = family_of_keys(state["model"])
+    ranks_then_specials = family is not None and family.specials_follow_ranks  # IndexTTS-2.5's tiktoken rows
     if base_vocab is not None:
         if not 1 <= base_vocab <= tokens:
             raise CheckpointError(f"--base-vocab {base_vocab} must be between 1 and the checkpoint's {tokens} "
                                   "text tokens")
-        if v25 and base_vocab <= len(SPECIAL_TOKENS):
+        if ranks_then_specials and base_vocab <= len(SPECIAL_TOKENS):
             raise CheckpointError(f"--base-vocab {base_vocab}: an IndexTTS-2.5 vocabulary is its tiktoken ranks and "
                                   f"{len(SPECIAL_TOKENS)} special tokens; pass the base model's number_text_tokens")
         base, how = base_vocab, "--base-vocab"
     elif isinstance(state.get("vocab_plan"), dict):
         return
     else:
-        base = COMMUNITY_BASE_TOKENS if tokens > COMMUNITY_BASE_TOKENS and not v25 else tokens
+        base = COMMUNITY_BASE_TOKENS if tokens > COMMUNITY_BASE_TOKENS and not ranks_then_specials else tokens
         how = "assumed"
         unknown.append("vocab_plan")
-    insert_at = base - len(SPECIAL_TOKENS) if v25 and base < tokens else None
+    insert_at = base - len(SPECIAL_TOKENS) if ranks_then_specials and base < tokens else None
     state["vocab_plan"] = {"base_tokens": base, "tokens": tokens, "freeze_base": base < tokens, "insert_at": insert_at}
     if insert_at is not None:
         notes.append(f"vocab plan ({how}): IndexTTS-2.5 base of {base} text tokens: its {insert_at} ranks (rows "
@@ -204,7 +206,7 @@ def _repair_vocab_plan(state: dict, base_vocab: int | None, unknown: list[str], 
         notes.append(f"vocab plan ({how}): the first {base} of {tokens} text rows are base rows, kept frozen "
                      f"when training resumes{'' if how == '--base-vocab' else ' (the community trainer froze them)'};"
                      " pass --base-vocab N if the base vocabulary had another size")
-    elif v25:
+    elif ranks_then_specials:
         notes.append(f"vocab plan ({how}): all {tokens} text rows train (no base vocabulary is assumed for "
                      "IndexTTS-2.5); pass --base-vocab N, the base model's number_text_tokens, to freeze its rows")
     else:

@@ -15,18 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from indextts_train.config.family import INDEXTTS2, Family, family_of_version
 from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
-
-# Model families. The official config.yaml names its family with a top-level `version:` key
-# (IndexTTS2 writes 2.0, IndexTTS-2.5 writes 2.5); the `gpt:` section itself is the same.
-FAMILY_V2 = "indextts2"
-FAMILY_V25 = "indextts2.5"
-FAMILY_NAMES = {FAMILY_V2: "IndexTTS2", FAMILY_V25: "IndexTTS-2.5"}
-_VERSIONS = {"2": FAMILY_V2, "2.0": FAMILY_V2, "2.5": FAMILY_V25}
 
 
 def bounded(default: int, low: int, high: int) -> Any:
@@ -88,8 +82,8 @@ class GPTConfig:
     )
     # Not part of the `gpt:` section (official inference passes that section to UnifiedVoice as
     # keyword arguments): it comes from the top-level `version:`; None = not stated, the base
-    # checkpoint's keys decide (layout.resolve_family).
-    family: str | None = None
+    # checkpoint's keys decide (layout.resolve_family). `family` reads it.
+    stated_family: Family | None = None
 
     def __post_init__(self) -> None:
         check_bounded(self, "gpt.")
@@ -104,13 +98,9 @@ class GPTConfig:
             raise UserError("gpt.start_mel_token/stop_mel_token must be < gpt.number_mel_codes")
 
     @property
-    def is_v25(self) -> bool:
-        """IndexTTS-2.5 layout (CAMPPlus speaker vector, language rows); IndexTTS2 otherwise."""
-        return self.family == FAMILY_V25
-
-    @property
-    def family_name(self) -> str:
-        return FAMILY_NAMES.get(self.family or FAMILY_V2, str(self.family))
+    def family(self) -> Family:
+        """The model family: the stated one, IndexTTS2 where nothing states it (as official inference reads it)."""
+        return self.stated_family or INDEXTTS2
 
     @property
     def text_rows(self) -> int:
@@ -315,7 +305,7 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         raise UserError(f"{source}: gpt.family is not a key of the gpt: section; write the model family as a "
                         "top-level `version: 2.5` (or 2.0), as the official config.yaml does")
     gpt = build(GPTConfig, data["gpt"], f"{source}: gpt")
-    gpt.family = family_of_version(data.get("version"), f"{source}: version")
+    gpt.stated_family = family_of_version(data.get("version"), f"{source}: version")
     train = build(TrainConfig, data.get("train"), f"{source}: train")
     sections = {k: data[k] for k in OFFICIAL_SECTIONS if k in data and _is_plain(data[k])}
     return Config(gpt=gpt, train=train, source=source, sections=sections)
@@ -330,21 +320,6 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, list):
         return all(_is_plain(v, depth + 1) for v in value)
     return type(value) in (str, int, float, bool, type(None))
-
-
-def family_of_version(value: Any, where: str) -> str | None:
-    """The family a top-level `version:` names (None when absent)."""
-    if value is None:
-        return None
-    family = _VERSIONS.get(str(value).strip()) if not isinstance(value, bool) else None
-    if family is None:
-        raise UserError(f"{where}: version {value!r} is not a known model family; use 2.0 (IndexTTS2) or 2.5 "
-                        "(IndexTTS-2.5)")
-    return family
-
-
-def version_of_family(family: str | None) -> float:
-    return 2.5 if family == FAMILY_V25 else 2.0
 
 
 BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # this checkout's, not the working directory's
@@ -370,7 +345,7 @@ def load_config(path: str | Path) -> Config:
 def gpt_to_dict(gpt: GPTConfig) -> dict:
     """The `gpt:` section as IndexTTS2 writes it (plain types, for YAML and checkpoints)."""
     data = dataclasses.asdict(gpt)
-    del data["family"]  # top-level `version:`, see GPTConfig.family
+    del data["stated_family"]  # top-level `version:`, see GPTConfig.stated_family
     return data
 
 
@@ -378,8 +353,8 @@ def config_to_dict(config: Config) -> dict:
     train = dataclasses.asdict(config.train)
     train["adam_betas"] = list(train["adam_betas"])
     out = {**copy.deepcopy(config.sections), "gpt": gpt_to_dict(config.gpt), "train": train}
-    if config.gpt.family is not None:
-        out["version"] = version_of_family(config.gpt.family)
+    if config.gpt.stated_family is not None:
+        out["version"] = config.gpt.stated_family.version
     return out
 
 

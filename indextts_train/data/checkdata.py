@@ -16,19 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
+from indextts_train.config.family import Family
 from indextts_train.config.settings import GPTConfig
-from indextts_train.data import manifest_v25 as data_v25
-from indextts_train.data.manifest import (
+from indextts_train.data.lines import (
     DURATION_FIELDS,
     LANGUAGE_FIELDS,
-    REPORT_ERRORS,
     SPEAKER_FIELDS,
-    check_ids,
     iter_lines,
-    load_arrays,
+    lang_id_of,
+    language_code,
     parse_line,
     resolve_paths,
 )
+from indextts_train.data.manifest import REPORT_ERRORS, check_ids, check_text_ids, load_arrays, tag_base
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.targets import check_new_file, make_output_folder
@@ -74,12 +74,19 @@ class _Limits:
     text_vocab: int | None
     mel_codes: int | None
     base_vocab: int | None
-    family: str | None = None
+    family: Family | None = None  # the config's stated family; None accepts lines of either
     tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
     borrowed: dict[str, int] = field(default_factory=dict)
     text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
     mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
     text_path: TextPath | None = None  # the tokenizer's official text path: text_ids must be its encoding
+
+    def checked_against(self) -> dict:
+        """The report's account of these limits."""
+        return {"max_text_tokens": self.max_text, "max_mel_tokens": self.max_mel, "model_dim": self.model_dim,
+                "text_vocab": self.text_vocab, "number_mel_codes": self.mel_codes, "base_vocab": self.base_vocab,
+                "family": None if self.family is None else self.family.key,
+                "language_tag_base": tag_base(self.text_vocab)}
 
 
 def _check_speakers(obj: dict, where: str) -> None:
@@ -106,7 +113,7 @@ def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
 def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
     """Every check on one line; adds it to `stats` when it passes."""
     obj, fields, text_len, code_len = parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
-    lang_id = data_v25.lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
+    lang_id = lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
     _check_speakers(obj, where)
     record = resolve_paths(obj, manifest_dir)
     record["_source"] = where
@@ -116,8 +123,8 @@ def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stat
     check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
               _text_vocab_source(limits.text_vocab_from_tokenizer), limits.mel_specials)
     if lang_id is not None:
-        data_v25.check_text_ids(text_ids, lang_id, data_v25.tag_base(limits.text_vocab), fields["text_ids"], where)
-        obj.setdefault("language", data_v25.language_code(lang_id))
+        check_text_ids(text_ids, lang_id, tag_base(limits.text_vocab), fields["text_ids"], where)
+        obj.setdefault("language", language_code(lang_id))
     if limits.text_path is not None:
         _check_text(obj, fields["text_ids"], text_ids, where, limits.text_path, stats)
     stats.text_lengths.append(text_len)
@@ -142,14 +149,6 @@ def _shown_ids(ids: list[int]) -> str:
     return f"[{head}{', ...' if len(ids) > 12 else ''}] ({len(ids)} ids)"
 
 
-def _raw_encoding(text_path: TextPath, text: str, language: str | None) -> list[int]:
-    """What earlier versions stored: the raw text encoded without the official presentation."""
-    if text_path.processor is not None:
-        return text_path.processor.encode(text)
-    raw = text_path.encoding.encode(f"<|{language}|> {text}", allowed_special="all")
-    return [token for token in raw if token not in data_v25.START_STOP_IDS]
-
-
 def _check_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str, text_path: TextPath,
                 stats: _CheckStats) -> None:
     """A line that carries its text: text_ids must be that text as official inference encodes it."""
@@ -168,7 +167,7 @@ def _check_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str, tex
     if stored == expected:
         return
     redo = (f"re-encode with `indextts-train tokenize MANIFEST --tokenizer {text_path.tokenizer} --out NEW_DIR`")
-    if stored == _raw_encoding(text_path, text, language):
+    if stored == text_path.raw_ids(text, language):
         raise UserError(f"{where}: {ids_field} is the raw text's encoding, made without the official text path "
                         f"(normaliser, {'case rule' if language else 'upper case, CJK split'}); inference gives "
                         f"the model {_shown_ids(expected)}: {redo}")
@@ -198,7 +197,7 @@ def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: i
         text_vocab=text_vocab,
         mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
         base_vocab=base_vocab,
-        family=gpt_cfg.family if gpt_cfg else None,
+        family=gpt_cfg.stated_family if gpt_cfg else None,
         borrowed=borrowed or {},
         text_vocab_from_tokenizer=vocab_size is not None,
         mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
@@ -249,10 +248,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "lines_bad": len(bad_lines),
         "errors": errors,
         "bad_lines": bad_lines,
-        "checked_against": {"max_text_tokens": limits.max_text, "max_mel_tokens": limits.max_mel,
-                            "model_dim": limits.model_dim, "text_vocab": limits.text_vocab,
-                            "number_mel_codes": limits.mel_codes, "base_vocab": base_vocab,
-                            "family": limits.family, "language_tag_base": data_v25.tag_base(limits.text_vocab)},
+        "checked_against": limits.checked_against(),
         "speakers": {"count": len(stats.speakers), "top": stats.speakers.most_common(10)},
         "languages": dict(stats.languages.most_common()),
         "text_len": _distribution(stats.text_lengths),

@@ -1,17 +1,23 @@
-"""The built-in demo dataset: real tokenizers, a paired manifest and learnable synthetic features.
+"""The built-in demo dataset of either family: real tokenizers, a paired manifest, learnable synthetic features.
 
-A real SentencePiece BPE *base* model is trained on English sentences at the config's
-`number_text_tokens`, then extended with pieces for Ethiopic script learned from Amharic sentences,
-the way a user extends IndexTTS2's `bpe.model` for a new language. Both learn from the text as
-official inference presents it (upper case, CJK split; inference_text), and the manifests' text ids
-are that presented text's encoding. The demo sentences have no digits, so the character map alone
-presents them as WeTextProcessing would, wherever the demo runs. Audio features are synthetic:
-each utterance's semantic codes are a fixed function of its text ids and speaker, so a tiny GPT's
-mel loss falls within a minute of CPU training, and the condition/emotion vectors cluster by speaker.
+The tokenizers are real and grown the way a user grows the release's: a *base* vocabulary at the
+config's `number_text_tokens` learned from English sentences, then extended by learning from
+Amharic (a second script, a language neither release speaks). IndexTTS2: SentencePiece BPE models.
+IndexTTS-2.5: byte-level BPE tiktoken ranks as its file has (all 256 single bytes, printable ASCII
+first, so ranks 0 and 1 are `!` and `"`), followed by the 1,673 official special tokens, so growing it
+moves every special row up. Text is learned from, and encoded, as official inference presents it
+(inference_text; 2.5: with the language's tag and case rule); the demo sentences have no digits, so
+the character map alone presents them as WeTextProcessing would, wherever the demo runs.
+
+Audio features are synthetic: each utterance's codes are a fixed function of its text ids and
+speaker, so a tiny GPT's mel loss falls within a minute of CPU training, and the speaker's
+conditioning (IndexTTS2's 32 latents or 2.5's 192-d CAMPPlus-like vector) and emotion vectors
+cluster by speaker.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from collections.abc import Callable
@@ -20,11 +26,13 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from indextts_train.config.constants import CONDITION_LATENTS
+from indextts_train.config.constants import CONDITION_LATENTS, SPK_EMB_DIM
+from indextts_train.config.family import TIKTOKEN, Family
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.text.inference_text import TextPath, charmap_normalize, cjk_split_upper
 from indextts_train.text.spm_model import USER_DEFINED, Piece, parse_model, write_model
+from indextts_train.text.tiktoken_vocab import LANGUAGE_IDS, SPECIAL_TOKENS, extend_tiktoken
 from indextts_train.text.tokenizer import extend_tokenizer
 
 ENGLISH = [
@@ -54,7 +62,8 @@ AMHARIC = [
     "ሰላም ቀን ነው።", "መልካም ቀን ነው።", "አንድ ቤት ትልቅ ነው።", "ሁለት ዳቦ አለ።",
 ]
 
-EXTRA_PIECES = 50  # the extended tokenizer has base size + 50 pieces
+LANGUAGES = (("en", ENGLISH), ("am", AMHARIC))
+EXTRA_TOKENS = 50  # the grown vocabulary has base size + 50 tokens (2.5: ranks, and every special id + 50)
 N_SPEAKERS = 3
 CODES_PER_SECOND = 25  # nominal, only for the manifest's prompt_duration (the trainer does not read it)
 _FILLER = "<demo_filler_{}>"
@@ -62,7 +71,8 @@ _FILLER = "<demo_filler_{}>"
 
 def make_demo_dataset(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 96, n_val: int = 16,
                       seed: int = 0) -> dict:
-    """Write tokenizers, corpora, arrays and train/val manifests into `out_dir`; return their paths.
+    """Write the vocabularies, corpora, arrays and train/val manifests of gpt_cfg's family into `out_dir`;
+    return their paths.
 
     Deterministic for a seed: the same arguments give byte-identical files.
     """
@@ -71,41 +81,50 @@ def make_demo_dataset(out_dir: Path, *, gpt_cfg: GPTConfig, n_train: int = 96, n
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    base_path = _make_base_tokenizer(out_dir / "base_bpe.model", gpt_cfg, seed)
-    amharic_corpus = _write_lines(out_dir / "corpus_am.txt", AMHARIC)
-    corpus = _write_lines(out_dir / "corpus.txt", ENGLISH + AMHARIC)
-    tokenizer = out_dir / "bpe.model"
-    summary = extend_tokenizer(base_path, [amharic_corpus], gpt_cfg.number_text_tokens + EXTRA_PIECES, tokenizer,
-                               seed=seed, normalizer="none", force=True)
-    sentences = _encodable_sentences(tokenizer, gpt_cfg)
-    code_table = _code_table(summary["new_size"], _code_limit(gpt_cfg), rng)
-    speakers = _speakers(gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
-    manifests = write_splits(out_dir, {"train": n_train, "val": n_val},
-                             lambda uid: _utterance(uid, sentences, code_table, speakers, gpt_cfg, rng),
-                             _save_arrays, _pairs, rng)
-    return {"base_tokenizer": base_path, "tokenizer": tokenizer, "train_manifest": manifests["train"],
-            "val_manifest": manifests["val"], "corpus": corpus, "extension_corpus": amharic_corpus,
-            "n_train": n_train, "n_val": n_val, "n_speakers": N_SPEAKERS,
-            "base_size": summary["base_size"], "vocab_size": summary["new_size"]}
-
-
-def write_splits(out_dir: Path, counts: dict[str, int], utterance: Callable[[str], dict],
-                 save_arrays: Callable[[Path, dict], None],
-                 pairs: Callable[[list[dict], np.random.Generator], list[dict]],
-                 rng: np.random.Generator) -> dict[str, Path]:
-    """Each split's utterances made, their arrays saved and their paired lines written (both families)."""
+    family = gpt_cfg.family
+    grow = _grow_tiktoken if family.tokenizer_kind == TIKTOKEN else _grow_sentencepiece
+    vocabularies = grow(out_dir, gpt_cfg, seed)
+    sentences = _encodable_sentences(vocabularies["tokenizer"], gpt_cfg)
+    code_table = _code_table(vocabularies["vocab_size"], _code_limit(gpt_cfg), rng)
+    speakers = _speakers(family, gpt_cfg.model_dim, _code_limit(gpt_cfg), rng)
     manifests = {}
-    for split, count in counts.items():
-        utterances = [utterance(f"{split}{i:04d}") for i in range(count)]
+    for split, count in {"train": n_train, "val": n_val}.items():
+        utterances = [_utterance(f"{split}{i:04d}", sentences, code_table, speakers, family, rng)
+                      for i in range(count)]
         for utt in utterances:
-            save_arrays(out_dir, utt)
-        manifests[split] = _write_manifest(out_dir / f"{split}.jsonl", pairs(utterances, rng))
-    return manifests
+            _save_arrays(out_dir, utt, family)
+        manifests[f"{split}_manifest"] = _write_manifest(out_dir / f"{split}.jsonl", _pairs(utterances, family, rng))
+    return {**vocabularies, **manifests, "n_train": n_train, "n_val": n_val, "n_speakers": N_SPEAKERS}
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     return path
+
+
+def _grow_sentencepiece(out_dir: Path, gpt_cfg: GPTConfig, seed: int) -> dict:
+    """IndexTTS2: base_bpe.model from English, grown into bpe.model with Amharic pieces."""
+    base = _make_base_tokenizer(out_dir / "base_bpe.model", gpt_cfg, seed)
+    extension = _write_lines(out_dir / "corpus_am.txt", AMHARIC)
+    corpus = _write_lines(out_dir / "corpus.txt", ENGLISH + AMHARIC)
+    tokenizer = out_dir / "bpe.model"
+    summary = extend_tokenizer(base, [extension], gpt_cfg.number_text_tokens + EXTRA_TOKENS, tokenizer,
+                               seed=seed, normalizer="none", force=True)
+    return {"base_tokenizer": base, "tokenizer": tokenizer, "corpus": corpus, "extension_corpus": extension,
+            "base_size": summary["base_size"], "vocab_size": summary["new_size"]}
+
+
+def _grow_tiktoken(out_dir: Path, gpt_cfg: GPTConfig, seed: int) -> dict:
+    """IndexTTS-2.5: base.tiktoken from English, grown into grown.tiktoken with Amharic merges (no seed:
+    byte-pair merges are deterministic)."""
+    base = _make_base_vocabulary(out_dir, gpt_cfg)
+    extension = _write_lines(out_dir / "corpus_am.txt", AMHARIC)
+    tokenizer = out_dir / "grown.tiktoken"
+    summary = extend_tiktoken(base, [extension], gpt_cfg.number_text_tokens + EXTRA_TOKENS, tokenizer,
+                              _presenter(base, "am"), force=True)
+    return {"base_tokenizer": base, "tokenizer": tokenizer, "extension_corpus": extension,
+            "base_size": summary["base_size"], "vocab_size": summary["new_size"],
+            "base_ranks": summary["base_ranks"], "added": summary["added"]}
 
 
 def _make_base_tokenizer(path: Path, gpt_cfg: GPTConfig, seed: int) -> Path:
@@ -135,20 +154,61 @@ def _make_base_tokenizer(path: Path, gpt_cfg: GPTConfig, seed: int) -> Path:
     return path
 
 
-def _encodable_sentences(tokenizer: Path, gpt_cfg: GPTConfig) -> list[tuple[str, np.ndarray]]:
-    """(text, ids) of every built-in sentence that encodes without <unk> and fits the length limits;
-    ids as official inference encodes the text."""
+def byte_order() -> list[int]:
+    """GPT-2's byte order: printable bytes first (0x21 '!' is rank 0), then the others."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    return printable + [b for b in range(256) if b not in printable]
+
+
+def _make_base_vocabulary(out_dir: Path, gpt_cfg: GPTConfig) -> Path:
+    """256 byte ranks + merges learned on English, so ranks + specials = number_text_tokens."""
+    if gpt_cfg.number_text_tokens <= 256 + len(SPECIAL_TOKENS):
+        raise UserError(f"gpt.number_text_tokens {gpt_cfg.number_text_tokens} is too small for a tiktoken "
+                        f"vocabulary (256 byte ranks + {len(SPECIAL_TOKENS)} specials); use configs/tiny_v25.yaml")
+    byte_file = out_dir / "bytes.tiktoken"
+    byte_file.write_bytes(b"".join(base64.b64encode(bytes([b])) + b" %d\n" % rank
+                                   for rank, b in enumerate(byte_order())))
+    english = _write_lines(out_dir / "corpus_en.txt", ENGLISH)
+    base = out_dir / "base.tiktoken"
+    summary = extend_tiktoken(byte_file, [english], gpt_cfg.number_text_tokens, base, _presenter(byte_file, "en"),
+                             force=True)
+    byte_file.unlink()
+    if summary["short_by"]:
+        raise UserError(f"gpt.number_text_tokens {gpt_cfg.number_text_tokens} needs more English merges than the "
+                        f"demo text gives ({summary['added']}); use configs/tiny_v25.yaml")
+    return base
+
+
+def _presenter(vocabulary: Path, language: str):  # -> Callable[[str], str]
+    """A corpus text as inference presents it after the `<|language|> ` tag (no digits: no normaliser needed)."""
+    text_path = TextPath.open(vocabulary, normalizer="none")
+    return lambda text: text_path.present_body(text, language)
+
+
+def _presenter(vocabulary: Path, language: str) -> Callable[[str], str]:
+    """A corpus text as inference presents it after the `<|language|> ` tag (no digits: no normaliser needed)."""
+    text_path = TextPath.open(vocabulary, normalizer="none")
+    return lambda text: text_path.present_body(text, language)
+
+
+def _encodable_sentences(tokenizer: Path, gpt_cfg: GPTConfig) -> list[tuple[str | None, str, np.ndarray]]:
+    """(language, text, ids) of each built-in sentence that encodes without <unk> and fits the length
+    limits, ids as official inference encodes the text (2.5: the tag of its language first, the
+    language's case rule, 0/1 dropped; IndexTTS2 text has no language: None)."""
     text_path = TextPath.open(tokenizer, normalizer="none")
-    fitting = []
-    for text in ENGLISH + AMHARIC:
-        ids = np.asarray(text_path.encode(text), dtype=np.int32)
-        # 3 codes per token at most, plus the 2-code start and end patterns
-        if not text_path.unknown(text) and len(ids) <= gpt_cfg.max_text_tokens \
-                and 3 * len(ids) + 4 <= gpt_cfg.max_mel_tokens:
-            fitting.append((text, ids))
-    if not fitting:
+    fitting, wanted = [], set()
+    for language, texts in LANGUAGES:
+        code = language if gpt_cfg.family.language_rows else None
+        wanted.add(code)
+        for text in texts:
+            ids = np.asarray(text_path.encode(text, code), dtype=np.int32)
+            # 3 codes per token at most, plus the 2-code start and end patterns
+            if not text_path.unknown(text, code) and len(ids) <= gpt_cfg.max_text_tokens \
+                    and 3 * len(ids) + 4 <= gpt_cfg.max_mel_tokens:
+                fitting.append((code, text, ids))
+    if {code for code, _, _ in fitting} != wanted:
         raise UserError(f"gpt.max_text_tokens {gpt_cfg.max_text_tokens} / max_mel_tokens {gpt_cfg.max_mel_tokens} "
-                        "are too small for any demo sentence; use configs/tiny.yaml")
+                        f"are too small for the demo sentences of every language; use {gpt_cfg.family.tiny_config}")
     return fitting
 
 
@@ -165,47 +225,53 @@ def _code_table(vocab_size: int, code_limit: int, rng: np.random.Generator) -> l
     return [((first + np.arange(n)) % code_limit).astype(np.int32) for first, n in zip(firsts, lengths, strict=True)]
 
 
-def _speakers(dim: int, code_limit: int, rng: np.random.Generator) -> list[dict]:
-    """Per speaker: condition (32, D), emotion (D) and a 2-code start pattern the condition predicts."""
-    return [{"name": f"spk{s}",
-             "condition": rng.standard_normal((CONDITION_LATENTS, dim)).astype(np.float32),
+def _speakers(family: Family, dim: int, code_limit: int, rng: np.random.Generator) -> list[dict]:
+    """Per speaker: its conditioning (IndexTTS2: 32 x D latents; 2.5: a CAMPPlus-like 192 vector), an
+    emotion vector (D) and a 2-code start pattern the conditioning predicts."""
+    shape = (SPK_EMB_DIM,) if family.speaker_vector else (CONDITION_LATENTS, dim)
+    return [{"name": f"spk{s}", family.speaker_input: rng.standard_normal(shape).astype(np.float32),
              "emo_vec": (0.5 * rng.standard_normal(dim)).astype(np.float32),
              "start_codes": rng.integers(0, code_limit, size=2).astype(np.int32)}
             for s in range(N_SPEAKERS)]
 
 
-def _utterance(uid: str, sentences: list[tuple[str, np.ndarray]], code_table: list[np.ndarray],
-               speakers: list[dict], gpt_cfg: GPTConfig, rng: np.random.Generator) -> dict:
-    text, ids = sentences[int(rng.integers(len(sentences)))]
+def _utterance(uid: str, sentences: list[tuple[str | None, str, np.ndarray]], code_table: list[np.ndarray],
+               speakers: list[dict], family: Family, rng: np.random.Generator) -> dict:
+    language, text, ids = sentences[int(rng.integers(len(sentences)))]
     speaker = speakers[int(rng.integers(N_SPEAKERS))]
     end_codes = np.array([0, 1], dtype=np.int32)  # the same for everyone: "the utterance is over"
     codes = np.concatenate([speaker["start_codes"], *(code_table[i] for i in ids), end_codes])
     noise = 0.05  # small per-utterance variation around the speaker's vectors
-    return {"id": uid, "speaker": speaker["name"], "text": text, "text_ids": ids, "codes": codes,
-            "condition": speaker["condition"] + noise * rng.standard_normal(speaker["condition"].shape,
-                                                                            dtype=np.float32),
-            "emo_vec": speaker["emo_vec"] + noise * rng.standard_normal(gpt_cfg.model_dim, dtype=np.float32)}
+    vector, emo_vec = speaker[family.speaker_input], speaker["emo_vec"]
+    return {"id": uid, "speaker": speaker["name"], "language": language, "text": text, "text_ids": ids,
+            "codes": codes,
+            family.speaker_input: vector + noise * rng.standard_normal(vector.shape, dtype=np.float32),
+            "emo_vec": emo_vec + noise * rng.standard_normal(emo_vec.shape, dtype=np.float32)}
 
 
-def _save_arrays(out_dir: Path, utt: dict) -> None:
-    for folder, key in (("text_ids", "text_ids"), ("codes", "codes"), ("condition", "condition"),
-                        ("emo_vec", "emo_vec")):
-        (out_dir / folder).mkdir(exist_ok=True)
-        np.save(out_dir / folder / f"{utt['id']}.npy", utt[key])
+def _save_arrays(out_dir: Path, utt: dict, family: Family) -> None:
+    for key in ("text_ids", "codes", family.speaker_input, "emo_vec"):
+        (out_dir / key).mkdir(exist_ok=True)
+        np.save(out_dir / key / f"{utt['id']}.npy", utt[key])
 
 
-def _pairs(utterances: list[dict], rng: np.random.Generator) -> list[dict]:
+def _pairs(utterances: list[dict], family: Family, rng: np.random.Generator) -> list[dict]:
     """Manifest lines in the paired form: each target gets another utterance of its speaker as prompt
     (itself only when the speaker has no other utterance in the split)."""
     lines = []
+    speaker_field = family.manifest_forms[True][0][family.speaker_input]
     for target in utterances:
         others = [u for u in utterances if u["speaker"] == target["speaker"] and u is not target] or [target]
         prompt = others[int(rng.integers(len(others)))]
+        language = {"language": target["language"], "lang_id": LANGUAGE_IDS[target["language"]]} \
+            if family.language_rows else {}
+        conditioning = {speaker_field: f"{family.speaker_input}/{prompt['id']}.npy"}
+        if not family.speaker_vector:
+            conditioning["prompt_condition_len"] = CONDITION_LATENTS
         lines.append({
-            "id": f"{target['id']}__{prompt['id']}", "speaker": target["speaker"],
+            "id": f"{target['id']}__{prompt['id']}", "speaker": target["speaker"], **language,
             "prompt_id": prompt["id"], "prompt_audio_path": f"wavs/{prompt['id']}.wav",  # not written
-            "prompt_condition_path": f"condition/{prompt['id']}.npy", "prompt_condition_len": CONDITION_LATENTS,
-            "prompt_emo_vec_path": f"emo_vec/{prompt['id']}.npy",
+            **conditioning, "prompt_emo_vec_path": f"emo_vec/{prompt['id']}.npy",
             "prompt_duration": round(len(prompt["codes"]) / CODES_PER_SECOND, 2),
             "target_id": target["id"], "target_audio_path": f"wavs/{target['id']}.wav",
             "target_text": target["text"], "target_text_ids_path": f"text_ids/{target['id']}.npy",

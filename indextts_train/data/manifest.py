@@ -1,19 +1,7 @@
 """Manifests → index → dataset → resumable sampler → collate.
 
-A manifest is JSONL, one example a line, in one of two forms (README, "Data"):
-
-- paired (what the community preprocessing writes): `prompt_condition_path`,
-  `prompt_emo_vec_path`, `target_text_ids_path`, `target_codes_path`, `target_text_len`,
-  `target_code_len` — the prompt gives the conditioning, the target gives text and codes;
-- single: `text_ids_path`, `codes_path`, `condition_path`, `emo_vec_path`, `text_len`, `code_len`.
-
-IndexTTS-2.5 lines carry the prompt's 192-d CAMPPlus vector and a language instead of the
-conditioning latents (`manifest_v25.py`); a line's fields say its family, and a line of the other
-family than the model's is refused by FILE:LINE.
-
-Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
-training. Relative paths resolve against the manifest's folder. Lengths come from the manifest
-fields, never from the arrays, which may be longer (reference README, exact definitions 1–2).
+Lines are read and checked one by one in lines.py (their forms, the two families' fields); here they
+are indexed, their arrays loaded and checked, and batched.
 
 The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
 million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
@@ -23,10 +11,9 @@ Which samples an epoch draws, and in what order, is sampling.py's: a pure functi
 
 from __future__ import annotations
 
-import json
 import os
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,157 +22,32 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from indextts_train.config.constants import CONDITION_LATENTS
-from indextts_train.config.settings import FAMILY_V25
-from indextts_train.data import manifest_v25 as data_v25
+from indextts_train.config.constants import CONDITION_LATENTS, SPK_EMB_DIM
+from indextts_train.config.family import Family
+from indextts_train.data.lines import (
+    TEXT_VOCAB_SOURCE,
+    array_keys,
+    iter_lines,
+    lang_id_of,
+    line_family,
+    line_form,
+    parse_line,
+    resolve_paths,
+)
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
-from indextts_train.errors import TOO_LONG_NUMBER, UserError, text_problem
-from indextts_train.files.bounded import json_depth_problem, open_regular, read_npy
+from indextts_train.errors import UserError
+from indextts_train.files.bounded import read_npy
 from indextts_train.model.gpt import Batch
+from indextts_train.text.tiktoken_vocab import (
+    LANGUAGE_CODES,
+    SPECIAL_TOKENS,
+    START_STOP_IDS,
+    TAG_OFFSET,
+    TAGGED_LANGUAGES,
+)
 
-# Canonical name -> manifest field, per form.
-PAIRED_FIELDS = {
-    "text_ids": "target_text_ids_path",
-    "codes": "target_codes_path",
-    "condition": "prompt_condition_path",
-    "emo_vec": "prompt_emo_vec_path",
-    "text_len": "target_text_len",
-    "code_len": "target_code_len",
-}
-SINGLE_FIELDS = {
-    "text_ids": "text_ids_path",
-    "codes": "codes_path",
-    "condition": "condition_path",
-    "emo_vec": "emo_vec_path",
-    "text_len": "text_len",
-    "code_len": "code_len",
-}
-FORMS = {True: (PAIRED_FIELDS, frozenset(PAIRED_FIELDS.values())),  # paired? -> fields, the set a line needs
-         False: (SINGLE_FIELDS, frozenset(SINGLE_FIELDS.values()))}
-SPEAKER_FIELDS = ("speaker", "prompt_speaker", "target_speaker")
-DURATION_FIELDS = ("duration", "target_duration", "prompt_duration")
-LANGUAGE_FIELDS = ("language", "target_language")
 SKIPPED_EXAMPLES = 5
 REPORT_ERRORS = 20
-
-_JSON_DECODE = json.JSONDecoder().decode
-FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad line)"
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading and validating lines
-
-
-# What the text-id limit is and what to do past it, as training says it; check-data and evaluate
-# name their own source of the limit.
-TEXT_VOCAB_SOURCE = ("text vocabulary size", "pass the --tokenizer the data was made with")
-
-
-def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
-    """(line number from 1, byte offset, raw bytes) of every non-blank line.
-
-    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
-    """
-    if not os.path.exists(path) or os.path.isdir(path):
-        raise UserError(f"{path}: manifest not found; check the manifest path you passed")
-    offset = 0
-    with open_regular(path, "manifest") as handle:  # a FIFO or /proc file: one line, never a blocked read
-        for line_no, raw in enumerate(handle, 1):
-            if raw.strip():
-                yield line_no, offset, raw
-            offset += len(raw)
-
-
-def _form(obj: dict, where: str, family: str | None = None) -> dict[str, str]:
-    """Which field names this line uses (paired or single form, of its family)."""
-    if "target_codes_path" in obj or "target_text_ids_path" in obj:
-        paired = True
-    elif "codes_path" in obj or "text_ids_path" in obj:
-        paired = False
-    else:
-        raise UserError(
-            f"{where}: neither the paired form (target_text_ids_path, target_codes_path, ...) nor the "
-            f"single form (text_ids_path, codes_path, ...); {FIX_LINE}"
-        )
-    v25 = data_v25.line_family(obj, where, family) == FAMILY_V25
-    fields, required = (data_v25.FORMS if v25 else FORMS)[paired]
-    if not obj.keys() >= required:  # one set comparison per line: indexing is the hot loop
-        missing = [name for name in fields.values() if name not in obj]
-        raise UserError(
-            f"{where}: missing field(s) {', '.join(missing)}; a line of this form needs "
-            f"{', '.join(fields.values())}"
-        )
-    return fields
-
-
-def _length(obj: dict, name: str, maximum: int | None, config_key: str, where: str) -> int:
-    value = obj[name]
-    if type(value) is not int:  # bool is an int subclass and 7.0 is not a token count
-        raise UserError(f"{where}: {name} must be a whole number, got {value!r}; {FIX_LINE}")
-    if value <= 0:
-        raise UserError(f"{where}: {name} is {value}, it must be > 0; {FIX_LINE}")
-    if maximum is not None and value > maximum:
-        raise UserError(
-            f"{where}: {name} {value} > gpt.{config_key} {maximum}, which the model cannot take; "
-            f"drop the line (check-data can write a clean manifest) or raise gpt.{config_key}"
-        )
-    return value
-
-
-def array_keys(fields: dict[str, str]) -> tuple[str, ...]:
-    """text_ids, codes, the speaker feature of the line's family, emo_vec."""
-    return ("text_ids", "codes", "spk_emb" if "spk_emb" in fields else "condition", "emo_vec")
-
-
-def parse_line(
-    raw: bytes, where: str, max_text: int | None, max_mel: int | None, family: str | None = None
-) -> tuple[dict, dict[str, str], int, int]:
-    """(object, field names, text_len, code_len) of one manifest line, or UserError."""
-    try:
-        # decode + JSONDecoder is ~30% faster than json.loads(bytes), which sniffs the encoding.
-        obj = _JSON_DECODE(raw.decode("utf-8").strip().lstrip("\ufeff"))
-    except json.JSONDecodeError as exc:  # its own "line 1" would mislead: the line is `where`
-        raise UserError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos + 1}); {FIX_LINE}") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}); {FIX_LINE}") from None
-    except ValueError:
-        raise UserError(f"{where}: {TOO_LONG_NUMBER}; {FIX_LINE}") from None
-    except RecursionError:  # json nests by recursion: a line nested thousands deep is no manifest line
-        raise UserError(f"{where}: JSON nested too deeply to be a manifest line; {FIX_LINE}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {FIX_LINE}")
-    nested = any(isinstance(v, (dict, list)) for v in obj.values()) and json_depth_problem(obj)
-    if nested:  # what a later walk of the line (check-data's rewrite) would recurse into
-        raise UserError(f"{where}: {nested}; {FIX_LINE}")
-    if b"\\u" in raw:  # only a \u escape puts a NUL or a lone surrogate into a decoded UTF-8 line
-        check_strings(obj, where)
-    fields = _form(obj, where, family)
-    for key in array_keys(fields):
-        value = obj[fields[key]]
-        if not isinstance(value, str) or not value:
-            raise UserError(f"{where}: {fields[key]} must be a non-empty path string, got {value!r}")
-    text_len = _length(obj, fields["text_len"], max_text, "max_text_tokens", where)
-    code_len = _length(obj, fields["code_len"], max_mel, "max_mel_tokens", where)
-    return obj, fields, text_len, code_len
-
-
-def check_strings(obj: dict, where: str) -> None:
-    """The line's keys and text values are usable: no NUL (no path holds one) and no lone surrogate (no
-    UTF-8 file, log or console can hold one); else one UserError naming the field."""
-    for key, value in obj.items():
-        for text in (key, value) if isinstance(value, str) else (key,):
-            problem = text_problem(text)
-            if problem:
-                raise UserError(f"{where}: field {key!r}: {text!r} {problem}; {FIX_LINE}")
-
-
-def resolve_paths(obj: dict, manifest_dir: str) -> dict:
-    """Copy of `obj` with every relative `*_path` string made absolute against the manifest folder."""
-    out = dict(obj)
-    for key, value in obj.items():
-        if key.endswith("_path") and isinstance(value, str) and value:
-            out[key] = os.path.normpath(os.path.join(manifest_dir, value))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +73,7 @@ class ManifestIndex:
     max_mel_tokens: int | None = None
     skipped: int = 0
     skipped_examples: list[str] = field(default_factory=list)
-    family: str | None = None  # the model's; None accepts lines of either family
+    family: Family | None = None  # the model's; None accepts lines of either family
     lang_ids: np.ndarray | None = None  # int16 per line
 
     @classmethod
@@ -222,14 +84,14 @@ class ManifestIndex:
         skip_bad: bool = False,
         max_text_tokens: int | None = None,
         max_mel_tokens: int | None = None,
-        family: str | None = None,
+        family: Family | None = None,
         borrowed: dict[str, int] | None = None,
     ) -> ManifestIndex:
         """Validate every line and index the usable ones.
 
         A bad line raises UserError "FILE:LINE: ...", or with `skip_bad` is counted in `.skipped`.
         `family` refuses lines of the other family; `borrowed` maps untagged language codes to the
-        row they borrow (`data_v25.parse_borrowed`).
+        row they borrow (`text.languages.parse_borrowed`).
         """
         files = [str(p) for p in paths]
         if not files:
@@ -246,7 +108,7 @@ class ManifestIndex:
                     obj, fields, text_len, code_len = parse_line(
                         raw, f"{path}:{line_no}", max_text_tokens, max_mel_tokens, family
                     )
-                    lang_id = (data_v25.lang_id_of(obj, f"{path}:{line_no}", borrowed or {})
+                    lang_id = (lang_id_of(obj, f"{path}:{line_no}", borrowed or {})
                                if "spk_emb" in fields else -1)
                 except UserError as exc:
                     if not skip_bad:
@@ -278,12 +140,12 @@ class ManifestIndex:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def require_family(self, family: str) -> None:
+    def require_family(self, family: Family) -> None:
         """Every line must be of the model's family (known only once the model is): name the first that is not."""
-        wrong = np.flatnonzero((self.lang_ids >= 0) != (family == FAMILY_V25))
+        wrong = np.flatnonzero((self.lang_ids >= 0) != family.language_rows)
         if len(wrong):
             record = self.record(int(wrong[0]))
-            data_v25.line_family(record, record["_source"], family)  # raises, naming file:line
+            line_family(record, record["_source"], family)  # raises, naming file:line
         self.family = family
 
     @property
@@ -344,7 +206,7 @@ def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where:
                     paths: dict[str, str]) -> None:
     emo_vec = arrays["emo_vec"]
     if "spk_emb" in arrays:
-        data_v25.check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
+        check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
         dim = model_dim if model_dim is not None else (emo_vec.shape[0] if emo_vec.ndim == 1 else -1)
     else:
         condition = arrays["condition"]
@@ -358,7 +220,7 @@ def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where:
     if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
         raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
                         f"got {emo_vec.dtype} {list(emo_vec.shape)}")
-    for name in ("condition", "emo_vec"):  # spk_emb: data_v25.check_speaker_vector
+    for name in ("condition", "emo_vec"):  # spk_emb: check_speaker_vector
         if name in arrays and not np.isfinite(arrays[name]).all():
             raise UserError(f"{where}: {name} {paths[name]} holds NaN or Inf values (one such input makes every "
                             f"loss NaN); re-create it or drop the line")
@@ -407,6 +269,40 @@ def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: st
         raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
 
 
+def check_speaker_vector(spk_emb: np.ndarray, path: str, where: str) -> None:
+    if spk_emb.shape != (SPK_EMB_DIM,) or spk_emb.dtype.kind != "f":
+        raise UserError(f"{where}: spk_emb {path} must be the prompt's CAMPPlus vector, float [{SPK_EMB_DIM}], "
+                        f"got {spk_emb.dtype} {list(spk_emb.shape)}")
+    if not np.isfinite(spk_emb).all():
+        raise UserError(f"{where}: spk_emb {path} holds NaN or Inf; re-extract the speaker vector")
+
+
+def tag_base(text_vocab: int | None) -> int | None:
+    """Id of <|en|> in a 2.5 vocabulary of `text_vocab` tokens: its ranks + 2 (the specials follow the ranks)."""
+    if text_vocab is None or text_vocab <= len(SPECIAL_TOKENS):
+        return None  # a cut-down vocabulary (like the reference's tiny one): the tag rule cannot be checked
+    return text_vocab - len(SPECIAL_TOKENS) + TAG_OFFSET
+
+
+def check_text_ids(ids: np.ndarray, lang_id: int, tag_base: int | None, path: str, where: str) -> None:
+    """check-data rules for 2.5 text: no start/stop ids inside, and the language tag first.
+
+    ids are the first text_len ids; tag_base is the id of `<|en|>` (ranks + 2), None when unknown.
+    """
+    inside = np.isin(ids, START_STOP_IDS)
+    if inside.any():
+        position = int(np.flatnonzero(inside)[0])
+        raise UserError(f"{where}: {path} holds id {int(ids[position])} at position {position}; ids 0 and 1 are the "
+                        "GPT's start/stop (the official text path drops them): remove every 0 and 1")
+    if tag_base is None or lang_id >= TAGGED_LANGUAGES:
+        return  # untagged languages start with the bytes of "<|xx|> "
+    tag = tag_base + lang_id
+    if not len(ids) or int(ids[0]) != tag:
+        first = int(ids[0]) if len(ids) else None
+        raise UserError(f"{where}: {path} starts with id {first}, not the tag <|{LANGUAGE_CODES[lang_id]}|> ({tag}) "
+                        f"of lang_id {lang_id}; encode '<|{LANGUAGE_CODES[lang_id]}|> ' + text, as inference does")
+
+
 # ---------------------------------------------------------------------------------------------
 # Dataset, collate
 
@@ -433,7 +329,7 @@ class ManifestDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         record = self.index.record(i)
-        fields = _form(record, record["_source"], self.index.family)
+        fields = line_form(record, record["_source"], self.index.family)
         text_len = int(self.index.text_lengths[i])
         code_len = int(self.index.code_lengths[i])
         arrays = load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
@@ -441,8 +337,8 @@ class ManifestDataset(Dataset):
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
                   fields, record["_source"], self.text_source, self.mel_specials)
         if "spk_emb" in arrays:  # 2.5 text: no start/stop id inside, the language tag first (as check-data)
-            data_v25.check_text_ids(arrays["text_ids"][:text_len], int(self.index.lang_ids[i]),
-                                    data_v25.tag_base(self.text_vocab), record[fields["text_ids"]], record["_source"])
+            check_text_ids(arrays["text_ids"][:text_len], int(self.index.lang_ids[i]), tag_base(self.text_vocab),
+                           record[fields["text_ids"]], record["_source"])
         features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
                      "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays
                     else {"condition": torch.from_numpy(arrays["condition"].astype(np.float32))})  # (32, D)

@@ -24,10 +24,8 @@ from typing import BinaryIO
 import numpy as np
 
 from indextts_train.config.constants import LANG_ROWS
-from indextts_train.config.settings import FAMILY_V25
 from indextts_train.data.checkdata import relocate_paths
-from indextts_train.data.manifest import check_strings, iter_lines
-from indextts_train.data.manifest_v25 import language_code
+from indextts_train.data.lines import check_strings, iter_lines, language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
 from indextts_train.files.bounded import check_regular, parse_json
@@ -81,7 +79,7 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
 def _language(obj: dict, text_path: TextPath, where: str) -> str | None:
     """The code a 2.5 line's text is presented with: its `language`, else the code of its `lang_id`
     (the two must agree, as check-data and training require)."""
-    if text_path.family != FAMILY_V25:
+    if not text_path.family.language_rows:
         return None
     language, lang_id = obj.get("language"), obj.get("lang_id")
     if lang_id is not None and (type(lang_id) is not int or not 0 <= lang_id < LANG_ROWS):
@@ -106,8 +104,7 @@ def _encode_slot(text: object, text_path: TextPath, language: str | None, where:
         ids = text_path.encode(text, language)
     except UserError as exc:  # its language or bytes: the line is what the user fixes
         raise UserError(f"{where}: {name}: {exc}") from None
-    unknown = text_path.unknown(text, language) if text_path.processor is not None \
-        and text_path.processor.unk_id() in ids else []
+    unknown = text_path.unknown(text, language) if text_path.unknown_id in ids else []
     if unknown:
         raise UserError(f"{where}: {name} has {len(unknown)} run(s) the tokenizer cannot encode "
                         f"({', '.join(map(repr, unknown[:5]))}); grow the tokenizer on text with them, or drop "

@@ -24,8 +24,6 @@ import time
 import wave
 from pathlib import Path
 
-FAMILY_V2 = "indextts2"
-FAMILY_V25 = "indextts2.5"
 PACKAGE_DEFAULT_MAX_MEL_TOKENS = 1500  # what both packages' infer() use when not told otherwise
 # IndexTTS2 loads these by hub id; the project's model folders keep them in hf_cache/ in plain folders
 # (repo id -> [(file in the repo, path under hf_cache/)]). The vocoder's id comes from config.yaml.
@@ -110,6 +108,9 @@ def _max_mel_tokens(model_dir: Path, cap: int | None) -> int:
 class _V25:
     """IndexTTS-2.5 through its public API (`indextts25.IndexTTS25`)."""
 
+    packages = ("indextts25-inference",)  # whose versions the report names
+    hub_files = False  # every file it reads is in the model folder
+
     def __init__(self, model_dir: Path, device: str, cap: int | None) -> None:
         from indextts25 import IndexTTS25
 
@@ -126,6 +127,9 @@ class _V25:
 class _V2:
     """IndexTTS2 through `indextts.infer_v2.IndexTTS2` (the PyPI package or an index-tts checkout)."""
 
+    packages = ("indextts2-inference", "indextts", "torchaudio")
+    hub_files = True  # it loads w2v-BERT, MaskGCT and its vocoder by hub id
+
     def __init__(self, model_dir: Path, device: str, cap: int | None) -> None:
         from indextts.infer_v2 import IndexTTS2
 
@@ -139,6 +143,11 @@ class _V2:
         _write_wav(out, sample_rate, pcm16)
 
 
+# The job's family key (Family.key) -> its engine: this process runs in the inference environment and
+# cannot import indextts_train's Family type.
+ENGINES = {"indextts2.5": _V25, "indextts2": _V2}
+
+
 def _seed(seed: int) -> None:
     import numpy
     import torch
@@ -148,11 +157,10 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)  # every device's generator, CUDA's included
 
 
-def _versions(family: str) -> dict[str, str]:
+def _versions(engine: type) -> dict[str, str]:
     from importlib import metadata
 
-    names = ["torch", "transformers"] + (["indextts25-inference"] if family == FAMILY_V25
-                                         else ["indextts2-inference", "indextts", "torchaudio"])
+    names = ["torch", "transformers", *engine.packages]
     found = {}
     for name in names:
         try:
@@ -184,22 +192,23 @@ def _speak_line(engine, line: dict) -> dict:
     return {"line_id": line["line_id"], "ok": True, "seconds": time.perf_counter() - started, "error": None}
 
 
+def _engine(job: dict) -> type:
+    if job["family"] not in ENGINES:
+        raise ValueError(f"unknown family {job['family']!r}")
+    return ENGINES[job["family"]]
+
+
 def _load(job: dict):
-    family, model_dir = job["family"], Path(job["model_dir"])
     if job.get("threads"):
         import torch
 
         torch.set_num_threads(int(job["threads"]))
-    if family == FAMILY_V25:
-        return _V25(model_dir, job["device"], job.get("max_mel_tokens"))
-    if family == FAMILY_V2:
-        return _V2(model_dir, job["device"], job.get("max_mel_tokens"))
-    raise ValueError(f"unknown family {family!r}")
+    return _engine(job)(Path(job["model_dir"]), job["device"], job.get("max_mel_tokens"))
 
 
 def _prepare_environment(job: dict, cache: Path) -> None:
     """Before the official package (and huggingface_hub) is imported: where IndexTTS2 finds its hub files."""
-    if job["family"] != FAMILY_V2:
+    if not _engine(job).hub_files:
         return
     model_dir = Path(job["model_dir"])
     vocoder = _vocoder_id(model_dir / "config.yaml")
@@ -239,7 +248,7 @@ def run(job_path: Path) -> int:
         try:
             _prepare_environment(job, cache)
             engine = _load(job)
-            report["versions"] = _versions(job["family"])
+            report["versions"] = _versions(_engine(job))
         except Exception as exc:  # a model folder the official code cannot load: every line fails with it
             report["error"] = f"loading the model failed: {_one_line(exc)}"
             _publish(report, result)

@@ -15,9 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-FAMILY_V2 = "indextts2"
-FAMILY_V25 = "indextts2.5"
-
 
 def _save(obj, path: Path) -> None:
     import torch
@@ -28,14 +25,17 @@ def _save(obj, path: Path) -> None:
     os.replace(temporary, path)
 
 
-def _classes(family: str):
-    """(s2mel model factory, BigVGAN factory) of the family's official package."""
-    if family == FAMILY_V25:
-        from indextts25.s2mel.modules.bigvgan.bigvgan import BigVGAN
-        from indextts25.s2mel.modules.bigvgan.env import AttrDict
-        from indextts25.s2mel.modules.commons import MyModel
+def _classes_v25():
+    """(s2mel model factory, BigVGAN factory) of IndexTTS-2.5's official package."""
+    from indextts25.s2mel.modules.bigvgan.bigvgan import BigVGAN
+    from indextts25.s2mel.modules.bigvgan.env import AttrDict
+    from indextts25.s2mel.modules.commons import MyModel
 
-        return MyModel, lambda h: BigVGAN(AttrDict(h))
+    return MyModel, lambda h: BigVGAN(AttrDict(h))
+
+
+def _classes_v2():
+    """(s2mel model factory, BigVGAN factory) of IndexTTS2's official package."""
     from indextts.s2mel.modules.bigvgan.bigvgan import BigVGAN
     from indextts.s2mel.modules.bigvgan.env import AttrDict
     from indextts.s2mel.modules.commons import MyModel
@@ -44,12 +44,16 @@ def _classes(family: str):
     return (lambda args: MyModel(args, use_gpt_latent=True)), (lambda h: BigVGAN(AttrDict(h), use_cuda_kernel=False))
 
 
+# FAMILY (Family.key, which this process cannot import) -> the factories of its official package.
+CLASSES = {"indextts2.5": _classes_v25, "indextts2": _classes_v2}
+
+
 def write_parts(family: str, model_dir: Path, seed: int) -> None:
     import torch
     from omegaconf import OmegaConf
 
     config = OmegaConf.load(model_dir / "config.yaml")
-    make_s2mel, make_vocoder = _classes(family)
+    make_s2mel, make_vocoder = CLASSES[family]()
     torch.manual_seed(seed)
     s2mel = make_s2mel(config.s2mel)
     _save({"net": {name: module.state_dict() for name, module in s2mel.models.items()}},

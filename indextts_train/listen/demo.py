@@ -13,31 +13,31 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from indextts_train.config.settings import FAMILY_V25
+from indextts_train.config.family import Family
 from indextts_train.errors import UserError
 from indextts_train.listen.run import ListenOptions, listen
 from indextts_train.listen.synthesize import resolve_inference_python
 from indextts_train.listen.tiny_folder import write_tiny_inference_dir
-from indextts_train.prepare.models import TOKENIZER_NAMES
 from indextts_train.prepare.tiny_asr import write_tiny_asr
 
 PYTHON_VARIABLE = "INDEXTTS_INFERENCE_PYTHON"
 
 
-def demo_listener(family: str) -> tuple[Path | None, str]:
+def demo_listener(family: Family) -> tuple[Path | None, str]:
     """The inference interpreter that can hear the demo (None when none can), and why not."""
-    if family != "2.5":
-        return None, ("listening: the IndexTTS2 demo's GPT is too small for the official IndexTTS2 inference (its "
-                      "s2mel takes a 1280-wide GPT); `indextts-train demo OUT --family 2.5` ends by listening")
+    if family.inference_gpt_width is not None:
+        return None, (f"listening: the {family.name} demo's GPT is too small for the official {family.name} inference "
+                      f"(its s2mel takes a {family.inference_gpt_width}-wide GPT); `indextts-train demo OUT "
+                      "--family 2.5` ends by listening")
     named = os.environ.get(PYTHON_VARIABLE)
     try:
-        return resolve_inference_python(FAMILY_V25, Path(named) if named else None), ""
+        return resolve_inference_python(family, Path(named) if named else None), ""
     except UserError as exc:
         return None, (f"listening skipped: {exc}; then run the demo into a new OUT_DIR (or set "
                       f"{PYTHON_VARIABLE}=VENV/bin/python) to hear its checkpoints")
 
 
-def listen_to_demo(out_dir: Path, python: Path | None, why_not: str, *, wide: bool) -> int:
+def listen_to_demo(out_dir: Path, family: Family, python: Path | None, why_not: str, *, wide: bool) -> int:
     """Hear the demo run's best and latest checkpoints; returns 0 (a demo that cannot listen says why)."""
     if python is None:
         print(why_not)
@@ -49,7 +49,7 @@ def listen_to_demo(out_dir: Path, python: Path | None, why_not: str, *, wide: bo
     model_dir = out_dir / "listen_model"
     if not (model_dir / "s2mel.pth").is_file():
         work = out_dir / "listen_work"
-        write_tiny_inference_dir(model_dir, FAMILY_V25, tokenizer=out_dir / "models" / TOKENIZER_NAMES[True],
+        write_tiny_inference_dir(model_dir, family, tokenizer=out_dir / "models" / family.tokenizer_name,
                                  inference_python=python, seed=0, work=work)
     asr = out_dir / "asr"
     if not (asr / "config.json").is_file():

@@ -17,7 +17,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.data.manifest import iter_lines
+from indextts_train.data.lines import iter_lines
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import parse_json

@@ -12,24 +12,22 @@ import os
 import shutil
 from pathlib import Path
 
-from indextts_train.checkpoint.export import TIKTOKEN_NAME, export_checkpoint
-from indextts_train.config.settings import FAMILY_V25, load_config
+from indextts_train.checkpoint.export import export_checkpoint
+from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 
 MARKER = ".indextts-train-listen-folder"
-DEFAULT_BPE = "bpe.model"
 
 
 def replaced_names(model_dir: Path) -> tuple[str, str, str]:
     """(gpt file, config file, tokenizer file) of the model folder: what the export writes instead."""
     config_path = model_dir / "config.yaml"
     raw = load_yaml(config_path, "config")
-    if load_config(config_path).gpt.family == FAMILY_V25:
-        tokenizer = TIKTOKEN_NAME
-    else:
-        dataset = raw.get("dataset") if isinstance(raw.get("dataset"), dict) else {}
-        tokenizer = str(dataset.get("bpe_model") or DEFAULT_BPE)
+    family = load_config(config_path).gpt.family
+    dataset = raw.get("dataset") if isinstance(raw.get("dataset"), dict) else {}
+    tokenizer = family.tokenizer_name if family.tokenizer_name_fixed else \
+        str(dataset.get("bpe_model") or family.tokenizer_name)
     return str(raw.get("gpt_checkpoint") or "gpt.pth"), "config.yaml", tokenizer
 
 

@@ -28,7 +28,8 @@ from indextts_train.checkpoint.scores import (
     scored_keys,
     scores_path,
 )
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.config.family import Family
+from indextts_train.config.settings import load_config
 from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
@@ -62,7 +63,7 @@ class Plan:
     lines: list[Line]
     todo: list[tuple[Chosen, list[Line]]]
     model_dir: Path
-    family: str
+    family: Family
     device: str
     python: Path | None = None  # resolved only when there is something to hear
     recogniser: Recogniser | None = None
@@ -84,7 +85,7 @@ def plan(options: ListenOptions) -> Plan:
     chosen, notes = choose_checkpoints(run_dir, options.checkpoints)
     lines = read_lines_file(options.lines) if options.lines else default_lines(run_dir, options.seed)
     model_dir = model_dir_of(run_dir, options.model_dir)
-    family = FAMILY_V25 if load_config(model_dir / "config.yaml").gpt.is_v25 else FAMILY_V2  # no version: 2
+    family = load_config(model_dir / "config.yaml").gpt.family  # no version: IndexTTS2
     done = scored_keys(read_records(scores_path(run_dir)))
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
@@ -163,13 +164,13 @@ def _tokenizer(run_dir: Path) -> Path | None:
 def _hear(options: ListenOptions, work: Plan, chosen: Chosen, lines: list[Line], board: ListenBoard) -> None:
     say, recogniser = options.say, work.recogniser
     say(f"step {chosen.step} ({chosen.path.name}): synthesizing {len(lines)} line(s) with the official "
-        f"{load_config(work.model_dir / 'config.yaml').gpt.family_name} inference on {work.device}")
+        f"{load_config(work.model_dir / 'config.yaml').gpt.family.name} inference on {work.device}")
     started = time.monotonic()
     results, width = _speak(options, work, chosen, lines)
     synthesis_s = time.monotonic() - started
     voice = _voice(work)
     common = {"format": RECORD_FORMAT, "step": chosen.step, "checkpoint": chosen.path.name, "seed": options.seed,
-              "family": work.family, "device": work.device, "gpt_model_dim": width,
+              "family": work.family.key, "device": work.device, "gpt_model_dim": width,
               "asr": recogniser.label, "speaker_model": voice.label if voice else None,
               "indextts_train": __version__}
     by_id = {line.line_id: line for line in lines}

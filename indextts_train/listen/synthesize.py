@@ -18,13 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indextts_train.config.settings import FAMILY_NAMES, FAMILY_V2, FAMILY_V25
+from indextts_train.config.family import Family
 from indextts_train.errors import UserError
 
 CHILD_SCRIPT = Path(__file__).with_name("child_infer.py")
-# family -> (the module the child imports, the PyPI package that provides it)
-INFERENCE_MODULES = {FAMILY_V25: ("indextts25.api", "indextts25-inference"),
-                     FAMILY_V2: ("indextts.infer_v2", "indextts2-inference")}
 PROBE_TIMEOUT_S = 300  # importing torch + transformers on a cold, loaded machine
 TAIL_CHARS = 4000
 PROBE_BROKEN = 4  # the package is there but its import fails (e.g. a torchaudio built for another torch)
@@ -70,19 +67,15 @@ def line_seed(seed: int, line_id: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def _install_hint(family: str) -> str:
-    module, package = INFERENCE_MODULES[family]
-    return (f"pip install {package} (or: bash scripts/install_inference.sh {family} VENV), "
+def _install_hint(family: Family) -> str:
+    return (f"pip install {family.inference_package} (or: bash scripts/install_inference.sh {family.key} VENV), "
             f"or pass --inference-python PATH of an environment that has it")
 
 
-def resolve_inference_python(family: str, flag_value: Path | None) -> Path:
+def resolve_inference_python(family: Family, flag_value: Path | None) -> Path:
     """The interpreter that runs the official code: `--inference-python` or this one; one line when it
     cannot import the family's inference package."""
-    if family not in INFERENCE_MODULES:
-        raise UserError(f"unknown model family {family!r}; expected one of {', '.join(INFERENCE_MODULES)}")
-    module, _ = INFERENCE_MODULES[family]
-    name = FAMILY_NAMES[family]
+    module, name = family.inference_module, family.name
     if flag_value is None:
         python = Path(sys.executable)
         where = f"this Python ({python})"
@@ -91,7 +84,7 @@ def resolve_inference_python(family: str, flag_value: Path | None) -> Path:
         where = f"--inference-python {flag_value}"
         if not python.is_file() or not os.access(python, os.X_OK):
             raise UserError(f"{where}: not an executable file; pass the python of the environment where "
-                            f"{INFERENCE_MODULES[family][1]} is installed")
+                            f"{family.inference_package} is installed")
     try:
         done = subprocess.run([str(python), "-c", PROBE.format(module=module)], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT_S, env=_child_env())
@@ -112,10 +105,10 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _job(model_dir: Path, family: str, lines: list[SynthesisLine], seed: int, device: str, result: Path,
+def _job(model_dir: Path, family: Family, lines: list[SynthesisLine], seed: int, device: str, result: Path,
          threads: int | None, max_mel_tokens: int | None) -> dict:
     return {
-        "family": family,
+        "family": family.key,
         "parent_pid": os.getpid(),
         "threads": threads,
         "max_mel_tokens": max_mel_tokens,
@@ -140,7 +133,7 @@ def _tail_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def synthesize(model_dir: Path, family: str, lines: list[SynthesisLine], *, seed: int, device: str,
+def synthesize(model_dir: Path, family: Family, lines: list[SynthesisLine], *, seed: int, device: str,
                inference_python: Path | None, log_path: Path | None = None,
                timeout_s: float | None = None, threads: int | None = None,
                max_mel_tokens: int | None = None) -> list[SynthesisResult]:

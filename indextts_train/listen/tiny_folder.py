@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.config.family import Family
+from indextts_train.config.settings import load_config
 from indextts_train.files.atomic import atomic_write, atomic_write_text
 from indextts_train.files.bounded import load_yaml
 from indextts_train.prepare.tiny import write_tiny_model_dir
 
 CHILD_PARTS = Path(__file__).with_name("child_parts.py")
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+ROOT = Path(__file__).resolve().parents[2]
 VOCODER_ID = "nvidia/bigvgan_v2_22khz_80band_256x"
 QWEN_DIR = "qwen0.6bemo4-merge"
 EMO_NUM_REAL = [3, 17, 2, 8, 4, 5, 10, 24]  # the released feat1/feat2 rows per emotion
@@ -33,7 +34,7 @@ EMO_NUM_TINY = [1] * 8
 STYLE_DIM = 192  # CAMPPlus' embedding, fixed in both packages
 # Fixed by the official classes: both GPTs' conditioning encoders read 1024-wide w2v-BERT features, and
 # IndexTTS2's s2mel projects a 1280-wide GPT latent onto them (gpt_layer)
-W2V_WIDTH, V2_GPT_WIDTH = 1024, 1280
+W2V_WIDTH = 1024
 PARTS_TIMEOUT_S = 1800
 
 MEL = {"sr": 22050, "spect_params": {"n_fft": 1024, "win_length": 1024, "hop_length": 256, "n_mels": 80,
@@ -86,15 +87,15 @@ def _matrices(model_dir: Path, model_dim: int, emo_num: list[int], seed: int) ->
     atomic_write(model_dir / "feat2.pt", lambda handle: torch.save(emo, handle))
 
 
-def _inference_config(raw: dict, family: str, real_size: bool) -> dict:
+def _inference_config(raw: dict, family: Family, real_size: bool) -> dict:
     """config.yaml with the sections and file names the official inference reads besides `gpt:`."""
     raw["s2mel"] = s2mel_section(int(raw["semantic_codec"]["hidden_size"]), real_size)
     raw.update(gpt_checkpoint="gpt.pth", w2v_stat="wav2vec2bert_stats.pt", s2mel_checkpoint="s2mel.pth",
                emo_matrix="feat2.pt", spk_matrix="feat1.pt", emo_num=EMO_NUM_REAL if real_size else EMO_NUM_TINY)
-    if family == FAMILY_V2:
+    if family.hub_parts:
         raw["qwen_emo_path"] = f"{QWEN_DIR}/"
         raw["vocoder"] = {"type": "bigvgan", "name": VOCODER_ID}
-        raw.setdefault("dataset", {})["bpe_model"] = "bpe.model"
+        raw.setdefault("dataset", {})["bpe_model"] = family.tokenizer_name
     return raw
 
 
@@ -110,28 +111,29 @@ def add_inference_parts(model_dir: Path, *, inference_python: Path, seed: int = 
     vocoder = model_dir / "hf_cache" / "bigvgan"
     vocoder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(vocoder / "config.json", json.dumps(bigvgan_config(real_size), indent=2) + "\n")
-    subprocess.run([str(inference_python), str(CHILD_PARTS), family, str(model_dir), str(seed + 4)], check=True,
+    subprocess.run([str(inference_python), str(CHILD_PARTS), family.key, str(model_dir), str(seed + 4)], check=True,
                    timeout=PARTS_TIMEOUT_S)
-    if family == FAMILY_V2:
+    if family.hub_parts:
         from indextts_train.listen.tiny_qwen import write_tiny_qwen
 
         write_tiny_qwen(model_dir / QWEN_DIR, seed + 5)
     return model_dir
 
 
-def tiny_gpt_config(family: str, folder: Path) -> Path:
-    """The GPT config of a family's stand-in inference folder (IndexTTS2's is widened to 1280, one layer)."""
-    if family == FAMILY_V25:
-        return CONFIGS / "tiny_v25.yaml"
-    raw = load_yaml((CONFIGS / "tiny.yaml"), "config")
-    raw["gpt"].update(model_dim=V2_GPT_WIDTH, heads=20, layers=1)
+def tiny_gpt_config(family: Family, folder: Path) -> Path:
+    """The GPT config of a family's stand-in inference folder (IndexTTS2's is widened to the 1280 its
+    s2mel takes, one layer)."""
+    if family.inference_gpt_width is None:
+        return ROOT / family.tiny_config
+    raw = load_yaml(ROOT / family.tiny_config, "config")
+    raw["gpt"].update(model_dim=family.inference_gpt_width, heads=20, layers=1)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "gpt_config_v2_inference.yaml"
     atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
-def write_tiny_inference_dir(model_dir: Path, family: str, *, tokenizer: Path, inference_python: Path,
+def write_tiny_inference_dir(model_dir: Path, family: Family, *, tokenizer: Path, inference_python: Path,
                              seed: int = 0, work: Path, gpt_config: Path | None = None) -> Path:
     """A whole tiny official-layout inference folder of `family` (the tokenizer: the tiny config's base
     vocabulary); `work` holds the generated GPT config. `gpt_config`: another GPT config of the inference

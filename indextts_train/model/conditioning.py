@@ -196,7 +196,7 @@ class ConditioningEncoders:
     @classmethod
     def from_gpt(cls, carried: Mapping[str, Tensor], gpt_cfg: GPTConfig, device: torch.device) -> ConditioningEncoders:
         """The encoders of a base gpt.pth: `carried` as layout.load_base_checkpoint returns it."""
-        prefixes = EMO_PREFIXES if gpt_cfg.is_v25 else COND_PREFIXES + EMO_PREFIXES
+        prefixes = EMO_PREFIXES if gpt_cfg.family.speaker_vector else COND_PREFIXES + EMO_PREFIXES
         missing = [p for p in prefixes if not any(k.startswith(f"{p}.") for k in carried)]
         missing += [k for k in ("emovec_layer.weight", "emo_layer.weight") if k not in carried]
         if missing:
@@ -205,7 +205,7 @@ class ConditioningEncoders:
         keep = (*prefixes, "emovec_layer.", "emo_layer.")
         weights = {k: v.to(device, torch.float32) for k, v in carried.items() if k.startswith(keep)}
         emo = _encoder(EMO_PREFIXES, gpt_cfg.emo_condition_module, weights)
-        cond = None if gpt_cfg.is_v25 else _encoder(COND_PREFIXES, gpt_cfg.condition_module, weights)
+        cond = None if gpt_cfg.family.speaker_vector else _encoder(COND_PREFIXES, gpt_cfg.condition_module, weights)
         if cond is not None and _input_bins(weights, cond.conformer) != _input_bins(weights, emo.conformer):
             raise UserError("the base gpt.pth's conditioning and emotion encoders take features of different "
                             "widths; it is not a UnifiedVoice checkpoint")

@@ -128,7 +128,7 @@ def prompt_rows(model: UnifiedVoiceGPT, batch: Batch) -> list[Tensor]:
         ids = ids[(ids != cfg.start_text_token) & (ids != cfg.stop_text_token)]  # official: dropped from the text
         ids = F.pad(F.pad(ids, (1, 0), value=cfg.start_text_token), (0, 1), value=cfg.stop_text_token)
         text = model.text_embedding(ids) + model.text_pos_embedding.emb.weight[: len(ids)]
-        if cfg.is_v25:
+        if cfg.family.language_rows:
             text = text + model.lang_embedding(batch.lang_ids[i])
         rows.append(torch.cat([prefix[i].to(text.dtype), text, start[None].to(text.dtype)]))
     return rows

@@ -281,10 +281,10 @@ class UnifiedVoiceGPT(nn.Module):
         self.cfg = cfg
         dim = cfg.model_dim
         # Registration order = the official order of these keys in gpt.pth (official_shapes).
-        if cfg.is_v25:
+        if cfg.family.speaker_vector:
             self.spk_emb_proj = nn.Linear(SPK_EMB_DIM, dim)
         self.text_embedding = nn.Embedding(cfg.text_rows, dim)
-        if cfg.is_v25:
+        if cfg.family.language_rows:
             self.lang_embedding = nn.Embedding(LANG_ROWS, dim)
         self.mel_embedding = nn.Embedding(cfg.number_mel_codes, dim)
         self.gpt = GPT2Trunk(cfg, dropout, activation_checkpointing)
@@ -293,7 +293,7 @@ class UnifiedVoiceGPT(nn.Module):
         self.final_norm = nn.LayerNorm(dim, eps=1e-5)
         self.text_head = nn.Linear(dim, cfg.text_rows)
         self.mel_head = nn.Linear(dim, cfg.number_mel_codes)
-        if not cfg.is_v25:
+        if not cfg.family.speaker_vector:
             self.speed_emb = nn.Embedding(2, dim)
             nn.init.zeros_(self.speed_emb.weight)  # official: normal_(std=0)
         for table in (self.text_embedding, self.mel_embedding, self.text_pos_embedding.emb,
@@ -320,7 +320,7 @@ class UnifiedVoiceGPT(nn.Module):
                                           cfg.stop_mel_token)
         self._check_widths(text_inputs.shape[1], mel_inputs.shape[1])
         text = self.text_embedding(text_inputs) + self.text_pos_embedding.emb.weight[: text_inputs.shape[1]]
-        if cfg.is_v25:  # v2.5 rule 5: the language row on every text position, pads included
+        if cfg.family.language_rows:  # v2.5 rule 5: the language row on every text position, pads included
             text = text + self.lang_embedding(batch.lang_ids)[:, None, :]
         mel = self.mel_embedding(mel_inputs) + self.mel_pos_embedding.emb.weight[: mel_inputs.shape[1]]
         prefix = self.prefix(batch)
@@ -331,7 +331,7 @@ class UnifiedVoiceGPT(nn.Module):
 
     def prefix(self, batch: Batch) -> Tensor:
         """The family's prefix rows (B, P, D): what precedes the text segment, in training and in generation."""
-        return self._prefix_v25(batch) if self.cfg.is_v25 else self._prefix(batch)
+        return self._prefix_v25(batch) if self.cfg.family.speaker_vector else self._prefix(batch)
 
     def _prefix(self, batch: Batch) -> Tensor:
         """Rule 4: 32 rows of condition + emo_vec, then speed_emb rows 1 and 0; no positions."""

@@ -22,7 +22,8 @@ from indextts_train.config.constants import (
     TEXT_ROW_KEYS,
     WRAPPER_PREFIXES,
 )
-from indextts_train.config.settings import FAMILY_NAMES, FAMILY_V2, FAMILY_V25, ConditionModuleConfig, GPTConfig
+from indextts_train.config.family import family_of_keys
+from indextts_train.config.settings import ConditionModuleConfig, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT, check_supported, mel_positions, text_positions
 
@@ -39,9 +40,6 @@ TRAINED_PREFIXES = (
     "spk_emb_proj.", "text_embedding.", "lang_embedding.", "mel_embedding.", "text_pos_embedding.",
     "mel_pos_embedding.", "gpt.", "final_norm.", "text_head.", "mel_head.", "speed_emb.",
 )
-# Keys only one family has: how a checkpoint tells which family it is.
-FAMILY_MARKERS = {FAMILY_V2: ("speed_emb.weight", "perceiver_encoder.latents"),
-                  FAMILY_V25: ("spk_emb_proj.weight", "lang_embedding.weight")}
 _LIST_LIMIT = 3  # names shown per category in a key-mismatch error
 
 
@@ -156,7 +154,7 @@ def official_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     mode), in release order, with shapes from `cfg`."""
     check_supported(cfg)
     d, cond = cfg.model_dim, cfg.condition_module
-    if cfg.is_v25:  # campplus registration order: spk_emb_proj first, lang_embedding after text_embedding
+    if cfg.family.speaker_vector:  # campplus order: spk_emb_proj first, lang_embedding after text_embedding
         return {**_linear("spk_emb_proj", SPK_EMB_DIM, d), **_emotion_shapes(cfg),
                 "text_embedding.weight": (cfg.text_rows, d), "lang_embedding.weight": (LANG_ROWS, d),
                 **_tail_shapes(cfg)}
@@ -260,24 +258,17 @@ def clean_keys(state: Mapping[str, Tensor]) -> CleanedKeys:
     return CleanedKeys(out, aliases, lora)
 
 
-def family_of_keys(keys: Mapping[str, object]) -> str | None:
-    """The family whose marker keys a state dict holds; None when it holds both or neither."""
-    found = [family for family, markers in FAMILY_MARKERS.items() if any(k in keys for k in markers)]
-    return found[0] if len(found) == 1 else None
-
-
 def resolve_family(cfg: GPTConfig, state: Mapping[str, Tensor], source: Path | str) -> None:
-    """Set cfg.family from a checkpoint's keys when the config does not state it; refuse a disagreement."""
+    """Set cfg.stated_family from a checkpoint's keys when the config does not state it; refuse a disagreement."""
     found = family_of_keys(clean_keys(state).state)
     if found is None:
         return  # the layout check names what is missing or mixed
-    if cfg.family is None:
-        cfg.family = found
-    elif cfg.family != found:
-        version = "2.5" if cfg.family == FAMILY_V25 else "2.0"
+    if cfg.stated_family is None:
+        cfg.stated_family = found
+    elif cfg.stated_family is not found:
         raise UserError(
-            f"{source}: the checkpoint is {FAMILY_NAMES[found]} (it has {FAMILY_MARKERS[found][0]}) but the config "
-            f"says version {version} ({FAMILY_NAMES[cfg.family]}); pass the config.yaml that came with the checkpoint"
+            f"{source}: the checkpoint is {found.name} (it has {found.weight_markers[0]}) but the config says "
+            f"version {cfg.family.version} ({cfg.family.name}); pass the config.yaml that came with the checkpoint"
         )
 
 

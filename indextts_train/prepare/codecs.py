@@ -13,6 +13,7 @@ batch-size-1 inference gets. Weights load strictly: every expected key with its 
 from __future__ import annotations
 
 import io
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.numpy_pickle import load_weights_only
@@ -129,11 +130,27 @@ def valid_code_count(n_valid_frames: int, frames_per_code: int) -> int:
     return -(-n_valid_frames // frames_per_code)
 
 
-class _Codec:
+class _Codec(ABC):
     """The quantize path of both official codecs, on plain tensors, without autograd."""
 
     frames_per_code = 1
     what = "a codec"
+
+    @classmethod
+    def load(cls, weights: Path, config: dict, device: torch.device) -> _Codec:
+        """The codec of a release folder: its weights file and its config.yaml section."""
+        cfg = codec_config(config, cls.frames_per_code, f"{SECTION} config")
+        return cls(cls.read_weights(Path(weights), codec_shapes(cfg)), cfg, device)
+
+    @classmethod
+    @abstractmethod
+    def read_weights(cls, path: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """The weights file in this codec's official format, checked against `expected` shapes."""
+
+    @staticmethod
+    @abstractmethod
+    def weights_bytes(state: dict[str, torch.Tensor]) -> bytes:
+        """`state` in this codec's official file format."""
 
     def __init__(self, state: Mapping[str, torch.Tensor], cfg: CodecConfig, device: torch.device) -> None:
         self.cfg = cfg
@@ -206,10 +223,14 @@ class SemanticCodec(_Codec):
     what = "the MaskGCT semantic codec (semantic_codec/model.safetensors)"
 
     @classmethod
-    def load(cls, weights: Path, config: dict, device: torch.device) -> SemanticCodec:
-        cfg = codec_config(config, 1, f"{SECTION} config")
-        state = _read_safetensors(Path(weights), codec_shapes(cfg), cls.what)
-        return cls(state, cfg, device)
+    def read_weights(cls, path: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        return _read_safetensors(path, expected, cls.what)
+
+    @staticmethod
+    def weights_bytes(state: dict[str, torch.Tensor]) -> bytes:
+        from safetensors.torch import save
+
+        return save(state)
 
 
 class EnhancedCodec(_Codec):
@@ -219,10 +240,14 @@ class EnhancedCodec(_Codec):
     what = "an IndexTTS-2.5 codec.pth"
 
     @classmethod
-    def load(cls, weights: Path, config: dict, device: torch.device) -> EnhancedCodec:
-        cfg = codec_config(config, 2, f"{SECTION} config")
-        state = _read_codec_pth(Path(weights), codec_shapes(cfg), cls.what)
-        return cls(state, cfg, device)
+    def read_weights(cls, path: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        return _read_codec_pth(path, expected, cls.what)
+
+    @staticmethod
+    def weights_bytes(state: dict[str, torch.Tensor]) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"model": state}, buffer)
+        return buffer.getvalue()
 
     def _front(self, x: torch.Tensor) -> torch.Tensor:
         # quantize() keeps an odd last frame: its code sees the conv's zero padding, as official
@@ -230,7 +255,7 @@ class EnhancedCodec(_Codec):
         return F.gelu(x)  # (B, H, ceil(T / 2))
 
 
-CODECS = {FAMILY_V2: SemanticCodec, FAMILY_V25: EnhancedCodec}  # the codec whose codes each family's GPT reads
+CODECS: dict[Family, type[_Codec]] = {INDEXTTS2: SemanticCodec, INDEXTTS25: EnhancedCodec}  # whose codes its GPT reads
 
 
 def _read_safetensors(path: Path, expected: Mapping[str, tuple[int, ...]], what: str) -> dict[str, torch.Tensor]:
@@ -297,28 +322,18 @@ def _random_state(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str,
     return state
 
 
-def write_tiny_codec(path: Path, family: str, seed: int, hidden: int = 32, sizes: Mapping | None = None) -> dict:
-    """Random tiny codec weights in the official file format of `family`; returns the config section.
+def write_tiny_codec(path: Path, family: Family, seed: int, hidden: int = 32, sizes: Mapping | None = None) -> dict:
+    """Random tiny codec weights in the official file format of `family`'s codec; returns the config section.
 
-    IndexTTS2 ("indextts2"): a safetensors file like MaskGCT's; IndexTTS-2.5 ("indextts2.5"): a
-    torch file {"model": state_dict} like codec.pth. The same arguments give the same bytes; an
-    existing file with other contents is never replaced. `sizes` (default TINY_SIZES; REAL_SIZES with
-    hidden 1024 for the released codecs' shapes) sets everything but the hidden size.
+    IndexTTS2: a safetensors file like MaskGCT's; IndexTTS-2.5: a torch file {"model": state_dict}
+    like codec.pth. The same arguments give the same bytes; an existing file with other contents is
+    never replaced. `sizes` (default TINY_SIZES; REAL_SIZES with hidden 1024 for the released codecs'
+    shapes) sets everything but the hidden size.
     """
-    if family not in (FAMILY_V2, FAMILY_V25):
-        raise ValueError(f"family must be {FAMILY_V2!r} or {FAMILY_V25!r}, not {family!r}")
+    codec = CODECS[family]
     section = {**(TINY_SIZES if sizes is None else sizes), "hidden_size": hidden}
-    cfg = CodecConfig(**section, downsample_scale=2 if family == FAMILY_V25 else 1)
-    state = _random_state(codec_shapes(cfg), seed)
-    if family == FAMILY_V2:
-        from safetensors.torch import save
-
-        data = save(state)
-    else:
-        buffer = io.BytesIO()
-        torch.save({"model": state}, buffer)
-        data = buffer.getvalue()
-    write_new_bytes(Path(path), data)
+    cfg = CodecConfig(**section, downsample_scale=codec.frames_per_code)
+    write_new_bytes(Path(path), codec.weights_bytes(_random_state(codec_shapes(cfg), seed)))
     return {k: v for k, v in asdict(cfg).items() if k in section}
 
 

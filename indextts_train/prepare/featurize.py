@@ -33,7 +33,7 @@ from indextts_train.prepare.audio import (
 )
 from indextts_train.prepare.campplus import CampPlus
 from indextts_train.prepare.clip_source import read_samples
-from indextts_train.prepare.codecs import EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
+from indextts_train.prepare.codecs import CODECS, EnhancedCodec, SemanticCodec, exact_float32, valid_code_count
 from indextts_train.prepare.models import ModelFiles
 from indextts_train.prepare.utterance import Utterance
 from indextts_train.prepare.w2vbert import MIN_SAMPLES, W2vBert, w2vbert_frames
@@ -129,19 +129,19 @@ class Featurizer:
                  allow_unk: bool, new_ids: range = range(0)) -> None:
         self.gpt_cfg, self.text, self.w2v, self.codec = gpt_cfg, text, w2v, codec
         self.encoders, self.campplus, self.device, self.allow_unk = encoders, campplus, device, allow_unk
-        self.is_v25 = campplus is not None
+        self.family = gpt_cfg.family
         self.new_ids = new_ids  # the grown pieces' ids (empty: the tokenizer is the base model's own)
 
     @classmethod
     def load(cls, models: ModelFiles, device: torch.device, *, allow_unk: bool = False) -> Featurizer:
         gpt_cfg = load_config(models.config).gpt
         carried = read_gpt_weights(models.gpt)
-        codec_type = EnhancedCodec if models.is_v25 else SemanticCodec
+        codec_type = CODECS[models.family]
         return cls(gpt_cfg=gpt_cfg, text=TextPath.open(models.tokenizer), new_ids=grown_ids(models, carried),
                    w2v=W2vBert.load(models.w2v_bert, models.stats, device),
                    codec=codec_type.load(models.codec, models.codec_config, device),
                    encoders=ConditioningEncoders.from_gpt(carried, gpt_cfg, device),
-                   campplus=CampPlus.load(models.campplus, device) if models.is_v25 else None,
+                   campplus=CampPlus.load(models.campplus, device) if models.family.speaker_vector else None,
                    device=device, allow_unk=allow_unk)
 
     def code_limit(self) -> CodeLimit:
@@ -155,7 +155,7 @@ class Featurizer:
         """The ids inference gives this text, or why the utterance cannot be kept."""
         if not utt.text.strip():
             return "text: empty"
-        if self.is_v25 and not utt.language:
+        if self.family.language_rows and not utt.language:
             return "text: no language (IndexTTS-2.5 needs one; pass --language or a language field)"
         unknown = self.text.unknown(utt.text, utt.language)
         if unknown and not self.allow_unk:
@@ -166,7 +166,7 @@ class Featurizer:
         if ids.size > self.gpt_cfg.max_text_tokens:
             return f"too long: {ids.size} text tokens > gpt.max_text_tokens {self.gpt_cfg.max_text_tokens}"
         extended = int(np.count_nonzero((ids >= self.new_ids.start) & (ids < self.new_ids.stop)))
-        return TextIds(ids, self.text.lang_id(utt.language) if self.is_v25 else None, extended)
+        return TextIds(ids, self.text.lang_id(utt.language) if self.family.language_rows else None, extended)
 
     def features(self, clips: list[Clip]) -> list[dict[str, np.ndarray] | str]:
         """Arrays of each clip (codes, condition or spk_emb, emo_vec), or the reason it is rejected."""
@@ -190,7 +190,7 @@ class Featurizer:
                 continue
             arrays = {"codes": codes.numpy().astype(np.int32)}
             prompt = clip.speaker_full if clip.speaker_prompt is None else clip.speaker_prompt
-            if self.is_v25:  # IndexTTS-2.5's speaker vector comes from the waveform, through CAMPPlus
+            if self.family.speaker_vector:  # IndexTTS-2.5's speaker vector comes from the waveform, through CAMPPlus
                 arrays["spk_emb"] = np.asarray(self.campplus.speaker_vector(prompt), dtype=np.float32)
             else:
                 # A batch of this clip alone already was its single pass.

@@ -15,7 +15,8 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indextts_train.config.settings import FAMILY_V25, load_config
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family
+from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 from indextts_train.prepare.w2vbert import check_config_sizes
@@ -35,7 +36,10 @@ W2V_BERT_HUB = tuple(HubFile("facebook/w2v-bert-2.0", name, "MIT") for name in W
 SEMANTIC_CODEC_HUB = HubFile("amphion/MaskGCT", "semantic_codec/model.safetensors",
                              "CC-BY-NC-4.0 (non-commercial use only)")
 CAMPPLUS_HUB = HubFile("funasr/campplus", "campplus_cn_common.bin", "Apache-2.0")
-TOKENIZER_NAMES = {False: "bpe.model", True: "multilingual_zh_ja_yue_char_del.tiktoken"}
+# The codec each family's release folder holds (family.codec_file): what messages call it, its flag, its hub file.
+CODEC_SOURCES = {INDEXTTS2: ("semantic codec (MaskGCT semantic_codec/model.safetensors)", "--semantic-codec",
+                             SEMANTIC_CODEC_HUB),
+                 INDEXTTS25: ("codec.pth", "", None)}
 HASH_CHUNK = 16 << 20
 
 
@@ -54,7 +58,7 @@ class ModelFiles:
     """Every file one prepare run reads, and the config's sections the stages need."""
 
     model_dir: Path
-    is_v25: bool
+    family: Family
     config: Path
     gpt: Path
     stats: Path
@@ -169,10 +173,10 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
     if not config_path.is_file():
         raise UserError(f"--model-dir {model_dir}: no config.yaml; pass the official model folder (checkpoints/)")
     raw = _raw_config(config_path)
-    is_v25 = load_config(config_path).gpt.family == FAMILY_V25
+    family = load_config(config_path).gpt.family
     finder = _Finder(model_dir)
     dataset = raw.get("dataset") if isinstance(raw.get("dataset"), dict) else {}
-    tokenizer_name = dataset.get("bpe_model") or TOKENIZER_NAMES[is_v25]
+    tokenizer_name = dataset.get("bpe_model") or family.tokenizer_name
     stats_name = raw.get("w2v_stat") or "wav2vec2bert_stats.pt"
     gpt_name = raw.get("gpt_checkpoint") or "gpt.pth"
     files = {
@@ -181,22 +185,19 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
         "tokenizer": finder.file(f"tokenizer {tokenizer_name}", overrides.tokenizer, "--tokenizer",
                                  model_dir / tokenizer_name),
     }
-    if is_v25:
-        files["codec"] = finder.file("codec.pth", None, "", model_dir / "codec.pth")
+    what, flag, hub = CODEC_SOURCES[family]
+    files["codec"] = finder.file(what, overrides.semantic_codec if flag else None, flag, model_dir / family.codec_file,
+                                 hub)
+    if family.speaker_vector:  # from the prompt's waveform, through CAMPPlus
         files["campplus"] = finder.file("CAMPPlus campplus_cn_common.bin", overrides.campplus, "--campplus",
                                         model_dir / "hf_cache" / CAMPPLUS_HUB.filename, CAMPPLUS_HUB)
-    else:
-        files["codec"] = finder.file("semantic codec (MaskGCT semantic_codec/model.safetensors)",
-                                     overrides.semantic_codec, "--semantic-codec",
-                                     model_dir / "hf_cache" / "semantic_codec" / "model.safetensors",
-                                     SEMANTIC_CODEC_HUB)
     w2v_bert = finder.w2v_bert(overrides.w2v_bert)
     if finder.missing:
         _resolve_missing(finder, download)
         return locate_models(model_dir, overrides, download=False)
     check_config_sizes(w2v_bert)  # before any model is built or any audio read
     codec_config = raw.get("semantic_codec") if isinstance(raw.get("semantic_codec"), dict) else {}
-    return ModelFiles(model_dir=model_dir, is_v25=is_v25, config=config_path, w2v_bert=w2v_bert,
+    return ModelFiles(model_dir=model_dir, family=family, config=config_path, w2v_bert=w2v_bert,
                       codec_config=dict(codec_config), **files)
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from indextts_train.config.constants import CONDITION_LATENTS
+from indextts_train.config.family import Family
 from indextts_train.errors import UserError
 
 
@@ -95,18 +97,18 @@ def make_pairs(kept: list[dict], rule: SplitRule) -> Pairs:
     return pairs
 
 
-def paired_line(target: dict, prompt: dict, is_v25: bool) -> dict:
+def paired_line(target: dict, prompt: dict, family: Family) -> dict:
     """The paired-form manifest line train-gpt reads (README "Data"), paths relative to the output folder."""
     line = {"id": f"{target['id']}__{prompt['id']}", "speaker": target["speaker"]}
     if target["language"] is not None:
         line["language"] = target["language"]
-    if is_v25:
+    if family.language_rows:
         line["lang_id"] = target["lang_id"]
     line |= {"prompt_id": prompt["id"], "prompt_audio_path": prompt["audio"]}
-    if is_v25:
-        line["prompt_spk_emb_path"] = prompt["spk_emb_path"]
-    else:
-        line |= {"prompt_condition_path": prompt["condition_path"], "prompt_condition_len": 32}
+    speaker = family.speaker_input  # the prompt's condition latents or its CAMPPlus vector
+    line[family.manifest_forms[True][0][speaker]] = prompt[f"{speaker}_path"]
+    if not family.speaker_vector:
+        line["prompt_condition_len"] = CONDITION_LATENTS
     line |= {"prompt_emo_vec_path": prompt["emo_vec_path"], "prompt_duration": prompt["duration"],
              "target_id": target["id"], "target_audio_path": target["audio"], "target_text": target["text"],
              "target_text_ids_path": target["text_ids_path"], "target_text_len": target["text_len"],

@@ -249,7 +249,7 @@ def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, mo
     folder.write_manifest("utterances.jsonl", kept)
     folder.write_manifest("rejected.jsonl", rejected)
     for name, chosen in (("train.jsonl", pairs.train), ("val.jsonl", pairs.val)):
-        folder.write_manifest(name, [paired_line(t, p, models.is_v25) for t, p in chosen])
+        folder.write_manifest(name, [paired_line(t, p, models.family) for t, p in chosen])
     report = _report(kept, rejected, tokens, pairs, options, models, hashes)
     folder.write_json("prepare.json", report)
     return report
@@ -291,7 +291,7 @@ def _report(kept: list[dict], rejected: list[dict], tokens: TokenCount, pairs: P
             models: ModelFiles, hashes: dict[str, str]) -> dict:
     """prepare.json: settings, model hashes, versions, counts, hours (no times: the bytes are reproducible)."""
     return {
-        "family": "IndexTTS-2.5" if models.is_v25 else "IndexTTS2",
+        "family": models.family.name,
         "corpora": [str(Path(p).resolve()) for p in options.corpora], "model_dir": str(models.model_dir.resolve()),
         "settings": options.feature_settings() | {"batch_seconds": options.batch_seconds} | asdict(options.split),
         "models": {name: str(path.resolve()) for name, path in sorted(models.files().items())},

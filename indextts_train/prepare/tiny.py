@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import yaml
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25, load_config
+from indextts_train.config.settings import load_config
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from indextts_train.files.bounded import load_yaml
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -27,7 +27,7 @@ from indextts_train.model.layout import CONFORMER_INPUT_KEY, full_state_dict, in
 from indextts_train.prepare import campplus, codecs, w2vbert
 from indextts_train.prepare.campplus import write_tiny_campplus
 from indextts_train.prepare.codecs import write_tiny_codec
-from indextts_train.prepare.models import CAMPPLUS_HUB, TOKENIZER_NAMES
+from indextts_train.prepare.models import CAMPPLUS_HUB
 from indextts_train.prepare.w2vbert import write_tiny_w2vbert
 
 TINY_W2V_WIDTH = 32
@@ -70,7 +70,7 @@ def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, 
         width = w2vbert.REAL_WIDTH
     model_dir.mkdir(parents=True, exist_ok=True)
     raw = load_yaml(gpt_config, "config")
-    is_v25 = load_config(gpt_config).gpt.family == FAMILY_V25
+    family = load_config(gpt_config).gpt.family
     hf_cache = model_dir / "hf_cache"
     write_tiny_w2vbert(hf_cache / "w2v-bert-2.0", seed, hidden=width, sizes=_w2v_sizes(width, real_size, inference))
     campplus_sizes = campplus.REAL_SIZES if real_size or inference else campplus.TINY_SIZES
@@ -78,25 +78,19 @@ def write_tiny_model_dir(model_dir: Path, *, gpt_config: Path, tokenizer: Path, 
     stats = hf_cache / "w2v-bert-2.0" / "wav2vec2bert_stats.pt"
     if stats.is_file():  # the official folder keeps the statistics beside gpt.pth
         shutil.move(stats, model_dir / "wav2vec2bert_stats.pt")
-    if is_v25:
-        raw["semantic_codec"] = write_tiny_codec(model_dir / "codec.pth", FAMILY_V25, seed + 1, width, codec_sizes)
+    raw["semantic_codec"] = write_tiny_codec(model_dir / family.codec_file, family, seed + 1, width, codec_sizes)
+    if family.speaker_vector or inference:  # IndexTTS2's inference loads CAMPPlus too; its prepare does not
         write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2, campplus_sizes)
-    else:
-        if inference:  # IndexTTS2's inference loads CAMPPlus from the hub cache; prepare does not use it
-            write_tiny_campplus(hf_cache / CAMPPLUS_HUB.filename, seed + 2, campplus_sizes)
-        (hf_cache / "semantic_codec").mkdir(parents=True, exist_ok=True)
-        raw["semantic_codec"] = write_tiny_codec(hf_cache / "semantic_codec" / "model.safetensors", FAMILY_V2,
-                                                 seed + 1, width, codec_sizes)
-        raw["version"] = 2.0
+    raw["version"] = family.version
     raw.pop("train", None)  # the official config has no train: section
     # The keys by which an official folder names its files: with them `train-gpt` takes this config.yaml
     # for --config when --base-checkpoint is this folder's gpt.pth, as it does for a released folder.
-    raw["dataset"] = {"bpe_model": TOKENIZER_NAMES[is_v25]}
+    raw["dataset"] = {"bpe_model": family.tokenizer_name}
     raw["gpt_checkpoint"] = "gpt.pth"
     raw["w2v_stat"] = "wav2vec2bert_stats.pt"
     config_path = model_dir / "config.yaml"
     atomic_write_text(config_path, yaml.safe_dump(raw, sort_keys=False))
-    atomic_write_bytes(model_dir / TOKENIZER_NAMES[is_v25], tokenizer.read_bytes())
+    atomic_write_bytes(model_dir / family.tokenizer_name, tokenizer.read_bytes())
     write_tiny_gpt(config_path, model_dir / "gpt.pth", width, seed)
     return model_dir
 

@@ -25,21 +25,22 @@ grammars spell out; texts with digits are counted so commands can say how many a
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any, ClassVar
 
 import sentencepiece as spm
 
-from indextts_train.config.settings import FAMILY_V2, FAMILY_V25
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family, family_of_tokenizer
 from indextts_train.errors import UserError
 from indextts_train.text.tiktoken_vocab import (
     COMMON_LANGUAGE,
     LANGUAGE_CODES,
     START_STOP_IDS,
     TiktokenVocab,
-    is_tiktoken,
     language_id,
     read_tiktoken,
 )
@@ -227,26 +228,22 @@ def open_normalizer(choice: str = "auto") -> tuple[Callable[[str], str], str]:
 
 
 @dataclass
-class TextPath:
-    """One tokenizer with the official text path in front of it.
+class TextPath(ABC):
+    """One tokenizer with the official text path in front of it (`TextPath.open` picks the family's).
 
     `digit_lines` counts presented texts that have digits while only the character map runs (the
     official normaliser would have spelled them out); `unknown_languages` counts 2.5 codes that fell
     back to the `common` row. `notes()` turns both into warnings a command prints.
     """
 
-    family: str
+    family: ClassVar[Family]
     normalizer_name: str
     tokenizer: Path
     normalize: Callable[[str], str]
-    processor: spm.SentencePieceProcessor | None = None
-    vocab: TiktokenVocab | None = None
-    encoding: object | None = None  # tiktoken.Encoding
     strict_language: bool = False
     borrowed: dict[str, int] = field(default_factory=dict)
     digit_lines: int = 0
     unknown_languages: dict[str, int] = field(default_factory=dict)
-    missing_bytes: frozenset[int] = frozenset()  # 2.5: single bytes the ranks lack (tiktoken panics on them)
 
     @classmethod
     def open(cls, tokenizer: Path, *, normalizer: str = "auto", strict_language: bool = False,
@@ -254,28 +251,150 @@ class TextPath:
         """A SentencePiece `.model` is IndexTTS2, a `.tiktoken` ranks file IndexTTS-2.5."""
         tokenizer = Path(tokenizer)
         normalize, name = open_normalizer(normalizer)
-        common = {"tokenizer": tokenizer, "normalize": normalize, "normalizer_name": name,
-                  "strict_language": strict_language, "borrowed": dict(borrowed or {})}
-        if is_tiktoken(tokenizer):
-            vocab = read_tiktoken(tokenizer)
-            missing = frozenset(range(256)) - {piece[0] for piece in vocab.ranks if len(piece) == 1}
-            return cls(family=FAMILY_V25, vocab=vocab, encoding=vocab.encoding(), missing_bytes=missing, **common)
-        return cls(family=FAMILY_V2, processor=_load_spm(tokenizer), **common)
+        kind = next(path for path in (SentencePiecePath, TiktokenPath)
+                    if path.family is family_of_tokenizer(tokenizer))
+        return kind.load(tokenizer=tokenizer, normalize=normalize, normalizer_name=name,
+                         strict_language=strict_language, borrowed=dict(borrowed or {}))
+
+    @classmethod
+    @abstractmethod
+    def load(cls, **common: Any) -> TextPath:
+        """This kind's path over the tokenizer file `common["tokenizer"]` (common: TextPath's fields)."""
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """Text tokens of the tokenizer (2.5: ranks + specials)."""
+
+    def lang_id(self, language: str | None) -> int:
+        """The lang_embedding row of a code (IndexTTS2 has none: -1, as ManifestIndex records its lines)."""
+        return -1
+
+    @abstractmethod
+    def present(self, text: str, language: str | None = None) -> str:
+        """The exact string the tokenizer is given (2.5: with the `<|lang|> ` prefix)."""
+
+    def present_body(self, text: str, language: str | None = None) -> str:
+        """2.5: the presented text without its `<|lang|> ` prefix (what pieces are learned from);
+        IndexTTS2: the same as present()."""
+        return self.present(text, language)
+
+    def inexact(self, text: str, language: str | None = None) -> bool:
+        """True when official inference would spell out digits of `text` that only the character map saw
+        here: its presented form (and ids) then differ from inference's."""
+        return self.normalizer_name == CHARMAP_ONLY and has_digits(text) and self._normalised(text, language)
+
+    @abstractmethod
+    def _normalised(self, text: str, language: str | None) -> bool:
+        """Whether inference's normaliser reads `text` (one character, or a language without it: no)."""
+
+    def encode(self, text: str, language: str | None = None) -> list[int]:
+        """Ids as the GPT sees them (2.5: language tag first, every 0 and 1 dropped)."""
+        return self._ids(self.present(text, language), text)
+
+    @abstractmethod
+    def encode_pieces(self, text: str, language: str | None = None) -> list[tuple[int, str]]:
+        """(id, piece) pairs; SentencePiece gives an unknown run's own text as its piece."""
+
+    @abstractmethod
+    def _ids(self, presented: str, text: str) -> list[int]:
+        """Ids of a presented text (`text` names it in messages)."""
+
+    def unknown(self, text: str, language: str | None = None) -> list[str]:
+        """Text the tokenizer cannot encode (its <unk> pieces, without the ▁ word mark); [] when none.
+
+        Always [] for 2.5: a byte-level vocabulary encodes every character.
+        """
+        return []
+
+    @property
+    def unknown_id(self) -> int | None:
+        """The id of the tokenizer's <unk> piece (None: it encodes everything)."""
+        return None
+
+    @abstractmethod
+    def raw_ids(self, text: str, language: str | None = None) -> list[int]:
+        """What earlier versions stored: the raw text encoded without the official presentation."""
+
+    def notes(self) -> list[str]:
+        """Warnings about what was presented so far (digits without the normaliser, unknown languages)."""
+        notes = []
+        if self.digit_lines:
+            notes.append(f"{self.digit_lines} text(s) have digits, which official inference spells out with "
+                         f"{WETEXT_PACKAGE}; here only the character map ran, so their ids differ from "
+                         f"inference: {WETEXT_INSTALL}")
+        for code, count in self.unknown_languages.items():
+            notes.append(f"language {code!r} ({count} text(s)) is not in IndexTTS-2.5's table: encoded as "
+                         f"'<|{code}|> ' + text on the `common` row ({COMMON_LANGUAGE}), as inference does; "
+                         "--strict-language refuses it")
+        return notes
+
+
+@dataclass
+class SentencePiecePath(TextPath):
+    """IndexTTS2's text path: the normaliser, CJK split and upper case, a SentencePiece model."""
+
+    family: ClassVar[Family] = INDEXTTS2
+    processor: spm.SentencePieceProcessor | None = None
+
+    @classmethod
+    def load(cls, **common: Any) -> SentencePiecePath:
+        return cls(processor=_load_spm(common["tokenizer"]), **common)
 
     @property
     def size(self) -> int:
-        """Text tokens of the tokenizer (2.5: ranks + specials)."""
-        return self.vocab.n_vocab if self.vocab is not None else self.processor.get_piece_size()
+        return self.processor.get_piece_size()
 
-    # -- IndexTTS-2.5 languages ----------------------------------------------------------------
+    def present(self, text: str, language: str | None = None) -> str:
+        if not text or single_character(text):
+            return text
+        self.digit_lines += self.inexact(text)
+        return cjk_split_upper(self.normalize(text))
+
+    def _normalised(self, text: str, language: str | None) -> bool:
+        return not single_character(text)
+
+    def encode_pieces(self, text: str, language: str | None = None) -> list[tuple[int, str]]:
+        presented = self.present(text, language)
+        ids = self._ids(presented, text)
+        return list(zip(ids, self.processor.encode(presented, out_type=str), strict=True)) if ids else []
+
+    def _ids(self, presented: str, text: str) -> list[int]:
+        return self.processor.encode(presented) if presented else []
+
+    @property
+    def unknown_id(self) -> int | None:
+        return self.processor.unk_id()
+
+    def raw_ids(self, text: str, language: str | None = None) -> list[int]:
+        return self.processor.encode(text)
+
+    def unknown(self, text: str, language: str | None = None) -> list[str]:
+        unk = self.processor.unk_id()
+        return [piece.replace("\u2581", "") for token, piece in self.encode_pieces(text, language) if token == unk]
+
+
+@dataclass
+class TiktokenPath(TextPath):
+    """IndexTTS-2.5's text path: `<|lang|> ` + the language's rules, tiktoken ranks, 0/1 dropped."""
+
+    family: ClassVar[Family] = INDEXTTS25
+    vocab: TiktokenVocab | None = None
+    encoding: object | None = None  # tiktoken.Encoding
+    missing_bytes: frozenset[int] = frozenset()  # single bytes the ranks lack (tiktoken panics on them)
+
+    @classmethod
+    def load(cls, **common: Any) -> TiktokenPath:
+        vocab = read_tiktoken(common["tokenizer"])
+        missing = frozenset(range(256)) - {piece[0] for piece in vocab.ranks if len(piece) == 1}
+        return cls(vocab=vocab, encoding=vocab.encoding(), missing_bytes=missing, **common)
+
+    @property
+    def size(self) -> int:
+        return self.vocab.n_vocab
 
     def lang_id(self, language: str | None) -> int:
-        """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict.
-
-        IndexTTS2 has no language rows: -1, as ManifestIndex records its lines.
-        """
-        if self.family != FAMILY_V25:
-            return -1
+        """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict."""
         if language is None or not language.strip():
             raise UserError("IndexTTS-2.5 text needs a language code (the line's `language`, or --language)")
         code = language.strip().lower()
@@ -296,38 +415,13 @@ class TextPath:
             return LANGUAGE_CODES[self.borrowed[code]]
         return code
 
-    # -- presenting and encoding ---------------------------------------------------------------
-
     def present(self, text: str, language: str | None = None) -> str:
-        """The exact string the tokenizer is given (2.5: with the `<|lang|> ` prefix)."""
-        if self.family == FAMILY_V25:
-            return self._present_v25(text, language)
-        if not text or single_character(text):
-            return text
-        self.digit_lines += self.inexact(text)
-        return cjk_split_upper(self.normalize(text))
-
-    def inexact(self, text: str, language: str | None = None) -> bool:
-        """True when official inference would spell out digits of `text` that only the character map saw
-        here: its presented form (and ids) then differ from inference's."""
-        if self.normalizer_name != CHARMAP_ONLY or not has_digits(text):
-            return False
-        if self.family == FAMILY_V25:
-            return self._inference_code(language) in V25_NORMALISED
-        return not single_character(text)
-
-    def _present_v25(self, text: str, language: str | None) -> str:
         self.lang_id(language)  # refuses or counts an unknown code
         return language_prefix(self._inference_code(language)) + self.present_body(text, language)
 
     def present_body(self, text: str, language: str | None = None) -> str:
-        """2.5: the presented text without its `<|lang|> ` prefix (what pieces are learned from).
-
-        IndexTTS2: the same as present(). A 2.5 text without a language gets the character map and
-        keeps its case, as inference does for every language without a case rule.
-        """
-        if self.family != FAMILY_V25:
-            return self.present(text, language)
+        """A text without a language gets the character map and keeps its case, as inference does for
+        every language without a case rule."""
         code = self._inference_code(language)
         text = character_map(text)
         if code in V25_NORMALISED:
@@ -335,48 +429,22 @@ class TextPath:
             text = self.normalize(text)
         return control_tokens_upper(pronunciation_marks(case_rule(text, code)))
 
-    def encode(self, text: str, language: str | None = None) -> list[int]:
-        """Ids as the GPT sees them (2.5: language tag first, every 0 and 1 dropped)."""
-        return self._ids(self.present(text, language), text)
+    def _normalised(self, text: str, language: str | None) -> bool:
+        return self._inference_code(language) in V25_NORMALISED
 
     def encode_pieces(self, text: str, language: str | None = None) -> list[tuple[int, str]]:
-        """(id, piece) pairs; SentencePiece gives an unknown run's own text as its piece."""
-        presented = self.present(text, language)
-        ids = self._ids(presented, text)
-        if self.family == FAMILY_V25:
-            return [(i, self.encoding.decode_single_token_bytes(i).decode("utf-8", "replace")) for i in ids]
-        return list(zip(ids, self.processor.encode(presented, out_type=str), strict=True)) if ids else []
+        ids = self._ids(self.present(text, language), text)
+        return [(i, self.encoding.decode_single_token_bytes(i).decode("utf-8", "replace")) for i in ids]
+
+    def raw_ids(self, text: str, language: str | None = None) -> list[int]:
+        raw = self.encoding.encode(f"<|{language}|> {text}", allowed_special="all")
+        return [token for token in raw if token not in START_STOP_IDS]
 
     def _ids(self, presented: str, text: str) -> list[int]:
-        if self.family == FAMILY_V25:
-            if self.missing_bytes and not self.missing_bytes.isdisjoint(presented.encode("utf-8")):
-                raise UserError(f"{text!r}: has bytes {self.tokenizer} has no rank for (a cut-down vocabulary); "
-                                "use a vocabulary with all 256 single bytes")
-            return [i for i in self.encoding.encode(presented, allowed_special="all") if i not in START_STOP_IDS]
-        return self.processor.encode(presented) if presented else []
-
-    def unknown(self, text: str, language: str | None = None) -> list[str]:
-        """Text the tokenizer cannot encode (its <unk> pieces, without the ▁ word mark); [] when none.
-
-        Always [] for 2.5: a byte-level vocabulary encodes every character.
-        """
-        if self.family == FAMILY_V25:
-            return []
-        unk = self.processor.unk_id()
-        return [piece.replace("\u2581", "") for token, piece in self.encode_pieces(text, language) if token == unk]
-
-    def notes(self) -> list[str]:
-        """Warnings about what was presented so far (digits without the normaliser, unknown languages)."""
-        notes = []
-        if self.digit_lines:
-            notes.append(f"{self.digit_lines} text(s) have digits, which official inference spells out with "
-                         f"{WETEXT_PACKAGE}; here only the character map ran, so their ids differ from "
-                         f"inference: {WETEXT_INSTALL}")
-        for code, count in self.unknown_languages.items():
-            notes.append(f"language {code!r} ({count} text(s)) is not in IndexTTS-2.5's table: encoded as "
-                         f"'<|{code}|> ' + text on the `common` row ({COMMON_LANGUAGE}), as inference does; "
-                         "--strict-language refuses it")
-        return notes
+        if self.missing_bytes and not self.missing_bytes.isdisjoint(presented.encode("utf-8")):
+            raise UserError(f"{text!r}: has bytes {self.tokenizer} has no rank for (a cut-down vocabulary); "
+                            "use a vocabulary with all 256 single bytes")
+        return [i for i in self.encoding.encode(presented, allowed_special="all") if i not in START_STOP_IDS]
 
 
 def _load_spm(path: Path) -> spm.SentencePieceProcessor:

@@ -64,10 +64,6 @@ PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?
 _SHOW = 10
 
 
-def is_tiktoken(path: str | Path) -> bool:
-    return Path(path).suffix == ".tiktoken"
-
-
 def language_id(code: str) -> int | None:
     """LANGUAGE_DICT[code.lower()]; None for a code the official table does not have."""
     return LANGUAGE_IDS.get(code.strip().lower())

@@ -23,10 +23,11 @@ import torch
 from torch import Tensor, nn
 
 from indextts_train.config.constants import LANG_ROWS, TEXT_ROW_KEYS
+from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
 from indextts_train.config.settings import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.text.languages import borrow_notes
-from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, SPECIAL_TOKENS, is_tiktoken, read_tiktoken
+from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, SPECIAL_TOKENS, read_tiktoken
 
 NEW_ROW_NOISE = 0.01  # noise std of a new row, as a fraction of the base rows' per-column std
 
@@ -105,7 +106,7 @@ def tokenizer_size(path: str | Path) -> int:
     import sentencepiece as spm  # only needed here; keeps `import indextts_train.text.vocab` light
 
     path = Path(path)
-    if is_tiktoken(path):
+    if family_of_tokenizer(path).tokenizer_kind == TIKTOKEN:
         return read_tiktoken(path).n_vocab
     if not path.is_file():
         raise UserError(f"{path}: tokenizer not found; pass --tokenizer path/to/bpe.model")
@@ -122,7 +123,7 @@ def growth_point(path: str | Path | None, base_tokens: int) -> int | None:
     A tiktoken model's text rows are ranks then the 1,673 specials, so the base's ranks are
     base_tokens - 1673 whatever the new file holds.
     """
-    if path is None or not is_tiktoken(path):
+    if path is None or not family_of_tokenizer(path).specials_follow_ranks:
         return None
     base_ranks = base_tokens - len(SPECIAL_TOKENS)
     if base_ranks < 1:
@@ -251,7 +252,7 @@ def family_freezer(model: nn.Module, plan: VocabPlan, gpt: GPTConfig, train: Tra
                    lang_ids: Iterable[int], say: Callable[[str], None]) -> RowFreezer:
     """The run's RowFreezer; for IndexTTS-2.5 also the language rows the data does not train and,
     unless --train-speaker-proj, spk_emb_proj. `say` gets one line describing it."""
-    if not gpt.is_v25:
+    if not gpt.family.language_rows:
         return RowFreezer(model, plan)
     used = sorted({int(i) for i in lang_ids})
     rows = frozen_language_rows(used)

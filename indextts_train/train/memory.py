@@ -62,7 +62,7 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 
 def max_sequence_positions(cfg: GPTConfig) -> int:
     """Trunk positions at the longest sample: prefix + [start]+text+[stop] + [start]+codes+[stop]."""
-    prefix = PREFIX_LEN_V25 if cfg.is_v25 else PREFIX_LEN
+    prefix = PREFIX_LEN_V25 if cfg.family.speaker_vector else PREFIX_LEN
     return prefix + (cfg.max_text_tokens + 2) + (cfg.max_mel_tokens + 2)
 
 
@@ -74,7 +74,7 @@ def trained_parameter_count(cfg: GPTConfig) -> int:
     positions = (cfg.max_text_tokens + 2) * D + (cfg.max_mel_tokens + 3) * D
     blocks = cfg.layers * (12 * D * D + 13 * D)  # qkv, proj, fc, proj weights+biases, 2 LayerNorms
     norms = 2 * D + 2 * D  # gpt.ln_f and final_norm
-    if cfg.is_v25:  # spk_emb_proj and lang_embedding instead of speed_emb
+    if cfg.family.speaker_vector:  # spk_emb_proj and lang_embedding instead of speed_emb
         return text + mel + positions + blocks + norms + (SPK_EMB_DIM + 1) * D + LANG_ROWS * D
     return text + mel + positions + blocks + norms + 2 * D
 

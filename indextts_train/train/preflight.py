@@ -15,12 +15,12 @@ from pathlib import Path
 
 from indextts_train.checkpoint.base import check_base_layout
 from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.config.family import family_of_tokenizer
 from indextts_train.config.settings import Config
 from indextts_train.data.checkdata import check_manifests
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
-from indextts_train.text.tiktoken_vocab import is_tiktoken
 from indextts_train.text.vocab import tokenizer_size
 from indextts_train.train.resume import check_no_earlier_run
 from indextts_train.ui.run_settings import RunSettings
@@ -63,14 +63,14 @@ def check_paths(options: RunSettings) -> None:
 def check_tokenizer_family(options: RunSettings, config: Config) -> None:
     """A .tiktoken vocabulary is IndexTTS-2.5's, a SentencePiece .model IndexTTS2's: the tokenizer's family
     against the model's (the base checkpoint's keys settled it, else the config's version)."""
-    if options.tokenizer is None or config.gpt.family is None or is_tiktoken(options.tokenizer) == config.gpt.is_v25:
+    model = config.gpt.stated_family
+    if options.tokenizer is None or model is None or family_of_tokenizer(options.tokenizer) is model:
         return
     source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
-    wanted = ("IndexTTS-2.5's .tiktoken (multilingual_zh_ja_yue_char_del.tiktoken or its extension)"
-              if config.gpt.is_v25 else "IndexTTS2's SentencePiece .model (bpe.model or its extension)")
-    kind = "an IndexTTS-2.5 .tiktoken vocabulary" if is_tiktoken(options.tokenizer) else \
-        "an IndexTTS2 SentencePiece model"
-    raise UserError(f"--tokenizer {options.tokenizer}: {kind}, but {source} is {config.gpt.family_name}; "
+    wanted = f"{model.name}'s {model.tokenizer_label} ({model.tokenizer_name} or its extension)"
+    found = family_of_tokenizer(options.tokenizer)
+    kind = f"an {found.name} {found.tokenizer_noun}"
+    raise UserError(f"--tokenizer {options.tokenizer}: {kind}, but {source} is {config.gpt.family.name}; "
                     f"pass {wanted}, or the checkpoint and config of the tokenizer's family")
 
 

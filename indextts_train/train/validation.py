@@ -20,13 +20,8 @@ import torch
 
 from indextts_train.config.metric_names import group_name
 from indextts_train.config.settings import Config
-from indextts_train.data.manifest import (
-    LANGUAGE_FIELDS,
-    ManifestDataset,
-    ManifestIndex,
-    make_loader,
-    sequential_batches,
-)
+from indextts_train.data.lines import LANGUAGE_FIELDS
+from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.data.sampling import ManifestSpec
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.errors import UserError

@@ -17,7 +17,7 @@ from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
 from indextts_train.checkpoint.manager import Resumed
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import FAMILY_V2, Config, TrainConfig
+from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import (
@@ -156,7 +156,7 @@ def run_weights(resumed: Resumed | None, options: RunSettings, config: Config, t
         weights, growth = fresh_weights(options, config, tokens, log, base), VocabPlan(tokens, tokens)
     else:
         weights, growth = resumed_weights(resumed, config, tokens, options.tokenizer)
-    config.gpt.family = config.gpt.family or FAMILY_V2
+    config.gpt.stated_family = config.gpt.family
     weights.apply_scope(config.train, resumed.lora if resumed is not None else None, str(resumed and resumed.path))
     weights.to(device)
     return weights, growth
