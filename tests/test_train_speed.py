@@ -27,9 +27,9 @@ TRAIN_LAYER = Path(__file__).resolve().parents[1] / "indextts_train" / "train"
 
 def test_the_loop_reads_metrics_once_per_log_interval(tiny_data, tmp_path, monkeypatch) -> None:
     """Every host read of a tensor made by a module of train/ (the loop, its steps, window and saving) is
-    counted: none per micro-batch (8 steps x 2 micro-batches), one per log line (every 4 steps), one per optimizer step for the
-    divergence guard (may the step update the weights: guard.py) and one per checkpoint (no NaN/Inf
-    tensor is written; one save, at the end)."""
+    counted: none per micro-batch (8 steps x 2 micro-batches), one per log line (every 4 steps), one per
+    optimizer step for the divergence guard (may the step update the weights: guard.py) and one per
+    checkpoint (no NaN/Inf tensor is written; one save, at the end)."""
     calls: dict[str, int] = {}
 
     def counting(name: str):
