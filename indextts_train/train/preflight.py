@@ -15,6 +15,7 @@ from pathlib import Path
 
 from indextts_train.checkpoint.base import check_base_layout
 from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.manager import check_no_earlier_run
 from indextts_train.config.family import family_of_tokenizer
 from indextts_train.config.settings import Config
 from indextts_train.data.checkdata import check_manifests
@@ -22,7 +23,6 @@ from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import tokenizer_size
-from indextts_train.train.resume import check_no_earlier_run
 from indextts_train.ui.run_settings import RunSettings
 
 # Lines read from the head of each manifest: enough to catch data made with another tokenizer or

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from indextts_train.checkpoint.manager import Resumed
-from indextts_train.checkpoint.manager import check_no_earlier_run as check_no_earlier_run  # preflight's check
 from indextts_train.checkpoint.rng import ProcessRng
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, TrainConfig
