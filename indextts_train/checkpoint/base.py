@@ -1,26 +1,30 @@
 """Reading a base `gpt.pth` (official, community or our own checkpoint) into the model's two parts.
 
 It reads through the checkpoint loader (no pickled code, CRC-checked when ours) and checks the keys
-against the official layout of the config's family (model/layout.py).
+against the official layout of the config's family (model/layout.py). A start reads it once into a
+`BaseCheckpoint` (read_base) that settles the family, carries the verdict of the checks and gives the
+weights; the commands that use one file's weights call load_base_checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
+from indextts_train.config.family import Family, family_of_keys
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.layout import (
     clean_keys,
     layout_problems,
     official_shapes,
+    other_family,
     preview_names,
-    resolve_family,
     split_state_dict,
 )
 from indextts_train.model.lora import merge_lora, record_spec
@@ -47,47 +51,77 @@ def _read_state(path: Path, merge_adapters: bool, loaded: object | None = None) 
     return dict(obj)
 
 
-def read_base(path: Path | None) -> object | None:
-    """The base checkpoint read once for a whole start (mmap: tensor data stays on disk until used; one
-    CRC pass): its family, its layout check and its weights all come from this. None when there is no
-    file to read, or it cannot be read: the checks before training then name the problem."""
+@dataclass(frozen=True)
+class BaseCheckpoint:
+    """A base gpt.pth read once for a whole start (mmap: tensor data stays on disk until used; one CRC
+    pass): the family of the config, the checks before training and the fresh weights all use this.
+
+    Judged against the config when read; what is wrong (`problem`) is said among the checks before
+    training, in their order (a missing manifest or an earlier run in the output folder first).
+    """
+
+    path: Path
+    state: dict[str, Tensor]  # official names; a --train-scope lora checkpoint's adapters merged in
+    family: Family | None  # what its keys show; None: no marker key (the layout check names what is missing)
+    ignored: str | None  # what a training checkpoint given as the base leaves out; said when its weights are used
+    problem: UserError | None  # why it cannot serve the config: unreadable, not weights, another family or layout
+
+    @property
+    def text_tokens(self) -> int:
+        """Its text rows - 1, which may differ from the config's number_text_tokens (vocab growth)."""
+        return self.state["text_embedding.weight"].shape[0] - 1
+
+    def official_weights(self, cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(trained, carried), float32 in release order; refused when it has no rows for the start/stop text tokens."""
+        ordered = {k: self.state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
+        if self.text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):
+            raise UserError(f"{self.path}: text_embedding.weight has only {self.text_tokens + 1} rows; "
+                            "it cannot hold the start/stop text tokens")
+        return split_state_dict(ordered, cfg)
+
+
+def _layout_problem(path: Path, state: dict[str, Tensor], cfg: GPTConfig) -> UserError | None:
+    """Keys and shapes other than the ones `cfg` describes, in one line (None: they are those)."""
+    problems = layout_problems(state, cfg)
+    if not problems:
+        return None
+    return UserError(
+        f"{path}: does not match the {cfg.family.name} GPT layout of the config (model_dim "
+        f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from the config's "
+        "gpt: section: pass the config.yaml that came with the checkpoint as --config"
+    )
+
+
+def _read(path: Path, cfg: GPTConfig, loaded: object | None, merge_adapters: bool) -> BaseCheckpoint:
+    """Read `path` (or take `loaded`, the loader's read of it), clean its keys, settle cfg's family from
+    them when the config states none, and judge it against cfg. Raises only when it cannot be read."""
+    loaded = load_checkpoint(path, mmap=True) if loaded is None else loaded
+    raw = _read_state(path, merge_adapters, loaded)
+    state = clean_keys(raw).state
+    family = family_of_keys(state)
+    cfg.stated_family = cfg.stated_family or family
+    other = other_family(cfg, family, path)
+    problem = UserError(other) if other is not None else _layout_problem(path, state, cfg)
+    return BaseCheckpoint(path, state, family, ignored_by_base_checkpoint(path, loaded), problem)
+
+
+def read_base(path: Path | None, cfg: GPTConfig) -> BaseCheckpoint | None:
+    """The start's one read of --base-checkpoint; settles cfg's family from its keys when the config
+    states none (before anything is sized). None without one, or when the path is no file (the checks
+    of the paths say so). A file that cannot be read keeps the reason as its `problem`."""
     if path is None or not Path(path).is_file():
         return None
     try:
-        return load_checkpoint(Path(path), mmap=True)
-    except UserError:
-        return None
-
-
-def settle_family(cfg: GPTConfig, loaded: object | None, path: Path | None) -> None:
-    """cfg.family from the base checkpoint's keys when the config does not state it (before anything is sized)."""
-    if cfg.stated_family is not None or not isinstance(loaded, Mapping):
-        return
-    weights = loaded["model"] if isinstance(loaded.get("model"), Mapping) else loaded
-    resolve_family(cfg, weights, path)
-
-
-def check_base_layout(path: Path, cfg: GPTConfig, *, merge_adapters: bool = True,
-                      loaded: object | None = None) -> dict[str, Tensor]:
-    """The checkpoint's weights under official names, refused in one line when their keys and shapes
-    are not the ones `cfg` describes (also sets cfg.family from the keys when the config does not say)."""
-    raw = _read_state(path, merge_adapters, loaded)
-    state = clean_keys(raw).state
-    resolve_family(cfg, state, path)
-    problems = layout_problems(state, cfg)
-    if problems:
-        raise UserError(
-            f"{path}: does not match the {cfg.family.name} GPT layout of the config (model_dim "
-            f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from the config's "
-            "gpt: section: pass the config.yaml that came with the checkpoint as --config"
-        )
-    return state
+        return _read(Path(path), cfg, None, merge_adapters=True)
+    except UserError as exc:
+        return BaseCheckpoint(Path(path), {}, None, None, exc)
 
 
 def load_base_checkpoint(
     path: str | Path, cfg: GPTConfig, *, merge_adapters: bool = True, loaded: object | None = None
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], int]:
-    """Read an official (or community / our own) gpt.pth and check it against `cfg`.
+    """Read an official (or community / our own) gpt.pth and check it against `cfg`: for commands that
+    use one file's weights (export, evaluate).
 
     `loaded`: the file as `checkpoint.load_verified` / `load_checkpoint` returned it, when the
     caller has read it already (`path` then only names it in messages).
@@ -97,13 +131,9 @@ def load_base_checkpoint(
     Returns (trained, carried, base_text_tokens), all float32 in release order; base_text_tokens is
     the checkpoint's text rows - 1, which may differ from cfg.number_text_tokens (vocab growth).
     """
-    path = Path(path)
-    state = check_base_layout(path, cfg, merge_adapters=merge_adapters, loaded=loaded)
+    base = _read(Path(path), cfg, loaded, merge_adapters)
+    if base.problem is not None:
+        raise base.problem
     cfg.stated_family = cfg.family  # neither the config nor the keys say: IndexTTS2
-    ordered = {k: state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
-    base_text_tokens = ordered["text_embedding.weight"].shape[0] - 1
-    if base_text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):
-        raise UserError(f"{path}: text_embedding.weight has only {base_text_tokens + 1} rows; "
-                        "it cannot hold the start/stop text tokens")
-    trained, carried = split_state_dict(ordered, cfg)
-    return trained, carried, base_text_tokens
+    trained, carried = base.official_weights(cfg)
+    return trained, carried, base.text_tokens

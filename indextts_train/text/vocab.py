@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from indextts_train.config.constants import LANG_ROWS, TEXT_ROW_KEYS
-from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
+from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.settings import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.text.languages import borrow_notes
@@ -101,29 +101,59 @@ class VocabPlan:
         return "\n".join(lines)
 
 
-def tokenizer_size(path: str | Path) -> int:
-    """Number of text tokens: pieces of a SentencePiece model, or ranks + specials of a .tiktoken file."""
+@dataclass(frozen=True)
+class Tokenizer:
+    """The run's tokenizer, read once: its family (by its suffix), its size and where it puts new pieces."""
+
+    path: Path | None  # None: no --tokenizer; the config's number_text_tokens stands and ids go unchecked
+    family: Family | None
+    size: int  # text tokens: pieces of a SentencePiece model, or ranks + specials of a .tiktoken file
+
+    def growth_point(self, base_tokens: int) -> int | None:
+        """VocabPlan.insert_at for a base of `base_tokens` text tokens (None: new rows are appended)."""
+        return None if self.path is None else _growth_point(self.path, self.family, base_tokens)
+
+    def growth_from(self, base_tokens: int, freeze_base: bool = True) -> VocabPlan:
+        """The growth from `base_tokens` text rows (a base checkpoint's, a resumed one's) to this tokenizer's."""
+        return VocabPlan(base_tokens=base_tokens, tokens=self.size, freeze_base=freeze_base,
+                         insert_at=self.growth_point(base_tokens))
+
+
+def read_tokenizer(path: str | Path | None, gpt: GPTConfig | None = None,
+                   model_source: str = "the config") -> Tokenizer:
+    """A tokenizer file read once. With `gpt` (the model's config), one of another family than the model's
+    (`model_source` says where that came from: the base checkpoint's keys or the config) is refused
+    before the file is read, and no file (path None) leaves the config's number_text_tokens."""
     import sentencepiece as spm  # only needed here; keeps `import indextts_train.text.vocab` light
 
+    if path is None:
+        return Tokenizer(None, None, gpt.number_text_tokens)
     path = Path(path)
-    if family_of_tokenizer(path).tokenizer_kind == TIKTOKEN:
-        return read_tiktoken(path).n_vocab
+    found, model = family_of_tokenizer(path), gpt and gpt.stated_family
+    if model is not None and found is not model:
+        wanted = f"{model.name}'s {model.tokenizer_label} ({model.tokenizer_name} or its extension)"
+        raise UserError(f"--tokenizer {path}: an {found.name} {found.tokenizer_noun}, but {model_source} is "
+                        f"{model.name}; pass {wanted}, or the checkpoint and config of the tokenizer's family")
+    if found.tokenizer_kind == TIKTOKEN:
+        return Tokenizer(path, found, read_tiktoken(path).n_vocab)
     if not path.is_file():
         raise UserError(f"{path}: tokenizer not found; pass --tokenizer path/to/bpe.model")
     try:
         processor = spm.SentencePieceProcessor(model_file=str(path))
     except (RuntimeError, OSError) as exc:
         raise UserError(f"{path}: not a SentencePiece model ({exc})") from None
-    return processor.get_piece_size()
+    return Tokenizer(path, found, processor.get_piece_size())
 
 
-def growth_point(path: str | Path | None, base_tokens: int) -> int | None:
-    """VocabPlan.insert_at for a tokenizer file: the base's rank count for tiktoken, None (append) otherwise.
+def tokenizer_size(path: str | Path) -> int:
+    """Number of text tokens: pieces of a SentencePiece model, or ranks + specials of a .tiktoken file."""
+    return read_tokenizer(path).size
 
-    A tiktoken model's text rows are ranks then the 1,673 specials, so the base's ranks are
-    base_tokens - 1673 whatever the new file holds.
-    """
-    if path is None or not family_of_tokenizer(path).specials_follow_ranks:
+
+def _growth_point(path: str | Path, family: Family, base_tokens: int) -> int | None:
+    """A tiktoken model's text rows are ranks then the 1,673 specials, so the base's ranks are
+    base_tokens - 1673 whatever the new file holds; a SentencePiece model appends (None)."""
+    if not family.specials_follow_ranks:
         return None
     base_ranks = base_tokens - len(SPECIAL_TOKENS)
     if base_ranks < 1:
@@ -131,6 +161,11 @@ def growth_point(path: str | Path | None, base_tokens: int) -> int | None:
                         f"but the base checkpoint has only {base_tokens} text tokens; use the SentencePiece "
                         "tokenizer of an IndexTTS2 checkpoint, or an IndexTTS-2.5 checkpoint")
     return base_ranks
+
+
+def growth_point(path: str | Path | None, base_tokens: int) -> int | None:
+    """VocabPlan.insert_at for a tokenizer file: the base's rank count for tiktoken, None (append) otherwise."""
+    return None if path is None else _growth_point(path, family_of_tokenizer(path), base_tokens)
 
 
 def _move_rows(old: Tensor, at: int, added: int, fill: Tensor) -> Tensor:

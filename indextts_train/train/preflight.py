@@ -13,16 +13,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from indextts_train.checkpoint.base import check_base_layout
-from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.manager import check_no_earlier_run
-from indextts_train.config.family import family_of_tokenizer
 from indextts_train.config.settings import Config
 from indextts_train.data.checkdata import check_manifests
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
-from indextts_train.text.vocab import tokenizer_size
+from indextts_train.text.vocab import Tokenizer, read_tokenizer
 from indextts_train.ui.run_settings import RunSettings
 
 # Lines read from the head of each manifest: enough to catch data made with another tokenizer or
@@ -60,30 +58,6 @@ def check_paths(options: RunSettings) -> None:
     check_output_dir(options.output_dir)
 
 
-def check_tokenizer_family(options: RunSettings, config: Config) -> None:
-    """A .tiktoken vocabulary is IndexTTS-2.5's, a SentencePiece .model IndexTTS2's: the tokenizer's family
-    against the model's (the base checkpoint's keys settled it, else the config's version)."""
-    model = config.gpt.stated_family
-    if options.tokenizer is None or model is None or family_of_tokenizer(options.tokenizer) is model:
-        return
-    source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
-    wanted = f"{model.name}'s {model.tokenizer_label} ({model.tokenizer_name} or its extension)"
-    found = family_of_tokenizer(options.tokenizer)
-    kind = f"an {found.name} {found.tokenizer_noun}"
-    raise UserError(f"--tokenizer {options.tokenizer}: {kind}, but {source} is {config.gpt.family.name}; "
-                    f"pass {wanted}, or the checkpoint and config of the tokenizer's family")
-
-
-def check_base_checkpoint(options: RunSettings, config: Config, loaded: object | None) -> None:
-    """The base checkpoint's keys and shapes against the config. `loaded` is the start's one read of it
-    (checkpoint.base.read_base); None when it could not be read, which reading again names."""
-    if options.base_checkpoint is None:
-        return
-    if loaded is None:
-        loaded = load_checkpoint(Path(options.base_checkpoint), mmap=True)  # raises the one-line reason
-    check_base_layout(Path(options.base_checkpoint), config.gpt, loaded=loaded)
-
-
 def check_manifest_sample(options: RunSettings, config: Config, tokens: int) -> None:
     """The first SAMPLE_LINES lines of every manifest, as check-data checks them; the first bad one
     is refused (under --skip-bad-lines the run skips such lines itself)."""
@@ -95,12 +69,16 @@ def check_manifest_sample(options: RunSettings, config: Config, tokens: int) -> 
                         "every bad line)")
 
 
-def check_inputs(options: RunSettings, config: Config, base: object | None = None) -> int:
-    """All the checks above, cheapest first; returns the text vocabulary size the run will use."""
+def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | None = None) -> Tokenizer:
+    """All the checks above, cheapest first; returns the tokenizer the run will use, read once.
+
+    `base` is the start's one read of the base checkpoint (checkpoint.base.read_base): what is wrong
+    with it was found then and is said here, in its turn."""
     check_paths(options)
     check_no_earlier_run(Path(options.output_dir), options.resume)
-    check_tokenizer_family(options, config)
-    tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
-    check_base_checkpoint(options, config, base)
-    check_manifest_sample(options, config, tokens)
-    return tokens
+    source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
+    tokenizer = read_tokenizer(options.tokenizer, config.gpt, source)
+    if base is not None and base.problem is not None:
+        raise base.problem
+    check_manifest_sample(options, config, tokenizer.size)
+    return tokenizer

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from indextts_train.checkpoint.base import read_base, settle_family
+from indextts_train.checkpoint.base import read_base
 from indextts_train.checkpoint.manager import select_resume
 from indextts_train.config.settings import config_to_dict
 from indextts_train.distributed import DistInfo
@@ -53,9 +53,9 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
     if options.config_note:
         startup.info(options.config_note)
     config = copy.deepcopy(options.config)  # the run settles the model family on its own copy
-    base = read_base(options.base_checkpoint)  # one read serves the family, the checks and the weights
-    settle_family(config.gpt, base, options.base_checkpoint)  # before the hardware plan sizes the model
-    tokens = check_inputs(options, config, base)  # before the plan is printed and before anything is created
+    base = read_base(options.base_checkpoint, config.gpt)  # one read: the family (before the plan sizes the
+    # model), the checks and the weights
+    tokenizer = check_inputs(options, config, base)  # before the plan is printed and before anything is created
     plan, device = run_plan(config, dist)
     claim = claim_run(options.output_dir, dist, device, startup.text_log)  # before any work: one run per folder
     try:
@@ -64,7 +64,7 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
         seed_everything(config.train.seed + dist.rank)
         resumed, protected = select_resume(options.output_dir, options.resume, warn=startup.warn, notice=startup.notice)
         plan = checked_plan(resumed, plan, config, startup)
-        weights, growth = run_weights(resumed, options, config, tokens, startup, base, device)
+        weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
         val = data.validation(config)
         state, schedule, rng = start_state(data, resumed, weights, growth, plan, options=options, config=config,
                                            dist=dist, val=val, protected=protected, log=startup)

@@ -8,13 +8,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from indextts_train.checkpoint.base import load_base_checkpoint
-from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
+from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.manager import Resumed
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, TrainConfig
@@ -29,14 +27,8 @@ from indextts_train.model.layout import (
 )
 from indextts_train.model.lora import LoraAdapters, adapter_record, load_adapters
 from indextts_train.model.scope import apply_scope, text_rows_trainable, trainable_parameters
-from indextts_train.text.vocab import (
-    VocabPlan,
-    growth_between_runs,
-    growth_point,
-    resize_text_rows,
-)
+from indextts_train.text.vocab import Tokenizer, VocabPlan, resize_text_rows
 from indextts_train.ui.console import RunLogger
-from indextts_train.ui.run_settings import RunSettings
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
@@ -92,50 +84,42 @@ def _new_model(config: Config, trained: dict[str, Tensor] | None = None) -> Unif
     return model
 
 
-def fresh_weights(options: RunSettings, config: Config, tokens: int, log: RunLogger,
-                  loaded: object | None = None) -> Weights:
-    """Model weights for a new run: the base checkpoint grown to the tokenizer, or random init.
-
-    `loaded`: the start's one read of the base checkpoint (checkpoint.base.read_base), when it has one."""
-    train = config.train
+def fresh_weights(config: Config, tokenizer: Tokenizer, base: BaseCheckpoint | None, log: RunLogger) -> Weights:
+    """Model weights for a new run: the base checkpoint (the start's one read of it) grown to the
+    tokenizer, or random init."""
+    train, tokens = config.train, tokenizer.size
     generator = torch.Generator().manual_seed(train.seed)
-    if options.base_checkpoint is None:
+    if base is None:
         log.warn("no --base-checkpoint: the GPT starts from random weights (fine for the demo, "
                  "not for fine-tuning)")
         config.gpt.number_text_tokens = tokens
         return Weights(_new_model(config), init_carried(config.gpt, generator),
                        VocabPlan(tokens, tokens, train.freeze_base_vocab))
-    # One read (mmap) serves both: what kind of file it is (its keys) and its weights.
-    if loaded is None:
-        loaded = load_checkpoint(options.base_checkpoint, mmap=True)
-    ignored = ignored_by_base_checkpoint(options.base_checkpoint, loaded)
-    if ignored:
-        log.warn(ignored)
-    trained, carried, base_tokens = load_base_checkpoint(options.base_checkpoint, config.gpt, loaded=loaded)
-    plan = VocabPlan(base_tokens=base_tokens, tokens=tokens, freeze_base=train.freeze_base_vocab,
-                     insert_at=growth_point(options.tokenizer, base_tokens))
-    if tokens != base_tokens:
+    if base.ignored:
+        log.warn(base.ignored)
+    trained, carried = base.official_weights(config.gpt)
+    plan = tokenizer.growth_from(base.text_tokens, train.freeze_base_vocab)
+    if tokens != base.text_tokens:
         trained = resize_text_rows(trained, plan, generator)
     config.gpt.number_text_tokens = tokens
     return Weights(_new_model(config, trained), carried, plan)
 
 
-def resumed_weights(resumed: Resumed, config: Config, tokens: int,
-                    tokenizer: Path | None) -> tuple[Weights, VocabPlan]:
+def resumed_weights(resumed: Resumed, config: Config, tokenizer: Tokenizer) -> tuple[Weights, VocabPlan]:
     """The checkpoint's weights, text rows grown when the tokenizer grew; also that growth (saved -> now)."""
-    train, path, state = config.train, resumed.path, resumed.model
+    train, path, state, tokens = config.train, resumed.path, resumed.model, tokenizer.size
     resolve_family(config.gpt, state, path)
     saved_tokens = state["text_embedding.weight"].shape[0] - 1
     if tokens < saved_tokens:
         raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
                         f"{saved_tokens}; a vocabulary can grow between runs, not shrink")
-    growth = growth_between_runs(saved_tokens, tokens, tokenizer)
+    growth = tokenizer.growth_from(saved_tokens)
     if tokens != saved_tokens:
         state = resize_text_rows(state, growth, torch.Generator().manual_seed(train.seed + tokens))
     config.gpt.number_text_tokens = tokens
     saved = resumed.vocab_plan
     # A repaired community plan does not say where new rows went; the tokenizer's kind does.
-    insert_at = saved.insert_at if saved.insert_at is not None else growth_point(tokenizer, saved.base_tokens)
+    insert_at = saved.insert_at if saved.insert_at is not None else tokenizer.growth_point(saved.base_tokens)
     weights = Weights(_new_model(config), {}, VocabPlan(saved.base_tokens, tokens, train.freeze_base_vocab,
                                                         insert_at=insert_at))
     try:
@@ -147,15 +131,15 @@ def resumed_weights(resumed: Resumed, config: Config, tokens: int,
     return weights, growth
 
 
-def run_weights(resumed: Resumed | None, options: RunSettings, config: Config, tokens: int, log: RunLogger,
-                base: object | None, device: torch.device) -> tuple[Weights, VocabPlan]:
+def run_weights(resumed: Resumed | None, config: Config, tokenizer: Tokenizer, log: RunLogger,
+                base: BaseCheckpoint | None, device: torch.device) -> tuple[Weights, VocabPlan]:
     """The run's weights (the checkpoint's, or fresh from the base) in the train scope, on the device,
     and the vocabulary growth since; the model family is settled by them (a random-init model of an
     unstated family is IndexTTS2)."""
     if resumed is None:
-        weights, growth = fresh_weights(options, config, tokens, log, base), VocabPlan(tokens, tokens)
+        weights, growth = fresh_weights(config, tokenizer, base, log), VocabPlan(tokenizer.size, tokenizer.size)
     else:
-        weights, growth = resumed_weights(resumed, config, tokens, options.tokenizer)
+        weights, growth = resumed_weights(resumed, config, tokenizer)
     config.gpt.stated_family = config.gpt.family
     weights.apply_scope(config.train, resumed.lora if resumed is not None else None, str(resumed and resumed.path))
     weights.to(device)
