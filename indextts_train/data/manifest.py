@@ -1,7 +1,7 @@
 """Manifests → index → dataset → resumable sampler → collate.
 
-Lines are read and checked one by one in lines.py (their forms, the two families' fields); here they
-are indexed, their arrays loaded and checked, and batched.
+Lines are read and checked one by one in lines.py (their forms, the two families' fields, their
+arrays); here they are indexed, loaded and batched.
 
 The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
 million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
@@ -22,29 +22,23 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from indextts_train.config.constants import CONDITION_LATENTS, SPK_EMB_DIM
 from indextts_train.config.family import Family
 from indextts_train.data.lines import (
     TEXT_VOCAB_SOURCE,
-    array_keys,
+    check_ids,
+    check_text_ids,
     iter_lines,
     lang_id_of,
     line_family,
     line_form,
+    load_arrays,
     parse_line,
     resolve_paths,
+    tag_base,
 )
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import read_npy
 from indextts_train.model.gpt import Batch
-from indextts_train.text.tiktoken_vocab import (
-    LANGUAGE_CODES,
-    SPECIAL_TOKENS,
-    START_STOP_IDS,
-    TAG_OFFSET,
-    TAGGED_LANGUAGES,
-)
 
 SKIPPED_EXAMPLES = 5
 REPORT_ERRORS = 20
@@ -171,136 +165,6 @@ class ManifestIndex:
         out = resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
         out["_source"] = where
         return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Arrays
-
-
-def _load_npy(path: str, what: str, where: str) -> np.ndarray:
-    if not os.path.exists(path) or os.path.isdir(path):
-        raise UserError(
-            f"{where}: {what} {path} not found; re-run preprocessing or fix the path "
-            "(relative paths resolve against the manifest's folder)"
-        )
-    try:  # never unpickled; the header's claim is checked against the file before any allocation
-        return read_npy(path, what)
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-
-
-def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | None, limit_key: str,
-               where: str) -> None:
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise UserError(f"{where}: {what} {path} must be a 1-D integer array, "
-                        f"got {arr.dtype} {list(arr.shape)}")
-    if len(arr) < need:
-        raise UserError(f"{where}: {what} {path} has {len(arr)} ids but the manifest says {need}; "
-                        "fix the length field or re-create the array")
-    if limit is not None and len(arr) > limit:
-        raise UserError(f"{where}: {what} {path} has {len(arr)} ids > gpt.{limit_key} {limit} (the batch is "
-                        "padded to the longest array); trim the array or drop the line")
-
-
-def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where: str,
-                    paths: dict[str, str]) -> None:
-    emo_vec = arrays["emo_vec"]
-    if "spk_emb" in arrays:
-        check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
-        dim = model_dim if model_dim is not None else (emo_vec.shape[0] if emo_vec.ndim == 1 else -1)
-    else:
-        condition = arrays["condition"]
-        if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
-            raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
-                            f"got {condition.dtype} {list(condition.shape)}")
-        dim = condition.shape[1] if model_dim is None else model_dim
-        if condition.shape[1] != dim:
-            raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
-                            f"gpt.model_dim is {dim}; it was made for another model")
-    if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
-        raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
-                        f"got {emo_vec.dtype} {list(emo_vec.shape)}")
-    for name in ("condition", "emo_vec"):  # spk_emb: check_speaker_vector
-        if name in arrays and not np.isfinite(arrays[name]).all():
-            raise UserError(f"{where}: {name} {paths[name]} holds NaN or Inf values (one such input makes every "
-                            f"loss NaN); re-create it or drop the line")
-
-
-def load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
-                 max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
-    """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
-    where = record["_source"]
-    keys = array_keys(fields)
-    paths = {key: record[fields[key]] for key in keys}
-    arrays = {key: _load_npy(paths[key], fields[key], where) for key in keys}
-    _check_ids(arrays["text_ids"], fields["text_ids"], paths["text_ids"], text_len, max_text,
-               "max_text_tokens", where)
-    _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
-    _check_features(arrays, model_dim, where, paths)
-    return arrays
-
-
-def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
-              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
-              mel_specials: tuple[int, ...] = ()) -> None:
-    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
-
-    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
-    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
-    """
-    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
-    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
-                    "the codes were made for another codec or config")
-    special = np.isin(codes, mel_specials) if mel_specials else None
-    if special is not None and special.any():
-        position = int(np.argmax(special))
-        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
-                        f"position {position}; the codes of a target must not contain them (the model adds "
-                        "them): re-create the codes or drop the line")
-
-
-def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
-    if not len(ids):
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0:
-        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
-    if limit is not None and high >= limit:
-        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
-
-
-def check_speaker_vector(spk_emb: np.ndarray, path: str, where: str) -> None:
-    if spk_emb.shape != (SPK_EMB_DIM,) or spk_emb.dtype.kind != "f":
-        raise UserError(f"{where}: spk_emb {path} must be the prompt's CAMPPlus vector, float [{SPK_EMB_DIM}], "
-                        f"got {spk_emb.dtype} {list(spk_emb.shape)}")
-    if not np.isfinite(spk_emb).all():
-        raise UserError(f"{where}: spk_emb {path} holds NaN or Inf; re-extract the speaker vector")
-
-
-def tag_base(text_vocab: int | None) -> int | None:
-    """Id of <|en|> in a 2.5 vocabulary of `text_vocab` tokens: its ranks + 2 (the specials follow the ranks)."""
-    if text_vocab is None or text_vocab <= len(SPECIAL_TOKENS):
-        return None  # a cut-down vocabulary (like the reference's tiny one): the tag rule cannot be checked
-    return text_vocab - len(SPECIAL_TOKENS) + TAG_OFFSET
-
-
-def check_text_ids(ids: np.ndarray, lang_id: int, tag_base: int | None, path: str, where: str) -> None:
-    """check-data rules for 2.5 text: no start/stop ids inside, and the language tag first.
-
-    ids are the first text_len ids; tag_base is the id of `<|en|>` (ranks + 2), None when unknown.
-    """
-    inside = np.isin(ids, START_STOP_IDS)
-    if inside.any():
-        position = int(np.flatnonzero(inside)[0])
-        raise UserError(f"{where}: {path} holds id {int(ids[position])} at position {position}; ids 0 and 1 are the "
-                        "GPT's start/stop (the official text path drops them): remove every 0 and 1")
-    if tag_base is None or lang_id >= TAGGED_LANGUAGES:
-        return  # untagged languages start with the bytes of "<|xx|> "
-    tag = tag_base + lang_id
-    if not len(ids) or int(ids[0]) != tag:
-        first = int(ids[0]) if len(ids) else None
-        raise UserError(f"{where}: {path} starts with id {first}, not the tag <|{LANGUAGE_CODES[lang_id]}|> ({tag}) "
-                        f"of lang_id {lang_id}; encode '<|{LANGUAGE_CODES[lang_id]}|> ' + text, as inference does")
 
 
 # ---------------------------------------------------------------------------------------------
