@@ -198,6 +198,21 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     }
 
 
+# Lines read from the head of each manifest before a run starts: enough to catch data made with another
+# tokenizer or for another config (every line is alike then), bounded so a start stays quick on any manifest.
+SAMPLE_LINES = 64
+
+
+def check_manifest_sample(paths: Sequence[str | Path], gpt_cfg: GPTConfig, vocab_size: int | None,
+                          borrowed: dict[str, int], *, skip_bad: bool) -> None:
+    """The first SAMPLE_LINES lines of every manifest, checked before a run starts; the first bad one is
+    refused (under --skip-bad-lines the run skips such lines itself)."""
+    report = check_manifests(paths, gpt_cfg=gpt_cfg, vocab_size=vocab_size, borrowed=borrowed, max_lines=SAMPLE_LINES)
+    if report["lines_bad"] and not skip_bad:
+        raise UserError(f"{report['errors'][0]} (checked before training; `indextts-train check-data` lists "
+                        "every bad line)")
+
+
 def _render_distribution(name: str, dist: dict | None) -> str:
     if dist is None:
         return f"{name}: -"
