@@ -19,11 +19,11 @@ import numpy as np
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.lines import (
     DURATION_FIELDS,
-    LANGUAGE_FIELDS,
     CheckedLine,
     LineLimits,
     check_line,
     iter_lines,
+    line_language,
     tag_base,
 )
 from indextts_train.data.manifest import REPORT_ERRORS
@@ -63,9 +63,9 @@ class _CheckStats:
         speaker = obj.get("target_speaker", obj.get("speaker"))
         if speaker is not None:
             self.speakers[str(speaker)] += 1
-        language = next((obj[name] for name in LANGUAGE_FIELDS if obj.get(name) is not None), None)
+        language = line_language(obj)
         if language is not None:
-            self.languages[str(language)] += 1
+            self.languages[language] += 1
         for name in DURATION_FIELDS:
             if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
                 self.durations[name] = self.durations.get(name, 0.0) + float(obj[name])

@@ -123,6 +123,11 @@ def _length(obj: dict, name: str, maximum: int | None, config_key: str, where: s
     return value
 
 
+def line_language(obj: dict) -> str | None:
+    """The line's language as its fields state it (`language`, else `target_language`), None if neither."""
+    return next((str(obj[name]) for name in LANGUAGE_FIELDS if obj.get(name) is not None), None)
+
+
 def array_keys(fields: Mapping[str, str]) -> tuple[str, ...]:
     """text_ids, codes, the speaker feature of the line's family, emo_vec."""
     return ("text_ids", "codes", "spk_emb" if "spk_emb" in fields else "condition", "emo_vec")

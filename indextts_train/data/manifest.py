@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from indextts_train.config.family import Family
+from indextts_train.config.metric_names import group_name
+from indextts_train.config.settings import GPTConfig
 from indextts_train.data.lines import (
     TEXT_VOCAB_SOURCE,
     check_ids,
@@ -31,11 +33,13 @@ from indextts_train.data.lines import (
     lang_id_of,
     line_family,
     line_form,
+    line_language,
     load_arrays,
     parse_line,
     resolve_paths,
     tag_base,
 )
+from indextts_train.data.sampling import ManifestSpec
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import Batch
@@ -46,6 +50,40 @@ REPORT_ERRORS = 20
 
 # ---------------------------------------------------------------------------------------------
 # Index
+
+
+@dataclass
+class _Columns:
+    """The index's columns while the manifests are read, one entry per usable line."""
+
+    offsets: array = field(default_factory=lambda: array("q"))
+    file_ids: array = field(default_factory=lambda: array("i"))
+    line_numbers: array = field(default_factory=lambda: array("i"))
+    text_lengths: array = field(default_factory=lambda: array("i"))
+    code_lengths: array = field(default_factory=lambda: array("i"))
+    lang_ids: array = field(default_factory=lambda: array("h"))
+    languages: array = field(default_factory=lambda: array("i"))
+    language_names: dict[str, int] = field(default_factory=dict)  # name -> its number, in first-seen order
+
+    def add(self, offset: int, file_id: int, line_no: int, text_len: int, code_len: int, lang_id: int,
+            language: str | None) -> None:
+        self.offsets.append(offset)
+        self.file_ids.append(file_id)
+        self.line_numbers.append(line_no)
+        self.text_lengths.append(text_len)
+        self.code_lengths.append(code_len)
+        self.lang_ids.append(lang_id)
+        self.languages.append(-1 if language is None else self.language_names.setdefault(language,
+                                                                                         len(self.language_names)))
+
+    def arrays(self) -> dict:
+        """The ManifestIndex fields these columns fill."""
+        return {"offsets": np.array(self.offsets, dtype=np.int64), "file_ids": np.array(self.file_ids, dtype=np.int32),
+                "line_numbers": np.array(self.line_numbers, dtype=np.int32),
+                "text_lengths": np.array(self.text_lengths, dtype=np.int32),
+                "code_lengths": np.array(self.code_lengths, dtype=np.int32),
+                "lang_ids": np.array(self.lang_ids, dtype=np.int16),
+                "languages": np.array(self.languages, dtype=np.int32), "language_names": list(self.language_names)}
 
 
 @dataclass
@@ -69,6 +107,8 @@ class ManifestIndex:
     skipped_examples: list[str] = field(default_factory=list)
     family: Family | None = None  # the model's; None accepts lines of either family
     lang_ids: np.ndarray | None = None  # int16 per line
+    languages: np.ndarray | None = None  # int32 per line: its language field in `language_names`; -1: none
+    language_names: list[str] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -90,8 +130,7 @@ class ManifestIndex:
         files = [str(p) for p in paths]
         if not files:
             raise UserError("no manifest given; pass at least one .jsonl manifest")
-        offsets, file_ids, line_numbers = array("q"), array("i"), array("i")
-        text_lengths, code_lengths, lang_ids = array("i"), array("i"), array("h")
+        columns = _Columns()
         skipped: list[str] = []
         skipped_count = 0
         for file_id, path in enumerate(files):
@@ -111,25 +150,14 @@ class ManifestIndex:
                     if len(skipped) < SKIPPED_EXAMPLES:
                         skipped.append(str(exc))
                     continue
-                offsets.append(offset)
-                file_ids.append(file_id)
-                line_numbers.append(line_no)
-                text_lengths.append(text_len)
-                code_lengths.append(code_len)
-                lang_ids.append(lang_id)
+                columns.add(offset, file_id, line_no, text_len, code_len, lang_id, line_language(obj))
             if not seen_lines:
                 raise UserError(f"{path}: manifest is empty; pass a manifest with at least one line")
-        if not offsets:
+        if not columns.offsets:
             first = f"; first: {skipped[0]}" if skipped else ""
             raise UserError(f"{', '.join(files)}: no usable line ({skipped_count} bad{first})")
-        return cls(files=files, offsets=np.array(offsets, dtype=np.int64),
-                   file_ids=np.array(file_ids, dtype=np.int32),
-                   line_numbers=np.array(line_numbers, dtype=np.int32),
-                   text_lengths=np.array(text_lengths, dtype=np.int32),
-                   code_lengths=np.array(code_lengths, dtype=np.int32),
-                   max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
-                   skipped=skipped_count, skipped_examples=skipped, family=family,
-                   lang_ids=np.array(lang_ids, dtype=np.int16))
+        return cls(files=files, max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
+                   skipped=skipped_count, skipped_examples=skipped, family=family, **columns.arrays())
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -141,6 +169,19 @@ class ManifestIndex:
             record = self.record(int(wrong[0]))
             line_family(record, record["_source"], family)  # raises, naming file:line
         self.family = family
+
+    def group_lines(self, manifests: Sequence[ManifestSpec]) -> dict[str, np.ndarray]:
+        """Line indices (manifest order) per validation group, groups in first-seen order: the `::lang` of
+        the line's manifest, else its language field, else the manifest's file name without `.jsonl`."""
+        if len(manifests) != len(self.files):
+            raise ValueError("one ManifestSpec per indexed file is needed")
+        groups: dict[str, list[int]] = {}
+        for i in range(len(self)):
+            spec, language = manifests[int(self.file_ids[i])], int(self.languages[i])
+            name = (spec.lang or (self.language_names[language] if language >= 0 else None)
+                    or Path(spec.path).name.removesuffix(".jsonl"))
+            groups.setdefault(group_name(name), []).append(i)
+        return {name: np.array(lines, dtype=np.int64) for name, lines in groups.items()}
 
     @property
     def total_lengths(self) -> np.ndarray:
@@ -187,6 +228,12 @@ class ManifestDataset(Dataset):
         self.mel_codes = mel_codes
         self.text_source = text_source  # what text_vocab is and what to do past it, for the error line
         self.mel_specials = mel_specials
+
+    @classmethod
+    def for_model(cls, index: ManifestIndex, gpt: GPTConfig) -> ManifestDataset:
+        """The samples of an index as the model of `gpt` reads them."""
+        return cls(index, model_dim=gpt.model_dim, text_vocab=gpt.number_text_tokens, mel_codes=gpt.number_mel_codes,
+                   mel_specials=(gpt.start_mel_token, gpt.stop_mel_token))
 
     def __len__(self) -> int:
         return len(self.index)
