@@ -123,6 +123,17 @@ def test_the_sample_is_the_head_of_each_manifest(tiny_data, tmp_path) -> None:
     check_inputs(options, config)
 
 
+def test_the_heads_of_every_manifest_are_read_before_the_first_bad_line_is_refused(tiny_data, tmp_path) -> None:
+    """The refusals keep check-data's order: an empty manifest named after a bad line is refused first."""
+    config = load_config(tiny_data["config"])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    options = resolve_settings(output_dir=tmp_path / "run",
+                               train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, 1)), str(empty)])
+    with pytest.raises(UserError, match=f"^{empty}: manifest is empty; nothing to train on"):
+        check_inputs(options, config)
+
+
 @pytest.mark.slow
 def test_config_defaults_to_the_official_one_beside_the_base_checkpoint(tiny_data, tmp_path) -> None:
     folder = tmp_path / "checkpoints"

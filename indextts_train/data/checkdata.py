@@ -21,7 +21,7 @@ from indextts_train.data.lines import (
     DURATION_FIELDS,
     CheckedLine,
     LineLimits,
-    check_line,
+    check_lines,
     iter_lines,
     line_language,
     tag_base,
@@ -50,14 +50,14 @@ class _CheckStats:
     duplicates: list[str] = field(default_factory=list)  # the first REPORT_ERRORS, both places named
     duplicate_count: int = 0
 
-    def add(self, line: CheckedLine, where: str, limits: _Limits) -> None:
-        """A line checked by lines.py: counted as compared with its text or not, then refused when its ids
-        are not the text's; else its lengths, speaker, language, durations and id."""
+    def add(self, line: CheckedLine, where: str, limits: _Limits) -> str | None:
+        """A line checked by lines.py: counted as compared with its text or not; its refusal when its ids are
+        not the text's, else None once its lengths, speaker, language, durations and id are added."""
         obj, text_ids = line.obj, line.text_ids
         self.text_compared += line.text_compared is True
         self.text_not_compared += line.text_compared is False
         if line.text_problem is not None:
-            raise UserError(line.text_problem)
+            return line.text_problem
         self.text_lengths.append(line.text_len)
         self.code_lengths.append(line.code_len)
         speaker = obj.get("target_speaker", obj.get("speaker"))
@@ -73,6 +73,7 @@ class _CheckStats:
         self.note_id(obj.get("id"), where)
         if limits.base_vocab is not None:
             self.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
+        return None
 
     def note_id(self, sample_id: object, where: str) -> None:
         """An id seen twice is one utterance trained twice as often, or two utterances under one name."""
@@ -121,6 +122,7 @@ def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: i
                 borrowed: dict[str, int] | None, text_path: TextPath | None) -> _Limits:
     """What every line is checked against: the config's sizes, the tokenizer's id range, the family."""
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
+    text_source = _text_vocab_source(vocab_size is not None)
     line = LineLimits(
         max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
         max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
@@ -130,7 +132,7 @@ def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: i
         family=gpt_cfg.stated_family if gpt_cfg else None,
         tag_base=tag_base(text_vocab),
         borrowed=borrowed or {},
-        text_source=_text_vocab_source(vocab_size is not None),
+        text_source=text_source,
         mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
         text_path=text_path,
     )
@@ -158,23 +160,12 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     stats = _CheckStats()
     errors: list[str] = []
     bad_lines: list[list] = []
-    for path in files:
-        manifest_dir = os.path.dirname(os.path.abspath(path))
-        seen_lines = 0
-        for line_no, _, raw in iter_lines(path):
-            if max_lines is not None and seen_lines >= max_lines:
-                break
-            seen_lines += 1
-            where = f"{path}:{line_no}"
-            try:
-                line = check_line(raw, where, manifest_dir, limits.line)
-                stats.add(line, where, limits)
-            except UserError as exc:
-                bad_lines.append([path, line_no])
-                if len(errors) < REPORT_ERRORS:
-                    errors.append(str(exc))
-        if not seen_lines:
-            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
+    for path, line_no, line in check_lines(files, limits.line, max_lines):
+        refusal = str(line) if isinstance(line, UserError) else stats.add(line, f"{path}:{line_no}", limits)
+        if refusal is not None:
+            bad_lines.append([path, line_no])
+            if len(errors) < REPORT_ERRORS:
+                errors.append(refusal)
     lines_ok = len(stats.text_lengths)
     return {
         "files": files,
@@ -207,10 +198,12 @@ def check_manifest_sample(paths: Sequence[str | Path], gpt_cfg: GPTConfig, vocab
                           borrowed: dict[str, int], *, skip_bad: bool) -> None:
     """The first SAMPLE_LINES lines of every manifest, checked before a run starts; the first bad one is
     refused (under --skip-bad-lines the run skips such lines itself)."""
-    report = check_manifests(paths, gpt_cfg=gpt_cfg, vocab_size=vocab_size, borrowed=borrowed, max_lines=SAMPLE_LINES)
-    if report["lines_bad"] and not skip_bad:
-        raise UserError(f"{report['errors'][0]} (checked before training; `indextts-train check-data` lists "
-                        "every bad line)")
+    limits = _limits_for(gpt_cfg, vocab_size, None, borrowed, None)
+    # every head is read before the first bad line is refused: an empty manifest after it is refused first
+    refusals = [line for _, _, line in check_lines(paths, limits.line, SAMPLE_LINES)
+                if isinstance(line, UserError)]
+    if refusals and not skip_bad:
+        raise UserError(f"{refusals[0]} (checked before training; `indextts-train check-data` lists every bad line)")
 
 
 def _render_distribution(name: str, dist: dict | None) -> str:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -59,7 +60,7 @@ FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad 
 TEXT_VOCAB_SOURCE = ("text vocabulary size", "pass the --tokenizer the data was made with")
 
 
-def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+def iter_lines(path: str | Path) -> Iterator[tuple[int, int, bytes]]:
     """(line number from 1, byte offset, raw bytes) of every non-blank line.
 
     Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
@@ -406,6 +407,26 @@ def check_line(raw: bytes, where: str, manifest_dir: str, limits: LineLimits) ->
     compared, problem = (None, None) if limits.text_path is None else compare_text(
         obj, fields["text_ids"], text_ids, where, limits.text_path)
     return CheckedLine(obj, fields, text_len, code_len, text_ids, compared, problem)
+
+
+def check_lines(paths: Sequence[str | Path], limits: LineLimits,
+                max_lines: int | None = None) -> Iterator[tuple[str, int, CheckedLine | UserError]]:
+    """(file, line number, the line checked or its refusal) for every line of the manifests, or for the first
+    `max_lines` of each; an empty manifest is refused at once (there is nothing to train on)."""
+    for path in paths:
+        manifest_dir = os.path.dirname(os.path.abspath(path))
+        seen_lines = 0
+        for line_no, _, raw in iter_lines(path):
+            if max_lines is not None and seen_lines >= max_lines:
+                break
+            seen_lines += 1
+            try:
+                checked: CheckedLine | UserError = check_line(raw, f"{path}:{line_no}", manifest_dir, limits)
+            except UserError as exc:
+                checked = exc
+            yield path, line_no, checked
+        if not seen_lines:
+            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
 
 
 def _shown_ids(ids: list[int]) -> str:

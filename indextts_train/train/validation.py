@@ -1,8 +1,9 @@
 """Validation per language: groups, losses per group, the base-model baseline and the forgetting limit.
 
-A validation line's group (`ManifestIndex.group_lines`) is the `::lang` of its `--val-manifest`, else its manifest's `language`
-(or `target_language`) field, else the manifest's file name without `.jsonl` — so several
-manifests without languages are reported per manifest. With one group there is only the total.
+A validation line's group (`ManifestIndex.group_lines`) is the `::lang` of its `--val-manifest`, else
+its manifest's `language` (or `target_language`) field, else the manifest's file name without
+`.jsonl` — so several manifests without languages are reported per manifest. With one group there
+is only the total.
 
 Each group is evaluated on its own, in manifest order, in batches of the validation batch size:
 exactly the batches `indextts-train evaluate --batch-size B` makes on that group's lines alone, so
