@@ -3,7 +3,7 @@
 Lines are read and checked one by one in lines.py (their forms, the two families' fields, their
 arrays); here they are indexed, loaded and batched.
 
-The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
+The index keeps only numpy arrays (byte offset, file number, line number, lengths, language), so a
 million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
 
 Which samples an epoch draws, and in what order, is sampling.py's: a pure function of (seed, epoch).
@@ -91,7 +91,8 @@ class ManifestIndex:
     """Index of one or more manifests without keeping JSON objects in memory.
 
     Parallel numpy arrays, one entry per usable line: byte offset, file number, line number,
-    text_len and code_len, and the lang_embedding row (IndexTTS-2.5 lines; -1 for IndexTTS2 lines).
+    text_len and code_len, the lang_embedding row (IndexTTS-2.5 lines; -1 for IndexTTS2 lines) and
+    the language field (validation groups are made from it without reading the lines again).
     `record(i)` seeks back to the line when the dataset needs it.
     """
 
