@@ -15,8 +15,9 @@ and a line of the other family than the model's is refused by FILE:LINE. A langu
 may *borrow* the row of a tagged language the release does not speak (`--borrow-language NEW=CODE`).
 
 A line's arrays (`.npy`, relative paths resolve against the manifest's folder) are checked here too:
-kind, shape, length, the ids each embedding can take. `check_line` is the whole pipeline, in the
-order check-data refuses a line; the index (manifest.py) parses, the dataset loads and checks ids.
+kind, shape, length, the ids each embedding can take. `check_lines` runs every check on every line
+(check-data, and the head of each manifest before a run starts), in the order a line is refused;
+the index (manifest.py) parses lines, the dataset loads and checks their arrays and ids.
 
 Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
 training. Relative paths resolve against the manifest's folder. Lengths come from the manifest
@@ -375,7 +376,7 @@ class CheckedLine:
     text_problem: str | None = None  # ... and the refusal when the ids are not the text's: the last check
 
 
-def check_speakers(obj: dict, where: str) -> None:
+def _check_speakers(obj: dict, where: str) -> None:
     """Prompt and target must be the same speaker wherever the line says who both are.
 
     Any two of `speaker`, `prompt_speaker`, `target_speaker` that are present must agree (the
@@ -388,12 +389,12 @@ def check_speakers(obj: dict, where: str) -> None:
                         "with a prompt of the same speaker")
 
 
-def check_line(raw: bytes, where: str, manifest_dir: str, limits: LineLimits) -> CheckedLine:
+def _check_line(raw: bytes, where: str, manifest_dir: str, limits: LineLimits) -> CheckedLine:
     """Every check on one line, first refusal first: JSON and fields, language, speakers, arrays, ids, and
     with a text path the text ids against the text."""
     obj, fields, text_len, code_len = parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
     lang_id = lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
-    check_speakers(obj, where)
+    _check_speakers(obj, where)
     record = resolve_paths(obj, manifest_dir)
     record["_source"] = where
     arrays = load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
@@ -404,7 +405,7 @@ def check_line(raw: bytes, where: str, manifest_dir: str, limits: LineLimits) ->
     if lang_id is not None:
         check_text_ids(text_ids, lang_id, limits.tag_base, fields["text_ids"], where)
         obj.setdefault("language", language_code(lang_id))
-    compared, problem = (None, None) if limits.text_path is None else compare_text(
+    compared, problem = (None, None) if limits.text_path is None else _compare_text(
         obj, fields["text_ids"], text_ids, where, limits.text_path)
     return CheckedLine(obj, fields, text_len, code_len, text_ids, compared, problem)
 
@@ -421,7 +422,7 @@ def check_lines(paths: Sequence[str | Path], limits: LineLimits,
                 break
             seen_lines += 1
             try:
-                checked: CheckedLine | UserError = check_line(raw, f"{path}:{line_no}", manifest_dir, limits)
+                checked: CheckedLine | UserError = _check_line(raw, f"{path}:{line_no}", manifest_dir, limits)
             except UserError as exc:
                 checked = exc
             yield path, line_no, checked
@@ -434,7 +435,7 @@ def _shown_ids(ids: list[int]) -> str:
     return f"[{head}{', ...' if len(ids) > 12 else ''}] ({len(ids)} ids)"
 
 
-def compare_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str,
+def _compare_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str,
                  text_path: TextPath) -> tuple[bool | None, str | None]:
     """A line that carries its text: text_ids must be that text as official inference encodes it.
 
