@@ -17,7 +17,9 @@ from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.files import CheckpointError, CheckpointSaveError
 from indextts_train.checkpoint.lineage import resume_order
 from indextts_train.checkpoint.rng import capture_rng, restore_rng
+from indextts_train.checkpoint.run_folder import list_checkpoints
 from indextts_train.checkpoint.state import History, Lineage
+from indextts_train.checkpoint.verify import find_resume_checkpoint, verify_checkpoint
 
 
 def make_state(step: int = 1) -> dict:
@@ -87,7 +89,7 @@ def test_latest_falls_back_to_a_copy_without_hard_links(tmp_path: Path, monkeypa
     latest = tmp_path / "latest.pth"
     assert not os.path.samefile(latest, tmp_path / "model_step2.pth")
     assert latest.read_bytes() == (tmp_path / "model_step2.pth").read_bytes()
-    assert ckpt.verify_checkpoint(latest).status == "COMPLETE"
+    assert verify_checkpoint(latest).status == "COMPLETE"
 
 
 def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
@@ -148,7 +150,7 @@ def test_disk_full_leaves_previous_checkpoint_and_latest(tmp_path: Path, monkeyp
     assert "could not save checkpoint step 2" in message and "disk full" in message
     assert "model_step1.pth is intact" in message and "\n" not in message
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file left either
-    assert ckpt.find_resume_checkpoint(resume_order(tmp_path))[0] == tmp_path / "latest.pth"
+    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))[0] == tmp_path / "latest.pth"
 
 
 def test_save_refuses_a_state_weights_only_cannot_load(tmp_path: Path) -> None:
@@ -185,7 +187,7 @@ def test_malicious_pickle_is_refused_without_running_code(tmp_path: Path) -> Non
     torch.save({"model": {"w": torch.zeros(2)}, "optimizer": Payload(marker)}, evil)
     with pytest.raises(CheckpointError, match="contains pickled Python objects that could run code"):
         ckpt.load_checkpoint(evil)
-    verdict = ckpt.verify_checkpoint(evil)
+    verdict = verify_checkpoint(evil)
     assert (verdict.status, verdict.exit_code) == ("INCOMPLETE", 2)
     assert not marker.exists()
     torch.load(evil, weights_only=False)  # control: the payload is live when unpickled unsafely
@@ -200,7 +202,7 @@ def test_truncated_latest_is_skipped_and_left_on_disk(tmp_path: Path) -> None:
         replacement = tmp_path / "cut.tmp"
         replacement.write_bytes(data[:cut])  # a non-atomic writer killed mid-write (new inode)
         os.replace(replacement, latest)
-        chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
+        chosen, skipped = find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))
         assert chosen == tmp_path / "model_step2.pth", cut
         assert [p for p, _ in skipped] == [latest]
         assert "INCOMPLETE" in skipped[0][1] and "\n" not in skipped[0][1]
@@ -213,7 +215,7 @@ def test_truncated_in_place_skips_its_hard_link_too(tmp_path: Path) -> None:
     save_steps(tmp_path, [1, 2])
     with open(tmp_path / "latest.pth", "r+b") as f:  # damage to the inode shared with model_step2.pth
         f.truncate(f.seek(0, os.SEEK_END) // 2)
-    chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
+    chosen, skipped = find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))
     assert chosen == tmp_path / "model_step1.pth"
     assert [p.name for p, _ in skipped] == ["latest.pth", "model_step2.pth"]
     assert skipped[1][1].startswith("same file as latest.pth")
@@ -229,7 +231,7 @@ def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
     replacement.write_bytes(bytes(flipped))
     os.replace(replacement, latest)
     torch.load(latest, weights_only=True)  # control: torch alone loads the damaged tensor silently
-    chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
+    chosen, skipped = find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))
     assert chosen == tmp_path / "model_step2.pth"
     assert "CRC-32" in skipped[0][1]
     assert latest.read_bytes() == bytes(flipped)
@@ -237,8 +239,8 @@ def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
 
 def test_no_complete_checkpoint_means_none(tmp_path: Path) -> None:
     (tmp_path / "model_step5.pth").write_bytes(b"garbage")
-    assert ckpt.find_resume_checkpoint(resume_order(tmp_path))[0] is None
-    assert ckpt.find_resume_checkpoint(resume_order(tmp_path / "missing")) == (None, [])
+    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))[0] is None
+    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path / "missing"))) == (None, [])
     assert (tmp_path / "model_step5.pth").read_bytes() == b"garbage"
 
 
@@ -253,7 +255,7 @@ def test_verify_statuses_and_exit_codes(tmp_path: Path) -> None:
     torch.save(trained(0)[0].state_dict(), bare)
     garbage = tmp_path / "garbage.pth"
     garbage.write_bytes(os.urandom(4096))
-    got = {p.name: ckpt.verify_checkpoint(p) for p in (complete, community, bare, garbage)}
+    got = {p.name: verify_checkpoint(p) for p in (complete, community, bare, garbage)}
     assert {n: (v.status, v.kind, v.exit_code) for n, v in got.items()} == {
         "model_step2.pth": ("COMPLETE", "indextts-train", 0),
         "community.pth": ("PARTIAL", "community", 1),
@@ -273,11 +275,11 @@ def test_verify_names_what_a_resume_lacks(tmp_path: Path) -> None:
     state["progress"]["samples_in_epoch"] = -1
     path = tmp_path / "old.pth"
     torch.save(state, path)
-    verdict = ckpt.verify_checkpoint(path)
+    verdict = verify_checkpoint(path)
     assert verdict.status == "PARTIAL" and verdict.reasons == ["missing rng (needed for an exact resume)"]
     state["rng"] = [capture_rng()]
     torch.save(state, path)
-    assert ckpt.verify_checkpoint(path).reasons == ["progress: samples_in_epoch missing or not a non-negative int"]
+    assert verify_checkpoint(path).reasons == ["progress: samples_in_epoch missing or not a non-negative int"]
 
 
 # ----------------------------------------------------------------------------- RNG

@@ -12,10 +12,11 @@ import yaml
 from helpers import CheckpointReads
 from typer.testing import CliRunner
 
+from indextts_train.checkpoint.run_folder import check_output_dir
 from indextts_train.cli import app
 from indextts_train.config.settings import DEFAULT_CONFIG, config_beside, config_choice, load_config
 from indextts_train.errors import UserError
-from indextts_train.train.preflight import SAMPLE_LINES, check_manifest_sample, check_output_dir
+from indextts_train.train.preflight import SAMPLE_LINES, check_manifest_sample
 from indextts_train.train.runlock import first_missing
 from indextts_train.ui.run_settings import resolve_settings
 

@@ -17,15 +17,9 @@ from typing import Any
 
 import torch
 
-from indextts_train.checkpoint.files import (
-    CheckpointError,
-    failure_reason,
-    load_checkpoint,
-    same_file,
-    verify_checkpoint,
-    write_state,
-)
+from indextts_train.checkpoint.files import CheckpointError, failure_reason, load_checkpoint, write_state
 from indextts_train.checkpoint.rng import rng_problem, seeded_rng
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.state import (
     FORMAT,
     FORMAT_VERSION,
@@ -37,6 +31,7 @@ from indextts_train.checkpoint.state import (
     optimizer_problems,
     validate,
 )
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.config.family import family_of_keys
 from indextts_train.config.schema import field_types, is_int
 from indextts_train.config.settings import TrainConfig
