@@ -3,8 +3,9 @@
 A run folder holds model_step{N}.pth files, latest.pth (the newest, usually a hard link of its step
 file) and best.pth. This module owns those names and the one listing of them (`survey`), and the
 questions asked of the folder before a run writes into it: can it be made and written, does it hold
-an earlier run's checkpoints (refused without --resume), and which names may this run never replace
-or delete (`untouchable_names`). Saving and rotation (files.py) and lineage use the same listing.
+an earlier run's checkpoints (refused without --resume; with --resume auto, refused too when none of
+them resumes), and which names may this run never replace or delete (`untouchable_names`). Saving
+and rotation (files.py) and lineage use the same listing.
 """
 
 from __future__ import annotations
@@ -96,6 +97,26 @@ def check_no_earlier_run(folder: RunFolder) -> None:
     if folder.checkpoints:
         raise UserError(f"{folder.path} already holds checkpoints ({folder.checkpoints[-1].name}); pass --resume "
                         "auto to continue that run, or choose another --output-dir")
+
+
+def _what_to_do(path: Path, reason: str) -> str:
+    if "format_version" in reason and "newer" in reason:
+        return "written by a newer indextts-train: resume it with that version"
+    if "PARTIAL:" in reason:
+        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
+    return "it cannot be used; keep it, or remove it yourself if you do not need it"
+
+
+def refuse_fresh_start(folder: RunFolder, skipped: list[tuple[Path, str]]) -> UserError:
+    """--resume auto found checkpoints but none resumes (`skipped`: each with verify's reason): starting
+    fresh would rotate them away."""
+    lines = [f"--resume auto: {folder.path} holds checkpoints but none of them can resume this run, so nothing "
+             "was started and no file was changed:"]
+    for path, reason in skipped:
+        short = reason if len(reason) <= 200 else reason[:200] + "..."
+        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
+    lines.append("  or start a new run with another --output-dir")
+    return UserError("\n".join(lines))
 
 
 def check_run_folder(output_dir: Path, resume: str | None) -> None:
