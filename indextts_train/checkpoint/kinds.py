@@ -44,7 +44,7 @@ class Verdict:
     """What `verify` says about one file. exit_code: 0 COMPLETE, 1 PARTIAL, 2 INCOMPLETE."""
 
     status: str  # COMPLETE | PARTIAL | INCOMPLETE
-    kind: str  # indextts-train | community | gpt.pth | unknown
+    kind: str  # indextts-train | community | gpt.pth | adapters | unknown
     reasons: list[str] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
 
