@@ -10,12 +10,11 @@ refused in one line.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from indextts_train.checkpoint.base import check_base_layout
 from indextts_train.checkpoint.files import load_checkpoint
-from indextts_train.checkpoint.manager import check_no_earlier_run
+from indextts_train.checkpoint.run_folder import check_run_folder
 from indextts_train.config.family import family_of_tokenizer
 from indextts_train.config.settings import Config
 from indextts_train.data.checkdata import check_manifest_sample
@@ -24,19 +23,6 @@ from indextts_train.files.bounded import check_regular
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import tokenizer_size
 from indextts_train.ui.run_settings import RunSettings
-
-
-def check_output_dir(output_dir: Path) -> None:
-    """The run folder can be made and written, checked without making it."""
-    path = Path(output_dir)
-    flag = f"--output-dir {path}"
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag}: is a file, not a folder; choose a folder path for the run")
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise UserError(f"{flag}: {existing} is a file, so no folder can be made under it; choose another path")
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{flag}: {existing} is not writable; choose a writable folder")
 
 
 def check_paths(options: RunSettings) -> None:
@@ -53,7 +39,6 @@ def check_paths(options: RunSettings) -> None:
     resume = options.resume
     if resume not in (None, "auto") and not Path(resume).is_file():
         raise UserError(f"--resume {resume}: no such checkpoint file; use --resume auto to pick the newest one")
-    check_output_dir(options.output_dir)
 
 
 def check_tokenizer_family(options: RunSettings, config: Config) -> None:
@@ -81,10 +66,10 @@ def check_base_checkpoint(options: RunSettings, config: Config, loaded: object |
 
 
 def check_inputs(options: RunSettings, config: Config, base: object | None = None) -> int:
-    """All the checks above, then the head of every manifest as check-data checks it (its owner,
-    data/checkdata.py), cheapest first; returns the text vocabulary size the run will use."""
+    """All the checks above and the run folder's, then the head of every manifest as check-data checks
+    it (its owner, data/checkdata.py), cheapest first; returns the text vocabulary size the run will use."""
     check_paths(options)
-    check_no_earlier_run(Path(options.output_dir), options.resume)
+    check_run_folder(options.output_dir, options.resume)
     check_tokenizer_family(options, config)
     tokens = tokenizer_size(options.tokenizer) if options.tokenizer else config.gpt.number_text_tokens
     check_base_checkpoint(options, config, base)
