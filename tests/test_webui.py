@@ -19,7 +19,7 @@ import typer
 from helpers import ROOT
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.files import verify_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.ui.console import RunLogger

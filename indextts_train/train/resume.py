@@ -13,7 +13,7 @@ import random
 import numpy as np
 import torch
 
-from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.rng import ProcessRng
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, TrainConfig

@@ -14,8 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from indextts_train.checkpoint.base import load_base_checkpoint
-from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
-from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.kinds import ignored_by_base_checkpoint
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.errors import UserError
