@@ -29,6 +29,7 @@ from report import write_result
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.rng import capture_rng
 from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress
+from indextts_train.checkpoint.verify import verify_checkpoint
 
 RESULT = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 TENSOR_NUMEL = 2**20  # 4 MiB float32 tensors
@@ -89,7 +90,7 @@ def measure(total_mb: int, repeats: int, directory: Path) -> dict:
         times["save_checkpoint"].append(timed(atomic_save, i))
     best = {k: min(v) for k, v in times.items()}
     median = {k: statistics.median(v) for k, v in times.items()}
-    verify = statistics.median(timed(ckpt.verify_checkpoint, directory / "latest.pth") for _ in range(repeats))
+    verify = statistics.median(timed(verify_checkpoint, directory / "latest.pth") for _ in range(repeats))
     return {
         "file_mb": round((directory / "latest.pth").stat().st_size / 2**20, 1),
         "repeats": repeats,

@@ -16,7 +16,7 @@ per layer, causal attention 2 S D per position per layer, the text head on text 
 head on mel positions); the recompute of activation checkpointing and of the chunked loss's
 backward is not counted (so MFU falls when checkpointing is on, by design of the metric).
 
-    python benchmarks/bench_gpu.py [--steps 10] [--warmup 3] [--no-compile]
+    python benchmarks/bench_gpu.py [--steps 10] [--warmup 3] [--no-compile | --only-compiled]
 
 Writes benchmarks/results/gpu-<device>.json and prints it. Without CUDA it says so and exits 0.
 `--cpu-smoke` runs every code path on a tiny config on the CPU (a check of the script itself; it
@@ -161,6 +161,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    parser.add_argument("--only-compiled", action="store_true", help="only the torch.compile rows (at auto)")
     parser.add_argument("--cpu-smoke", action="store_true", help="run the code paths on a tiny CPU config")
     args = parser.parse_args()
     if args.cpu_smoke:
@@ -180,7 +181,9 @@ def main() -> int:
     auto = {ckpt: plan.micro_batch if device.type == "cuda" else 2 for ckpt, plan in plans.items()}
     peak = peak_tflops(info.name) if device.type == "cuda" else None
     rows = []
-    for row in configurations(auto, compile_too=not args.no_compile):
+    chosen = [row for row in configurations(auto, compile_too=not args.no_compile)
+              if row["compiled"] or not args.only_compiled]
+    for row in chosen:
         micro = row.pop("micro_batch")
         rows.append(measure(cfg, device, precision, micro, peak, **row, steps=args.steps, warmup=args.warmup))
         print(json.dumps(rows[-1]), flush=True)
@@ -192,7 +195,7 @@ def main() -> int:
               "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if device.type == "cuda":
         name = re.sub(r"[^A-Za-z0-9]+", "-", info.name).strip("-")
-        path = RESULTS / f"gpu-{name}.json"
+        path = RESULTS / f"gpu-{name}{'-compiled' if args.only_compiled else ''}.json"
         RESULTS.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path}")

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from report import write_result
 
-from indextts_train.checkpoint.files import verify_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.demo import make_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,10 @@ bugs. `train-gpt` is `indextts-train train`, with the flag names of the communit
 existing scripts keep working.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here (nor in listen/command.py): Typer reads every command's
+# annotations each time it builds the command line, and annotations kept as strings are evaluated
+# anew each time, which made a build (paid once per command run, once per in-process test run) ~4x
+# slower; evaluated once at definition, they are read as they are.
 import inspect
 import json
 import sys
@@ -146,7 +148,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
-    from indextts_train.checkpoint.files import load_verified
+    from indextts_train.checkpoint.verify import load_verified
     from indextts_train.data.sampling import parse_manifest_specs
     from indextts_train.train.evaluate import evaluate_checkpoint
 
@@ -170,7 +172,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """COMPLETE (exit 0: exact resume possible), PARTIAL (exit 1: weights only, says what is missing), INCOMPLETE (exit 2)."""
-    from indextts_train.checkpoint.files import verify_checkpoint
+    from indextts_train.checkpoint.verify import verify_checkpoint
 
     verdict = verify_checkpoint(checkpoint)
     if as_json:
@@ -205,8 +207,8 @@ def repair(
     base_vocab: Annotated[int | None, typer.Option(min=1, max=cli_flags.MAX_VOCAB, help="Text tokens of the base vocabulary, kept frozen on resume (default: 12000 when an IndexTTS2 vocabulary is larger, as the community trainer froze them; else none).")] = None,
 ) -> None:
     """Bring a community/older checkpoint to this format so --resume accepts it (backup first)."""
-    from indextts_train.checkpoint.files import verify_checkpoint
     from indextts_train.checkpoint.repair import repair_checkpoint
+    from indextts_train.checkpoint.verify import verify_checkpoint
     from indextts_train.config.settings import config_to_dict, load_config
 
     if verify_checkpoint(checkpoint).status == "COMPLETE":

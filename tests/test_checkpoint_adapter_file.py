@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.files import verify_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.config.scope_settings import LoraSpec
 from indextts_train.model.lora import adapter_file

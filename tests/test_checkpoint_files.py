@@ -1,23 +1,24 @@
-"""Checkpoint storage: atomic save, rotation, safe load, verify, resume selection, RNG."""
+"""Checkpoint storage: atomic save, rotation, safe load, RNG (verifying a file: test_checkpoint_verify.py)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import random
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import community_state, names, trained
+from helpers import names, trained
 
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.files import CheckpointError, CheckpointSaveError
 from indextts_train.checkpoint.lineage import resume_order
 from indextts_train.checkpoint.rng import capture_rng, restore_rng
+from indextts_train.checkpoint.run_folder import list_checkpoints
 from indextts_train.checkpoint.state import History, Lineage
+from indextts_train.checkpoint.verify import find_resume_checkpoint, verify_checkpoint
 
 
 def make_state(step: int = 1) -> dict:
@@ -43,16 +44,6 @@ def make_state(step: int = 1) -> dict:
 def save_steps(output_dir: Path, steps: list[int], keep: int = 10) -> None:
     for step in steps:
         ckpt.save_checkpoint(make_state(step), output_dir, step, keep=keep)
-
-
-def largest_member_offset(path: Path) -> int:
-    """Byte offset of the middle of the largest tensor storage (zip members named .../data/N)."""
-    with zipfile.ZipFile(path) as archive:
-        info = max((m for m in archive.infolist() if "/data/" in m.filename), key=lambda m: m.file_size)
-    with open(path, "rb") as f:
-        f.seek(info.header_offset + 26)
-        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
-    return info.header_offset + 30 + name_len + extra_len + info.file_size // 2
 
 
 # ----------------------------------------------------------------------------- save / load
@@ -87,7 +78,7 @@ def test_latest_falls_back_to_a_copy_without_hard_links(tmp_path: Path, monkeypa
     latest = tmp_path / "latest.pth"
     assert not os.path.samefile(latest, tmp_path / "model_step2.pth")
     assert latest.read_bytes() == (tmp_path / "model_step2.pth").read_bytes()
-    assert ckpt.verify_checkpoint(latest).status == "COMPLETE"
+    assert verify_checkpoint(latest).status == "COMPLETE"
 
 
 def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
@@ -148,7 +139,7 @@ def test_disk_full_leaves_previous_checkpoint_and_latest(tmp_path: Path, monkeyp
     assert "could not save checkpoint step 2" in message and "disk full" in message
     assert "model_step1.pth is intact" in message and "\n" not in message
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file left either
-    assert ckpt.find_resume_checkpoint(resume_order(tmp_path))[0] == tmp_path / "latest.pth"
+    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))[0] == tmp_path / "latest.pth"
 
 
 def test_save_refuses_a_state_weights_only_cannot_load(tmp_path: Path) -> None:
@@ -164,120 +155,6 @@ def test_save_refuses_a_state_missing_resume_keys(tmp_path: Path) -> None:
     del state["rng"]
     with pytest.raises(ValueError, match="missing rng"):
         ckpt.save_checkpoint(state, tmp_path, 1, keep=3)
-
-
-# ----------------------------------------------------------------------------- unsafe / damaged files
-
-
-class Payload:
-    """Unpickling this creates the marker file: proof that code ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
-def test_malicious_pickle_is_refused_without_running_code(tmp_path: Path) -> None:
-    marker = tmp_path / "PWNED"
-    evil = tmp_path / "evil.pth"
-    torch.save({"model": {"w": torch.zeros(2)}, "optimizer": Payload(marker)}, evil)
-    with pytest.raises(CheckpointError, match="contains pickled Python objects that could run code"):
-        ckpt.load_checkpoint(evil)
-    verdict = ckpt.verify_checkpoint(evil)
-    assert (verdict.status, verdict.exit_code) == ("INCOMPLETE", 2)
-    assert not marker.exists()
-    torch.load(evil, weights_only=False)  # control: the payload is live when unpickled unsafely
-    assert marker.exists()
-
-
-def test_truncated_latest_is_skipped_and_left_on_disk(tmp_path: Path) -> None:
-    save_steps(tmp_path, [1, 2])
-    latest = tmp_path / "latest.pth"
-    data = latest.read_bytes()
-    for cut in (0, 1, 100, len(data) // 3, len(data) // 2, len(data) - 100, len(data) - 1):
-        replacement = tmp_path / "cut.tmp"
-        replacement.write_bytes(data[:cut])  # a non-atomic writer killed mid-write (new inode)
-        os.replace(replacement, latest)
-        chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
-        assert chosen == tmp_path / "model_step2.pth", cut
-        assert [p for p, _ in skipped] == [latest]
-        assert "INCOMPLETE" in skipped[0][1] and "\n" not in skipped[0][1]
-        assert latest.read_bytes() == data[:cut]
-        with pytest.raises(CheckpointError):
-            ckpt.load_checkpoint(latest)
-
-
-def test_truncated_in_place_skips_its_hard_link_too(tmp_path: Path) -> None:
-    save_steps(tmp_path, [1, 2])
-    with open(tmp_path / "latest.pth", "r+b") as f:  # damage to the inode shared with model_step2.pth
-        f.truncate(f.seek(0, os.SEEK_END) // 2)
-    chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
-    assert chosen == tmp_path / "model_step1.pth"
-    assert [p.name for p, _ in skipped] == ["latest.pth", "model_step2.pth"]
-    assert skipped[1][1].startswith("same file as latest.pth")
-    assert names(tmp_path) == {"model_step1.pth", "model_step2.pth", "latest.pth"}
-
-
-def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
-    save_steps(tmp_path, [1, 2], keep=3)
-    latest = tmp_path / "latest.pth"
-    flipped = bytearray(latest.read_bytes())
-    flipped[largest_member_offset(latest)] ^= 0xFF
-    replacement = tmp_path / "flip.tmp"
-    replacement.write_bytes(bytes(flipped))
-    os.replace(replacement, latest)
-    torch.load(latest, weights_only=True)  # control: torch alone loads the damaged tensor silently
-    chosen, skipped = ckpt.find_resume_checkpoint(resume_order(tmp_path))
-    assert chosen == tmp_path / "model_step2.pth"
-    assert "CRC-32" in skipped[0][1]
-    assert latest.read_bytes() == bytes(flipped)
-
-
-def test_no_complete_checkpoint_means_none(tmp_path: Path) -> None:
-    (tmp_path / "model_step5.pth").write_bytes(b"garbage")
-    assert ckpt.find_resume_checkpoint(resume_order(tmp_path))[0] is None
-    assert ckpt.find_resume_checkpoint(resume_order(tmp_path / "missing")) == (None, [])
-    assert (tmp_path / "model_step5.pth").read_bytes() == b"garbage"
-
-
-# ----------------------------------------------------------------------------- verify
-
-
-def test_verify_statuses_and_exit_codes(tmp_path: Path) -> None:
-    complete = ckpt.save_checkpoint(make_state(2), tmp_path / "run", 2, keep=3)
-    community = tmp_path / "community.pth"
-    torch.save(community_state(), community)
-    bare = tmp_path / "gpt.pth"
-    torch.save(trained(0)[0].state_dict(), bare)
-    garbage = tmp_path / "garbage.pth"
-    garbage.write_bytes(os.urandom(4096))
-    got = {p.name: ckpt.verify_checkpoint(p) for p in (complete, community, bare, garbage)}
-    assert {n: (v.status, v.kind, v.exit_code) for n, v in got.items()} == {
-        "model_step2.pth": ("COMPLETE", "indextts-train", 0),
-        "community.pth": ("PARTIAL", "community", 1),
-        "gpt.pth": ("PARTIAL", "gpt.pth", 1),
-        "garbage.pth": ("INCOMPLETE", "unknown", 2),
-    }
-    summary = got["model_step2.pth"].to_dict()["summary"]
-    assert (summary["step"], summary["samples_in_epoch"], summary["precision"]) == (2, 8, "fp32")
-    assert summary["sizes"]["tensors"] == 6 and summary["sizes"]["params"] == 40 + 104 + 16 + 117
-    assert "lacks RNG states" in " ".join(got["community.pth"].reasons)
-    assert "--base-checkpoint" in got["gpt.pth"].reasons[0]
-
-
-def test_verify_names_what_a_resume_lacks(tmp_path: Path) -> None:
-    state = make_state(1)
-    del state["rng"]
-    state["progress"]["samples_in_epoch"] = -1
-    path = tmp_path / "old.pth"
-    torch.save(state, path)
-    verdict = ckpt.verify_checkpoint(path)
-    assert verdict.status == "PARTIAL" and verdict.reasons == ["missing rng (needed for an exact resume)"]
-    state["rng"] = [capture_rng()]
-    torch.save(state, path)
-    assert ckpt.verify_checkpoint(path).reasons == ["progress: samples_in_epoch missing or not a non-negative int"]
 
 
 # ----------------------------------------------------------------------------- RNG

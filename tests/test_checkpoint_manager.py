@@ -17,7 +17,8 @@ import pytest
 import torch
 from test_checkpoint_files import make_state, save_steps
 
-from indextts_train.checkpoint.manager import Resumed, select_resume
+from indextts_train.checkpoint.manager import select_resume
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.rng import ProcessRng
 from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, Stateful
 from indextts_train.config.settings import GPTConfig, TrainConfig

@@ -8,8 +8,9 @@ import pytest
 import torch
 from helpers import community_state, names, trained
 
-from indextts_train.checkpoint.files import CheckpointError, load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import CheckpointError, load_checkpoint
 from indextts_train.checkpoint.repair import repair_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 
 
 def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:

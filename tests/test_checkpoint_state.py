@@ -13,8 +13,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.checkpoint.state import FORMAT_VERSION, History, Progress, migrate, nonfinite_problem, validate
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.train.loop import resolve_settings, train

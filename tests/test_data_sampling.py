@@ -243,7 +243,7 @@ def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path,
 def test_a_rule_1_run_keeps_the_sort_window_it_started_with() -> None:
     """The default window grew (512 -> 4096) after rule 1; a rule-1 run's order depends on its window,
     so its resume takes the one in its stored config, not today's default."""
-    from indextts_train.checkpoint.manager import resumed_state, stored_sort_window
+    from indextts_train.checkpoint.resumed import resumed_state, stored_sort_window
     from indextts_train.checkpoint.state import migrate
     from indextts_train.config.settings import TrainConfig
 

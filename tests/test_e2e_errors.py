@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint import table as checkpoint_table
 from indextts_train.cli import app, run_app
 from indextts_train.webui import records
-from indextts_train.webui.page import PageServer
 from indextts_train.webui.roots import Roots
+from indextts_train.webui.server import PageServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"

@@ -29,7 +29,8 @@ import torch
 from helpers import FaultyFolder, community_state, start, wait_for_training
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.config.settings import TrainConfig
 from indextts_train.data.sampling import ManifestSpec, epoch_order, sampler_spec

@@ -20,7 +20,8 @@ import torch
 from helpers import FaultyFolder
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.data.fingerprint import data_fingerprint, describe_data_change
 from indextts_train.data.manifest import ManifestIndex

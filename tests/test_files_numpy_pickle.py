@@ -13,6 +13,7 @@ import torch
 
 from indextts_train.checkpoint import files as ckpt
 from indextts_train.checkpoint.files import CheckpointError
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.files import numpy_pickle
 from indextts_train.files.numpy_pickle import PLAIN_DTYPES, load_weights_only
 
@@ -97,7 +98,7 @@ def test_numpy_content_beyond_plain_arrays_is_refused(tmp_path: Path, case: str)
     with pytest.raises(CheckpointError, match="refusing to load") as refused:
         ckpt.load_checkpoint(path)
     assert str(path) in str(refused.value) and "\n" not in str(refused.value)
-    verdict = ckpt.verify_checkpoint(path)
+    verdict = verify_checkpoint(path)
     assert (verdict.status, verdict.exit_code) == ("INCOMPLETE", 2)
     assert not marker.exists()
 
@@ -120,7 +121,7 @@ def test_shared_references_are_walked_once_and_refused_past_the_bounds(tmp_path:
         ckpt.load_checkpoint(path)
     assert time.perf_counter() - started < 1.0
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
-    verdict = ckpt.verify_checkpoint(path)
+    verdict = verify_checkpoint(path)
     assert verdict.status == "INCOMPLETE" and "not a checkpoint this program wrote" in verdict.reasons[0]
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from indextts_train.checkpoint.files import load_checkpoint, same_file
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.train.listening import Listener, due_steps
 from indextts_train.train.loop import resolve_settings, train

@@ -21,8 +21,9 @@ from test_ui_console import scalars as tensorboard_scalars
 from typer.testing import CliRunner, Result
 
 from indextts_train.checkpoint.export import export_checkpoint
-from indextts_train.checkpoint.files import CheckpointError, load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import CheckpointError, load_checkpoint
 from indextts_train.checkpoint.repair import repair_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.config.family import INDEXTTS25
 from indextts_train.config.settings import TrainConfig, config_to_dict, load_config

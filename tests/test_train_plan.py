@@ -19,7 +19,7 @@ from indextts_train.webui.roots import Roots
 
 def page_plan(tiny_data: dict, tmp_path, extra: str) -> str:
     """The page's "Hardware plan" button for the form a user fills for this run."""
-    from indextts_train.webui.page import PageServer
+    from indextts_train.webui.server import PageServer
 
     server = PageServer(Roots([tiny_data["folder"], tmp_path, tiny_data["config"].parent]))
     numbers = forms.defaults_for(str(tiny_data["config"]))  # the page starts at the config's values

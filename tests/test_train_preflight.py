@@ -12,10 +12,12 @@ import yaml
 from helpers import CheckpointReads
 from typer.testing import CliRunner
 
+from indextts_train.checkpoint.run_folder import check_output_dir
 from indextts_train.cli import app
 from indextts_train.config.settings import DEFAULT_CONFIG, config_beside, config_choice, load_config
+from indextts_train.data.checkdata import SAMPLE_LINES
 from indextts_train.errors import UserError
-from indextts_train.train.preflight import SAMPLE_LINES, check_manifest_sample, check_output_dir
+from indextts_train.train.preflight import check_inputs
 from indextts_train.train.runlock import first_missing
 from indextts_train.ui.run_settings import resolve_settings
 
@@ -114,12 +116,23 @@ def test_the_sample_is_the_head_of_each_manifest(tiny_data, tmp_path) -> None:
                                    train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, line_no, repeat=repeat))])
         if refused:
             with pytest.raises(UserError, match=f"bad.jsonl:{line_no}: target_text_ids_path holds id 5000"):
-                check_manifest_sample(options, config, 100)
+                check_inputs(options, config)
         else:
-            check_manifest_sample(options, config, 100)
+            check_inputs(options, config)
     options = resolve_settings(train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, 1))],
                                output_dir=tmp_path / "run", skip_bad_lines=True)
-    check_manifest_sample(options, config, 100)
+    check_inputs(options, config)
+
+
+def test_the_heads_of_every_manifest_are_read_before_the_first_bad_line_is_refused(tiny_data, tmp_path) -> None:
+    """The refusals keep check-data's order: an empty manifest named after a bad line is refused first."""
+    config = load_config(tiny_data["config"])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    options = resolve_settings(output_dir=tmp_path / "run",
+                               train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, 1)), str(empty)])
+    with pytest.raises(UserError, match=f"^{empty}: manifest is empty; nothing to train on"):
+        check_inputs(options, config)
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ import torch
 import yaml
 from helpers import start, wait_for_training
 
-from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.train.loop import RunSettings, resolve_settings, train
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each

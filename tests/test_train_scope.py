@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 import indextts_train.demo as demo
 from indextts_train.checkpoint.export import export_checkpoint
-from indextts_train.checkpoint.files import load_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.config.constants import TEXT_ROW_KEYS
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25

@@ -24,7 +24,6 @@ from indextts_train.train.validation import (
     describe,
     evaluate_groups,
     forgetting_breaches,
-    group_lines,
     scalars,
 )
 
@@ -54,11 +53,11 @@ def index_of(values: list[str]) -> tuple[ManifestIndex, list]:
 
 def test_groups_come_from_the_suffix_then_the_language_field_then_the_file(two_languages) -> None:
     index, specs = index_of([f"{two_languages['am']}::am", str(two_languages["zh"])])
-    assert {k: v.tolist() for k, v in group_lines(index, specs).items()} == {
+    assert {k: v.tolist() for k, v in index.group_lines(specs).items()} == {
         "am": list(range(7)), "zh": list(range(7, 12))}  # zh: the file name, no language known
     mixed = with_language(two_languages["am"], ["en", None, "en", "de/AT", None, None, "en"])
     index, specs = index_of([str(mixed)])
-    assert {k: v.tolist() for k, v in group_lines(index, specs).items()} == {
+    assert {k: v.tolist() for k, v in index.group_lines(specs).items()} == {
         "en": [0, 2, 6], "am_lang": [1, 4, 5], "de_AT": [3]}
 
 
@@ -70,7 +69,7 @@ def test_each_group_equals_evaluate_on_its_manifest_alone(tiny_data, two_languag
     model.load_state_dict(trained)
     model.train()  # validation runs inside training: evaluate must switch to eval mode and back
     index, specs = index_of([f"{two_languages['am']}::am", f"{two_languages['zh']}::zh"])
-    result = evaluate_groups(model, ManifestDataset(index), group_lines(index, specs), batch_size=3,
+    result = evaluate_groups(model, ManifestDataset(index), index.group_lines(specs), batch_size=3,
                              config=config, device=torch.device("cpu"))
     assert model.training
     for lang in ("am", "zh"):

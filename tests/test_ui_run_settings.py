@@ -3,6 +3,7 @@ file; every number's range is its field's metadata, and each way in refuses a va
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from pathlib import Path
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 TYPES = field_types(TrainConfig)
 NUMBERS = [f.name for f in dataclasses.fields(TrainConfig) if TYPES[f.name] in (int, float)]
+# The tiny config as its file and as a run record holds it: read once, each case changes a copy.
+TINY_FILE = yaml.safe_load(TINY.read_text())
+TINY_RECORD = config_to_dict(load_config(TINY))
 
 
 def outside(name: str) -> list[int | float]:
@@ -48,12 +52,12 @@ def test_each_way_in_refuses_a_number_outside_its_fields_range(tmp_path, name) -
     flag = "--" + name.replace("_", "-")
     for value in outside(name):
         said = f"train.{name} ({flag}) must be"
-        data = yaml.safe_load(TINY.read_text())
+        data = copy.deepcopy(TINY_FILE)
         data["train"][name] = value
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
         with pytest.raises(UserError, match=re.escape(said)):  # the config file
             load_config(tmp_path / "bad.yaml")
-        record = config_to_dict(load_config(TINY))
+        record = copy.deepcopy(TINY_RECORD)
         record["train"][name] = value
         write_run_record(tmp_path, {"train_manifests": ["t.jsonl"], "output_dir": "out", "config": str(TINY)},
                          record, {}, 0.0)

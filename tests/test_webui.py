@@ -19,7 +19,7 @@ import typer
 from helpers import ROOT
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.files import verify_checkpoint
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.ui.console import RunLogger
@@ -108,7 +108,8 @@ def test_only_the_page_imports_gradio_and_only_the_extra_installs_it() -> None:
     assert "${EXTRAS:-dev,prepare}" in (ROOT / "scripts" / "install.sh").read_text()  # what demo.sh installs
     assert "EXTRAS" not in (ROOT / "scripts" / "demo.sh").read_text()
     loaded = subprocess.run([sys.executable, "-c", "import sys, indextts_train.cli, indextts_train.train.loop, "
-                             "indextts_train.webui.form, indextts_train.webui.records; print('gradio' in sys.modules)"],
+                             "indextts_train.webui.form, indextts_train.webui.records, indextts_train.webui.server; "
+                             "print('gradio' in sys.modules)"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert loaded.stdout.strip() == "False", loaded.stderr
 

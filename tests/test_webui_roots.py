@@ -19,9 +19,9 @@ from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
-from indextts_train.webui.page import PageServer
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, NOT_READ, RunRegistry, _is_train_command, is_train_run_of, read_log
+from indextts_train.webui.server import PageServer
 from indextts_train.webui.trainflags import other_flags
 
 

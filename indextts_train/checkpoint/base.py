@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from indextts_train.checkpoint.files import ignored_by_base_checkpoint, load_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.kinds import ignored_by_base_checkpoint
 from indextts_train.config.family import Family, family_of_keys
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError

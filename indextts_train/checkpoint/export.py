@@ -23,16 +23,10 @@ import torch
 import yaml
 
 from indextts_train.checkpoint.base import load_base_checkpoint
-from indextts_train.checkpoint.files import (
-    BEST,
-    LATEST,
-    config_for,
-    failure_reason,
-    is_training_checkpoint,
-    load_verified,
-    same_file,
-)
+from indextts_train.checkpoint.files import BEST, LATEST, config_for, failure_reason
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
+from indextts_train.checkpoint.verify import is_training_checkpoint, load_verified
 from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings

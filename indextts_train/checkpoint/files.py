@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, safe load, verify, find the newest complete one, rotate.
+"""Checkpoints: atomic save, publish latest.pth/best.pth, rotate.
 
 The promise is that a trainer killed at any instant (kill -9 mid-save included) resumes bit-exactly
 with `--resume auto`. This module is the storage half of it:
@@ -6,61 +6,44 @@ with `--resume auto`. This module is the storage half of it:
 - a checkpoint is written to a temp file, fsynced, renamed into place and the directory fsynced;
   `latest.pth` moves (hard link, or copy) only after that, and rotation deletes old files last, so
   every name on disk always refers to a complete file;
-- files are read with `torch.load(weights_only=True)`, so a checkpoint from a stranger cannot run
-  code, and the zip CRC-32 of every member is checked first, because torch itself does not notice a
-  flipped byte inside tensor data;
-- nothing that fails to verify is ever deleted or renamed: `--resume auto` says what it skipped.
+- a file this run must not touch (`protected`: it could not verify it, or did not write it) is never
+  written, replaced or deleted.
 
-The layout, its checks and its migrations belong to state.py; this module stores and finds files.
+Reading a file safely is reader.py's, verifying it and choosing the one to resume verify.py's, the
+run folder's names and listing run_folder.py's; the layout, its checks and its migrations state.py's.
 """
 
 from __future__ import annotations
 
 import errno
 import io
-import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import torch
 
-from indextts_train.checkpoint.adapter_file import adapter_verdict, is_adapter_file
 from indextts_train.checkpoint.reader import (  # noqa: F401  (re-exported: callers import them from here)
     _first_line,
-    _read,
     config_for,
     load_checkpoint,
     read_unchecked,
 )
+from indextts_train.checkpoint.run_folder import BEST, LATEST, latest_target, list_checkpoints, step_of
 from indextts_train.checkpoint.state import (  # noqa: F401  (FORMAT_VERSION: re-exported for callers)
     FORMAT,
     FORMAT_VERSION,
-    migrate,
-    model_problem,
     nonfinite_problem,
-    repaired_unknown,
     unsafe_value,
     validate,
 )
-from indextts_train.config.family import family_of_keys
-from indextts_train.config.schema import is_int
-from indextts_train.errors import CheckpointError, UserError
+from indextts_train.errors import CheckpointError, UserError  # noqa: F401  (CheckpointError: re-exported)
 from indextts_train.files.atomic import atomic_write as atomic_write_file
 from indextts_train.files.atomic import fsync_dir, link_or_copy, temp_name
 from indextts_train.files.faults import crash_armed, crash_point
-from indextts_train.model.layout import (
-    clean_keys,
-)
 
-LATEST = "latest.pth"
-BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
-EXIT_CODES = {"COMPLETE": 0, "PARTIAL": 1, "INCOMPLETE": 2}
-
-_STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
 _TEMP_FILE = re.compile(r"^\.(model_step\d+|latest|best)\.pth\.tmp-\d+$")  # only names this module writes
 
 
@@ -74,158 +57,6 @@ class ProtectedNameError(CheckpointSaveError):
 
 class NonFiniteStateError(Exception):
     """A state with a NaN/Inf weight or optimizer tensor: refused before anything touches the disk."""
-
-
-# ----------------------------------------------------------------------------- verify
-
-
-@dataclass
-class Verdict:
-    """What `verify` says about one file. exit_code: 0 COMPLETE, 1 PARTIAL, 2 INCOMPLETE."""
-
-    status: str  # COMPLETE | PARTIAL | INCOMPLETE
-    kind: str  # indextts-train | community | gpt.pth | unknown
-    reasons: list[str] = field(default_factory=list)
-    summary: dict = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
-
-    def to_dict(self) -> dict:
-        """JSON-ready (`verify --json`)."""
-        return json.loads(json.dumps({"status": self.status, "kind": self.kind, "exit_code": self.exit_code,
-                                      "reasons": self.reasons, "summary": self.summary}, default=str))
-
-
-def _kind(obj: Any) -> str:
-    if not isinstance(obj, dict):
-        return "unknown"
-    if obj.get("format") == FORMAT:
-        return "indextts-train"
-    if is_adapter_file(obj):
-        return "adapters"
-    if isinstance(obj.get("model"), dict) and {"optimizer", "step", "epoch"} & obj.keys():
-        return "community"
-    weights = obj["model"] if set(obj) == {"model"} else obj  # IndexTTS2 also accepts {"model": sd}
-    if isinstance(weights, dict) and weights and all(isinstance(v, torch.Tensor) for v in weights.values()):
-        return "gpt.pth"
-    return "unknown"
-
-
-def is_training_checkpoint(path: Path) -> bool:
-    """Whether `path` holds a training state (ours or a community one): by its name, else by its contents."""
-    path = Path(path)
-    if path.name in (LATEST, BEST) or _step_of(path) is not None:
-        return True
-    try:
-        return _kind(read_unchecked(path)) in ("indextts-train", "community")
-    except CheckpointError:
-        return False
-
-
-def ignored_by_base_checkpoint(path: Path, obj: Any) -> str | None:
-    """What --base-checkpoint leaves out when `obj` is a training checkpoint (ours or community), else None."""
-    kind = _kind(obj)
-    if kind not in ("indextts-train", "community"):
-        return None
-    progress = obj.get("progress") if kind == "indextts-train" else obj
-    step = progress.get("step") if isinstance(progress, dict) else None
-    at = f" at step {step}" if is_int(step) else ""
-    return (f"--base-checkpoint {path} is a training checkpoint{at}: only its weights are used; its optimizer "
-            "state and position are ignored and this run starts at step 0 (to continue that run instead, "
-            "pass it as --resume)")
-
-
-def _weights(obj: dict, kind: str) -> Any:
-    return obj if kind == "gpt.pth" and "model" not in obj else obj.get("model")
-
-
-def _summary(obj: dict, kind: str, path: Path) -> dict:
-    weights = _weights(obj, kind)
-    tensors = list(weights.values()) if isinstance(weights, dict) else []
-    sizes = {"file_bytes": path.stat().st_size, "tensors": len(tensors),
-             "params": sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))}
-    found = family_of_keys(clean_keys(weights).state) if isinstance(weights, dict) else None
-    family = "unknown" if found is None else found.name  # IndexTTS2 or IndexTTS-2.5, from the weights' keys
-    if kind == "community":
-        return {"step": obj.get("step"), "epoch": obj.get("epoch"), "family": family, "sizes": sizes}
-    if kind != "indextts-train":
-        return {"family": family, "sizes": sizes}
-    progress = obj.get("progress") if isinstance(obj.get("progress"), dict) else {}
-    hparams = obj.get("hparams") if isinstance(obj.get("hparams"), dict) else {}
-    summary = {k: progress.get(k) for k in ("step", "epoch", "samples_in_epoch", "samples_total")}
-    summary.update(family=family, vocab_plan=obj.get("vocab_plan"), precision=hparams.get("precision"),
-                   hardware=obj.get("hardware"), hparams=hparams, created=obj.get("created"),
-                   format_version=obj.get("format_version"), sizes=sizes)
-    return summary
-
-
-def _community_reasons(obj: dict) -> list[str]:
-    have = [k for k in ("optimizer", "scheduler", "scaler", "step", "epoch") if obj.get(k) is not None]
-    return [f"community train_gpt_v2.py checkpoint with {', '.join(['model', *have])}",
-            "lacks RNG states, the sample position in the epoch, loss history, config and vocab plan, "
-            "so it cannot resume exactly; `indextts-train repair` converts it"]
-
-
-def verify_checkpoint(path: Path) -> Verdict:
-    """COMPLETE (exact resume possible), PARTIAL (weights usable, resume state missing) or INCOMPLETE."""
-    return _read_and_verify(Path(path))[1]
-
-
-def load_verified(path: Path) -> dict:
-    """The one read of a checkpoint whose weights a command uses (export, evaluate).
-
-    verify_checkpoint's checks (CRC, no pickled code, usable finite weights), an INCOMPLETE file
-    refused with its one-line reason, then what `load_checkpoint(path, mmap=True)` returns: tensor
-    data stays on disk until touched, so the callers share it without reading the file again.
-    """
-    path = Path(path)
-    obj, verdict = _read_and_verify(path)
-    if verdict.status == "INCOMPLETE":
-        reason = verdict.reasons[0]
-        raise CheckpointError(reason if str(path) in reason else f"{path}: {reason}")
-    return migrate(obj) if obj.get("format") == FORMAT else obj  # not INCOMPLETE: a dict
-
-
-def _read_and_verify(path: Path) -> tuple[Any, Verdict]:
-    """The file's objects (None when unreadable) and verify_checkpoint's verdict on them."""
-    try:
-        obj = _read(path, mmap=True)  # mmap: shapes and types are enough, tensor data stays on disk
-    except CheckpointError as exc:
-        return None, Verdict("INCOMPLETE", "unknown", [str(exc)])
-    return obj, _verdict(obj, path)
-
-
-def _verdict(obj: Any, path: Path) -> Verdict:
-    """verify_checkpoint's verdict on what `path` held."""
-    kind = _kind(obj)
-    if kind == "unknown":
-        what = f"a dict with keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
-        return Verdict("INCOMPLETE", kind, [f"{path} is not a checkpoint: it holds {what}"])
-    if kind == "adapters":
-        status, reasons, summary = adapter_verdict(obj)
-        return Verdict(status, kind, reasons, summary)
-    summary = _summary(obj, kind, path)
-    optimizer = obj.get("optimizer") if kind != "gpt.pth" else None
-    problem = model_problem(_weights(obj, kind)) or nonfinite_problem(_weights(obj, kind), optimizer)
-    if problem:
-        return Verdict("INCOMPLETE", kind, [f"no usable weights: {problem}"], summary)
-    if kind == "community":
-        return Verdict("PARTIAL", kind, _community_reasons(obj), summary)
-    if kind == "gpt.pth":
-        return Verdict("PARTIAL", kind, ["bare gpt.pth weights: no optimizer, scheduler, RNG or progress; "
-                                         "use it as --base-checkpoint to start a run"], summary)
-    stored_version = obj.get("format_version")
-    problems = validate(migrate(obj))
-    if problems:
-        return Verdict("PARTIAL", kind, problems, summary)
-    notes = [] if stored_version == FORMAT_VERSION else [
-        f"format {stored_version}, read through the migration to format {FORMAT_VERSION}"]
-    if isinstance(obj.get("repaired"), dict):
-        unknown = ", ".join(map(str, repaired_unknown(obj))) or "nothing"
-        notes.append(f"repaired from a {obj['repaired'].get('from')} checkpoint; filled in, not known: {unknown}")
-    return Verdict("COMPLETE", kind, notes, summary)
 
 
 # ----------------------------------------------------------------------------- save
@@ -272,46 +103,9 @@ def publish(output_dir: Path, target: Path, name: str, protected: frozenset[str]
     fsync_dir(output_dir)
 
 
-def _step_of(path: Path) -> int | None:
-    match = _STEP_FILE.match(path.name)
-    return int(match.group(1)) if match else None
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Checkpoint files in `output_dir`: model_step*.pth oldest step first, then latest.pth if present."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return []
-    steps = sorted((p for p in output_dir.iterdir() if _step_of(p) is not None and p.is_file()), key=_step_of)
-    latest = output_dir / LATEST
-    return steps + [latest] if latest.is_file() else steps
-
-
-def same_file(a: Path, b: Path) -> bool:
-    """Whether `a` and `b` are one file (hard links included); False when either is missing."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _latest_target(output_dir: Path) -> Path | None:
-    """The model_step file latest.pth is a hard link of, if any."""
-    latest = output_dir / LATEST
-    steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST]
-    return next((p for p in steps if same_file(p, latest)), None) if latest.is_file() else None
-
-
 def is_milestone(step: int, keep_every: int) -> bool:
     """Whether the checkpoint of `step` stays out of rotation (`--keep-every N`; 0 = none)."""
     return keep_every > 0 and step > 0 and step % keep_every == 0
-
-
-def step_file_of(path: Path) -> Path | None:
-    """The model_step{N}.pth that `path` is (itself, or the file latest.pth is a hard link of), if any."""
-    if _step_of(path) is not None:
-        return path
-    return _latest_target(path.parent) if path.name == LATEST else None
 
 
 def _rotate(output_dir: Path, keep: int, newest: Path, keep_every: int = 0,
@@ -324,8 +118,8 @@ def _rotate(output_dir: Path, keep: int, newest: Path, keep_every: int = 0,
     rotate). best.pth is a name of its own (a hard link), so deleting its step file never removes it.
     """
     steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST and p.name not in protected
-             and not is_milestone(_step_of(p), keep_every) and (own is None or own(p))]
-    spared = {newest, _latest_target(output_dir)}
+             and not is_milestone(step_of(p), keep_every) and (own is None or own(p))]
+    spared = {newest, latest_target(output_dir)}
     for path in steps[:-keep]:
         if path not in spared:
             path.unlink(missing_ok=True)
@@ -350,7 +144,7 @@ def failure_reason(exc: BaseException) -> str:
 
 
 def _previous_description(output_dir: Path) -> str:
-    previous = _latest_target(output_dir)
+    previous = latest_target(output_dir)
     if previous is None and (output_dir / LATEST).is_file():
         previous = output_dir / LATEST
     if previous is None:
@@ -396,7 +190,7 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
     latest.pth), whose history already names it best.
 
     A failure (disk full, ...) leaves every earlier checkpoint and latest.pth as they were, removes the
-    temp file and raises CheckpointSaveError. `protected` names (resume.untouchable_names) are never
+    temp file and raises CheckpointSaveError. `protected` names (run_folder.untouchable_names) are never
     written, replaced or deleted: a save under such a name raises ProtectedNameError before any write.
     """
     if keep < 1:
@@ -428,27 +222,3 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
             f"saved {final}, but could not update latest.pth/best.pth or remove old checkpoints: "
             f"{failure_reason(exc)}; --resume auto still finds the newest complete checkpoint") from exc
     return final
-
-
-# ----------------------------------------------------------------------------- find
-
-
-def find_resume_checkpoint(ordered: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The first of `ordered` that verifies COMPLETE, and what was skipped before it, with why.
-
-    `ordered` is lineage.resume_order's: the newest branch first, its highest step first (latest.pth
-    before its twin), files that cannot be read first of all. Skipped files stay on disk untouched.
-    """
-    skipped: list[tuple[Path, str]] = []
-    failures: dict[Path, str] = {}
-    for path in ordered:
-        twin = next((bad for bad in failures if same_file(path, bad)), None)
-        if twin is not None:  # a hard link of a file that already failed
-            skipped.append((path, f"same file as {twin.name}, {failures[twin]}"))
-            continue
-        verdict = verify_checkpoint(path)
-        if verdict.status == "COMPLETE":
-            return path, skipped
-        failures[path] = reason = f"{verdict.status}: {'; '.join(verdict.reasons)}"
-        skipped.append((path, reason))
-    return None, skipped

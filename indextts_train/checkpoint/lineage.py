@@ -21,13 +21,16 @@ import errno
 import os
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from indextts_train.checkpoint.files import BEST, LATEST, CheckpointError, list_checkpoints, read_unchecked, same_file
+from indextts_train.checkpoint.reader import read_unchecked
+from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
 from indextts_train.checkpoint.state import FORMAT, Lineage, is_branch_name
 from indextts_train.config.schema import is_int
+from indextts_train.errors import CheckpointError
 from indextts_train.files.atomic import fsync_dir
 
 ABANDONED = "abandoned"  # OUT/abandoned/<branch>/: the files of branches a rollback left
@@ -101,15 +104,16 @@ def _order_key(path: Path) -> tuple:
     return (0, info.born, info.step, is_latest)
 
 
-def resume_order(output_dir: Path) -> list[Path]:
-    """The run's checkpoint files in the order --resume auto tries them: newest branch, highest step."""
-    return sorted(list_checkpoints(output_dir), key=_order_key, reverse=True)
+def resume_order(checkpoints: Iterable[Path]) -> list[Path]:
+    """A run folder's checkpoint files (run_folder.list_checkpoints) in the order --resume auto tries
+    them: newest branch, highest step."""
+    return sorted(checkpoints, key=_order_key, reverse=True)
 
 
 def continues_head(output_dir: Path, path: Path) -> bool:
     """Whether `path` is the newest checkpoint of the newest branch in `output_dir` (no new branch then)."""
     here = lineage_of(path)
-    head = next((info for p in resume_order(output_dir) if (info := lineage_of(p)) is not None), None)
+    head = next((info for p in resume_order(list_checkpoints(output_dir)) if (info := lineage_of(p)) is not None), None)
     return here is not None and head is not None and (here.branch, here.step, here.born) == (
         head.branch, head.step, head.born)
 

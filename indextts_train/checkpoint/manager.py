@@ -1,186 +1,53 @@
-"""The checkpoint manager: which file a run resumes from, brought up to today's format, as one typed state.
+"""The checkpoint manager: which file a run resumes from, loaded in today's format, as one typed state.
 
-Saving is one call (`TrainingState.state_dict`, state.py); this is its reverse, and the only reader of
-the checkpoint's top-level layout on the way in. `select_resume` resolves `--resume` (None, "auto" or
-a path): for auto the newest branch first (lineage.resume_order), each candidate verified, those that
-fail skipped and left untouched; the chosen file is migrated (state.migrate, inside load_checkpoint)
-and split into a `Resumed`, whose parts the run's own parts load with their `load_state_dict`.
+Saving is one call (`TrainingState.state_dict`, state.py); `select_resume` is its reverse. It resolves
+`--resume` (None, "auto" or a path), each step owned by one module and taken once, in order: the run
+folder listed (run_folder.survey); for auto its files in lineage order (lineage.resume_order), each
+candidate verified until one resumes, those that fail skipped and left untouched (verify.py); the
+refusal of a folder none of whose files resumes and the names this run must not touch (run_folder.py);
+then the chosen file is loaded, migrated (reader.load_checkpoint, state.migrate), and split into a
+typed `Resumed` (resumed.py), whose parts the run's own parts load with their `load_state_dict`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from torch import Tensor
-
-from indextts_train.checkpoint import files as ckpt_io
 from indextts_train.checkpoint.lineage import resume_order
-from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, repaired_unknown
-from indextts_train.config.schema import is_int
-from indextts_train.data.sampling import LEGACY_RULE, SamplerSpec
-from indextts_train.errors import UserError
-from indextts_train.text.vocab import VocabPlan
+from indextts_train.checkpoint.reader import load_checkpoint
+from indextts_train.checkpoint.resumed import Resumed, resumed_state
+from indextts_train.checkpoint.run_folder import check_no_earlier_run, refuse_fresh_start, survey, untouchable_names
+from indextts_train.checkpoint.verify import find_resume_checkpoint, verified_resume_file
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """Everything a checkpoint holds for a run that goes on from it, each part typed.
-
-    `model` (official layout), `optimizer_set` (the set's own four keys) and `rng` (one state per rank)
-    are the saved forms their owners load (Weights, OptimizerSet, checkpoint.rng.restore_rng).
-    """
-
-    path: Path
-    model: dict[str, Tensor]
-    vocab_plan: VocabPlan
-    lora: dict | None  # the adapters of a --train-scope lora run
-    optimizer_set: dict  # optimizer, optimizer_param_names, scheduler, scaler
-    progress: Progress
-    history: History
-    data: DataRecord
-    lineage: Lineage
-    rng: list[dict]
-    hparams: dict  # the settings it was trained with ({} after a repair: not known)
-    train_config: dict  # its stored `train:` section (scope checks)
-    hardware: dict  # its HardwarePlan.to_dict() (an OOM-reduced micro-batch, the arithmetic)
-    sampler: SamplerSpec | None  # None: written before data order rules, so rule 1
-    sort_window: int | None  # the window of a rule-1 run's stored config, when it has a usable one
-    repaired: bool  # made by `indextts-train repair` (a community file or a partial one of ours)
-    samples_unknown: bool  # a repair could not tell progress.samples_total
-
-    @property
-    def step(self) -> int:
-        return self.progress.step
-
-    def legacy_window(self, flag: int) -> int:
-        """The sort window of a rule-1 run: the one in its stored config (rule 1 recorded no sampler
-        part), else the flag. Its order depends on it, and the default has changed since (512)."""
-        return self.sort_window if self.sort_window is not None else flag
-
-    @property
-    def step_file(self) -> Path:
-        """The model_step{N}.pth that holds the step resumed from (latest.pth's twin), or the file itself."""
-        return ckpt_io.step_file_of(self.path) or self.path
-
-
-def _part(cls: type, saved: dict) -> object:
-    part = cls()
-    part.load_state_dict(saved)
-    return part
-
-
-def stored_sort_window(ckpt: dict) -> int | None:
-    """The sort window in a checkpoint's stored config, or None when it has no usable one."""
-    stored = (ckpt.get("config") or {}).get("train", {}).get("sort_window")
-    return stored if is_int(stored) and stored > 0 else None
-
-
-def resumed_state(ckpt: dict, path: Path) -> Resumed:
-    """A loaded (migrated, verified) checkpoint dict as its typed parts."""
-    sampler = ckpt.get("sampler", {})
-    legacy = sampler.get("rule", LEGACY_RULE) == LEGACY_RULE  # no record: written before order rules
-    sort_window = stored_sort_window(ckpt) if legacy else None
-    samples_unknown = "progress.samples_total" in repaired_unknown(ckpt)
-    return Resumed(
-        path=path, model=ckpt["model"], vocab_plan=VocabPlan.from_dict(ckpt["vocab_plan"]), lora=ckpt.get("lora"),
-        optimizer_set={key: ckpt[key] for key in ("optimizer", "optimizer_param_names", "scheduler", "scaler")},
-        progress=_part(Progress, ckpt["progress"]), history=_part(History, ckpt["history"]),
-        data=_part(DataRecord, ckpt["data"]), lineage=_part(Lineage, ckpt["lineage"]), rng=ckpt["rng"],
-        hparams=ckpt["hparams"], train_config=ckpt["config"].get("train") or {}, hardware=ckpt.get("hardware") or {},
-        sampler=None if legacy else SamplerSpec.from_state_dict(sampler),
-        sort_window=sort_window, repaired=bool(ckpt.get("repaired")), samples_unknown=samples_unknown)
-
-
-def _what_to_do(path: Path, reason: str) -> str:
-    if "format_version" in reason and "newer" in reason:
-        return "written by a newer indextts-train: resume it with that version"
-    if "PARTIAL:" in reason:
-        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
-    return "it cannot be used; keep it, or remove it yourself if you do not need it"
-
-
-def refuse_fresh_start(output_dir: Path, skipped: list[tuple[Path, str]]) -> UserError:
-    """--resume auto found checkpoints but none resumes: starting fresh would rotate them away."""
-    lines = [f"--resume auto: {output_dir} holds checkpoints but none of them can resume this run, so nothing "
-             "was started and no file was changed:"]
-    for path, reason in skipped:
-        short = reason if len(reason) <= 200 else reason[:200] + "..."
-        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
-    lines.append("  or start a new run with another --output-dir")
-    return UserError("\n".join(lines))
-
-
-def check_no_earlier_run(output_dir: Path, resume: str | None) -> None:
-    """A new run (no --resume) never starts over the checkpoints of another one in the same folder."""
-    existing = ckpt_io.list_checkpoints(output_dir) if resume is None else []
-    if existing:
-        raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume auto "
-                        "to continue that run, or choose another --output-dir")
-
-
-def _named_file(resume: str) -> Path:
-    """`--resume PATH`: the file, verified COMPLETE."""
-    path = Path(resume)
-    if not path.is_file():
-        raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
-    verdict = ckpt_io.verify_checkpoint(path)
-    if verdict.status != "COMPLETE":
-        # A community file's reasons already say to repair it, and repair cannot turn bare weights
-        # into a run: only our own partial files get the hint here.
-        ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
-        hint = "; `indextts-train repair` can convert it" if ours else ""
-        raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
-    return path
 
 
 def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
                   notice: Say) -> tuple[Resumed | None, frozenset[str]]:
     """Resolve --resume (None, "auto" or a path) into the state to resume, or None to start fresh.
 
-    Also returns the file names in `output_dir` that this run must never replace or delete.
+    Also returns the file names in `output_dir` that this run must never replace or delete. The folder
+    is listed once (run_folder.survey), under the run's lock: the checks, the order and the names read it.
     """
+    folder = survey(output_dir)
     if resume is None:
-        check_no_earlier_run(output_dir, resume)
+        check_no_earlier_run(folder)
         return None, frozenset()
-    skipped: list[tuple[Path, str]] = []
     if resume == "auto":
         # Newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
-        path, skipped = ckpt_io.find_resume_checkpoint(resume_order(output_dir))
-        if path is None and skipped:
-            raise refuse_fresh_start(output_dir, skipped)
-        for bad, reason in skipped:
-            warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
-        if path is None:
-            notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
-            return None, frozenset()
+        ordered = resume_order(folder.checkpoints)
+        path, skipped = find_resume_checkpoint(ordered)
     else:
-        path = _named_file(resume)
-    protected = untouchable_names(output_dir, [bad for bad, _ in skipped], path)
+        path, skipped = verified_resume_file(resume), []
+    if path is None and skipped:
+        raise refuse_fresh_start(folder, skipped)
+    for bad, reason in skipped:
+        warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
+    if path is None:
+        notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
+        return None, frozenset()
+    protected = untouchable_names(folder, [bad for bad, _ in skipped], path)
     notice(f"resuming from {path}")
-    return resumed_state(ckpt_io.load_checkpoint(path, crc_checked=True), path), protected  # verified above
-
-
-def untouchable_names(output_dir: Path, skipped: list[Path], verified: Path | None) -> frozenset[str]:
-    """Names in `output_dir` that no save or rotation of this run may replace or delete.
-
-    Those `--resume` skipped (they failed to load or verify) and every other checkpoint-named file that
-    is not ours (a community or foreign file placed there, best.pth included). `verified` is the one
-    being resumed. Whether a file is ours is cheap to tell: it loads (tensor data left on disk, no CRC
-    pass) and says it is our format.
-    """
-    names = {path.name for path in skipped}
-    best = output_dir / ckpt_io.BEST
-    for path in [*ckpt_io.list_checkpoints(output_dir), *([best] if best.is_file() else [])]:
-        if path.name in names or ckpt_io.same_file(path, verified):
-            continue
-        try:
-            obj = ckpt_io.read_unchecked(path)
-        except ckpt_io.CheckpointError:
-            obj = None
-        if not (isinstance(obj, dict) and obj.get("format") == ckpt_io.FORMAT):
-            names.add(path.name)
-    return frozenset(names)
+    loaded = load_checkpoint(path, crc_checked=True)  # migrated; its CRC was checked by the verification above
+    return resumed_state(loaded, path), protected

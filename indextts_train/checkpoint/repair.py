@@ -4,8 +4,9 @@ The community `train_gpt_v2.py` saves weights (often DDP-prefixed), optimizer, s
 step and epoch, but no RNG states, position in the epoch, history, config or vocab plan. A repair
 maps the weights onto the official gpt.pth names, keeps the optimizer set only when it provably
 matches them, fills every missing part with a stated default and records under `repaired` what was
-filled in, not known (`repaired["unknown"]`), and human notes. Storage, loading and the rules of a
-COMPLETE checkpoint stay in files.py; the original file is kept as a backup before it is replaced.
+filled in, not known (`repaired["unknown"]`), and human notes. Storage (files.py), reading (reader.py)
+and the rules of a COMPLETE checkpoint (verify.py, state.py) stay where they are; the original file is
+kept as a backup before it is replaced.
 """
 
 from __future__ import annotations
@@ -17,15 +18,9 @@ from typing import Any
 
 import torch
 
-from indextts_train.checkpoint.files import (
-    CheckpointError,
-    failure_reason,
-    load_checkpoint,
-    same_file,
-    verify_checkpoint,
-    write_state,
-)
+from indextts_train.checkpoint.files import CheckpointError, failure_reason, load_checkpoint, write_state
 from indextts_train.checkpoint.rng import rng_problem, seeded_rng
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.state import (
     FORMAT,
     FORMAT_VERSION,
@@ -37,6 +32,7 @@ from indextts_train.checkpoint.state import (
     optimizer_problems,
     validate,
 )
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.config.family import family_of_keys
 from indextts_train.config.schema import field_types, is_int
 from indextts_train.config.settings import TrainConfig

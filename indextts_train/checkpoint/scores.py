@@ -14,7 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint, same_file
+from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.errors import CheckpointError, UserError
 
 RECORD_FORMAT = "indextts-train listen 1"  # marks a record as ours

@@ -419,7 +419,7 @@ class TrainingState:
     `weights` gives the official-layout `model`; `optimizer_set` its four matched keys (optimizer,
     optimizer_param_names, scheduler, scaler); `info` what the run was (hparams, config, vocab_plan,
     hardware, created), stored for resume checks and humans. Reading back is the reverse: the checkpoint
-    manager (manager.py) splits a file into its typed parts, which each part loads with `load_state_dict`.
+    manager (manager.py) splits a file into its typed parts (resumed.py), which each part loads with `load_state_dict`.
     """
 
     weights: Stateful

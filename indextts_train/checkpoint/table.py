@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint, same_file, verify_checkpoint
+from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.errors import UserError
 
 _STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second abandoned file of one name

@@ -7,6 +7,7 @@ Config sections (`gpt:`, `train:`) and checkpoint components (progress, history)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -52,8 +53,13 @@ def type_name(tp: Any) -> str:
     return getattr(origin or tp, "__name__", str(tp))
 
 
+@functools.cache
 def field_types(cls: type) -> dict[str, Any]:
-    """Resolved annotations of a dataclass (the modules use `from __future__ import annotations`)."""
+    """Resolved annotations of a dataclass (the modules use `from __future__ import annotations`).
+
+    Cached: resolving evaluates every annotation string (milliseconds), and every config, record and
+    checkpoint read builds its dataclasses through here. The dict is shared: read it, never change it.
+    """
     return get_type_hints(cls)
 
 

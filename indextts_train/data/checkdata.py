@@ -1,6 +1,6 @@
 """`indextts-train check-data`: every manifest line checked, a report, and a clean manifest.
 
-The checks are the ones training applies when it reads a line (data/manifest.py), run over every line at
+The checks are the ones training applies when it reads a line (data/lines.py), run over every line at
 once so a user sees all bad lines before a GPU run, not the first one an hour in.
 """
 
@@ -16,19 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-from indextts_train.config.family import Family
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.lines import (
     DURATION_FIELDS,
-    LANGUAGE_FIELDS,
-    SPEAKER_FIELDS,
+    CheckedLine,
+    LineLimits,
+    check_lines,
     iter_lines,
-    lang_id_of,
-    language_code,
-    parse_line,
-    resolve_paths,
+    line_language,
+    tag_base,
 )
-from indextts_train.data.manifest import REPORT_ERRORS, check_ids, check_text_ids, load_arrays, tag_base
+from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.targets import check_new_file, make_output_folder
@@ -52,6 +50,31 @@ class _CheckStats:
     duplicates: list[str] = field(default_factory=list)  # the first REPORT_ERRORS, both places named
     duplicate_count: int = 0
 
+    def add(self, line: CheckedLine, where: str, limits: _Limits) -> str | None:
+        """A line checked by lines.py: counted as compared with its text or not; its refusal when its ids are
+        not the text's, else None once its lengths, speaker, language, durations and id are added."""
+        obj, text_ids = line.obj, line.text_ids
+        self.text_compared += line.text_compared is True
+        self.text_not_compared += line.text_compared is False
+        if line.text_problem is not None:
+            return line.text_problem
+        self.text_lengths.append(line.text_len)
+        self.code_lengths.append(line.code_len)
+        speaker = obj.get("target_speaker", obj.get("speaker"))
+        if speaker is not None:
+            self.speakers[str(speaker)] += 1
+        language = line_language(obj)
+        if language is not None:
+            self.languages[language] += 1
+        for name in DURATION_FIELDS:
+            if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
+                self.durations[name] = self.durations.get(name, 0.0) + float(obj[name])
+        self.text_tokens += line.text_len
+        self.note_id(obj.get("id"), where)
+        if limits.base_vocab is not None:
+            self.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
+        return None
+
     def note_id(self, sample_id: object, where: str) -> None:
         """An id seen twice is one utterance trained twice as often, or two utterances under one name."""
         if sample_id is None:
@@ -64,42 +87,19 @@ class _CheckStats:
                 self.duplicates.append(f"{where}: id {key!r} is also the id of {first}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Limits:
-    """What a line is checked against (None = not known, not checked)."""
+    """What a line is checked against: the checks of every line (lines.py), and check-data's own."""
 
-    max_text: int | None
-    max_mel: int | None
-    model_dim: int | None
-    text_vocab: int | None
-    mel_codes: int | None
-    base_vocab: int | None
-    family: Family | None = None  # the config's stated family; None accepts lines of either
-    tag_base: int | None = None  # IndexTTS-2.5: id of <|en|> (ranks + 2); None = not known
-    borrowed: dict[str, int] = field(default_factory=dict)
-    text_vocab_from_tokenizer: bool = True  # else gpt.number_text_tokens: the error says which
-    mel_specials: tuple[int, ...] = ()  # start/stop mel tokens, never inside a target's codes
-    text_path: TextPath | None = None  # the tokenizer's official text path: text_ids must be its encoding
+    line: LineLimits
+    base_vocab: int | None  # ids from here on are the extension's (the report's share of them)
 
     def checked_against(self) -> dict:
         """The report's account of these limits."""
-        return {"max_text_tokens": self.max_text, "max_mel_tokens": self.max_mel, "model_dim": self.model_dim,
-                "text_vocab": self.text_vocab, "number_mel_codes": self.mel_codes, "base_vocab": self.base_vocab,
-                "family": None if self.family is None else self.family.key,
-                "language_tag_base": tag_base(self.text_vocab)}
-
-
-def _check_speakers(obj: dict, where: str) -> None:
-    """Prompt and target must be the same speaker wherever the line says who both are.
-
-    Any two of `speaker`, `prompt_speaker`, `target_speaker` that are present must agree (the
-    IndexTTS2 prompt carries the voice; a cross-speaker pair teaches the wrong voice).
-    """
-    named = {name: obj[name] for name in SPEAKER_FIELDS if obj.get(name) is not None}
-    if len({json.dumps(value) for value in named.values()}) > 1:
-        listed = ", ".join(f"{name}={value!r}" for name, value in named.items())
-        raise UserError(f"{where}: prompt and target speakers differ ({listed}); pair each target "
-                        "with a prompt of the same speaker")
+        line = self.line
+        return {"max_text_tokens": line.max_text, "max_mel_tokens": line.max_mel, "model_dim": line.model_dim,
+                "text_vocab": line.text_vocab, "number_mel_codes": line.mel_codes, "base_vocab": self.base_vocab,
+                "family": None if line.family is None else line.family.key, "language_tag_base": line.tag_base}
 
 
 def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
@@ -108,74 +108,6 @@ def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
         return "size of --tokenizer", "the data was made with another tokenizer; pass that one as --tokenizer"
     return ("gpt.number_text_tokens of --config",
             "pass the tokenizer the data was made with as --tokenizer (without it the config's size is the limit)")
-
-
-def _check_line(raw: bytes, where: str, manifest_dir: str, limits: _Limits, stats: _CheckStats) -> None:
-    """Every check on one line; adds it to `stats` when it passes."""
-    obj, fields, text_len, code_len = parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
-    lang_id = lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
-    _check_speakers(obj, where)
-    record = resolve_paths(obj, manifest_dir)
-    record["_source"] = where
-    arrays = load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
-                          max_mel=limits.max_mel, model_dim=limits.model_dim)
-    text_ids = arrays["text_ids"][:text_len]  # only these reach the model; the rest become stop tokens
-    check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
-              _text_vocab_source(limits.text_vocab_from_tokenizer), limits.mel_specials)
-    if lang_id is not None:
-        check_text_ids(text_ids, lang_id, tag_base(limits.text_vocab), fields["text_ids"], where)
-        obj.setdefault("language", language_code(lang_id))
-    if limits.text_path is not None:
-        _check_text(obj, fields["text_ids"], text_ids, where, limits.text_path, stats)
-    stats.text_lengths.append(text_len)
-    stats.code_lengths.append(code_len)
-    speaker = obj.get("target_speaker", obj.get("speaker"))
-    if speaker is not None:
-        stats.speakers[str(speaker)] += 1
-    language = next((obj[name] for name in LANGUAGE_FIELDS if obj.get(name) is not None), None)
-    if language is not None:
-        stats.languages[str(language)] += 1
-    for name in DURATION_FIELDS:
-        if isinstance(obj.get(name), (int, float)) and not isinstance(obj[name], bool):
-            stats.durations[name] = stats.durations.get(name, 0.0) + float(obj[name])
-    stats.text_tokens += text_len
-    stats.note_id(obj.get("id"), where)
-    if limits.base_vocab is not None:
-        stats.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
-
-
-def _shown_ids(ids: list[int]) -> str:
-    head = ", ".join(map(str, ids[:12]))
-    return f"[{head}{', ...' if len(ids) > 12 else ''}] ({len(ids)} ids)"
-
-
-def _check_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str, text_path: TextPath,
-                stats: _CheckStats) -> None:
-    """A line that carries its text: text_ids must be that text as official inference encodes it."""
-    text_field = "text" if ids_field == "text_ids_path" else "target_text"
-    text, language = obj.get(text_field), obj.get("language")
-    if not isinstance(text, str) or not text.strip():
-        return
-    if text_path.inexact(text, language):
-        stats.text_not_compared += 1
-        return
-    try:
-        expected, stored = text_path.encode(text, language), text_ids.tolist()
-    except UserError as exc:  # its language (--strict-language) or bytes the vocabulary lacks
-        raise UserError(f"{where}: {text_field}: {exc}") from None
-    stats.text_compared += 1
-    if stored == expected:
-        return
-    redo = (f"re-encode with `indextts-train tokenize MANIFEST --tokenizer {text_path.tokenizer} --out NEW_DIR`")
-    if stored == text_path.raw_ids(text, language):
-        raise UserError(f"{where}: {ids_field} is the raw text's encoding, made without the official text path "
-                        f"(normaliser, {'case rule' if language else 'upper case, CJK split'}); inference gives "
-                        f"the model {_shown_ids(expected)}: {redo}")
-    at = next((i for i, (a, b) in enumerate(zip(stored, expected, strict=False)) if a != b),
-              min(len(stored), len(expected)))
-    raise UserError(f"{where}: {ids_field} {_shown_ids(stored)} differs at position {at} from its {text_field} as "
-                    f"inference encodes it {_shown_ids(expected)}; {redo} (or pass the tokenizer the data was "
-                    "made with)")
 
 
 def _distribution(values: array) -> dict[str, float] | None:
@@ -190,19 +122,21 @@ def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: i
                 borrowed: dict[str, int] | None, text_path: TextPath | None) -> _Limits:
     """What every line is checked against: the config's sizes, the tokenizer's id range, the family."""
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
-    return _Limits(
+    text_source = _text_vocab_source(vocab_size is not None)
+    line = LineLimits(
         max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
         max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
         model_dim=gpt_cfg.model_dim if gpt_cfg else None,
         text_vocab=text_vocab,
         mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
-        base_vocab=base_vocab,
         family=gpt_cfg.stated_family if gpt_cfg else None,
+        tag_base=tag_base(text_vocab),
         borrowed=borrowed or {},
-        text_vocab_from_tokenizer=vocab_size is not None,
+        text_source=text_source,
         mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
         text_path=text_path,
     )
+    return _Limits(line, base_vocab)
 
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
@@ -226,21 +160,12 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     stats = _CheckStats()
     errors: list[str] = []
     bad_lines: list[list] = []
-    for path in files:
-        manifest_dir = os.path.dirname(os.path.abspath(path))
-        seen_lines = 0
-        for line_no, _, raw in iter_lines(path):
-            if max_lines is not None and seen_lines >= max_lines:
-                break
-            seen_lines += 1
-            try:
-                _check_line(raw, f"{path}:{line_no}", manifest_dir, limits, stats)
-            except UserError as exc:
-                bad_lines.append([path, line_no])
-                if len(errors) < REPORT_ERRORS:
-                    errors.append(str(exc))
-        if not seen_lines:
-            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
+    for path, line_no, line in check_lines(files, limits.line, max_lines):
+        refusal = str(line) if isinstance(line, UserError) else stats.add(line, f"{path}:{line_no}", limits)
+        if refusal is not None:
+            bad_lines.append([path, line_no])
+            if len(errors) < REPORT_ERRORS:
+                errors.append(refusal)
     lines_ok = len(stats.text_lengths)
     return {
         "files": files,
@@ -262,6 +187,23 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "duplicate_ids": stats.duplicate_count,
         "duplicates": stats.duplicates,
     }
+
+
+# Lines read from the head of each manifest before a run starts: enough to catch data made with another
+# tokenizer or for another config (every line is alike then), bounded so a start stays quick on any manifest.
+SAMPLE_LINES = 64
+
+
+def check_manifest_sample(paths: Sequence[str | Path], gpt_cfg: GPTConfig, vocab_size: int | None,
+                          borrowed: dict[str, int], *, skip_bad: bool) -> None:
+    """The first SAMPLE_LINES lines of every manifest, checked before a run starts; the first bad one is
+    refused (under --skip-bad-lines the run skips such lines itself)."""
+    limits = _limits_for(gpt_cfg, vocab_size, None, borrowed, None)
+    # every head is read before the first bad line is refused: an empty manifest after it is refused first
+    refusals = [line for _, _, line in check_lines(paths, limits.line, SAMPLE_LINES)
+                if isinstance(line, UserError)]
+    if refusals and not skip_bad:
+        raise UserError(f"{refusals[0]} (checked before training; `indextts-train check-data` lists every bad line)")
 
 
 def _render_distribution(name: str, dist: dict | None) -> str:

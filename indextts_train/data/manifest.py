@@ -1,9 +1,9 @@
 """Manifests → index → dataset → resumable sampler → collate.
 
-Lines are read and checked one by one in lines.py (their forms, the two families' fields); here they
-are indexed, their arrays loaded and checked, and batched.
+Lines are read and checked one by one in lines.py (their forms, the two families' fields, their
+arrays); here they are indexed, loaded and batched.
 
-The index keeps only numpy arrays (byte offset, file number, line number, lengths), so a
+The index keeps only numpy arrays (byte offset, file number, line number, lengths, language), so a
 million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
 
 Which samples an epoch draws, and in what order, is sampling.py's: a pure function of (seed, epoch).
@@ -22,29 +22,27 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from indextts_train.config.constants import CONDITION_LATENTS, SPK_EMB_DIM
 from indextts_train.config.family import Family
+from indextts_train.config.metric_names import group_name
+from indextts_train.config.settings import GPTConfig
 from indextts_train.data.lines import (
     TEXT_VOCAB_SOURCE,
-    array_keys,
+    check_ids,
+    check_text_ids,
     iter_lines,
     lang_id_of,
     line_family,
     line_form,
+    line_language,
+    load_arrays,
     parse_line,
     resolve_paths,
+    tag_base,
 )
+from indextts_train.data.sampling import ManifestSpec
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import read_npy
 from indextts_train.model.gpt import Batch
-from indextts_train.text.tiktoken_vocab import (
-    LANGUAGE_CODES,
-    SPECIAL_TOKENS,
-    START_STOP_IDS,
-    TAG_OFFSET,
-    TAGGED_LANGUAGES,
-)
 
 SKIPPED_EXAMPLES = 5
 REPORT_ERRORS = 20
@@ -55,11 +53,46 @@ REPORT_ERRORS = 20
 
 
 @dataclass
+class _Columns:
+    """The index's columns while the manifests are read, one entry per usable line."""
+
+    offsets: array = field(default_factory=lambda: array("q"))
+    file_ids: array = field(default_factory=lambda: array("i"))
+    line_numbers: array = field(default_factory=lambda: array("i"))
+    text_lengths: array = field(default_factory=lambda: array("i"))
+    code_lengths: array = field(default_factory=lambda: array("i"))
+    lang_ids: array = field(default_factory=lambda: array("h"))
+    languages: array = field(default_factory=lambda: array("i"))
+    language_names: dict[str, int] = field(default_factory=dict)  # name -> its number, in first-seen order
+
+    def add(self, offset: int, file_id: int, line_no: int, text_len: int, code_len: int, lang_id: int,
+            language: str | None) -> None:
+        self.offsets.append(offset)
+        self.file_ids.append(file_id)
+        self.line_numbers.append(line_no)
+        self.text_lengths.append(text_len)
+        self.code_lengths.append(code_len)
+        self.lang_ids.append(lang_id)
+        self.languages.append(-1 if language is None else self.language_names.setdefault(language,
+                                                                                         len(self.language_names)))
+
+    def arrays(self) -> dict:
+        """The ManifestIndex fields these columns fill."""
+        return {"offsets": np.array(self.offsets, dtype=np.int64), "file_ids": np.array(self.file_ids, dtype=np.int32),
+                "line_numbers": np.array(self.line_numbers, dtype=np.int32),
+                "text_lengths": np.array(self.text_lengths, dtype=np.int32),
+                "code_lengths": np.array(self.code_lengths, dtype=np.int32),
+                "lang_ids": np.array(self.lang_ids, dtype=np.int16),
+                "languages": np.array(self.languages, dtype=np.int32), "language_names": list(self.language_names)}
+
+
+@dataclass
 class ManifestIndex:
     """Index of one or more manifests without keeping JSON objects in memory.
 
     Parallel numpy arrays, one entry per usable line: byte offset, file number, line number,
-    text_len and code_len, and the lang_embedding row (IndexTTS-2.5 lines; -1 for IndexTTS2 lines).
+    text_len and code_len, the lang_embedding row (IndexTTS-2.5 lines; -1 for IndexTTS2 lines) and
+    the language field (validation groups are made from it without reading the lines again).
     `record(i)` seeks back to the line when the dataset needs it.
     """
 
@@ -75,6 +108,8 @@ class ManifestIndex:
     skipped_examples: list[str] = field(default_factory=list)
     family: Family | None = None  # the model's; None accepts lines of either family
     lang_ids: np.ndarray | None = None  # int16 per line
+    languages: np.ndarray | None = None  # int32 per line: its language field in `language_names`; -1: none
+    language_names: list[str] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -96,8 +131,7 @@ class ManifestIndex:
         files = [str(p) for p in paths]
         if not files:
             raise UserError("no manifest given; pass at least one .jsonl manifest")
-        offsets, file_ids, line_numbers = array("q"), array("i"), array("i")
-        text_lengths, code_lengths, lang_ids = array("i"), array("i"), array("h")
+        columns = _Columns()
         skipped: list[str] = []
         skipped_count = 0
         for file_id, path in enumerate(files):
@@ -117,25 +151,14 @@ class ManifestIndex:
                     if len(skipped) < SKIPPED_EXAMPLES:
                         skipped.append(str(exc))
                     continue
-                offsets.append(offset)
-                file_ids.append(file_id)
-                line_numbers.append(line_no)
-                text_lengths.append(text_len)
-                code_lengths.append(code_len)
-                lang_ids.append(lang_id)
+                columns.add(offset, file_id, line_no, text_len, code_len, lang_id, line_language(obj))
             if not seen_lines:
                 raise UserError(f"{path}: manifest is empty; pass a manifest with at least one line")
-        if not offsets:
+        if not columns.offsets:
             first = f"; first: {skipped[0]}" if skipped else ""
             raise UserError(f"{', '.join(files)}: no usable line ({skipped_count} bad{first})")
-        return cls(files=files, offsets=np.array(offsets, dtype=np.int64),
-                   file_ids=np.array(file_ids, dtype=np.int32),
-                   line_numbers=np.array(line_numbers, dtype=np.int32),
-                   text_lengths=np.array(text_lengths, dtype=np.int32),
-                   code_lengths=np.array(code_lengths, dtype=np.int32),
-                   max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
-                   skipped=skipped_count, skipped_examples=skipped, family=family,
-                   lang_ids=np.array(lang_ids, dtype=np.int16))
+        return cls(files=files, max_text_tokens=max_text_tokens, max_mel_tokens=max_mel_tokens,
+                   skipped=skipped_count, skipped_examples=skipped, family=family, **columns.arrays())
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -147,6 +170,19 @@ class ManifestIndex:
             record = self.record(int(wrong[0]))
             line_family(record, record["_source"], family)  # raises, naming file:line
         self.family = family
+
+    def group_lines(self, manifests: Sequence[ManifestSpec]) -> dict[str, np.ndarray]:
+        """Line indices (manifest order) per validation group, groups in first-seen order: the `::lang` of
+        the line's manifest, else its language field, else the manifest's file name without `.jsonl`."""
+        if len(manifests) != len(self.files):
+            raise ValueError("one ManifestSpec per indexed file is needed")
+        groups: dict[str, list[int]] = {}
+        for i in range(len(self)):
+            spec, language = manifests[int(self.file_ids[i])], int(self.languages[i])
+            name = (spec.lang or (self.language_names[language] if language >= 0 else None)
+                    or Path(spec.path).name.removesuffix(".jsonl"))
+            groups.setdefault(group_name(name), []).append(i)
+        return {name: np.array(lines, dtype=np.int64) for name, lines in groups.items()}
 
     @property
     def total_lengths(self) -> np.ndarray:
@@ -174,136 +210,6 @@ class ManifestIndex:
 
 
 # ---------------------------------------------------------------------------------------------
-# Arrays
-
-
-def _load_npy(path: str, what: str, where: str) -> np.ndarray:
-    if not os.path.exists(path) or os.path.isdir(path):
-        raise UserError(
-            f"{where}: {what} {path} not found; re-run preprocessing or fix the path "
-            "(relative paths resolve against the manifest's folder)"
-        )
-    try:  # never unpickled; the header's claim is checked against the file before any allocation
-        return read_npy(path, what)
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-
-
-def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | None, limit_key: str,
-               where: str) -> None:
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise UserError(f"{where}: {what} {path} must be a 1-D integer array, "
-                        f"got {arr.dtype} {list(arr.shape)}")
-    if len(arr) < need:
-        raise UserError(f"{where}: {what} {path} has {len(arr)} ids but the manifest says {need}; "
-                        "fix the length field or re-create the array")
-    if limit is not None and len(arr) > limit:
-        raise UserError(f"{where}: {what} {path} has {len(arr)} ids > gpt.{limit_key} {limit} (the batch is "
-                        "padded to the longest array); trim the array or drop the line")
-
-
-def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where: str,
-                    paths: dict[str, str]) -> None:
-    emo_vec = arrays["emo_vec"]
-    if "spk_emb" in arrays:
-        check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
-        dim = model_dim if model_dim is not None else (emo_vec.shape[0] if emo_vec.ndim == 1 else -1)
-    else:
-        condition = arrays["condition"]
-        if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
-            raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
-                            f"got {condition.dtype} {list(condition.shape)}")
-        dim = condition.shape[1] if model_dim is None else model_dim
-        if condition.shape[1] != dim:
-            raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
-                            f"gpt.model_dim is {dim}; it was made for another model")
-    if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
-        raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
-                        f"got {emo_vec.dtype} {list(emo_vec.shape)}")
-    for name in ("condition", "emo_vec"):  # spk_emb: check_speaker_vector
-        if name in arrays and not np.isfinite(arrays[name]).all():
-            raise UserError(f"{where}: {name} {paths[name]} holds NaN or Inf values (one such input makes every "
-                            f"loss NaN); re-create it or drop the line")
-
-
-def load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
-                 max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
-    """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
-    where = record["_source"]
-    keys = array_keys(fields)
-    paths = {key: record[fields[key]] for key in keys}
-    arrays = {key: _load_npy(paths[key], fields[key], where) for key in keys}
-    _check_ids(arrays["text_ids"], fields["text_ids"], paths["text_ids"], text_len, max_text,
-               "max_text_tokens", where)
-    _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
-    _check_features(arrays, model_dim, where, paths)
-    return arrays
-
-
-def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
-              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
-              mel_specials: tuple[int, ...] = ()) -> None:
-    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
-
-    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
-    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
-    """
-    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
-    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
-                    "the codes were made for another codec or config")
-    special = np.isin(codes, mel_specials) if mel_specials else None
-    if special is not None and special.any():
-        position = int(np.argmax(special))
-        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
-                        f"position {position}; the codes of a target must not contain them (the model adds "
-                        "them): re-create the codes or drop the line")
-
-
-def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
-    if not len(ids):
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0:
-        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
-    if limit is not None and high >= limit:
-        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
-
-
-def check_speaker_vector(spk_emb: np.ndarray, path: str, where: str) -> None:
-    if spk_emb.shape != (SPK_EMB_DIM,) or spk_emb.dtype.kind != "f":
-        raise UserError(f"{where}: spk_emb {path} must be the prompt's CAMPPlus vector, float [{SPK_EMB_DIM}], "
-                        f"got {spk_emb.dtype} {list(spk_emb.shape)}")
-    if not np.isfinite(spk_emb).all():
-        raise UserError(f"{where}: spk_emb {path} holds NaN or Inf; re-extract the speaker vector")
-
-
-def tag_base(text_vocab: int | None) -> int | None:
-    """Id of <|en|> in a 2.5 vocabulary of `text_vocab` tokens: its ranks + 2 (the specials follow the ranks)."""
-    if text_vocab is None or text_vocab <= len(SPECIAL_TOKENS):
-        return None  # a cut-down vocabulary (like the reference's tiny one): the tag rule cannot be checked
-    return text_vocab - len(SPECIAL_TOKENS) + TAG_OFFSET
-
-
-def check_text_ids(ids: np.ndarray, lang_id: int, tag_base: int | None, path: str, where: str) -> None:
-    """check-data rules for 2.5 text: no start/stop ids inside, and the language tag first.
-
-    ids are the first text_len ids; tag_base is the id of `<|en|>` (ranks + 2), None when unknown.
-    """
-    inside = np.isin(ids, START_STOP_IDS)
-    if inside.any():
-        position = int(np.flatnonzero(inside)[0])
-        raise UserError(f"{where}: {path} holds id {int(ids[position])} at position {position}; ids 0 and 1 are the "
-                        "GPT's start/stop (the official text path drops them): remove every 0 and 1")
-    if tag_base is None or lang_id >= TAGGED_LANGUAGES:
-        return  # untagged languages start with the bytes of "<|xx|> "
-    tag = tag_base + lang_id
-    if not len(ids) or int(ids[0]) != tag:
-        first = int(ids[0]) if len(ids) else None
-        raise UserError(f"{where}: {path} starts with id {first}, not the tag <|{LANGUAGE_CODES[lang_id]}|> ({tag}) "
-                        f"of lang_id {lang_id}; encode '<|{LANGUAGE_CODES[lang_id]}|> ' + text, as inference does")
-
-
-# ---------------------------------------------------------------------------------------------
 # Dataset, collate
 
 
@@ -323,6 +229,12 @@ class ManifestDataset(Dataset):
         self.mel_codes = mel_codes
         self.text_source = text_source  # what text_vocab is and what to do past it, for the error line
         self.mel_specials = mel_specials
+
+    @classmethod
+    def for_model(cls, index: ManifestIndex, gpt: GPTConfig) -> ManifestDataset:
+        """The samples of an index as the model of `gpt` reads them."""
+        return cls(index, model_dim=gpt.model_dim, text_vocab=gpt.number_text_tokens, mel_codes=gpt.number_mel_codes,
+                   mel_specials=(gpt.start_mel_token, gpt.stop_mel_token))
 
     def __len__(self) -> int:
         return len(self.index)

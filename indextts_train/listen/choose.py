@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.checkpoint.files import BEST, LATEST, list_checkpoints, same_file, verify_checkpoint
+from indextts_train.checkpoint.files import BEST, LATEST
+from indextts_train.checkpoint.run_folder import list_checkpoints, same_file
+from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import parse_json, read_bounded

@@ -1,7 +1,6 @@
 """The `indextts-train listen` command (registered in cli.py; kept here so the command line stays thin)."""
 
-from __future__ import annotations
-
+# Annotations evaluated at definition, not kept as strings: see the note atop cli.py.
 from pathlib import Path
 from typing import Annotated
 

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.checkpoint.files import BEST, publish, same_file
+from indextts_train.checkpoint.files import BEST, publish
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.scores import LOWER_IS_BETTER, summary_by_step
 from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS
 from indextts_train.errors import UserError

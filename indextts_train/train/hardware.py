@@ -31,8 +31,8 @@ from indextts_train.train.memory import (
     WEIGHT_BYTES_PER_PARAM,
     ParamCounts,
     activation_bytes_per_sample,
-    estimate_memory,
     max_sequence_positions,
+    memory_estimator,
     param_counts,
     state_bytes_per_trainable,
 )
@@ -377,10 +377,8 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
 
     budget = int(memory_share * device.total_memory)
 
-    def estimate(micro: int) -> int:
-        return estimate_memory(gpt_cfg, micro, precision=precision,
-                               activation_checkpointing=activation_checkpointing, world_size=world_size,
-                               scope=scope)
+    estimate = memory_estimator(gpt_cfg, precision=precision, activation_checkpointing=activation_checkpointing,
+                                world_size=world_size, scope=scope)
 
     per_rank, notes = _per_rank_batch(effective_batch, world_size)
     reasons += notes

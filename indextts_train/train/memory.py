@@ -41,6 +41,7 @@ tests/test_train_hardware.py checks the saved-activation terms against what mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from indextts_train.config.constants import LANG_ROWS, PREFIX_LEN, PREFIX_LEN_V25, SPK_EMB_DIM
@@ -144,16 +145,30 @@ def _fixed_bytes(counts: ParamCounts, world_size: int) -> int:
     return weights + counts.trainable * state_bytes_per_trainable(world_size) + CUDA_RESERVE_BYTES
 
 
-def estimate_memory(cfg: GPTConfig, micro_batch: int, *, precision: str, activation_checkpointing: bool,
-                    world_size: int = 1, scope: ScopeSettings = FULL_SCOPE) -> int:
-    """Peak device bytes of one training step at `micro_batch` samples of maximum length."""
+def memory_estimator(cfg: GPTConfig, *, precision: str, activation_checkpointing: bool, world_size: int = 1,
+                     scope: ScopeSettings = FULL_SCOPE) -> Callable[[int], int]:
+    """`estimate_memory` as a function of the micro-batch alone. What depends only on the model (its
+    parameter counts, summed over every official shape) is worked out once, not once per candidate
+    micro-batch the planner tries."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     act = 4 if precision == "fp32" else 2
     counts = param_counts(cfg, scope)
     copies = 0 if precision == "fp32" else AUTOCAST_COPY_BYTES_PER_PARAM * (counts.model + counts.adapters)
-    activations = (micro_batch * activation_bytes_per_sample(cfg, act, activation_checkpointing, scope)
-                   + loss_working_bytes(cfg, act))
-    backward = activations + copies
+    per_sample = activation_bytes_per_sample(cfg, act, activation_checkpointing, scope)
+    loss = loss_working_bytes(cfg, act)
     step = OPTIMIZER_STEP_BYTES_PER_PARAM * counts.trainable
-    return _fixed_bytes(counts, world_size) + max(backward, step)
+    fixed = _fixed_bytes(counts, world_size)
+
+    def estimate(micro_batch: int) -> int:
+        backward = micro_batch * per_sample + loss + copies
+        return fixed + max(backward, step)
+
+    return estimate
+
+
+def estimate_memory(cfg: GPTConfig, micro_batch: int, *, precision: str, activation_checkpointing: bool,
+                    world_size: int = 1, scope: ScopeSettings = FULL_SCOPE) -> int:
+    """Peak device bytes of one training step at `micro_batch` samples of maximum length."""
+    return memory_estimator(cfg, precision=precision, activation_checkpointing=activation_checkpointing,
+                            world_size=world_size, scope=scope)(micro_batch)

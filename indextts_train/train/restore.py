@@ -1,14 +1,14 @@
 """Applying a resumed checkpoint to the run being built: the one place the saved state is put in
 (start.py builds the state a run starts from, and calls it when the run resumes).
 
-The checkpoint manager (checkpoint/manager.py) chose the file and split it into typed parts; here the
+The checkpoint manager (checkpoint/manager.py) chose the file, split into typed parts (resumed.py); here the
 run's parts load them (`load_state_dict`) and what changed since is said: the vocabulary, the
 settings, the LR schedule's anchor at a new effective batch.
 """
 
 from __future__ import annotations
 
-from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.config.settings import Config
 from indextts_train.text.vocab import VocabPlan
 from indextts_train.train.resume import report_changed_hparams

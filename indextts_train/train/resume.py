@@ -13,9 +13,8 @@ import random
 import numpy as np
 import torch
 
-from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.rng import ProcessRng
-from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.data.fingerprint import check_same_data
 from indextts_train.data.manifest import ManifestIndex
@@ -29,7 +28,6 @@ from indextts_train.data.sampling import (
 )
 from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
-from indextts_train.model.scope import check_resume_scope
 from indextts_train.train.hardware import HardwarePlan
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
@@ -58,10 +56,10 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
 
 
 def checked_plan(resumed: Resumed | None, plan: HardwarePlan, config: Config, log: RunLogger) -> HardwarePlan:
-    """The resumed run's scope must be today's; its OOM-reduced micro-batch is kept; a change of arithmetic said."""
+    """The resumed run's OOM-reduced micro-batch is kept; a change of arithmetic said. (Its scope, which
+    must be today's, is checked before: model/scope.check_resume_scope.)"""
     if resumed is None:
         return plan
-    check_resume_scope(resumed.train_config, scope_settings(config.train), resumed.path)
     if config.train.batch_size == 0:
         plan = remembered_oom_plan(plan, resumed.hardware, log)
     note_changed_arithmetic(plan, resumed.hardware, log)

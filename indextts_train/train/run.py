@@ -166,13 +166,6 @@ class RunState:
         return self.weights.model
 
 
-def dataset_of(index: ManifestIndex, config: Config) -> ManifestDataset:
-    """The samples of an index as the model of `config` reads them."""
-    gpt = config.gpt
-    return ManifestDataset(index, model_dim=gpt.model_dim, text_vocab=gpt.number_text_tokens,
-                           mel_codes=gpt.number_mel_codes, mel_specials=(gpt.start_mel_token, gpt.stop_mel_token))
-
-
 def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: torch.device, schedule: Schedule,
                index: ManifestIndex, val: Validation | None, state: RunState, protected: frozenset[str],
                log: RunLogger) -> RunSpec:
@@ -180,7 +173,7 @@ def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: tor
 
     Before the first step of a new run, a schedule that cannot learn is said, with the flags to pass."""
     weights, train, batch = state.weights, config.train, state.layout.effective_batch
-    dataset, orders = dataset_of(index, config), EpochOrders(schedule.sampler, index.total_lengths)
+    dataset, orders = ManifestDataset.for_model(index, config.gpt), EpochOrders(schedule.sampler, index.total_lengths)
     total_steps, steps_per_epoch = schedule.end_step(state.progress, batch), schedule.steps_per_epoch(batch)
     fresh_steps = schedule.end_step(Progress(), batch)
     log.info(weights.vocab_plan.describe())

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.settings import Config
-from indextts_train.data.manifest import ManifestIndex
+from indextts_train.data.manifest import ManifestDataset, ManifestIndex
 from indextts_train.data.sampling import ManifestSpec
 from indextts_train.errors import UserError
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.train.best import check_metric
 from indextts_train.train.listen_check import GenerationCheck
-from indextts_train.train.run import Validation, dataset_of
-from indextts_train.train.validation import check_limit_groups, group_lines
+from indextts_train.train.run import Validation
+from indextts_train.train.validation import check_limit_groups
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
 
@@ -50,20 +50,22 @@ class RunData:
         return cls(train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None)
 
     def validation(self, config: Config) -> Validation | None:
-        """Once the model is known: every line, training and validation, must be of its family; then the
-        validation groups, the metric and limits they are judged by, the lines generated at each."""
-        for part in (self.index, self.val_index):
+        """Once the model is known: the validation samples as it reads them and their groups (the data's
+        part), every line, training and validation, of its family; then the metric and limits validations
+        are judged by, and the lines generated at each."""
+        val = self.val_index
+        dataset = None if val is None else ManifestDataset.for_model(val, config.gpt)
+        groups = {} if val is None else val.group_lines(self.val_specs)
+        for part in (self.index, val):
             if part is not None:
                 part.require_family(config.gpt.family)
-        if self.val_index is None:
+        if dataset is None:
             return None
         train = config.train
-        groups = group_lines(self.val_index, self.val_specs)
         reported = list(groups) if len(groups) > 1 else []  # one group is only the total
         check_metric(train.best_metric, reported)
         limits = parse_forgetting_limit(train.forgetting_limit) if train.forgetting_limit else {}
         check_limit_groups(limits, reported)
-        dataset = dataset_of(self.val_index, config)
         generation = GenerationCheck.build(dataset, groups, count=train.listen_lines, seed=train.seed,
                                            max_codes=config.gpt.max_mel_tokens)
         return Validation(dataset, groups, limits, train.early_stop_patience, generation)

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from indextts_train.checkpoint.base import read_base
 from indextts_train.checkpoint.manager import select_resume
+from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import config_to_dict
 from indextts_train.distributed import DistInfo
+from indextts_train.model.scope import check_resume_scope
 from indextts_train.train.plan import run_plan
 from indextts_train.train.preflight import check_inputs
 from indextts_train.train.resume import checked_plan, seed_everything
@@ -63,6 +65,8 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
         data = RunData.read(options, config, startup)
         seed_everything(config.train.seed + dist.rank)
         resumed, protected = select_resume(options.output_dir, options.resume, warn=startup.warn, notice=startup.notice)
+        if resumed is not None:  # a run resumes in the scope it was trained in, or is refused
+            check_resume_scope(resumed.train_config, scope_settings(config.train), resumed.path)
         plan = checked_plan(resumed, plan, config, startup)
         weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
         val = data.validation(config)

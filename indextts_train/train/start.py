@@ -8,7 +8,7 @@ schedule follows the samples its data gives at its effective batch.
 from __future__ import annotations
 
 from indextts_train.checkpoint.lineage import run_lineage
-from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.state import History, Progress
 from indextts_train.config.settings import Config
 from indextts_train.data.fingerprint import data_fingerprint

@@ -1,8 +1,9 @@
 """Validation per language: groups, losses per group, the base-model baseline and the forgetting limit.
 
-A validation line's group is the `::lang` of its `--val-manifest`, else its manifest's `language`
-(or `target_language`) field, else the manifest's file name without `.jsonl` — so several
-manifests without languages are reported per manifest. With one group there is only the total.
+A validation line's group (`ManifestIndex.group_lines`) is the `::lang` of its `--val-manifest`, else
+its manifest's `language` (or `target_language`) field, else the manifest's file name without
+`.jsonl` — so several manifests without languages are reported per manifest. With one group there
+is only the total.
 
 Each group is evaluated on its own, in manifest order, in batches of the validation batch size:
 exactly the batches `indextts-train evaluate --batch-size B` makes on that group's lines alone, so
@@ -13,41 +14,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from indextts_train.config.metric_names import group_name
 from indextts_train.config.settings import Config
-from indextts_train.data.lines import LANGUAGE_FIELDS
-from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
-from indextts_train.data.sampling import ManifestSpec
+from indextts_train.data.manifest import ManifestDataset, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train.evaluate import SUM_NAMES, loss_sums, losses_from_sums
 from indextts_train.train.listen_check import describe_generation, generation_scalars
-
-
-def _line_language(index: ManifestIndex, i: int) -> str | None:
-    record = index.record(i)
-    return next((str(record[name]) for name in LANGUAGE_FIELDS if record.get(name) is not None), None)
-
-
-def group_lines(index: ManifestIndex, manifests: Sequence[ManifestSpec]) -> dict[str, np.ndarray]:
-    """Validation line indices (manifest order) per group, groups in first-seen order."""
-    if len(manifests) != len(index.files):
-        raise ValueError("one ManifestSpec per indexed file is needed")
-    names = []
-    for i in range(len(index)):
-        spec = manifests[int(index.file_ids[i])]
-        name = spec.lang or _line_language(index, i) or Path(spec.path).name.removesuffix(".jsonl")
-        names.append(group_name(name))
-    groups: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        groups.setdefault(name, []).append(i)
-    return {name: np.array(lines, dtype=np.int64) for name, lines in groups.items()}
 
 
 def evaluate_groups(model: UnifiedVoiceGPT, dataset: ManifestDataset, groups: dict[str, np.ndarray], *,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from indextts_train.checkpoint.base import BaseCheckpoint
-from indextts_train.checkpoint.manager import Resumed
+from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.errors import UserError

@@ -13,6 +13,7 @@ fails its checks creates nothing on disk.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import re
@@ -116,6 +117,13 @@ def _stdout_is(path: Path) -> bool:
 
 def library_versions() -> dict[str, str]:
     """Python, this package and the libraries that decide the numbers."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> dict[str, str]:
+    """Looked up once a process: each lookup scans every installed distribution (milliseconds each), and
+    the libraries a running process has imported do not change under it."""
     versions = {"python": platform.python_version(), "indextts-train": _version("indextts-train")}
     versions.update({name: _version(name) for name in LIBRARIES})
     return versions

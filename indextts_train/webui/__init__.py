@@ -83,9 +83,9 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
         import gradio  # noqa: F401 - only to say how to install it when missing
     except ImportError:
         raise UserError(INSTALL_HINT) from None
-    from indextts_train.webui.page import PageServer, build_page
+    from indextts_train.webui.page import Page, build_page
 
-    page = build_page(PageServer(allowed))
+    page = build_page(Page(allowed))
     try:
         _, local_url, share_url = page.queue().launch(server_name=host, server_port=port, share=share,
                                                       auth=credentials, quiet=True, prevent_thread_lock=True)

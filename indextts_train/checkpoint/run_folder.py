@@ -1,0 +1,147 @@
+"""The run folder (`--output-dir`): which checkpoint files it holds, and which of them are not ours.
+
+A run folder holds model_step{N}.pth files, latest.pth (the newest, usually a hard link of its step
+file) and best.pth. This module owns those names and the one listing of them (`survey`), and the
+questions asked of the folder before a run writes into it: can it be made and written, does it hold
+an earlier run's checkpoints (refused without --resume; with --resume auto, refused too when none of
+them resumes), and which names may this run never replace or delete (`untouchable_names`). Saving
+and rotation (files.py) and lineage use the same listing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from indextts_train.checkpoint.reader import read_unchecked
+from indextts_train.checkpoint.state import FORMAT
+from indextts_train.errors import CheckpointError, UserError
+
+LATEST = "latest.pth"
+BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
+
+_STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
+
+
+def step_of(path: Path) -> int | None:
+    """N of a model_step{N}.pth name; None for any other name."""
+    match = _STEP_FILE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoint files in `output_dir`: model_step*.pth oldest step first, then latest.pth if present."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    steps = sorted((p for p in output_dir.iterdir() if step_of(p) is not None and p.is_file()), key=step_of)
+    latest = output_dir / LATEST
+    return steps + [latest] if latest.is_file() else steps
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one file (hard links included); False when either is missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def latest_target(output_dir: Path) -> Path | None:
+    """The model_step file latest.pth is a hard link of, if any."""
+    latest = output_dir / LATEST
+    steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST]
+    return next((p for p in steps if same_file(p, latest)), None) if latest.is_file() else None
+
+
+def step_file_of(path: Path) -> Path | None:
+    """The model_step{N}.pth that `path` is (itself, or the file latest.pth is a hard link of), if any."""
+    if step_of(path) is not None:
+        return path
+    return latest_target(path.parent) if path.name == LATEST else None
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One listing of a run folder, taken once and read by every question asked of it."""
+
+    path: Path
+    checkpoints: tuple[Path, ...]  # model_step*.pth oldest step first, then latest.pth if present
+    best: Path | None  # best.pth, when it is a file
+
+
+def survey(output_dir: Path) -> RunFolder:
+    """What `output_dir` holds now (nothing when it does not exist yet)."""
+    output_dir = Path(output_dir)
+    best = output_dir / BEST
+    return RunFolder(output_dir, tuple(list_checkpoints(output_dir)), best if best.is_file() else None)
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """The run folder can be made and written, checked without making it."""
+    path = Path(output_dir)
+    flag = f"--output-dir {path}"
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag}: is a file, not a folder; choose a folder path for the run")
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{flag}: {existing} is a file, so no folder can be made under it; choose another path")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: {existing} is not writable; choose a writable folder")
+
+
+def check_no_earlier_run(folder: RunFolder) -> None:
+    """A new run (no --resume) never starts over the checkpoints of another one in the same folder."""
+    if folder.checkpoints:
+        raise UserError(f"{folder.path} already holds checkpoints ({folder.checkpoints[-1].name}); pass --resume "
+                        "auto to continue that run, or choose another --output-dir")
+
+
+def _what_to_do(path: Path, reason: str) -> str:
+    if "format_version" in reason and "newer" in reason:
+        return "written by a newer indextts-train: resume it with that version"
+    if "PARTIAL:" in reason:
+        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
+    return "it cannot be used; keep it, or remove it yourself if you do not need it"
+
+
+def refuse_fresh_start(folder: RunFolder, skipped: list[tuple[Path, str]]) -> UserError:
+    """--resume auto found checkpoints but none resumes (`skipped`: each with verify's reason): starting
+    fresh would rotate them away."""
+    lines = [f"--resume auto: {folder.path} holds checkpoints but none of them can resume this run, so nothing "
+             "was started and no file was changed:"]
+    for path, reason in skipped:
+        short = reason if len(reason) <= 200 else reason[:200] + "..."
+        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
+    lines.append("  or start a new run with another --output-dir")
+    return UserError("\n".join(lines))
+
+
+def check_run_folder(output_dir: Path, resume: str | None) -> None:
+    """Before anything is made: the folder can be made and written, and a new run starts in no earlier run's."""
+    check_output_dir(output_dir)
+    if resume is None:
+        check_no_earlier_run(survey(output_dir))
+
+
+def untouchable_names(folder: RunFolder, skipped: list[Path], verified: Path | None) -> frozenset[str]:
+    """Names in the folder that no save or rotation of this run may replace or delete.
+
+    Those `--resume` skipped (they failed to load or verify) and every other checkpoint-named file that
+    is not ours (a community or foreign file placed there, best.pth included). `verified` is the one
+    being resumed. Whether a file is ours is cheap to tell: it loads (tensor data left on disk, no CRC
+    pass) and says it is our format.
+    """
+    names = {path.name for path in skipped}
+    for path in [*folder.checkpoints, *([folder.best] if folder.best is not None else [])]:
+        if path.name in names or same_file(path, verified):
+            continue
+        try:
+            obj = read_unchecked(path)
+        except CheckpointError:
+            obj = None
+        if not (isinstance(obj, dict) and obj.get("format") == FORMAT):
+            names.add(path.name)
+    return frozenset(names)

@@ -1,0 +1,121 @@
+"""Verifying a checkpoint file, and choosing the one `--resume` continues from.
+
+Verification is one pipeline: the file is read safely (reader.py: bounds, zip CRC, no pickled code,
+a state dict's structure), then its kind decides the verdict (kinds.py: COMPLETE, PARTIAL or
+INCOMPLETE, with reasons). Resuming and loading need the verdict alone (`verdict_of`); `verify` prints
+a summary too (`verify_checkpoint`). `--resume auto` takes the first candidate, in lineage order, that
+verifies (`find_resume_checkpoint`), and `--resume PATH` a file that does (`verified_resume_file`);
+nothing that fails to verify is ever deleted or renamed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from indextts_train.checkpoint.kinds import Verdict, judge, kind_of, summary_of
+from indextts_train.checkpoint.reader import _read, read_unchecked
+from indextts_train.checkpoint.run_folder import BEST, LATEST, step_of
+from indextts_train.checkpoint.state import FORMAT, migrate
+from indextts_train.errors import CheckpointError, UserError
+
+
+def is_training_checkpoint(path: Path) -> bool:
+    """Whether `path` holds a training state (ours or a community one): by its name, else by its contents."""
+    path = Path(path)
+    if path.name in (LATEST, BEST) or step_of(path) is not None:
+        return True
+    try:
+        return kind_of(read_unchecked(path)) in ("indextts-train", "community")
+    except CheckpointError:
+        return False
+
+
+def verify_checkpoint(path: Path) -> Verdict:
+    """COMPLETE (exact resume possible), PARTIAL (weights usable, resume state missing) or INCOMPLETE,
+    with the summary of what the file holds that `verify` prints."""
+    path = Path(path)
+    try:
+        obj = _read(path, mmap=True)  # mmap: shapes and types are enough, tensor data stays on disk
+    except CheckpointError as exc:
+        return Verdict("INCOMPLETE", "unknown", [str(exc)])
+    # The summary first: judging a file of our format migrates its dict in place.
+    return judge(obj, path, summary_of(obj, kind_of(obj), path))
+
+
+def verdict_of(path: Path) -> Verdict:
+    """verify_checkpoint's status and reasons, without the summary: what choosing a file to resume needs."""
+    return _read_and_verify(Path(path))[1]
+
+
+def load_verified(path: Path) -> dict:
+    """The one read of a checkpoint whose weights a command uses (export, evaluate).
+
+    verify_checkpoint's checks (CRC, no pickled code, usable finite weights), an INCOMPLETE file
+    refused with its one-line reason, then what `load_checkpoint(path, mmap=True)` returns: tensor
+    data stays on disk until touched, so the callers share it without reading the file again.
+    """
+    path = Path(path)
+    obj, verdict = _read_and_verify(path)
+    if verdict.status == "INCOMPLETE":
+        reason = verdict.reasons[0]
+        raise CheckpointError(reason if str(path) in reason else f"{path}: {reason}")
+    return migrate(obj) if obj.get("format") == FORMAT else obj  # not INCOMPLETE: a dict
+
+
+def _read_and_verify(path: Path) -> tuple[Any, Verdict]:
+    """The file's objects (None when unreadable) and the verdict on them, without a summary."""
+    try:
+        obj = _read(path, mmap=True)
+    except CheckpointError as exc:
+        return None, Verdict("INCOMPLETE", "unknown", [str(exc)])
+    return obj, judge(obj, path, {})
+
+
+def find_resume_checkpoint(ordered: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The first of `ordered` that verifies COMPLETE, and what was skipped before it, with why.
+
+    `ordered` is lineage.resume_order's: the newest branch first, its highest step first (latest.pth
+    before its twin), files that cannot be read first of all. Skipped files stay on disk untouched.
+    """
+    skipped: list[tuple[Path, str]] = []
+    failed: dict[tuple[int, int], tuple[Path, str]] = {}  # a file's identity: its first name tried, and why
+    for path in ordered:
+        identity = _identity(path)
+        if identity in failed:  # a hard link of a file that already failed
+            twin, reason = failed[identity]
+            skipped.append((path, f"same file as {twin.name}, {reason}"))
+            continue
+        verdict = verdict_of(path)
+        if verdict.status == "COMPLETE":
+            return path, skipped
+        reason = f"{verdict.status}: {'; '.join(verdict.reasons)}"
+        if identity is not None:
+            failed[identity] = path, reason
+        skipped.append((path, reason))
+    return None, skipped
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode): the same for every hard link of one file; None when it cannot be read."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def verified_resume_file(resume: str) -> Path:
+    """`--resume PATH`: the file, verified COMPLETE."""
+    path = Path(resume)
+    if not path.is_file():
+        raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
+    verdict = verdict_of(path)
+    if verdict.status != "COMPLETE":
+        # A community file's reasons already say to repair it, and repair cannot turn bare weights
+        # into a run: only our own partial files get the hint here.
+        ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
+        hint = "; `indextts-train repair` can convert it" if ours else ""
+        raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
+    return path

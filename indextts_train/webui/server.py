@@ -1,0 +1,159 @@
+"""What the page's buttons and timers do, answered in text: set a run up, check it, start, stop and
+watch it, export its checkpoints. Nothing here imports Gradio (seconds to import), so these handlers
+load, and are tested, without it; `page.py` adds the handlers that answer in Gradio updates and the
+layout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from indextts_train.config.settings import load_config
+from indextts_train.errors import UserError
+from indextts_train.train.hardware import detect_device
+from indextts_train.train.plan import plan_for
+from indextts_train.ui.events import read_events
+from indextts_train.webui import form as forms
+from indextts_train.webui import records
+from indextts_train.webui.roots import Roots
+from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
+
+LOG_LINES = 20
+CLI_TIMEOUT = 1800  # seconds a check or an export from the page may take (a big manifest: minutes)
+REPORT_CHARS = 20_000  # the end of a command's output shown in the page
+
+
+class PageServer:
+    """What the page does, shared by every browser tab: the runs, and the folders every path must lie
+    in (roots.py). Nothing a visitor typed is kept here: the form of the last run started goes back
+    to that browser only (its own storage), never to another visitor."""
+
+    def __init__(self, roots: Roots | None = None) -> None:
+        self.registry = RunRegistry()
+        self.roots = roots if roots is not None else Roots([Path.cwd()])
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def form_of(self, values: list) -> forms.RunForm:
+        train, val, tokenizer, config, base, output_dir, *rest = values
+        numbers, (amp, extra) = rest[:len(forms.MAIN_FIELDS)], rest[len(forms.MAIN_FIELDS):]
+        return forms.RunForm(train_manifests=train or "", output_dir=output_dir or "", config=config or "",
+                             val_manifests=val or "", tokenizer=tokenizer or "", base_checkpoint=base or "",
+                             hparams=dict(zip(forms.MAIN_FIELDS, numbers, strict=True)), amp=amp or "auto",
+                             extra=extra or "")
+
+    def preview(self, *values) -> str:
+        try:
+            return shell_line(forms.command(self.form_of(list(values)), self.roots))
+        except UserError as exc:
+            return f"(not ready) {exc}"
+
+    def run_cli(self, args: list[str]) -> str:
+        try:
+            done = subprocess.run(cli_command(args), capture_output=True, text=True, timeout=CLI_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return f"$ {shell_line(cli_command(args))}\nstopped after {CLI_TIMEOUT} s (run it in a terminal)"
+        output = (done.stdout + done.stderr)[-REPORT_CHARS:]
+        return f"$ {shell_line(cli_command(args))}\n{output}(exit {done.returncode})"
+
+    def check_data(self, *values) -> str:
+        """`check-data` of the form's manifests (their paths; the suffixes are the trainer's)."""
+        run = self.form_of(list(values))
+        lines = [*forms.lines_of(run.train_manifests), *forms.lines_of(run.val_manifests)]
+        if not lines:
+            return "Training manifests: give at least one manifest JSONL path"
+        try:
+            manifests = [str(self.roots.manifest_file(line, "Manifests")) for line in lines]
+            args = [f"--config={self.roots.inside(run.config, 'Config')}"] if run.config.strip() else []
+            args += [f"--tokenizer={self.roots.inside(run.tokenizer, 'Tokenizer')}"] if run.tokenizer.strip() else []
+        except UserError as exc:
+            return f"error: {exc}"
+        return self.run_cli(["check-data", *args, "--", *manifests])
+
+    def check_tokenizer(self, *values) -> str:
+        run = self.form_of(list(values))
+        if not run.tokenizer.strip():
+            return "Tokenizer: give the SentencePiece .model to check"
+        try:
+            tokenizer = self.roots.inside(run.tokenizer, "Tokenizer")
+        except UserError as exc:
+            return f"error: {exc}"
+        try:
+            base = [f"--base-vocab={load_config(self.roots.inside(run.config, 'Config')).gpt.number_text_tokens}"]
+        except UserError:
+            base = []
+        return self.run_cli(["check-tokenizer", *base, "--", str(tokenizer)])
+
+    def hardware(self, *values) -> str:
+        """The plan the form's run would pick here: the run's own planner call on the run's settings."""
+        try:
+            plan = plan_for(forms.form_config(self.form_of(list(values)), self.roots), detect_device())
+        except UserError as exc:
+            return f"error: {exc}"
+        return plan.describe()
+
+    # ---- start, stop, resume -------------------------------------------------------------------
+
+    def start(self, resume: str | None, *values) -> tuple[str, list | None]:
+        """Start (or resume) the form's run; the form goes back to this browser's storage (the last value)."""
+        *values, stored = values
+        try:
+            run = self.form_of(list(values))
+            argv = forms.command(run, self.roots, resume)
+            folder = self.roots.inside(run.output_dir, "Output dir")
+            self.roots.refuse_links_outside(folder, "Output dir")  # the run would write through them
+            launch = self.registry.start(argv, folder)
+        except UserError as exc:
+            return f"error: {exc}", stored
+        return f"started PID {launch.pid} in {folder}; its output goes to train.log there", list(values)
+
+    def stop(self, output_dir: str) -> str:
+        try:
+            launch = self.registry.stop(self.roots.inside(output_dir, "Output dir"))
+        except UserError as exc:
+            return f"error: {exc}"
+        return f"sent SIGINT to the process group of PID {launch.pid}: it finishes the step, saves, exits 130"
+
+    # ---- watch ---------------------------------------------------------------------------------
+
+    def watch(self, output_dir: str) -> tuple[str, str, str, str, str]:
+        if not (output_dir or "").strip():
+            return "no output dir", "", "", "", ""
+        try:
+            folder = self.roots.inside(output_dir, "Output dir")
+        except UserError as exc:
+            return f"error: {exc}", "", "", "", ""
+        launch = self.registry.find(folder)
+        text = read_log(launch, folder)
+        command = shell_line(launch.argv) if launch is not None and launch.argv else records.recorded_command(folder)
+        tail = "\n".join(text.splitlines()[-LOG_LINES:])
+        events = read_events(folder)  # opened without following a symlink (ui/events.py)
+        mine = records.invocation_events(launch, events)
+        outside = [f"not used (leads outside the folders this page may touch): {link}"
+                   for link in self.roots.links_outside(folder)]
+        notices = "\n".join([*outside, records.notices(mine)]).strip()
+        return records.status_line(launch, events), command, tail, records.plan_text(mine), notices
+
+    def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str, config: str = "") -> str:
+        """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied
+        beside gpt.pth by export itself: IndexTTS2 under its config name, IndexTTS-2.5 as its .tiktoken)."""
+        try:
+            own = not (export_dir or "").strip()  # the page's own OUTPUT_DIR/export
+            folder = self.roots.inside(output_dir, "Output dir") / "export" if own else None
+            target = self.roots.inside(folder or export_dir, "Export dir")
+            self.roots.refuse_links_outside(target, "Export dir")
+            args = ["export", f"--output={target / 'gpt.pth'}", f"--config-out={target / 'config.yaml'}"]
+            if own:  # a new export replaces the page's last one; a folder the user named is never overwritten
+                args.append("--force")
+            if (config or "").strip():
+                args.append(f"--config={self.roots.inside(config, 'Config')}")
+            if (tokenizer or "").strip():
+                token_file = self.roots.inside(tokenizer, "Tokenizer")
+                args += [f"--tokenizer={token_file}", f"--tokenizer-name={token_file.name}"]
+            if not checkpoint:
+                return "choose a checkpoint to export"
+            source = self.roots.inside(checkpoint, "Checkpoint")
+        except UserError as exc:
+            return f"error: {exc}"
+        return self.run_cli([*args, "--", str(source)])

@@ -1,0 +1,40 @@
+"""The run folder (checkpoint/run_folder.py): one listing answers whether a run may start there and
+which names a resumed run may never replace or delete."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_checkpoint_files import make_state
+
+from indextts_train.checkpoint.files import save_checkpoint
+from indextts_train.checkpoint.run_folder import check_no_earlier_run, check_run_folder, survey, untouchable_names
+from indextts_train.errors import UserError
+
+
+def test_one_listing_answers_every_question(tmp_path: Path) -> None:
+    save_checkpoint(make_state(3), tmp_path, 3, keep=10, best=True)
+    torch.save({"w": torch.zeros(2)}, tmp_path / "model_step9.pth")  # a bare state dict someone put there
+    (tmp_path / "notes.pth").write_bytes(b"not a checkpoint name")
+    folder = survey(tmp_path)
+    assert [p.name for p in folder.checkpoints] == [
+        "model_step3.pth", "model_step9.pth", "latest.pth"]
+    assert folder.best == tmp_path / "best.pth"
+    with pytest.raises(UserError, match=r"already holds checkpoints \(latest.pth\); pass --resume auto"):
+        check_no_earlier_run(folder)
+    assert untouchable_names(folder, [], tmp_path / "latest.pth") == {"model_step9.pth"}
+    skipped = [tmp_path / "latest.pth"]  # ours, but it failed to verify
+    assert untouchable_names(folder, skipped, tmp_path / "model_step3.pth") == {"latest.pth", "model_step9.pth"}
+
+
+def test_a_new_folder_is_checked_without_making_it(tmp_path: Path) -> None:
+    new = tmp_path / "a" / "run"
+    folder = survey(new)
+    assert (folder.checkpoints, folder.best) == ((), None)
+    check_run_folder(new, None)
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file, so no folder can be made under it"):
+        check_run_folder(tmp_path / "file" / "run", "auto")
