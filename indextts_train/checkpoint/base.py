@@ -17,14 +17,13 @@ from torch import Tensor
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.checkpoint.kinds import ignored_by_base_checkpoint
-from indextts_train.config.family import Family, family_of_keys
+from indextts_train.config.family import Family, family_of_keys, other_family
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.layout import (
     clean_keys,
     layout_problems,
     official_shapes,
-    other_family,
     preview_names,
     split_state_dict,
 )
@@ -101,7 +100,7 @@ def _read(path: Path, cfg: GPTConfig, loaded: object | None, merge_adapters: boo
     state = clean_keys(raw).state
     family = family_of_keys(state)
     cfg.stated_family = cfg.stated_family or family
-    other = other_family(cfg, family, path)
+    other = other_family(cfg.stated_family, family, path)
     problem = UserError(other) if other is not None else _layout_problem(path, state, cfg)
     return BaseCheckpoint(path, state, family, ignored_by_base_checkpoint(path, loaded), problem)
 

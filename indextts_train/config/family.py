@@ -147,3 +147,11 @@ def family_of_keys(keys: Iterable[str]) -> Family | None:
     keys = set(keys)
     found = [family for family in FAMILIES if family.holds(keys)]
     return found[0] if len(found) == 1 else None
+
+
+def other_family(stated: Family | None, found: Family | None, source: Path | str) -> str | None:
+    """Why a checkpoint whose keys show `found` does not fit a config that states another family (None: it fits)."""
+    if found is None or stated in (None, found):
+        return None  # no marker key: the layout check names what is missing or mixed
+    return (f"{source}: the checkpoint is {found.name} (it has {found.weight_markers[0]}) but the config says "
+            f"version {stated.version} ({stated.name}); pass the config.yaml that came with the checkpoint")

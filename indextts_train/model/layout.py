@@ -22,7 +22,7 @@ from indextts_train.config.constants import (
     TEXT_ROW_KEYS,
     WRAPPER_PREFIXES,
 )
-from indextts_train.config.family import Family, family_of_keys
+from indextts_train.config.family import family_of_keys, other_family
 from indextts_train.config.settings import ConditionModuleConfig, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT, check_supported, mel_positions, text_positions
@@ -258,18 +258,10 @@ def clean_keys(state: Mapping[str, Tensor]) -> CleanedKeys:
     return CleanedKeys(out, aliases, lora)
 
 
-def other_family(cfg: GPTConfig, found: Family | None, source: Path | str) -> str | None:
-    """Why a checkpoint whose keys show `found` does not fit a config that states another family (None: it fits)."""
-    if found is None or cfg.stated_family in (None, found):
-        return None  # no marker key: the layout check names what is missing or mixed
-    return (f"{source}: the checkpoint is {found.name} (it has {found.weight_markers[0]}) but the config says "
-            f"version {cfg.family.version} ({cfg.family.name}); pass the config.yaml that came with the checkpoint")
-
-
 def resolve_family(cfg: GPTConfig, state: Mapping[str, Tensor], source: Path | str) -> None:
     """Set cfg.stated_family from a checkpoint's keys when the config does not state it; refuse a disagreement."""
     found = family_of_keys(clean_keys(state).state)
-    problem = other_family(cfg, found, source)
+    problem = other_family(cfg.stated_family, found, source)
     if problem is not None:
         raise UserError(problem)
     cfg.stated_family = cfg.stated_family or found
