@@ -1,11 +1,12 @@
 """Checks before any work: a start that is going to fail says so first, and changes nothing on disk.
 
 `check_inputs` runs after the config is read and before the hardware plan is printed or the output
-folder is created: every path, the base checkpoint's header (its keys and shapes against the
-config, read by mmap), the tokenizer, and the first lines of every manifest (fields, files, text
-ids against the tokenizer's range, lengths against the config's limits), the tokenizer's family
-against the model's, and an earlier run's checkpoints in the output folder without --resume, each
-refused in one line.
+folder is created. It checks the paths itself and asks each input's owner for the rest, in this
+order, each refusal one line: the output folder and an earlier run's checkpoints in it without
+--resume (checkpoint/run_folder.py); the tokenizer's family against the model's, read once
+(text/vocab.read_tokenizer); the base checkpoint's keys and shapes against the config, judged when
+setup read it (checkpoint/base.read_base); the first lines of every manifest (fields, files, text
+ids against the tokenizer's range, lengths against the config's limits: data/checkdata.py).
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ checkpoint the manager chose, or fresh) and the startup's log and lock. Model bu
 random numbers, so the RNG of the run (fresh seed or the checkpoint's) is put in place last, when
 the loop begins (`Started.rng`).
 
-Each stage is owned by the module of its concern and called once, in order: the base checkpoint
-(checkpoint/base.py), the checks of every input (preflight.py), the hardware plan (plan.py), the
-claim of the output folder (runlock.py), the data (run_data.py), the checkpoint to resume
-(checkpoint/manager.py, resume.py), the weights (weights.py), the state (start.py), the frozen
-run (run.py) and its record (ui/run_record.py).
+Each stage is owned by the module of its concern and called once, in order: the base checkpoint,
+read once (checkpoint/base.py), the checks of every input (preflight.py), the hardware plan
+(plan.py), the claim of the output folder (runlock.py), the data (run_data.py), the checkpoint to
+resume (checkpoint/manager.py), its train scope against today's (model/scope.py) and its batch
+layout (resume.py), the weights (weights.py), the state (start.py), the frozen run (run.py) and its
+record (ui/run_record.py). The base checkpoint and the tokenizer are read once and passed on typed.
 """
 
 from __future__ import annotations
