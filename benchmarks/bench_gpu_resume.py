@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from indextts_train.checkpoint.files import load_checkpoint
-from indextts_train.ui.run_record import unstamp
+from indextts_train.ui.text_log import unstamp
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

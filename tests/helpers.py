@@ -19,7 +19,7 @@ from torch.nn.utils.rnn import pad_sequence
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.settings import load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
-from indextts_train.ui.run_record import unstamp
+from indextts_train.ui.text_log import unstamp
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_REFERENCE = ROOT / "tests" / "data" / "reference" / "tiny"

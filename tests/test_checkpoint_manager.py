@@ -25,6 +25,7 @@ from indextts_train.config.settings import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.model.layout import official_shapes, trained_keys
+from indextts_train.model.scope import trainable_parameters
 from indextts_train.text.vocab import VocabPlan
 from indextts_train.train.best import BestTracker
 from indextts_train.train.optim import OptimizerSet
@@ -99,7 +100,7 @@ def tiny_weights(seed: int) -> Weights:
     # The carried encoder tensors are only passed through: one number each stands in for their full size.
     carried = {key: torch.full((1,), float(seed)) for key in official_shapes(model.cfg)
                if key not in trained_keys(model.cfg)}
-    return Weights(model, carried, VocabPlan(50, 50))
+    return Weights(model, carried, VocabPlan(50, 50), trainable_parameters(model, None))
 
 
 def test_the_weights_load_the_official_layout_they_saved() -> None:
@@ -115,7 +116,7 @@ def test_the_weights_load_the_official_layout_they_saved() -> None:
 def optimizer_set(seed: int) -> OptimizerSet:
     weights = tiny_weights(seed)
     plan = SimpleNamespace(effective_batch=4, use_grad_scaler=False)  # what the set reads of a hardware plan
-    return OptimizerSet.build(weights.trainable(), TrainConfig(learning_rate=1e-2, warmup_steps=2), plan, 10)
+    return OptimizerSet.build(weights.trainable, TrainConfig(learning_rate=1e-2, warmup_steps=2), plan, 10)
 
 
 @pytest.mark.slow

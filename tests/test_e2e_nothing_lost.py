@@ -36,7 +36,7 @@ from indextts_train.config.settings import TrainConfig
 from indextts_train.data.sampling import ManifestSpec, epoch_order, sampler_spec
 from indextts_train.files import faults
 from indextts_train.train import preflight
-from indextts_train.ui.run_record import unstamp
+from indextts_train.ui.text_log import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
 from indextts_train.data.sampling import SamplerSpec, epoch_order
-from indextts_train.ui.run_record import unstamp
+from indextts_train.ui.text_log import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 

@@ -13,7 +13,7 @@ from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.train import loop as train_mod
 from indextts_train.train.loop import RunSettings, lr_factor, resolve_settings, train
-from indextts_train.ui.run_record import unstamp
+from indextts_train.ui.text_log import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 

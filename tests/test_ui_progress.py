@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from indextts_train.ui.progress import DROP_ORDER, EtaClock, format_duration, speed_text, status_line
-from indextts_train.ui.run_record import unstamp
+from indextts_train.ui.text_log import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 

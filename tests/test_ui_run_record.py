@@ -13,16 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
-from indextts_train.ui.run_record import (
-    RECORD_FORMAT,
-    TextLog,
-    command_line,
-    elapsed_text,
-    read_record,
-    recorded_options,
-    unstamp,
-    write_run_record,
-)
+from indextts_train.ui.run_record import RECORD_FORMAT, read_record, recorded_options, write_run_record
+from indextts_train.ui.text_log import TextLog, command_line, elapsed_text, unstamp
 
 STAMPED = re.compile(r"^\d\d:\d\d:\d\d \+\d+:\d\d:\d\d ")
 

@@ -24,7 +24,8 @@ from indextts_train.cli import app
 from indextts_train.errors import UserError
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.events import read_events
-from indextts_train.ui.run_record import TextLog, write_run_record
+from indextts_train.ui.run_record import write_run_record
+from indextts_train.ui.text_log import TextLog
 from indextts_train.webui import form as forms
 from indextts_train.webui import is_loopback, records
 from indextts_train.webui.roots import Roots

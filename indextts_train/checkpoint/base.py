@@ -71,13 +71,12 @@ class BaseCheckpoint:
         """Its text rows - 1, which may differ from the config's number_text_tokens (vocab growth)."""
         return self.state["text_embedding.weight"].shape[0] - 1
 
-    def official_weights(self, cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """(trained, carried), float32 in release order; refused when it has no rows for the start/stop text tokens."""
-        ordered = {k: self.state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
+    def official_state(self, cfg: GPTConfig) -> dict[str, Tensor]:
+        """Its tensors float32, in release order; refused when it has no rows for the start/stop text tokens."""
         if self.text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):
             raise UserError(f"{self.path}: text_embedding.weight has only {self.text_tokens + 1} rows; "
                             "it cannot hold the start/stop text tokens")
-        return split_state_dict(ordered, cfg)
+        return {k: self.state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
 
 
 def _layout_problem(path: Path, state: dict[str, Tensor], cfg: GPTConfig) -> UserError | None:
@@ -135,5 +134,5 @@ def load_base_checkpoint(
     if base.problem is not None:
         raise base.problem
     cfg.stated_family = cfg.family  # neither the config nor the keys say: IndexTTS2
-    trained, carried = base.official_weights(cfg)
+    trained, carried = split_state_dict(base.official_state(cfg), cfg)
     return trained, carried, base.text_tokens

@@ -82,7 +82,7 @@ class GPTConfig:
     )
     # Not part of the `gpt:` section (official inference passes that section to UnifiedVoice as
     # keyword arguments): it comes from the top-level `version:`; None = not stated, the base
-    # checkpoint's keys decide (layout.resolve_family). `family` reads it.
+    # checkpoint's keys decide (train/weights.py). `family` reads it.
     stated_family: Family | None = None
 
     def __post_init__(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -22,7 +21,6 @@ from indextts_train.config.constants import (
     TEXT_ROW_KEYS,
     WRAPPER_PREFIXES,
 )
-from indextts_train.config.family import family_of_keys, other_family
 from indextts_train.config.settings import ConditionModuleConfig, GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT, check_supported, mel_positions, text_positions
@@ -196,6 +194,20 @@ def full_state_dict(model: UnifiedVoiceGPT, carried: Mapping[str, Tensor]) -> di
     return {k: (own[k] if k in own else carried[k]).detach().to("cpu", torch.float32, copy=True) for k in order}
 
 
+def load_official(model: UnifiedVoiceGPT, state: Mapping[str, Tensor], where: str | None = None) -> dict[str, Tensor]:
+    """The reverse of full_state_dict: the model's tensors of `state` into `model` (strict); returns the
+    others (carried). `where` heads the one-line refusal when they do not fit (None: torch's error)."""
+    trained, carried = split_state_dict(state, model.cfg)
+    try:
+        model.load_state_dict(trained, strict=True)
+    except RuntimeError:
+        if where is None:
+            raise
+        raise UserError(f"{where}: {mismatch_summary(trained, model.cfg)}; pass the config the checkpoint was "
+                        "trained with") from None
+    return carried
+
+
 def _sinusoids(rows: int, dim: int) -> Tensor:
     """The conformer's fixed positional table (espnet PositionalEncoding), (1, rows, dim)."""
     position = torch.arange(rows, dtype=torch.float32)[:, None]
@@ -256,15 +268,6 @@ def clean_keys(state: Mapping[str, Tensor]) -> CleanedKeys:
     if len(out) != len(state) - len(dropped):
         raise UserError("two weight keys map to the same official name after removing '.base_layer.'")
     return CleanedKeys(out, aliases, lora)
-
-
-def resolve_family(cfg: GPTConfig, state: Mapping[str, Tensor], source: Path | str) -> None:
-    """Set cfg.stated_family from a checkpoint's keys when the config does not state it; refuse a disagreement."""
-    found = family_of_keys(clean_keys(state).state)
-    problem = other_family(cfg.stated_family, found, source)
-    if problem is not None:
-        raise UserError(problem)
-    cfg.stated_family = cfg.stated_family or found
 
 
 def mismatch_summary(saved: Mapping[str, Tensor], cfg: GPTConfig) -> str:

@@ -42,8 +42,8 @@ from indextts_train.train.steps import EndAfterSaving, next_step, optimizer_step
 from indextts_train.train.validating import baseline, validation
 from indextts_train.train.window import report_step
 from indextts_train.ui.console import RunLogger
-from indextts_train.ui.run_record import TextLog
 from indextts_train.ui.run_settings import RunSettings, resolve_settings
+from indextts_train.ui.text_log import TextLog
 
 __all__ = ["RunSettings", "SignalFlag", "lr_factor", "train", "resolve_settings"]
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.config.settings import Config
 from indextts_train.text.vocab import VocabPlan
-from indextts_train.train.resume import report_changed_hparams
-from indextts_train.train.run import RunState, Schedule, settings_in_effect
+from indextts_train.train.run import RunState, settings_in_effect
 from indextts_train.ui.console import RunLogger
 
 
 def apply_resumed(state: RunState, resumed: Resumed, *, growth: VocabPlan, reset: bool, config: Config,
-                  schedule: Schedule, log: RunLogger) -> None:
+                  total_steps: int, log: RunLogger) -> None:
     """Progress, history, the optimizer set and the data record from the checkpoint (or nothing, when
     --on-vocab-change reset starts the run over: step 0, fresh optimizer set, fresh RNG)."""
     optim = state.optim
@@ -26,7 +25,6 @@ def apply_resumed(state: RunState, resumed: Resumed, *, growth: VocabPlan, reset
         return
     state.progress.load_state_dict(resumed.progress.state_dict())
     state.history.load_state_dict(resumed.history.state_dict())
-    total_steps = schedule.end_step(state.progress, state.layout.effective_batch)
     _anchor_schedule(state, total_steps, samples_unknown=resumed.samples_unknown)
     optim.resume(resumed.optimizer_set, step=resumed.step, hparams=resumed.hparams, repaired=resumed.repaired,
                  growth=growth, source=resumed.path, train=config.train, total_steps=total_steps, log=log)
@@ -53,3 +51,25 @@ def _anchor_schedule(state: RunState, total_steps: int, *, samples_unknown: bool
         progress.samples_total = progress.step * clock.effective_batch
     clock.anchor_step, clock.anchor_samples = progress.step, progress.samples_total
     clock.total_samples = clock.anchor_samples + (total_steps - progress.step) * clock.effective_batch
+
+
+def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
+    """Say what differs from the checkpoint's run; warn where it changes the optimisation."""
+    # Only keys the checkpoint recorded: an older file knows fewer settings, which is not a change.
+    changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
+    if not changed:
+        return
+    log.notice("settings changed since the checkpoint:")
+    for key, (old, new) in changed.items():
+        log.notice(f"  {key}: {old} -> {new}")
+    if "effective_batch" in changed:
+        log.warn("the effective batch changed: steps now consume a different number of samples; training "
+                 "continues from the same sample, and the epochs and the learning-rate schedule follow the "
+                 "samples seen (--max-steps still counts steps)")
+    elif {"micro_batch", "grad_accumulation", "world_size"} & changed.keys():
+        log.notice("  same effective batch: training continues from the same sample")
+    if "learning_rate" in changed:
+        log.warn("the learning rate changed: the schedule continues with the new peak value")
+    if "seed" in changed:
+        log.warn("the seed changed: the data order keeps the checkpoint's seed so no sample is skipped "
+                 "or repeated; dropout continues from the saved RNG")

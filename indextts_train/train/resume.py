@@ -33,28 +33,6 @@ from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
 
 
-def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
-    """Say what differs from the checkpoint's run; warn where it changes the optimisation."""
-    # Only keys the checkpoint recorded: an older file knows fewer settings, which is not a change.
-    changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
-    if not changed:
-        return
-    log.notice("settings changed since the checkpoint:")
-    for key, (old, new) in changed.items():
-        log.notice(f"  {key}: {old} -> {new}")
-    if "effective_batch" in changed:
-        log.warn("the effective batch changed: steps now consume a different number of samples; training "
-                 "continues from the same sample, and the epochs and the learning-rate schedule follow the "
-                 "samples seen (--max-steps still counts steps)")
-    elif {"micro_batch", "grad_accumulation", "world_size"} & changed.keys():
-        log.notice("  same effective batch: training continues from the same sample")
-    if "learning_rate" in changed:
-        log.warn("the learning rate changed: the schedule continues with the new peak value")
-    if "seed" in changed:
-        log.warn("the seed changed: the data order keeps the checkpoint's seed so no sample is skipped "
-                 "or repeated; dropout continues from the saved RNG")
-
-
 def checked_plan(resumed: Resumed | None, plan: HardwarePlan, config: Config, log: RunLogger) -> HardwarePlan:
     """The resumed run's OOM-reduced micro-batch is kept; a change of arithmetic said. (Its scope, which
     must be today's, is checked before: model/scope.check_resume_scope.)"""

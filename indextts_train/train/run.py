@@ -27,9 +27,8 @@ from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progre
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_to_dict
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
-from indextts_train.data.sampling import SamplerSpec, epoch_length, epoch_order
+from indextts_train.data.sampling import SamplerSpec, epoch_order
 from indextts_train.distributed import DistInfo, gather_to_main
-from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.text.vocab import RowFreezer, family_freezer
 from indextts_train.train.best import BestTracker
@@ -40,47 +39,12 @@ from indextts_train.train.listening import Listener
 from indextts_train.train.loss_module import LossModule
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.runlock import RunLock
-from indextts_train.train.schedule_check import schedule_warning
+from indextts_train.train.schedule import Schedule, Steps
 from indextts_train.train.weights import Weights
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """How many optimizer steps the run has: full epochs of the data, cut at max_steps (a step number).
-
-    The epochs are counted in samples (progress.epoch and samples_in_epoch), so a resume at another
-    effective batch finishes the same epochs: no "nothing to do" and no extra epoch.
-    """
-
-    sampler: SamplerSpec  # decides the epoch's length (sampling.py)
-    epochs: int
-    max_steps: int
-
-    def steps_per_epoch(self, effective_batch: int) -> int:
-        steps = epoch_length(self.sampler) // effective_batch
-        if steps == 0:
-            raise UserError(f"{self.sampler.sources[0].name}: an epoch of the training manifests has fewer samples "
-                            f"({self.sampler.total_lines} usable lines) than one effective batch ({effective_batch}); "
-                            "lower --effective-batch-size or add data")
-        return steps
-
-    def end_step(self, progress: Progress, effective_batch: int) -> int:
-        """The step the run ends at: the rest of the current epoch, then the epochs left, at `effective_batch`.
-
-        With one effective batch from the start this is epochs x steps an epoch, at every step of the run.
-        """
-        per_epoch = self.steps_per_epoch(effective_batch)
-        if progress.epoch >= self.epochs:
-            end = progress.step
-        else:
-            # The loop's rule (loop.end_of_epoch): a step that would run past the epoch starts the next one.
-            left_in_epoch = max(0, (per_epoch * effective_batch - progress.samples_in_epoch) // effective_batch)
-            end = progress.step + left_in_epoch + (self.epochs - 1 - progress.epoch) * per_epoch
-        return min(end, self.max_steps) if self.max_steps else end
 
 
 def autocast_for(plan: HardwarePlan, device: torch.device) -> Autocast:
@@ -167,27 +131,25 @@ class RunState:
 
 
 def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: torch.device, schedule: Schedule,
-               index: ManifestIndex, val: Validation | None, state: RunState, protected: frozenset[str],
-               log: RunLogger) -> RunSpec:
+               steps: Steps, index: ManifestIndex, val: Validation | None, state: RunState,
+               protected: frozenset[str], log: RunLogger) -> RunSpec:
     """The frozen run: the model as the loop calls it (its frozen rows, DDP under torchrun) and its data.
 
     Before the first step of a new run, a schedule that cannot learn is said, with the flags to pass."""
-    weights, train, batch = state.weights, config.train, state.layout.effective_batch
-    dataset, orders = ManifestDataset.for_model(index, config.gpt), EpochOrders(schedule.sampler, index.total_lengths)
-    total_steps, steps_per_epoch = schedule.end_step(state.progress, batch), schedule.steps_per_epoch(batch)
-    fresh_steps = schedule.end_step(Progress(), batch)
+    weights, train = state.weights, config.train
+    orders = EpochOrders(schedule.sampler, index.total_lengths)
+    dataset = ManifestDataset.for_model(index, config.gpt)
     log.info(weights.vocab_plan.describe())
     log.info(f"train scope: {scope_settings(train).describe()}; "
-             f"{sum(p.numel() for _, p in weights.trainable()):,} trainable parameters")
+             f"{sum(p.numel() for _, p in weights.trainable):,} trainable parameters")
     freezer = family_freezer(weights.model, weights.vocab_plan, config.gpt, train, index.lang_ids, log.info)
     wrapped = LossModule(weights.model, weights.adapters)
     if dist.enabled:
         wrapped = nn.parallel.DistributedDataParallel(
             wrapped, device_ids=[device.index] if device.type == "cuda" else None)
-    warning = schedule_warning(train, fresh_steps, steps_per_epoch, batch)
-    if warning and state.progress.step == 0:
-        log.warn(warning)
-    return RunSpec(options, config, dist, device, state.layout, schedule, total_steps, steps_per_epoch,
+    if steps.warning:
+        log.warn(steps.warning)
+    return RunSpec(options, config, dist, device, state.layout, schedule, steps.total, steps.per_epoch,
                    SkippingDataset(dataset) if options.skip_bad_lines else dataset, orders, val, wrapped, freezer,
                    protected)
 

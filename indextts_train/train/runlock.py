@@ -39,7 +39,7 @@ from indextts_train.distributed import DistInfo, any_rank
 from indextts_train.errors import UserError, user_line
 from indextts_train.files.faults import crash_point
 from indextts_train.ui.events import EVENTS_NAME
-from indextts_train.ui.run_record import LOG_NAME, TextLog
+from indextts_train.ui.text_log import LOG_NAME, TextLog
 
 if TYPE_CHECKING:  # torch only for a run's claim: a process that only asks holder_pid() stays light
     import torch

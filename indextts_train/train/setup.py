@@ -33,8 +33,9 @@ from indextts_train.train.runlock import RunLock, claim_run
 from indextts_train.train.start import start_state
 from indextts_train.train.weights import run_weights
 from indextts_train.ui.console import RunLogger
-from indextts_train.ui.run_record import TextLog, recordable_options, write_run_record
+from indextts_train.ui.run_record import recordable_options, write_run_record
 from indextts_train.ui.run_settings import RunSettings
+from indextts_train.ui.text_log import TextLog
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,9 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
         plan = checked_plan(resumed, plan, config, startup)
         weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
         val = data.validation(config)
-        state, schedule, rng = start_state(data, resumed, weights, growth, plan, options=options, config=config,
+        state, schedule, steps, rng = start_state(data, resumed, weights, growth, plan, options=options, config=config,
                                            dist=dist, val=val, protected=protected, log=startup)
-        run = build_spec(options, dist, config, device, schedule, data.index, val, state, protected, startup)
+        run = build_spec(options, dist, config, device, schedule, steps, data.index, val, state, protected, startup)
         if dist.is_main:
             write_run_record(options.output_dir, recordable_options(options.inputs, config), config_to_dict(config),
                              run.plan.to_dict(), startup.text_log.started)

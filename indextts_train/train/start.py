@@ -21,8 +21,9 @@ from indextts_train.train.hardware import HardwarePlan
 from indextts_train.train.optim import OptimizerSet
 from indextts_train.train.restore import apply_resumed
 from indextts_train.train.resume import check_data, data_order
-from indextts_train.train.run import RunState, Schedule, Validation
+from indextts_train.train.run import RunState, Validation
 from indextts_train.train.run_data import RunData
+from indextts_train.train.schedule import Schedule, Steps, run_steps
 from indextts_train.train.weights import Weights
 from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
@@ -30,18 +31,20 @@ from indextts_train.ui.run_settings import RunSettings
 
 def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth: VocabPlan, plan: HardwarePlan, *,
                 options: RunSettings, config: Config, dist: DistInfo, val: Validation | None,
-                protected: frozenset[str], log: RunLogger) -> tuple[RunState, Schedule, list | None]:
-    """The run's state (fresh, or the checkpoint's), its schedule, and the RNG streams to continue
+                protected: frozenset[str], log: RunLogger) -> tuple[RunState, Schedule, Steps, list | None]:
+    """The run's state (fresh, or the checkpoint's), its schedule and its counts, and the RNG streams to continue
     (None: fresh from the seed, also when --on-vocab-change reset starts the run over)."""
     train = config.train
     reset = bool(growth.new_ids) and options.on_vocab_change == "reset"  # the run starts over
     fingerprint = data_fingerprint(data.index)
     changed = resumed is not None and not reset and check_data(resumed, fingerprint, options, log)
-    schedule = Schedule(data_order(None if reset else resumed, data.train_specs, data.index, train, plan, log,
-                                   data_changed=changed), train.epochs, train.max_steps)
+    saved = None if reset else resumed
+    schedule = Schedule(data_order(saved, data.train_specs, data.index, train, plan, log, data_changed=changed),
+                        train.epochs, train.max_steps)
+    steps = run_steps(schedule, Progress() if saved is None else saved.progress, train, plan.effective_batch)
     if train.compile:
         compile_blocks(weights.model.gpt.h)
-    optim = OptimizerSet.build(weights.trainable(), train, plan, schedule.end_step(Progress(), plan.effective_batch))
+    optim = OptimizerSet.build(weights.trainable, train, plan, steps.fresh)
     progress = Progress(sampler_seed=train.seed)
     state = RunState(weights, optim, progress, History(), plan, DivergenceGuard(progress, train.max_bad_steps))
     state.data.fingerprint = fingerprint
@@ -49,10 +52,9 @@ def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth
         resumed and resumed.lineage, resumed.step if resumed is not None else 0, resumed and resumed.path,
         options.output_dir, auto=options.resume == "auto", reset=reset)
     if resumed is not None:
-        apply_resumed(state, resumed, growth=growth, reset=reset, config=config, schedule=schedule, log=log)
-    saved = None if reset else resumed
+        apply_resumed(state, resumed, growth=growth, reset=reset, config=config, total_steps=steps.total, log=log)
     if val is not None:
         state.best = restored_best(state.history.best, train.best_metric, state.progress.step,
                                    resumed_from=None if saved is None else saved.path, output_dir=options.output_dir,
                                    protected=protected, is_main=dist.is_main, say=log.info)
-    return state, schedule, None if saved is None else saved.rng
+    return state, schedule, steps, None if saved is None else saved.rng

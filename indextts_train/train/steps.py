@@ -162,7 +162,7 @@ def optimizer_step(run: RunSpec, state: RunState, step_batches: StepBatches, ste
         state.data.add_skipped(skipped)
     run.freezer.mask_grads()  # frozen rows: no update, and no weight in the clipping norm
     optim.scaler.unscale_(optim.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in state.weights.trainable()], run.config.train.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in state.weights.trainable], run.config.train.grad_clip)
     finite_here = step_is_finite(sums[0], grad_norm, scaled=optim.scaler.is_enabled())
     finite = not any_rank(not finite_here, run.dist, run.device)
     if finite:

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from indextts_train.ui.metrics import MetricsWriter, NullWriter, SafeConsole, open_tensorboard, silence_stdout
 from indextts_train.ui.progress import LiveStatus, speed_text
-from indextts_train.ui.run_record import TextLog
+from indextts_train.ui.text_log import TextLog
 
 
 class _Console(Console):

@@ -1,13 +1,8 @@
-"""A run folder that explains itself: `train.log` (the console, timestamped) and `run.yaml`.
+"""A run folder that explains itself: `run.yaml` beside `train.log` (text_log.py).
 
-Every start appends its console lines to OUTPUT_DIR/train.log, each with the wall-clock time and the
-time since the start, and writes OUTPUT_DIR/run.yaml: the exact command line, the options and the
-fully resolved configuration, library versions and the hardware plan. `train-gpt --from-run
-OUT/run.yaml` reads the options back (`recorded_options`), so a run started in tmux last week can be
-rerun as it was.
-
-Lines are kept in memory until the output folder has been claimed (`TextLog.attach`): a start that
-fails its checks creates nothing on disk.
+Every start writes OUTPUT_DIR/run.yaml: the exact command line, the options and the fully resolved
+configuration, library versions and the hardware plan. `train-gpt --from-run OUT/run.yaml` reads the
+options back (`recorded_options`), so a run started in tmux last week can be rerun as it was.
 """
 
 from __future__ import annotations
@@ -16,8 +11,6 @@ import dataclasses
 import functools
 import os
 import platform
-import re
-import shlex
 import sys
 import time
 from importlib import metadata
@@ -31,88 +24,12 @@ from indextts_train.config.settings import Config, TrainConfig, TrainOptions
 from indextts_train.errors import UserError, text_problem
 from indextts_train.files.atomic import atomic_write_text
 from indextts_train.files.bounded import load_yaml
-from indextts_train.ui.events import EVENTS_NAME, AppendOnlyFile, EventFile, event
+from indextts_train.ui.text_log import command_line
 
-LOG_NAME = "train.log"
 RECORD_NAME = "run.yaml"
 RECORD_FORMAT = "indextts-train run record 1"  # marks run.yaml as ours: a foreign file is never replaced
 LIBRARIES = ("torch", "numpy", "sentencepiece", "tiktoken", "typer", "pyyaml", "tensorboard", "rich")
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a run.yaml is a few KiB; anything bigger is not one
-
-
-# The stamp TextLog.stamp puts before each console line: `13:02:41 +0:04:10 `.
-STAMP = re.compile(r"^\d\d:\d\d:\d\d \+\d+:\d\d:\d\d ", re.M)
-
-
-def unstamp(text: str) -> str:
-    """Console text without the stamps, for readers that match what a line says (the web page, tests)."""
-    return STAMP.sub("", text)
-
-
-def elapsed_text(seconds: float) -> str:
-    """`0:04:10`: hours are not wrapped, so a week-long run reads `170:02:11`."""
-    whole = int(max(seconds, 0))
-    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
-class TextLog:
-    """Timestamps for console lines, and their copy in OUTPUT_DIR/train.log once the folder is ours,
-    with each line's event in OUTPUT_DIR/events.jsonl (events.py)."""
-
-    def __init__(self, started: float | None = None) -> None:
-        self.started = time.time() if started is None else started
-        self._log = AppendOnlyFile()  # train.log: lines before attach() are written then, or never
-        self.events = EventFile()
-        self.events.record(event("start", f"=== start {self._when()}: {command_line(sys.argv)}",
-                                 command_line=command_line(sys.argv), started=self.started))
-
-    def _when(self) -> str:
-        return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
-
-    def record(self, line: str, kind: str, **fields: Any) -> None:
-        """A stamped line (write) and its event: what `text` says, as data."""
-        self.write(line)
-        self.events.record(event(kind, unstamp(line), **fields))
-
-    def stamp(self, message: str, now: float | None = None) -> str:
-        """`13:02:41 +0:04:10 message`: the time of day and the time since this start."""
-        now = time.time() if now is None else now
-        return f"{time.strftime('%H:%M:%S', time.localtime(now))} +{elapsed_text(now - self.started)} {message}"
-
-    def write(self, line: str) -> None:
-        """One stamped line (may hold several text lines); a failing disk ends the copy, never the run."""
-        self._log.write(line)
-
-    def attach(self, output_dir: Path) -> None:
-        """Start appending to OUTPUT_DIR/train.log and events.jsonl, with the lines said so far.
-
-        When stdout already appends to that very file (the web page starts runs that way), the lines
-        reach it through stdout and are not written twice.
-        """
-        self.events.attach(Path(output_dir) / EVENTS_NAME)
-        path = Path(output_dir) / LOG_NAME
-        if _stdout_is(path):
-            self._log.discard()
-            return
-        self._log.attach(path, head=f"=== start {self._when()}: {command_line(sys.argv)}")
-
-    def close(self) -> None:
-        self.events.close()
-        self._log.close()
-
-
-def command_line(argv: list[str]) -> str:
-    """The command as the user typed it: `train-gpt ...`, or `python -m indextts_train ...` (whose argv[0]
-    is the package's __main__.py path)."""
-    program = "python -m indextts_train" if Path(argv[0]).name == "__main__.py" else Path(argv[0]).name
-    return " ".join([program, *map(shlex.quote, argv[1:])])
-
-
-def _stdout_is(path: Path) -> bool:
-    try:
-        return path.exists() and os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(path))
-    except (OSError, ValueError, AttributeError):  # no real stdout (captured by a test, closed)
-        return False
 
 
 def library_versions() -> dict[str, str]:

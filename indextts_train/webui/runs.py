@@ -27,7 +27,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
-from indextts_train.ui.run_record import LOG_NAME
+from indextts_train.ui.text_log import LOG_NAME
 from indextts_train.webui.roots import open_regular
 
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
