@@ -38,7 +38,8 @@ import torch
 from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT, losses_from_logits
 from indextts_train.train.accel import adamw_options, compile_blocks
-from indextts_train.train.hardware import choose_plan, detect_device, is_oom_error
+from indextts_train.train.device import detect_device
+from indextts_train.train.hardware import choose_plan, is_oom_error
 from indextts_train.train.memory import estimate_memory
 
 ROOT = Path(__file__).resolve().parents[1]

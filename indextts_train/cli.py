@@ -415,7 +415,7 @@ def hardware(
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
     from indextts_train.config.settings import load_config
-    from indextts_train.train.hardware import assume_device, detect_device
+    from indextts_train.train.device import assume_device, detect_device
     from indextts_train.train.plan import plan_for
 
     def run():

@@ -6,7 +6,8 @@ this config's memory at its longest sequence, compared with a stated share of th
 reports, and gradient accumulation makes up the rest so that the effective batch (samples per
 optimizer step) is the one asked for on every GPU.
 
-The memory estimate it compares with the device is memory.py's.
+The device it plans for is device.py's (found, or assumed by name); the memory estimate it compares
+with the device is memory.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +23,7 @@ import torch
 from indextts_train.config.scope_settings import ScopeSettings
 from indextts_train.config.settings import GPTConfig, setting_range
 from indextts_train.errors import UserError
-from indextts_train.train.gpu_names import known_gpu_key
+from indextts_train.train.device import KNOWN_GPUS, DeviceInfo, system_memory
 from indextts_train.train.memory import (
     CUDA_RESERVE_BYTES,
     FULL_SCOPE,
@@ -41,100 +41,6 @@ CPU_MICRO_BATCH_CAP = 8  # RAM is rarely the limit on CPU; small batches keep a 
 MAX_AUTO_WORKERS = 8  # more loader processes than this only add RAM; the loader is light
 DEFAULT_MEMORY_SHARE = 0.85
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
-
-
-@dataclass
-class DeviceInfo:
-    """A description of the device to plan for: the one found (`detect_device`) or an assumed one."""
-
-    kind: str  # "cuda" | "cpu"
-    name: str  # "NVIDIA A100-SXM4-80GB", "cpu"
-    total_memory: int  # bytes, as the driver reports it (below the marketing size)
-    capability: tuple[int, int]  # CUDA compute capability; (0, 0) on CPU
-    bf16: bool  # native bfloat16 tensor cores (compute capability >= 8.0)
-    cpu_count: int  # cores this process may use
-    cpu_count_assumed: bool = False  # a named GPU's typical box, not a count read from a machine
-
-
-# Totals are what cudaGetDeviceProperties (and so torch) reports, as printed by CUDA's deviceQuery
-# on these cards; all sit below the size on the box. `cpu_count` is a typical rented single-GPU
-# box; `assume_device(name, cpu_count=...)` replaces it.
-KNOWN_GPUS: dict[str, DeviceInfo] = {
-    "A100-80GB": DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", 84_987_740_160, (8, 0), True, 8),
-    "A100-40GB": DeviceInfo("cuda", "NVIDIA A100-SXM4-40GB", 42_298_834_944, (8, 0), True, 8),
-    "H100-80GB": DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 85_045_477_376, (9, 0), True, 8),
-    "L4": DeviceInfo("cuda", "NVIDIA L4", 23_612_293_120, (8, 9), True, 8),
-    "V100-16GB": DeviceInfo("cuda", "Tesla V100-SXM2-16GB", 16_945_512_448, (7, 0), False, 8),
-    "V100-32GB": DeviceInfo("cuda", "Tesla V100-SXM2-32GB", 34_089_730_048, (7, 0), False, 8),
-    "T4": DeviceInfo("cuda", "Tesla T4", 15_843_721_216, (7, 5), False, 8),
-    # The cards most fine-tuning runs on. Their totals are nvidia-smi's (MiB x 2^20), a little above
-    # what torch reports; the plan aims at 0.85 of it, so the difference stays inside the margin.
-    "RTX-4090": DeviceInfo("cuda", "NVIDIA GeForce RTX 4090", 24_564 * 2**20, (8, 9), True, 8),
-    "RTX-3090": DeviceInfo("cuda", "NVIDIA GeForce RTX 3090", 24_576 * 2**20, (8, 6), True, 8),
-    "A10G": DeviceInfo("cuda", "NVIDIA A10G", 23_028 * 2**20, (8, 6), True, 8),
-    "L40S": DeviceInfo("cuda", "NVIDIA L40S", 46_068 * 2**20, (8, 9), True, 8),
-    "RTX-A6000": DeviceInfo("cuda", "NVIDIA RTX A6000", 49_140 * 2**20, (8, 6), True, 8),
-}
-
-# `--assume 24GiB@8.9`: any GPU, by what the plan is made of (reported memory, compute capability).
-_SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB)\s*@\s*(?:cc\s*)?(\d+)\.(\d)\s*$", re.IGNORECASE)
-
-
-def device_from_spec(spec: str) -> DeviceInfo | None:
-    """A GPU described by memory and compute capability (`24GiB@8.9`, `48GB@8.6`); None if not such a spec."""
-    match = _SPEC.match(spec)
-    if match is None:
-        return None
-    amount, unit, major, minor = match.groups()
-    total = int(float(amount) * (2**30 if unit.lower() == "gib" else 10**9))
-    capability = (int(major), int(minor))
-    return DeviceInfo("cuda", f"GPU with {amount} {unit}, compute capability {major}.{minor}", total,
-                      capability, capability >= (8, 0), 8)
-
-
-def assume_device(name: str, cpu_count: int | None = None) -> DeviceInfo:
-    """The KNOWN_GPUS entry for `name` (case, spaces, dashes and vendor words ignored) or a `MEM@CC` spec, for
-    `--assume` and the docs table. The plan depends only on the memory and compute capability."""
-    key, closest = known_gpu_key(name, {key: gpu.name for key, gpu in KNOWN_GPUS.items()})
-    found = KNOWN_GPUS[key] if key is not None else device_from_spec(name)
-    if found is None:
-        nearest = f"closest: {', '.join(closest)}; " if closest else ""
-        raise UserError(f"--assume: unknown GPU {name!r}; {nearest}known: {', '.join(KNOWN_GPUS)}; or describe it "
-                        "as MEMORY@CAPABILITY, e.g. 24GiB@8.9 (memory as torch reports it, compute capability)")
-    device = dataclasses.replace(found, cpu_count_assumed=cpu_count is None)
-    if cpu_count is not None:
-        device.cpu_count = cpu_count
-    return device
-
-
-def _usable_cpu_count() -> int:
-    """Cores this process may run on (a container or `taskset` may allow fewer than the machine has)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def _system_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0
-
-
-def detect_device(local_rank: int = 0) -> DeviceInfo:
-    """The CUDA device `local_rank` when CUDA is available, else this machine's CPU."""
-    cpu_count = _usable_cpu_count()
-    if not torch.cuda.is_available():
-        return DeviceInfo("cpu", "cpu", _system_memory(), (0, 0), False, cpu_count)
-    visible = torch.cuda.device_count()
-    if not 0 <= local_rank < visible:
-        raise UserError(f"LOCAL_RANK {local_rank} but {visible} CUDA device(s) are visible; "
-                        "check CUDA_VISIBLE_DEVICES and --nproc-per-node")
-    props = torch.cuda.get_device_properties(local_rank)
-    capability = (props.major, props.minor)
-    # Not torch.cuda.is_bf16_supported(): by default it also says True where bf16 is only emulated
-    # (a V100), which runs far slower than fp16 there.
-    return DeviceInfo("cuda", props.name, props.total_memory, capability, capability >= (8, 0), cpu_count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +250,7 @@ def _check_model_fits(device: DeviceInfo, gpt_cfg: GPTConfig, scope: ScopeSettin
     weights = WEIGHT_BYTES_PER_PARAM * (counts.model + counts.adapters)
     sizes = (f"gpt.layers {gpt_cfg.layers}, gpt.model_dim {gpt_cfg.model_dim}, "
              f"gpt.number_text_tokens {gpt_cfg.number_text_tokens}")
-    host = device.total_memory if device.kind == "cpu" else (0 if device.cpu_count_assumed else _system_memory())
+    host = device.total_memory if device.kind == "cpu" else (0 if device.cpu_count_assumed else system_memory())
     if host and weights > host:
         raise UserError(f"the config's model has {counts.model:,} parameters: {_gib(weights)} of fp32 weights, more "
                         f"than this machine's {_gib(host)} of memory; check the config's sizes ({sizes})")

@@ -14,7 +14,8 @@ import torch
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config
 from indextts_train.distributed import DistInfo
-from indextts_train.train.hardware import DeviceInfo, HardwarePlan, apply_determinism, choose_plan, detect_device
+from indextts_train.train.device import DeviceInfo, detect_device
+from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan
 
 
 def plan_for(config: Config, device: DeviceInfo, world_size: int = 1) -> HardwarePlan:

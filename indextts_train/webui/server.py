@@ -11,7 +11,7 @@ from pathlib import Path
 
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
-from indextts_train.train.hardware import detect_device
+from indextts_train.train.device import detect_device
 from indextts_train.train.plan import plan_for
 from indextts_train.ui.events import read_events
 from indextts_train.webui import form as forms
