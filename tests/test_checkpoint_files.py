@@ -18,7 +18,7 @@ from indextts_train.checkpoint.lineage import resume_order
 from indextts_train.checkpoint.rng import capture_rng, restore_rng
 from indextts_train.checkpoint.run_folder import list_checkpoints
 from indextts_train.checkpoint.state import History, Lineage
-from indextts_train.checkpoint.verify import find_resume_checkpoint, verify_checkpoint
+from indextts_train.checkpoint.verify import choose_resume, verify_checkpoint
 
 
 def make_state(step: int = 1) -> dict:
@@ -139,7 +139,7 @@ def test_disk_full_leaves_previous_checkpoint_and_latest(tmp_path: Path, monkeyp
     assert "could not save checkpoint step 2" in message and "disk full" in message
     assert "model_step1.pth is intact" in message and "\n" not in message
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file left either
-    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))[0] == tmp_path / "latest.pth"
+    assert choose_resume(resume_order(list_checkpoints(tmp_path))).path == tmp_path / "latest.pth"
 
 
 def test_save_refuses_a_state_weights_only_cannot_load(tmp_path: Path) -> None:

@@ -12,11 +12,13 @@ import torch
 from helpers import community_state, names, trained
 from test_checkpoint_files import make_state, save_steps
 
+from indextts_train.checkpoint import reader
 from indextts_train.checkpoint.files import CheckpointError, load_checkpoint, save_checkpoint
 from indextts_train.checkpoint.lineage import resume_order
+from indextts_train.checkpoint.manager import select_resume
 from indextts_train.checkpoint.rng import capture_rng
 from indextts_train.checkpoint.run_folder import list_checkpoints
-from indextts_train.checkpoint.verify import find_resume_checkpoint, verdict_of, verify_checkpoint
+from indextts_train.checkpoint.verify import choose_resume, verdict_of, verify_checkpoint
 
 
 def largest_member_offset(path: Path) -> int:
@@ -64,7 +66,8 @@ def test_truncated_latest_is_skipped_and_left_on_disk(tmp_path: Path) -> None:
         replacement = tmp_path / "cut.tmp"
         replacement.write_bytes(data[:cut])  # a non-atomic writer killed mid-write (new inode)
         os.replace(replacement, latest)
-        chosen, skipped = find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))
+        choice = choose_resume(resume_order(list_checkpoints(tmp_path)))
+        chosen, skipped = choice.path, choice.skipped
         assert chosen == tmp_path / "model_step2.pth", cut
         assert [p for p, _ in skipped] == [latest]
         assert "INCOMPLETE" in skipped[0][1] and "\n" not in skipped[0][1]
@@ -77,7 +80,8 @@ def test_truncated_in_place_skips_its_hard_link_too(tmp_path: Path) -> None:
     save_steps(tmp_path, [1, 2])
     with open(tmp_path / "latest.pth", "r+b") as f:  # damage to the inode shared with model_step2.pth
         f.truncate(f.seek(0, os.SEEK_END) // 2)
-    chosen, skipped = find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))
+    choice = choose_resume(resume_order(list_checkpoints(tmp_path)))
+    chosen, skipped = choice.path, choice.skipped
     assert chosen == tmp_path / "model_step1.pth"
     assert [p.name for p, _ in skipped] == ["latest.pth", "model_step2.pth"]
     assert skipped[1][1].startswith("same file as latest.pth")
@@ -93,7 +97,8 @@ def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
     replacement.write_bytes(bytes(flipped))
     os.replace(replacement, latest)
     torch.load(latest, weights_only=True)  # control: torch alone loads the damaged tensor silently
-    chosen, skipped = find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))
+    choice = choose_resume(resume_order(list_checkpoints(tmp_path)))
+    chosen, skipped = choice.path, choice.skipped
     assert chosen == tmp_path / "model_step2.pth"
     assert "CRC-32" in skipped[0][1]
     assert latest.read_bytes() == bytes(flipped)
@@ -101,8 +106,9 @@ def test_byte_flipped_tensor_data_is_detected(tmp_path: Path) -> None:
 
 def test_no_complete_checkpoint_means_none(tmp_path: Path) -> None:
     (tmp_path / "model_step5.pth").write_bytes(b"garbage")
-    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path)))[0] is None
-    assert find_resume_checkpoint(resume_order(list_checkpoints(tmp_path / "missing"))) == (None, [])
+    assert choose_resume(resume_order(list_checkpoints(tmp_path))).path is None
+    empty = choose_resume(resume_order(list_checkpoints(tmp_path / "missing")))
+    assert (empty.path, empty.state, empty.skipped) == (None, None, [])
     assert (tmp_path / "model_step5.pth").read_bytes() == b"garbage"
 
 
@@ -113,6 +119,26 @@ def test_resuming_asks_for_the_verdict_alone(tmp_path: Path) -> None:
     assert (alone.status, alone.kind, alone.reasons) == (full.status, full.kind, full.reasons) == (
         "COMPLETE", "indextts-train", [])
     assert alone.summary == {} and full.summary["step"] == 2
+
+
+def test_the_file_a_run_resumes_from_is_read_once_in_full(tmp_path: Path, monkeypatch) -> None:
+    """Its verification reads it into memory; that read, migrated, is what resumes (no second load).
+    (The lineage order takes a cheap look at each file first: mmap, tensor data left on disk.)"""
+    save_steps(tmp_path, [1, 2])
+    reads: list[tuple[str, bool]] = []
+    real = reader.load_weights_only
+
+    def counting(path, **kw):
+        reads.append((Path(path).name, kw["mmap"]))
+        return real(path, **kw)
+
+    monkeypatch.setattr(reader, "load_weights_only", counting)
+    resumed, protected = select_resume(tmp_path, "auto", warn=print, notice=print)
+    assert [mmap for name, mmap in reads if name == "latest.pth"] == [True, False]  # the look, then the one read
+    saved = load_checkpoint(tmp_path / "latest.pth")
+    assert resumed.step == 2 and set(resumed.model) == set(saved["model"])
+    assert all(torch.equal(resumed.model[k], v) for k, v in saved["model"].items())
+    assert protected == frozenset()
 
 
 def test_verify_statuses_and_exit_codes(tmp_path: Path) -> None:

@@ -3,10 +3,10 @@
 Saving is one call (`TrainingState.state_dict`, state.py); `select_resume` is its reverse. It resolves
 `--resume` (None, "auto" or a path), each step owned by one module and taken once, in order: the run
 folder listed (run_folder.survey); for auto its files in lineage order (lineage.resume_order), each
-candidate verified until one resumes, those that fail skipped and left untouched (verify.py); the
-refusal of a folder none of whose files resumes and the names this run must not touch (run_folder.py);
-then the chosen file is loaded, migrated (reader.load_checkpoint, state.migrate), and split into a
-typed `Resumed` (resumed.py), whose parts the run's own parts load with their `load_state_dict`.
+candidate verified until one resumes, those that fail skipped and left untouched (verify.py: the chosen
+file is read once, in full, and migrated by its verification); the refusal of a folder none of whose
+files resumes and the names this run must not touch (run_folder.py); then the chosen file is split into
+a typed `Resumed` (resumed.py), whose parts the run's own parts load with their `load_state_dict`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from indextts_train.checkpoint.lineage import resume_order
-from indextts_train.checkpoint.reader import load_checkpoint
 from indextts_train.checkpoint.resumed import Resumed, resumed_state
 from indextts_train.checkpoint.run_folder import check_no_earlier_run, refuse_fresh_start, survey, untouchable_names
-from indextts_train.checkpoint.verify import find_resume_checkpoint, verified_resume_file
+from indextts_train.checkpoint.verify import choose_resume
 
 Say = Callable[[str], None]
 
@@ -34,20 +33,16 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     if resume is None:
         check_no_earlier_run(folder)
         return None, frozenset()
-    if resume == "auto":
-        # Newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
-        ordered = resume_order(folder.checkpoints)
-        path, skipped = find_resume_checkpoint(ordered)
-    else:
-        path, skipped = verified_resume_file(resume), []
-    if path is None and skipped:
-        raise refuse_fresh_start(folder, skipped)
-    for bad, reason in skipped:
+    # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
+    candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
+    choice = choose_resume(candidates, named=resume != "auto")
+    if choice.path is None and choice.skipped:
+        raise refuse_fresh_start(folder, choice.skipped)
+    for bad, reason in choice.skipped:
         warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
-    if path is None:
+    if choice.path is None:
         notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
         return None, frozenset()
-    protected = untouchable_names(folder, [bad for bad, _ in skipped], path)
-    notice(f"resuming from {path}")
-    loaded = load_checkpoint(path, crc_checked=True)  # migrated; its CRC was checked by the verification above
-    return resumed_state(loaded, path), protected
+    protected = untouchable_names(folder, [bad for bad, _ in choice.skipped], choice.path)
+    notice(f"resuming from {choice.path}")
+    return resumed_state(choice.state, choice.path), protected

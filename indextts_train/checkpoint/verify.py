@@ -4,13 +4,14 @@ Verification is one pipeline: the file is read safely (reader.py: bounds, zip CR
 a state dict's structure), then its kind decides the verdict (kinds.py: COMPLETE, PARTIAL or
 INCOMPLETE, with reasons). Resuming and loading need the verdict alone (`verdict_of`); `verify` prints
 a summary too (`verify_checkpoint`). `--resume auto` takes the first candidate, in lineage order, that
-verifies (`find_resume_checkpoint`), and `--resume PATH` a file that does (`verified_resume_file`);
-nothing that fails to verify is ever deleted or renamed.
+verifies, and `--resume PATH` a file that does (`choose_resume`, which reads the chosen file once, in
+full); nothing that fails to verify is ever deleted or renamed.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,37 +65,55 @@ def load_verified(path: Path) -> dict:
     return migrate(obj) if obj.get("format") == FORMAT else obj  # not INCOMPLETE: a dict
 
 
-def _read_and_verify(path: Path) -> tuple[Any, Verdict]:
-    """The file's objects (None when unreadable) and the verdict on them, without a summary."""
+def _read_and_verify(path: Path, *, mmap: bool = True) -> tuple[Any, Verdict]:
+    """The file's objects (None when unreadable) and the verdict on them, without a summary.
+
+    `mmap` False reads the tensor data into memory: the file a run resumes from is read once, here."""
     try:
-        obj = _read(path, mmap=True)
+        obj = _read(path, mmap=mmap)
     except CheckpointError as exc:
         return None, Verdict("INCOMPLETE", "unknown", [str(exc)])
     return obj, judge(obj, path, {})
 
 
-def find_resume_checkpoint(ordered: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The first of `ordered` that verifies COMPLETE, and what was skipped before it, with why.
+@dataclass(frozen=True)
+class Choice:
+    """The file `--resume` continues from (None: none), read and migrated, and the files skipped before it."""
 
-    `ordered` is lineage.resume_order's: the newest branch first, its highest step first (latest.pth
-    before its twin), files that cannot be read first of all. Skipped files stay on disk untouched.
+    path: Path | None
+    state: dict | None  # the chosen file in full (tensor data in memory), migrated by its verification
+    skipped: list[tuple[Path, str]]  # each with why; left on disk untouched
+
+
+def choose_resume(candidates: list[Path], *, named: bool = False) -> Choice:
+    """The first of `candidates` that verifies COMPLETE, read once, and what was skipped before it.
+
+    For --resume auto, `candidates` are lineage.resume_order's: the newest branch first, its highest
+    step first (latest.pth before its twin), files that cannot be read first of all. For --resume PATH
+    (`named`) the one file, refused with its reasons when it does not verify.
     """
     skipped: list[tuple[Path, str]] = []
     failed: dict[tuple[int, int], tuple[Path, str]] = {}  # a file's identity: its first name tried, and why
-    for path in ordered:
+    for path in candidates:
+        if named and not path.is_file():
+            raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
         identity = _identity(path)
         if identity in failed:  # a hard link of a file that already failed
             twin, reason = failed[identity]
             skipped.append((path, f"same file as {twin.name}, {reason}"))
             continue
-        verdict = verdict_of(path)
+        obj, verdict = _read_and_verify(path, mmap=False)
         if verdict.status == "COMPLETE":
-            return path, skipped
+            return Choice(path, obj, skipped)
         reason = f"{verdict.status}: {'; '.join(verdict.reasons)}"
+        if named:  # a community file's reasons already say to repair it, and repair cannot turn bare
+            # weights into a run: only our own partial files get the hint
+            ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
+            raise UserError(f"--resume {path}: {reason}" + ("; `indextts-train repair` can convert it" if ours else ""))
         if identity is not None:
             failed[identity] = path, reason
         skipped.append((path, reason))
-    return None, skipped
+    return Choice(None, None, skipped)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -104,18 +123,3 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return stat.st_dev, stat.st_ino
-
-
-def verified_resume_file(resume: str) -> Path:
-    """`--resume PATH`: the file, verified COMPLETE."""
-    path = Path(resume)
-    if not path.is_file():
-        raise UserError(f"--resume {path}: no such checkpoint file; use --resume auto to pick the newest one")
-    verdict = verdict_of(path)
-    if verdict.status != "COMPLETE":
-        # A community file's reasons already say to repair it, and repair cannot turn bare weights
-        # into a run: only our own partial files get the hint here.
-        ours = verdict.status == "PARTIAL" and verdict.kind == "indextts-train"
-        hint = "; `indextts-train repair` can convert it" if ours else ""
-        raise UserError(f"--resume {path}: {verdict.status}: {'; '.join(verdict.reasons)}{hint}")
-    return path
