@@ -1,7 +1,9 @@
 """`indextts-train check-data`: every manifest line checked, a report, and a clean manifest.
 
-The checks are the ones training applies when it reads a line (data/lines.py), run over every line at
-once so a user sees all bad lines before a GPU run, not the first one an hour in.
+The checks are the ones training applies when it reads a line (data/lines.py, its arrays data/arrays.py),
+run over every line at once so a user sees all bad lines before a GPU run, not the first one an hour in.
+`check_lines` reads each manifest's lines (files/bounded.py) and has each checked in turn; the sample
+checked before a run goes the same way.
 """
 
 from __future__ import annotations
@@ -10,25 +12,19 @@ import json
 import os
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from indextts_train.config.settings import GPTConfig
-from indextts_train.data.lines import (
-    DURATION_FIELDS,
-    CheckedLine,
-    LineLimits,
-    check_lines,
-    iter_lines,
-    line_language,
-    tag_base,
-)
+from indextts_train.data.arrays import tag_base
+from indextts_train.data.lines import DURATION_FIELDS, CheckedLine, LineLimits, check_line, line_language
 from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
+from indextts_train.files.bounded import iter_lines
 from indextts_train.files.targets import check_new_file, make_output_folder
 from indextts_train.text.inference_text import TextPath
 
@@ -51,7 +47,7 @@ class _CheckStats:
     duplicate_count: int = 0
 
     def add(self, line: CheckedLine, where: str, limits: _Limits) -> str | None:
-        """A line checked by lines.py: counted as compared with its text or not; its refusal when its ids are
+        """A line checked by lines.check_line: counted as compared with its text or not; its refusal when its ids are
         not the text's, else None once its lengths, speaker, language, durations and id are added."""
         obj, text_ids = line.obj, line.text_ids
         self.text_compared += line.text_compared is True
@@ -99,7 +95,8 @@ class _Limits:
         line = self.line
         return {"max_text_tokens": line.max_text, "max_mel_tokens": line.max_mel, "model_dim": line.model_dim,
                 "text_vocab": line.text_vocab, "number_mel_codes": line.mel_codes, "base_vocab": self.base_vocab,
-                "family": None if line.family is None else line.family.key, "language_tag_base": line.tag_base}
+                "family": None if line.family is None else line.family.key,
+                "language_tag_base": tag_base(line.text_vocab)}
 
 
 def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
@@ -130,13 +127,33 @@ def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: i
         text_vocab=text_vocab,
         mel_codes=gpt_cfg.number_mel_codes if gpt_cfg else None,
         family=gpt_cfg.stated_family if gpt_cfg else None,
-        tag_base=tag_base(text_vocab),
         borrowed=borrowed or {},
         text_source=text_source,
         mel_specials=(gpt_cfg.start_mel_token, gpt_cfg.stop_mel_token) if gpt_cfg else (),
         text_path=text_path,
     )
     return _Limits(line, base_vocab)
+
+
+def check_lines(paths: Sequence[str | Path], limits: LineLimits,
+                max_lines: int | None = None) -> Iterator[tuple[str, int, CheckedLine | UserError]]:
+    """(file, line number, the line checked or its refusal) for every line of the manifests, or for the first
+    `max_lines` of each: each line read (files/bounded.py), then checked (lines.check_line); an empty manifest
+    is refused at once (there is nothing to train on)."""
+    for path in paths:
+        manifest_dir = os.path.dirname(os.path.abspath(path))
+        seen_lines = 0
+        for line_no, _, raw in iter_lines(path, "manifest"):
+            if max_lines is not None and seen_lines >= max_lines:
+                break
+            seen_lines += 1
+            try:
+                checked: CheckedLine | UserError = check_line(raw, f"{path}:{line_no}", manifest_dir, limits)
+            except UserError as exc:
+                checked = exc
+            yield path, line_no, checked
+        if not seen_lines:
+            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
 
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
@@ -276,7 +293,7 @@ def _good_lines(report: dict, bad: set, out_dir: str) -> list[bytes]:
     lines = []
     for path in report["files"]:
         from_dir = os.path.dirname(os.path.abspath(path))
-        for line_no, _, raw in iter_lines(path):
+        for line_no, _, raw in iter_lines(path, "manifest"):
             if (path, line_no) in bad:
                 continue
             if from_dir != out_dir:

@@ -14,10 +14,11 @@ LANGUAGE_DICT). The field tables are the family's (config/family.py); a line's f
 and a line of the other family than the model's is refused by FILE:LINE. A language without a tag
 may *borrow* the row of a tagged language the release does not speak (`--borrow-language NEW=CODE`).
 
-A line's arrays (`.npy`, relative paths resolve against the manifest's folder) are checked here too:
-kind, shape, length, the ids each embedding can take. `check_lines` runs every check on every line
-(check-data, and the head of each manifest before a run starts), in the order a line is refused;
-the index (manifest.py) parses lines, the dataset loads and checks their arrays and ids.
+A line's arrays (`.npy`, relative paths resolve against the manifest's folder) are read here, within
+bounds, and checked by arrays.py (kind, shape, length, the ids each embedding can take). `check_line`
+runs every check on one line in the order a line is refused (check-data, and the head of each manifest
+before a run starts: data/checkdata.py reads the lines); the index (manifest.py) parses lines, the
+dataset loads and checks their arrays and ids.
 
 Other fields (`id`, `speaker`, `language`, durations, audio paths, ...) are allowed and ignored by
 training. Relative paths resolve against the manifest's folder. Lengths come from the manifest
@@ -28,25 +29,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from indextts_train.config.constants import CONDITION_LATENTS, LANG_ROWS, SPK_EMB_DIM
+from indextts_train.config.constants import LANG_ROWS
 from indextts_train.config.family import FAMILIES, INDEXTTS2, Family
+from indextts_train.data.arrays import check_arrays, check_ids, check_text_ids, compare_text
 from indextts_train.errors import TOO_LONG_NUMBER, UserError, text_problem
-from indextts_train.files.bounded import json_depth_problem, open_regular, read_npy
+from indextts_train.files.bounded import json_depth_problem, read_npy
 from indextts_train.text.inference_text import TextPath
-from indextts_train.text.tiktoken_vocab import (
-    LANGUAGE_CODES,
-    SPECIAL_TOKENS,
-    START_STOP_IDS,
-    TAG_OFFSET,
-    TAGGED_LANGUAGES,
-    language_id,
-)
+from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, language_id
 
 SPEAKER_FIELDS = ("speaker", "prompt_speaker", "target_speaker")
 DURATION_FIELDS = ("duration", "target_duration", "prompt_duration")
@@ -54,26 +48,6 @@ LANGUAGE_FIELDS = ("language", "target_language")
 
 _JSON_DECODE = json.JSONDecoder().decode
 FIX_LINE = "fix or remove the line (`indextts-train check-data` lists every bad line)"
-
-
-# What the text-id limit is and what to do past it, as training says it; check-data and evaluate
-# name their own source of the limit.
-TEXT_VOCAB_SOURCE = ("text vocabulary size", "pass the --tokenizer the data was made with")
-
-
-def iter_lines(path: str | Path) -> Iterator[tuple[int, int, bytes]]:
-    """(line number from 1, byte offset, raw bytes) of every non-blank line.
-
-    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
-    """
-    if not os.path.exists(path) or os.path.isdir(path):
-        raise UserError(f"{path}: manifest not found; check the manifest path you passed")
-    offset = 0
-    with open_regular(path, "manifest") as handle:  # a FIFO or /proc file: one line, never a blocked read
-        for line_no, raw in enumerate(handle, 1):
-            if raw.strip():
-                yield line_no, offset, raw
-            offset += len(raw)
 
 
 def line_family(obj: dict, where: str, family: Family | None) -> Family:
@@ -228,118 +202,13 @@ def _load_npy(path: str, what: str, where: str) -> np.ndarray:
         raise UserError(f"{where}: {exc}") from None
 
 
-def _check_ids(arr: np.ndarray, what: str, path: str, need: int, limit: int | None, limit_key: str,
-               where: str) -> None:
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise UserError(f"{where}: {what} {path} must be a 1-D integer array, "
-                        f"got {arr.dtype} {list(arr.shape)}")
-    if len(arr) < need:
-        raise UserError(f"{where}: {what} {path} has {len(arr)} ids but the manifest says {need}; "
-                        "fix the length field or re-create the array")
-    if limit is not None and len(arr) > limit:
-        raise UserError(f"{where}: {what} {path} has {len(arr)} ids > gpt.{limit_key} {limit} (the batch is "
-                        "padded to the longest array); trim the array or drop the line")
-
-
-def _check_features(arrays: dict[str, np.ndarray], model_dim: int | None, where: str,
-                    paths: dict[str, str]) -> None:
-    emo_vec = arrays["emo_vec"]
-    if "spk_emb" in arrays:
-        check_speaker_vector(arrays["spk_emb"], paths["spk_emb"], where)
-        dim = model_dim if model_dim is not None else (emo_vec.shape[0] if emo_vec.ndim == 1 else -1)
-    else:
-        condition = arrays["condition"]
-        if condition.ndim != 2 or condition.shape[0] != CONDITION_LATENTS or condition.dtype.kind != "f":
-            raise UserError(f"{where}: condition {paths['condition']} must be float [32, D], "
-                            f"got {condition.dtype} {list(condition.shape)}")
-        dim = condition.shape[1] if model_dim is None else model_dim
-        if condition.shape[1] != dim:
-            raise UserError(f"{where}: condition {paths['condition']} has D={condition.shape[1]} but "
-                            f"gpt.model_dim is {dim}; it was made for another model")
-    if emo_vec.shape != (dim,) or emo_vec.dtype.kind != "f":
-        raise UserError(f"{where}: emo_vec {paths['emo_vec']} must be float [{dim}], "
-                        f"got {emo_vec.dtype} {list(emo_vec.shape)}")
-    for name in ("condition", "emo_vec"):  # spk_emb: check_speaker_vector
-        if name in arrays and not np.isfinite(arrays[name]).all():
-            raise UserError(f"{where}: {name} {paths[name]} holds NaN or Inf values (one such input makes every "
-                            f"loss NaN); re-create it or drop the line")
-
-
-def load_arrays(record: dict, fields: dict[str, str], text_len: int, code_len: int, *,
-                 max_text: int | None, max_mel: int | None, model_dim: int | None) -> dict[str, np.ndarray]:
-    """The four arrays of one record, checked for kind, shape and length; UserError names file:line."""
+def read_arrays(record: dict, fields: Mapping[str, str]) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """The paths and arrays of one record's four .npy files (record as `resolve_paths` made it, with
+    `_source`), read within bounds; arrays.check_arrays checks them."""
     where = record["_source"]
     keys = array_keys(fields)
     paths = {key: record[fields[key]] for key in keys}
-    arrays = {key: _load_npy(paths[key], fields[key], where) for key in keys}
-    _check_ids(arrays["text_ids"], fields["text_ids"], paths["text_ids"], text_len, max_text,
-               "max_text_tokens", where)
-    _check_ids(arrays["codes"], fields["codes"], paths["codes"], code_len, max_mel, "max_mel_tokens", where)
-    _check_features(arrays, model_dim, where, paths)
-    return arrays
-
-
-def check_ids(text_ids: np.ndarray, codes: np.ndarray, text_vocab: int | None, mel_codes: int | None,
-              fields: dict, where: str, text_source: tuple[str, str] = TEXT_VOCAB_SOURCE,
-              mel_specials: tuple[int, ...] = ()) -> None:
-    """The one id check (check-data, training, evaluate): ids the embedding lookups can take.
-
-    Negative ids are refused even when no limit is known; `mel_specials` (the start/stop mel tokens)
-    may not appear inside a target's codes: the model adds them, and one in the data teaches it to stop.
-    """
-    _check_id_range(text_ids, text_vocab, fields["text_ids"], text_source[0], where, text_source[1])
-    _check_id_range(codes, mel_codes, fields["codes"], "gpt.number_mel_codes", where,
-                    "the codes were made for another codec or config")
-    special = np.isin(codes, mel_specials) if mel_specials else None
-    if special is not None and special.any():
-        position = int(np.argmax(special))
-        raise UserError(f"{where}: {fields['codes']} holds the start/stop mel token {int(codes[position])} at "
-                        f"position {position}; the codes of a target must not contain them (the model adds "
-                        "them): re-create the codes or drop the line")
-
-
-def _check_id_range(ids: np.ndarray, limit: int | None, what: str, limit_key: str, where: str, hint: str) -> None:
-    if not len(ids):
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0:
-        raise UserError(f"{where}: {what} holds id {low}, which is negative; re-create the array or drop the line")
-    if limit is not None and high >= limit:
-        raise UserError(f"{where}: {what} holds id {high}, outside [0, {limit}) ({limit_key}); {hint}")
-
-
-def check_speaker_vector(spk_emb: np.ndarray, path: str, where: str) -> None:
-    if spk_emb.shape != (SPK_EMB_DIM,) or spk_emb.dtype.kind != "f":
-        raise UserError(f"{where}: spk_emb {path} must be the prompt's CAMPPlus vector, float [{SPK_EMB_DIM}], "
-                        f"got {spk_emb.dtype} {list(spk_emb.shape)}")
-    if not np.isfinite(spk_emb).all():
-        raise UserError(f"{where}: spk_emb {path} holds NaN or Inf; re-extract the speaker vector")
-
-
-def tag_base(text_vocab: int | None) -> int | None:
-    """Id of <|en|> in a 2.5 vocabulary of `text_vocab` tokens: its ranks + 2 (the specials follow the ranks)."""
-    if text_vocab is None or text_vocab <= len(SPECIAL_TOKENS):
-        return None  # a cut-down vocabulary (like the reference's tiny one): the tag rule cannot be checked
-    return text_vocab - len(SPECIAL_TOKENS) + TAG_OFFSET
-
-
-def check_text_ids(ids: np.ndarray, lang_id: int, tag_base: int | None, path: str, where: str) -> None:
-    """check-data rules for 2.5 text: no start/stop ids inside, and the language tag first.
-
-    ids are the first text_len ids; tag_base is the id of `<|en|>` (ranks + 2), None when unknown.
-    """
-    inside = np.isin(ids, START_STOP_IDS)
-    if inside.any():
-        position = int(np.flatnonzero(inside)[0])
-        raise UserError(f"{where}: {path} holds id {int(ids[position])} at position {position}; ids 0 and 1 are the "
-                        "GPT's start/stop (the official text path drops them): remove every 0 and 1")
-    if tag_base is None or lang_id >= TAGGED_LANGUAGES:
-        return  # untagged languages start with the bytes of "<|xx|> "
-    tag = tag_base + lang_id
-    if not len(ids) or int(ids[0]) != tag:
-        first = int(ids[0]) if len(ids) else None
-        raise UserError(f"{where}: {path} starts with id {first}, not the tag <|{LANGUAGE_CODES[lang_id]}|> ({tag}) "
-                        f"of lang_id {lang_id}; encode '<|{LANGUAGE_CODES[lang_id]}|> ' + text, as inference does")
+    return paths, {key: _load_npy(paths[key], fields[key], where) for key in keys}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +225,6 @@ class LineLimits:
     text_vocab: int | None
     mel_codes: int | None
     family: Family | None  # the config's stated family; None accepts lines of either
-    tag_base: int | None  # IndexTTS-2.5: id of <|en|> (`tag_base(text_vocab)`); None = not known
     borrowed: Mapping[str, int]  # untagged language codes -> the row they borrow
     text_source: tuple[str, str]  # what text_vocab is and what to do past it
     mel_specials: tuple[int, ...]  # start/stop mel tokens, never inside a target's codes
@@ -389,78 +257,25 @@ def _check_speakers(obj: dict, where: str) -> None:
                         "with a prompt of the same speaker")
 
 
-def _check_line(raw: bytes, where: str, manifest_dir: str, limits: LineLimits) -> CheckedLine:
-    """Every check on one line, first refusal first: JSON and fields, language, speakers, arrays, ids, and
-    with a text path the text ids against the text."""
+def check_line(raw: bytes, where: str, manifest_dir: str, limits: LineLimits) -> CheckedLine:
+    """Every check on one line, first refusal first: JSON and fields, language, speakers (here), then its
+    arrays read and checked (arrays.py): kind and shape, ids, the language tag, and with a text path the text
+    ids against the text."""
     obj, fields, text_len, code_len = parse_line(raw, where, limits.max_text, limits.max_mel, limits.family)
     lang_id = lang_id_of(obj, where, limits.borrowed) if "spk_emb" in fields else None
+    language = None if lang_id is None else language_code(lang_id)  # given to a line without one once it passes
     _check_speakers(obj, where)
     record = resolve_paths(obj, manifest_dir)
     record["_source"] = where
-    arrays = load_arrays(record, fields, text_len, code_len, max_text=limits.max_text,
-                         max_mel=limits.max_mel, model_dim=limits.model_dim)
+    paths, arrays = read_arrays(record, fields)
+    check_arrays(arrays, paths, fields, text_len, code_len, max_text=limits.max_text, max_mel=limits.max_mel,
+                 model_dim=limits.model_dim, where=where)
     text_ids = arrays["text_ids"][:text_len]
     check_ids(text_ids, arrays["codes"][:code_len], limits.text_vocab, limits.mel_codes, fields, where,
               limits.text_source, limits.mel_specials)
     if lang_id is not None:
-        check_text_ids(text_ids, lang_id, limits.tag_base, fields["text_ids"], where)
-        obj.setdefault("language", language_code(lang_id))
-    compared, problem = (None, None) if limits.text_path is None else _compare_text(
+        check_text_ids(text_ids, lang_id, limits.text_vocab, fields["text_ids"], where)
+        obj.setdefault("language", language)
+    compared, problem = (None, None) if limits.text_path is None else compare_text(
         obj, fields["text_ids"], text_ids, where, limits.text_path)
     return CheckedLine(obj, fields, text_len, code_len, text_ids, compared, problem)
-
-
-def check_lines(paths: Sequence[str | Path], limits: LineLimits,
-                max_lines: int | None = None) -> Iterator[tuple[str, int, CheckedLine | UserError]]:
-    """(file, line number, the line checked or its refusal) for every line of the manifests, or for the first
-    `max_lines` of each; an empty manifest is refused at once (there is nothing to train on)."""
-    for path in paths:
-        manifest_dir = os.path.dirname(os.path.abspath(path))
-        seen_lines = 0
-        for line_no, _, raw in iter_lines(path):
-            if max_lines is not None and seen_lines >= max_lines:
-                break
-            seen_lines += 1
-            try:
-                checked: CheckedLine | UserError = _check_line(raw, f"{path}:{line_no}", manifest_dir, limits)
-            except UserError as exc:
-                checked = exc
-            yield path, line_no, checked
-        if not seen_lines:
-            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
-
-
-def _shown_ids(ids: list[int]) -> str:
-    head = ", ".join(map(str, ids[:12]))
-    return f"[{head}{', ...' if len(ids) > 12 else ''}] ({len(ids)} ids)"
-
-
-def _compare_text(obj: dict, ids_field: str, text_ids: np.ndarray, where: str,
-                 text_path: TextPath) -> tuple[bool | None, str | None]:
-    """A line that carries its text: text_ids must be that text as official inference encodes it.
-
-    (compared, problem): compared is None when the line carries no text, False when it is not compared
-    (digits only WeTextProcessing spells as inference does); problem is the refusal of ids that differ
-    (a line compared and refused still counts as compared in check-data's report)."""
-    text_field = "text" if ids_field == "text_ids_path" else "target_text"
-    text, language = obj.get(text_field), obj.get("language")
-    if not isinstance(text, str) or not text.strip():
-        return None, None
-    if text_path.inexact(text, language):
-        return False, None
-    try:
-        expected, stored = text_path.encode(text, language), text_ids.tolist()
-    except UserError as exc:  # its language (--strict-language) or bytes the vocabulary lacks
-        raise UserError(f"{where}: {text_field}: {exc}") from None
-    if stored == expected:
-        return True, None
-    redo = (f"re-encode with `indextts-train tokenize MANIFEST --tokenizer {text_path.tokenizer} --out NEW_DIR`")
-    if stored == text_path.raw_ids(text, language):
-        return True, (f"{where}: {ids_field} is the raw text's encoding, made without the official text path "
-                      f"(normaliser, {'case rule' if language else 'upper case, CJK split'}); inference gives "
-                      f"the model {_shown_ids(expected)}: {redo}")
-    at = next((i for i, (a, b) in enumerate(zip(stored, expected, strict=False)) if a != b),
-              min(len(stored), len(expected)))
-    return True, (f"{where}: {ids_field} {_shown_ids(stored)} differs at position {at} from its {text_field} as "
-                  f"inference encodes it {_shown_ids(expected)}; {redo} (or pass the tokenizer the data was "
-                  "made with)")

@@ -1,7 +1,7 @@
 """Manifests → index → dataset → resumable sampler → collate.
 
-Lines are read and checked one by one in lines.py (their forms, the two families' fields, their
-arrays); here they are indexed, loaded and batched.
+Lines are read and checked one by one in lines.py (their forms, the two families' fields) and their
+arrays in arrays.py; here they are indexed, loaded and batched.
 
 The index keeps only numpy arrays (byte offset, file number, line number, lengths, language), so a
 million-line manifest costs a few tens of MB; a line is re-read with a seek when it is needed.
@@ -25,23 +25,20 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from indextts_train.config.family import Family
 from indextts_train.config.metric_names import group_name
 from indextts_train.config.settings import GPTConfig
+from indextts_train.data.arrays import TEXT_VOCAB_SOURCE, check_arrays, check_ids, check_text_ids
 from indextts_train.data.lines import (
-    TEXT_VOCAB_SOURCE,
-    check_ids,
-    check_text_ids,
-    iter_lines,
     lang_id_of,
     line_family,
     line_form,
     line_language,
-    load_arrays,
     parse_line,
+    read_arrays,
     resolve_paths,
-    tag_base,
 )
 from indextts_train.data.sampling import ManifestSpec
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import iter_lines
 from indextts_train.model.gpt import Batch
 
 SKIPPED_EXAMPLES = 5
@@ -136,7 +133,7 @@ class ManifestIndex:
         skipped_count = 0
         for file_id, path in enumerate(files):
             seen_lines = 0
-            for line_no, offset, raw in iter_lines(path):
+            for line_no, offset, raw in iter_lines(path, "manifest"):
                 seen_lines += 1
                 try:
                     obj, fields, text_len, code_len = parse_line(
@@ -244,12 +241,13 @@ class ManifestDataset(Dataset):
         fields = line_form(record, record["_source"], self.index.family)
         text_len = int(self.index.text_lengths[i])
         code_len = int(self.index.code_lengths[i])
-        arrays = load_arrays(record, fields, text_len, code_len, max_text=self.index.max_text_tokens,
-                              max_mel=self.index.max_mel_tokens, model_dim=self.model_dim)
+        paths, arrays = read_arrays(record, fields)
+        check_arrays(arrays, paths, fields, text_len, code_len, max_text=self.index.max_text_tokens,
+                     max_mel=self.index.max_mel_tokens, model_dim=self.model_dim, where=record["_source"])
         check_ids(arrays["text_ids"][:text_len], arrays["codes"][:code_len], self.text_vocab, self.mel_codes,
                   fields, record["_source"], self.text_source, self.mel_specials)
         if "spk_emb" in arrays:  # 2.5 text: no start/stop id inside, the language tag first (as check-data)
-            check_text_ids(arrays["text_ids"][:text_len], int(self.index.lang_ids[i]), tag_base(self.text_vocab),
+            check_text_ids(arrays["text_ids"][:text_len], int(self.index.lang_ids[i]), self.text_vocab,
                            record[fields["text_ids"]], record["_source"])
         features = ({"spk_emb": torch.from_numpy(arrays["spk_emb"].astype(np.float32)),  # (192,)
                      "lang_id": int(self.index.lang_ids[i])} if "spk_emb" in arrays

@@ -25,10 +25,10 @@ import numpy as np
 
 from indextts_train.config.constants import LANG_ROWS
 from indextts_train.data.checkdata import relocate_paths
-from indextts_train.data.lines import check_strings, iter_lines, language_code
+from indextts_train.data.lines import check_strings, language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
-from indextts_train.files.bounded import check_regular, parse_json
+from indextts_train.files.bounded import check_regular, iter_lines, parse_json
 from indextts_train.files.targets import check_output_folder, make_output_folder
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
@@ -144,7 +144,7 @@ def _write_manifest(manifest: Path, new: Path, ids_dir: Path, text_path: TextPat
     """Stream the re-encoded lines of one manifest into `handle`; returns how many were written."""
     from_dir, to_dir = os.path.dirname(os.path.abspath(manifest)), os.path.dirname(os.path.abspath(new))
     written = 0
-    for line_no, _, raw in iter_lines(str(manifest)):
+    for line_no, _, raw in iter_lines(str(manifest), "manifest"):
         where = f"{manifest}:{line_no}"
         try:
             obj = parse_json(raw, where)  # nesting bounded: one line, not a RecursionError

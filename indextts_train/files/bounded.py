@@ -6,7 +6,7 @@ checks what the work will cost (bytes, nodes, depth, elements) from what it has 
 refuses with one line naming the file before doing it:
 
 - `open_regular`: only a regular file is opened (a FIFO, device or /proc file is refused: a FIFO
-  blocks the reader, a /proc file's size is not its content);
+  blocks the reader, a /proc file's size is not its content); `iter_lines` reads such a file line by line;
 - `load_yaml`: at most MAX_YAML_BYTES, and the document with every alias expanded at most
   MAX_YAML_NODES nodes (a recursive alias is refused);
 - `parse_json`: one JSON value nested at most MAX_JSON_DEPTH deep;
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from math import prod
 from pathlib import Path
 from typing import IO, Any
@@ -75,6 +76,22 @@ def open_regular(path: Path | str, what: str = "file") -> IO[bytes]:
 def check_regular(path: Path | str, what: str = "file") -> None:
     """One line unless `path` is a regular file (see open_regular); nothing is read."""
     open_regular(path, what).close()
+
+
+def iter_lines(path: Path | str, what: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, raw bytes) of every non-blank line of the regular file `path`
+    (a manifest, a corpus: `what` names it in messages).
+
+    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
+    """
+    if not os.path.exists(path) or os.path.isdir(path):
+        raise UserError(f"{path}: {what} not found; check the {what} path you passed")
+    offset = 0
+    with open_regular(path, what) as handle:  # a FIFO or /proc file: one line, never a blocked read
+        for line_no, raw in enumerate(handle, 1):
+            if raw.strip():
+                yield line_no, offset, raw
+            offset += len(raw)
 
 
 def read_bounded(path: Path | str, limit: int, what: str = "file") -> bytes:

@@ -17,10 +17,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.data.lines import iter_lines
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import parse_json
+from indextts_train.files.bounded import iter_lines, parse_json
 from indextts_train.listen.choose import run_inputs
 from indextts_train.listen.text_score import normalise
 from indextts_train.prepare.outputs import file_stem
@@ -89,7 +88,7 @@ def read_lines_file(path: Path) -> list[Line]:
     if path.stat().st_size > MAX_LINES_FILE_BYTES:
         raise UserError(f"--lines {path}: larger than {MAX_LINES_FILE_BYTES >> 20} MiB; a listening set is a few lines")
     lines: list[Line] = []
-    for number, _, raw in iter_lines(str(path)):
+    for number, _, raw in iter_lines(str(path), "manifest"):
         where = f"--lines {path} line {number}"
         try:
             obj = parse_json(raw, where)
@@ -116,7 +115,7 @@ def _candidates(spec: str, where: str) -> list[tuple[str, dict, Path]]:
     """(id, paired line, its folder) of every validation line that names its prompt audio and target."""
     manifest = parse_manifest_spec(spec, "--val-manifest")
     out = []
-    for number, _, raw in iter_lines(str(manifest.path)):
+    for number, _, raw in iter_lines(str(manifest.path), "manifest"):
         if number > MAX_MANIFEST_LINES:
             break
         try:

@@ -26,7 +26,7 @@ from indextts_train.checkpoint.rng import ProcessRng
 from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, TrainingState
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_to_dict
-from indextts_train.data.manifest import ManifestDataset, ManifestIndex
+from indextts_train.data.manifest import ManifestDataset
 from indextts_train.data.sampling import SamplerSpec, epoch_order
 from indextts_train.distributed import DistInfo, gather_to_main
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -131,14 +131,14 @@ class RunState:
 
 
 def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: torch.device, schedule: Schedule,
-               steps: Steps, index: ManifestIndex, val: Validation | None, state: RunState,
+               steps: Steps, dataset: ManifestDataset, val: Validation | None, state: RunState,
                protected: frozenset[str], log: RunLogger) -> RunSpec:
-    """The frozen run: the model as the loop calls it (its frozen rows, DDP under torchrun) and its data.
+    """The frozen run: the model as the loop calls it (its frozen rows, DDP under torchrun) and its data
+    (`dataset`: the training samples as the model reads them, run_data.RunData.datasets).
 
     Before the first step of a new run, a schedule that cannot learn is said, with the flags to pass."""
-    weights, train = state.weights, config.train
+    weights, train, index = state.weights, config.train, dataset.index
     orders = EpochOrders(schedule.sampler, index.total_lengths)
-    dataset = ManifestDataset.for_model(index, config.gpt)
     log.info(weights.vocab_plan.describe())
     log.info(f"train scope: {scope_settings(train).describe()}; "
              f"{sum(p.numel() for _, p in weights.trainable):,} trainable parameters")

@@ -1,8 +1,8 @@
-"""The run's data: its manifests indexed (training, and validation when given), the dataset the
+"""The run's data: its manifests indexed (training, and validation when given), the datasets the
 model reads, and the validation groups with what each validation is judged by.
 
-Lines of either family are indexed when the run starts; `RunData.require_family` checks them once
-the model's family is known.
+Lines of either family are indexed when the run starts (`RunData.read`); `RunData.datasets` checks
+them once the model's family is known, after the weights, and builds the datasets the run reads.
 """
 
 from __future__ import annotations
@@ -49,18 +49,20 @@ class RunData:
             raise UserError("--early-stop-patience and --forgetting-limit judge validations: pass --val-manifest")
         return cls(train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None)
 
-    def validation(self, config: Config) -> Validation | None:
-        """Once the model is known: the validation samples as it reads them and their groups (the data's
-        part), every line, training and validation, of its family; then the metric and limits validations
-        are judged by, and the lines generated at each."""
+    def datasets(self, config: Config) -> tuple[ManifestDataset, Validation | None]:
+        """Once the model is known (its family and text vocabulary are settled by the weights, a resumed
+        checkpoint's among them): the training samples as it reads them; the validation samples and their
+        groups (the data's part), every line, training and validation, of its family; then the metric and
+        limits validations are judged by, and the lines generated at each."""
         val = self.val_index
+        train_set = ManifestDataset.for_model(self.index, config.gpt)
         dataset = None if val is None else ManifestDataset.for_model(val, config.gpt)
         groups = {} if val is None else val.group_lines(self.val_specs)
         for part in (self.index, val):
             if part is not None:
                 part.require_family(config.gpt.family)
         if dataset is None:
-            return None
+            return train_set, None
         train = config.train
         reported = list(groups) if len(groups) > 1 else []  # one group is only the total
         check_metric(train.best_metric, reported)
@@ -68,4 +70,4 @@ class RunData:
         check_limit_groups(limits, reported)
         generation = GenerationCheck.build(dataset, groups, count=train.listen_lines, seed=train.seed,
                                            max_codes=config.gpt.max_mel_tokens)
-        return Validation(dataset, groups, limits, train.early_stop_patience, generation)
+        return train_set, Validation(dataset, groups, limits, train.early_stop_patience, generation)

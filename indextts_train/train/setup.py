@@ -71,10 +71,10 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
             check_resume_scope(resumed.train_config, scope_settings(config.train), resumed.path)
         plan = checked_plan(resumed, plan, config, startup)
         weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
-        val = data.validation(config)
+        dataset, val = data.datasets(config)
         state, schedule, steps, rng = start_state(data, resumed, weights, growth, plan, options=options, config=config,
                                            dist=dist, val=val, protected=protected, log=startup)
-        run = build_spec(options, dist, config, device, schedule, steps, data.index, val, state, protected, startup)
+        run = build_spec(options, dist, config, device, schedule, steps, dataset, val, state, protected, startup)
         if dist.is_main:
             write_run_record(options.output_dir, recordable_options(options.inputs, config), config_to_dict(config),
                              run.plan.to_dict(), startup.text_log.started)
