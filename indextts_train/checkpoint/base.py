@@ -17,7 +17,7 @@ from torch import Tensor
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.checkpoint.kinds import ignored_by_base_checkpoint
-from indextts_train.config.family import Family, family_of_keys, other_family
+from indextts_train.config.family import Family, family_of_keys, settle_family
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
 from indextts_train.model.layout import (
@@ -98,8 +98,7 @@ def _read(path: Path, cfg: GPTConfig, loaded: object | None, merge_adapters: boo
     raw = _read_state(path, merge_adapters, loaded)
     state = clean_keys(raw).state
     family = family_of_keys(state)
-    cfg.stated_family = cfg.stated_family or family
-    other = other_family(cfg.stated_family, family, path)
+    other = settle_family(cfg, family, path)
     problem = UserError(other) if other is not None else _layout_problem(path, state, cfg)
     return BaseCheckpoint(path, state, family, ignored_by_base_checkpoint(path, loaded), problem)
 

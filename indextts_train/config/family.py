@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from indextts_train.errors import UserError
 
@@ -155,3 +156,13 @@ def other_family(stated: Family | None, found: Family | None, source: Path | str
         return None  # no marker key: the layout check names what is missing or mixed
     return (f"{source}: the checkpoint is {found.name} (it has {found.weight_markers[0]}) but the config says "
             f"version {stated.version} ({stated.name}); pass the config.yaml that came with the checkpoint")
+
+
+def settle_family(cfg: Any, found: Family | None, source: Path | str) -> str | None:
+    """A checkpoint whose keys show `found` against the model config `cfg` (a GPTConfig): its family is
+    settled from them when the config states none; returns the disagreement line (other_family), None
+    when it fits."""
+    problem = other_family(cfg.stated_family, found, source)
+    if problem is None:
+        cfg.stated_family = cfg.stated_family or found
+    return problem

@@ -129,7 +129,7 @@ class Tokenizer:
         if state is None:
             return None, VocabPlan(self.size, self.size, freeze_base), VocabPlan(self.size, self.size)
         stored = state[TEXT_ROW_KEYS[0]].shape[0] - 1
-        growth = self.growth_from(stored, freeze_base) if saved is None else self.growth_from(stored)
+        growth = self.growth_from(stored, freeze_base)
         if self.size != stored:
             state = resize_text_rows(state, growth, torch.Generator().manual_seed(seed))
         if saved is None:

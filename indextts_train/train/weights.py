@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.resumed import Resumed
-from indextts_train.config.family import family_of_keys, other_family
+from indextts_train.config.family import family_of_keys, settle_family
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config
 from indextts_train.errors import UserError
@@ -61,7 +61,7 @@ class _Start:
     state: dict[str, Tensor] | None  # None: random init
     saved: VocabPlan | None  # a resumed checkpoint's plan (None: a new run)
     seed: int  # of the new text rows' values
-    where: str  # the refusal's head when the tensors do not fit the config's model
+    where: str | None  # the refusal's head when the tensors do not fit the config's model (None: no tensors)
 
 
 def _fresh_start(config: Config, base: BaseCheckpoint | None, log: RunLogger) -> _Start:
@@ -69,7 +69,7 @@ def _fresh_start(config: Config, base: BaseCheckpoint | None, log: RunLogger) ->
     if base is None:
         log.warn("no --base-checkpoint: the GPT starts from random weights (fine for the demo, "
                  "not for fine-tuning)")
-        return _Start(None, None, config.train.seed, "random init")
+        return _Start(None, None, config.train.seed, None)
     if base.ignored:
         log.warn(base.ignored)
     return _Start(base.official_state(config.gpt), None, config.train.seed, f"{base.path}")
@@ -78,10 +78,9 @@ def _fresh_start(config: Config, base: BaseCheckpoint | None, log: RunLogger) ->
 def _resumed_start(resumed: Resumed, config: Config, tokens: int) -> _Start:
     """A resumed run: the checkpoint's tensors, of the family the config states; a vocabulary only grows."""
     path, state = resumed.path, resumed.model  # official names (ours): the family's marker keys show
-    problem = other_family(config.gpt.stated_family, family_of_keys(state), path)
+    problem = settle_family(config.gpt, family_of_keys(state), path)
     if problem is not None:
         raise UserError(problem)
-    config.gpt.stated_family = config.gpt.stated_family or family_of_keys(state)
     saved_tokens = state["text_embedding.weight"].shape[0] - 1
     if tokens < saved_tokens:
         raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
