@@ -181,6 +181,20 @@ def test_auto_with_nothing_usable_refuses_to_start_over(tmp_path: Path) -> None:
     assert resumed is None and said.notices == [f"--resume auto: no checkpoint in {empty}; starting fresh"]
 
 
+def test_files_that_are_not_ours_are_never_touched_however_the_run_starts(tmp_path: Path) -> None:
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    torch.save({"w": torch.zeros(2)}, alone / "best.pth")  # someone's weights, named like our best file
+    resumed, protected, _ = select(alone, "auto")
+    assert resumed is None and protected == frozenset({"best.pth"})
+    save_steps(tmp_path, [1, 2])
+    torch.save({"w": torch.zeros(2)}, tmp_path / "model_step9.pth")
+    (tmp_path / "model_step7.pth").write_bytes(b"garbage")
+    resumed, protected, said = select(tmp_path, str(tmp_path / "model_step1.pth"))
+    assert resumed.step == 1 and protected == frozenset({"model_step9.pth", "model_step7.pth"})
+    assert said.warnings == []  # a named file: the others are not tried, only looked at
+
+
 def test_a_named_file_is_verified_and_split_into_its_typed_parts(tmp_path: Path) -> None:
     save_steps(tmp_path, [3])
     state = make_state(3)
@@ -188,7 +202,8 @@ def test_a_named_file_is_verified_and_split_into_its_typed_parts(tmp_path: Path)
     assert resumed.progress == Progress(**state["progress"])
     assert resumed.history.train == state["history"]["train"] and isinstance(resumed.history, History)
     assert resumed.data == DataRecord() and resumed.lineage == Lineage()
-    assert resumed.vocab_plan == VocabPlan(base_tokens=10, tokens=12, freeze_base=True)  # insert_at filled: None
+    assert resumed.vocab_plan == VocabPlan(base_tokens=10, tokens=12, freeze_base=True).to_dict()  # as saved, for
+    # the tokenizer to load (insert_at filled: None)
     assert resumed.hparams == state["hparams"] and resumed.hardware == {"device": "cpu"}
     assert set(resumed.optimizer_set) == {"optimizer", "optimizer_param_names", "scheduler", "scaler"}
     assert resumed.optimizer_set["optimizer_param_names"] == state["optimizer_param_names"]

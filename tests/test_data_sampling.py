@@ -249,7 +249,7 @@ def test_a_rule_1_run_keeps_the_sort_window_it_started_with() -> None:
 
     with gzip.open(FIXTURES / "format1_step4.pth.gz", "rb") as f:
         fixture = torch.load(io.BytesIO(f.read()), weights_only=True)
-    resumed = resumed_state(migrate(fixture), FIXTURES / "format1_step4.pth.gz")
+    resumed = resumed_state(migrate(fixture), FIXTURES / "format1_step4.pth.gz", [])
     assert resumed.sampler is None  # rule 1: no sampler record
     assert TrainConfig().sort_window == 4096 and resumed.legacy_window(TrainConfig().sort_window) == 512
     assert stored_sort_window({"config": {}}) is None  # nothing stored: the flag

@@ -190,7 +190,7 @@ def save_checkpoint(state: dict, output_dir: Path, step: int, *, keep: int, keep
     latest.pth), whose history already names it best.
 
     A failure (disk full, ...) leaves every earlier checkpoint and latest.pth as they were, removes the
-    temp file and raises CheckpointSaveError. `protected` names (run_folder.untouchable_names) are never
+    temp file and raises CheckpointSaveError. `protected` names (checkpoint/manager.select_resume) are never
     written, replaced or deleted: a save under such a name raises ProtectedNameError before any write.
     """
     if keep < 1:

@@ -47,6 +47,7 @@ class Verdict:
     kind: str  # indextts-train | community | gpt.pth | adapters | unknown
     reasons: list[str] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)  # a COMPLETE repaired file's parts a repair could not tell
 
     @property
     def exit_code(self) -> int:
@@ -152,7 +153,8 @@ def _weights_verdict(obj: dict, kind: str, summary: dict) -> Verdict:
         return Verdict("PARTIAL", kind, problems, summary)
     notes = [] if stored_version == FORMAT_VERSION else [
         f"format {stored_version}, read through the migration to format {FORMAT_VERSION}"]
+    unknown = repaired_unknown(obj)
     if isinstance(obj.get("repaired"), dict):
-        unknown = ", ".join(map(str, repaired_unknown(obj))) or "nothing"
-        notes.append(f"repaired from a {obj['repaired'].get('from')} checkpoint; filled in, not known: {unknown}")
-    return Verdict("COMPLETE", kind, notes, summary)
+        notes.append(f"repaired from a {obj['repaired'].get('from')} checkpoint; filled in, not known: "
+                     f"{', '.join(map(str, unknown)) or 'nothing'}")
+    return Verdict("COMPLETE", kind, notes, summary, unknown)

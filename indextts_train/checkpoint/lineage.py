@@ -83,6 +83,13 @@ def lineage_of(path: Path) -> FileLineage | None:
     return _cache[key]
 
 
+def foreign_names(paths: Iterable[Path]) -> frozenset[str]:
+    """The names among a run folder's checkpoint files (best.pth included) that are not checkpoints of
+    ours, or cannot be read: a run never replaces, moves or deletes them. The look is the one that
+    gives each file's lineage (cached), so a folder's files are read once to order and to judge them."""
+    return frozenset(path.name for path in paths if lineage_of(path) is None)
+
+
 def new_branch(parent: Lineage | None = None, parent_step: int | None = None, *, continues: bool = False) -> Lineage:
     """A branch born now; `parent` is the Lineage of the checkpoint it starts from, if any.
 

@@ -3,10 +3,11 @@
 Saving is one call (`TrainingState.state_dict`, state.py); `select_resume` is its reverse. It resolves
 `--resume` (None, "auto" or a path), each step owned by one module and taken once, in order: the run
 folder listed (run_folder.survey); for auto its files in lineage order (lineage.resume_order), each
-candidate verified until one resumes, those that fail skipped and left untouched (verify.py: the chosen
-file is read once, in full, and migrated by its verification); the refusal of a folder none of whose
-files resumes and the names this run must not touch (run_folder.py); then the chosen file is split into
-a typed `Resumed` (resumed.py), whose parts the run's own parts load with their `load_state_dict`.
+candidate verified until one resumes, those that fail skipped and left untouched, a folder none of
+whose files resumes refused (verify.py: the chosen file is read once, in full, and migrated by its
+verification); the names this run must not touch: those skipped and those not ours (lineage's look);
+then the chosen file is split into a typed `Resumed` (resumed.py), whose parts the run's own parts load
+with their `load_state_dict`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from indextts_train.checkpoint.lineage import resume_order
+from indextts_train.checkpoint.lineage import foreign_names, resume_order
 from indextts_train.checkpoint.resumed import Resumed, resumed_state
-from indextts_train.checkpoint.run_folder import check_no_earlier_run, refuse_fresh_start, survey, untouchable_names
+from indextts_train.checkpoint.run_folder import check_no_earlier_run, survey
 from indextts_train.checkpoint.verify import choose_resume
 
 Say = Callable[[str], None]
@@ -34,15 +35,15 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
         check_no_earlier_run(folder)
         return None, frozenset()
     # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
+    # One cheap look at each file (cached by lineage.py) orders them and tells which are not ours.
     candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
-    choice = choose_resume(candidates, named=resume != "auto")
-    if choice.path is None and choice.skipped:
-        raise refuse_fresh_start(folder, choice.skipped)
+    foreign = foreign_names([*folder.checkpoints, *([folder.best] if folder.best is not None else [])])
+    choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
     for bad, reason in choice.skipped:
         warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
     if choice.path is None:
         notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
-        return None, frozenset()
-    protected = untouchable_names(folder, [bad for bad, _ in choice.skipped], choice.path)
+        return None, foreign  # a best.pth that is not ours, alone in the folder
     notice(f"resuming from {choice.path}")
-    return resumed_state(choice.state, choice.path), protected
+    # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
+    return resumed_state(choice.state, choice.path, choice.unknown), foreign | {bad.name for bad, _ in choice.skipped}

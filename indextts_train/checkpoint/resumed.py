@@ -14,23 +14,23 @@ from pathlib import Path
 from torch import Tensor
 
 from indextts_train.checkpoint.run_folder import step_file_of
-from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress, repaired_unknown
+from indextts_train.checkpoint.state import DataRecord, History, Lineage, Progress
 from indextts_train.config.schema import is_int
 from indextts_train.data.sampling import LEGACY_RULE, SamplerSpec
-from indextts_train.text.vocab import VocabPlan
 
 
 @dataclass(frozen=True)
 class Resumed:
     """Everything a checkpoint holds for a run that goes on from it, each part typed.
 
-    `model` (official layout), `optimizer_set` (the set's own four keys) and `rng` (one state per rank)
-    are the saved forms their owners load (Weights, OptimizerSet, checkpoint.rng.restore_rng).
+    `model` (official layout), `vocab_plan`, `optimizer_set` (the set's own four keys) and `rng` (one
+    state per rank) are the saved forms their owners load (Weights; the tokenizer, text.vocab.Tokenizer.grow;
+    OptimizerSet; checkpoint.rng.restore_rng).
     """
 
     path: Path
     model: dict[str, Tensor]
-    vocab_plan: VocabPlan
+    vocab_plan: dict  # VocabPlan.to_dict()
     lora: dict | None  # the adapters of a --train-scope lora run
     optimizer_set: dict  # optimizer, optimizer_param_names, scheduler, scaler
     progress: Progress
@@ -73,14 +73,15 @@ def stored_sort_window(ckpt: dict) -> int | None:
     return stored if is_int(stored) and stored > 0 else None
 
 
-def resumed_state(ckpt: dict, path: Path) -> Resumed:
-    """A loaded (migrated, verified) checkpoint dict as its typed parts."""
+def resumed_state(ckpt: dict, path: Path, unknown: list[str]) -> Resumed:
+    """A loaded (migrated, verified) checkpoint dict as its typed parts; `unknown` is what its verdict
+    says a repair could not tell (kinds.Verdict.unknown)."""
     sampler = ckpt.get("sampler", {})
     legacy = sampler.get("rule", LEGACY_RULE) == LEGACY_RULE  # no record: written before order rules
     sort_window = stored_sort_window(ckpt) if legacy else None
-    samples_unknown = "progress.samples_total" in repaired_unknown(ckpt)
+    samples_unknown = "progress.samples_total" in unknown
     return Resumed(
-        path=path, model=ckpt["model"], vocab_plan=VocabPlan.from_dict(ckpt["vocab_plan"]), lora=ckpt.get("lora"),
+        path=path, model=ckpt["model"], vocab_plan=ckpt["vocab_plan"], lora=ckpt.get("lora"),
         optimizer_set={key: ckpt[key] for key in ("optimizer", "optimizer_param_names", "scheduler", "scaler")},
         progress=_part(Progress, ckpt["progress"]), history=_part(History, ckpt["history"]),
         data=_part(DataRecord, ckpt["data"]), lineage=_part(Lineage, ckpt["lineage"]), rng=ckpt["rng"],

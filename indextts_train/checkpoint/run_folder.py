@@ -1,11 +1,11 @@
-"""The run folder (`--output-dir`): which checkpoint files it holds, and which of them are not ours.
+"""The run folder (`--output-dir`): which checkpoint files it holds, and whether a run may start there.
 
 A run folder holds model_step{N}.pth files, latest.pth (the newest, usually a hard link of its step
 file) and best.pth. This module owns those names and the one listing of them (`survey`), and the
-questions asked of the folder before a run writes into it: can it be made and written, does it hold
-an earlier run's checkpoints (refused without --resume; with --resume auto, refused too when none of
-them resumes), and which names may this run never replace or delete (`untouchable_names`). Saving
-and rotation (files.py) and lineage use the same listing.
+questions asked of the folder before a run writes into it: can it be made and written, and does it
+hold an earlier run's checkpoints (refused without --resume). Which of them are ours is lineage.py's
+look (`foreign_names`), the refusal of a folder none of whose files resumes verify.py's. Saving and
+rotation (files.py) and lineage use the same listing.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.checkpoint.reader import read_unchecked
-from indextts_train.checkpoint.state import FORMAT
-from indextts_train.errors import CheckpointError, UserError
+from indextts_train.errors import UserError
 
 LATEST = "latest.pth"
 BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
@@ -99,49 +97,8 @@ def check_no_earlier_run(folder: RunFolder) -> None:
                         "auto to continue that run, or choose another --output-dir")
 
 
-def _what_to_do(path: Path, reason: str) -> str:
-    if "format_version" in reason and "newer" in reason:
-        return "written by a newer indextts-train: resume it with that version"
-    if "PARTIAL:" in reason:
-        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
-    return "it cannot be used; keep it, or remove it yourself if you do not need it"
-
-
-def refuse_fresh_start(folder: RunFolder, skipped: list[tuple[Path, str]]) -> UserError:
-    """--resume auto found checkpoints but none resumes (`skipped`: each with verify's reason): starting
-    fresh would rotate them away."""
-    lines = [f"--resume auto: {folder.path} holds checkpoints but none of them can resume this run, so nothing "
-             "was started and no file was changed:"]
-    for path, reason in skipped:
-        short = reason if len(reason) <= 200 else reason[:200] + "..."
-        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
-    lines.append("  or start a new run with another --output-dir")
-    return UserError("\n".join(lines))
-
-
 def check_run_folder(output_dir: Path, resume: str | None) -> None:
     """Before anything is made: the folder can be made and written, and a new run starts in no earlier run's."""
     check_output_dir(output_dir)
     if resume is None:
         check_no_earlier_run(survey(output_dir))
-
-
-def untouchable_names(folder: RunFolder, skipped: list[Path], verified: Path | None) -> frozenset[str]:
-    """Names in the folder that no save or rotation of this run may replace or delete.
-
-    Those `--resume` skipped (they failed to load or verify) and every other checkpoint-named file that
-    is not ours (a community or foreign file placed there, best.pth included). `verified` is the one
-    being resumed. Whether a file is ours is cheap to tell: it loads (tensor data left on disk, no CRC
-    pass) and says it is our format.
-    """
-    names = {path.name for path in skipped}
-    for path in [*folder.checkpoints, *([folder.best] if folder.best is not None else [])]:
-        if path.name in names or same_file(path, verified):
-            continue
-        try:
-            obj = read_unchecked(path)
-        except CheckpointError:
-            obj = None
-        if not (isinstance(obj, dict) and obj.get("format") == FORMAT):
-            names.add(path.name)
-    return frozenset(names)

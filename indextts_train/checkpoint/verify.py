@@ -83,14 +83,17 @@ class Choice:
     path: Path | None
     state: dict | None  # the chosen file in full (tensor data in memory), migrated by its verification
     skipped: list[tuple[Path, str]]  # each with why; left on disk untouched
+    unknown: list[str]  # what a repair could not tell about the chosen file (its verdict's)
 
 
-def choose_resume(candidates: list[Path], *, named: bool = False) -> Choice:
+def choose_resume(candidates: list[Path], *, named: bool = False, folder: Path | None = None) -> Choice:
     """The first of `candidates` that verifies COMPLETE, read once, and what was skipped before it.
 
     For --resume auto, `candidates` are lineage.resume_order's: the newest branch first, its highest
     step first (latest.pth before its twin), files that cannot be read first of all. For --resume PATH
-    (`named`) the one file, refused with its reasons when it does not verify.
+    (`named`) the one file, refused with its reasons when it does not verify. With the run `folder`
+    they come from, a folder that holds checkpoints none of which resumes is refused: starting fresh
+    there would rotate them away.
     """
     skipped: list[tuple[Path, str]] = []
     failed: dict[tuple[int, int], tuple[Path, str]] = {}  # a file's identity: its first name tried, and why
@@ -104,7 +107,7 @@ def choose_resume(candidates: list[Path], *, named: bool = False) -> Choice:
             continue
         obj, verdict = _read_and_verify(path, mmap=False)
         if verdict.status == "COMPLETE":
-            return Choice(path, obj, skipped)
+            return Choice(path, obj, skipped, verdict.unknown)
         reason = f"{verdict.status}: {'; '.join(verdict.reasons)}"
         if named:  # a community file's reasons already say to repair it, and repair cannot turn bare
             # weights into a run: only our own partial files get the hint
@@ -113,7 +116,28 @@ def choose_resume(candidates: list[Path], *, named: bool = False) -> Choice:
         if identity is not None:
             failed[identity] = path, reason
         skipped.append((path, reason))
-    return Choice(None, None, skipped)
+    if folder is not None and skipped:
+        raise _refuse_fresh_start(folder, skipped)
+    return Choice(None, None, skipped, [])
+
+
+def _what_to_do(path: Path, reason: str) -> str:
+    if "format_version" in reason and "newer" in reason:
+        return "written by a newer indextts-train: resume it with that version"
+    if "PARTIAL:" in reason:
+        return f"convert it with `indextts-train repair {path}` (a .bak backup is kept), then rerun"
+    return "it cannot be used; keep it, or remove it yourself if you do not need it"
+
+
+def _refuse_fresh_start(folder: Path, skipped: list[tuple[Path, str]]) -> UserError:
+    """--resume auto found checkpoints in `folder` but none resumes (`skipped`: each with its reason)."""
+    lines = [f"--resume auto: {folder} holds checkpoints but none of them can resume this run, so nothing "
+             "was started and no file was changed:"]
+    for path, reason in skipped:
+        short = reason if len(reason) <= 200 else reason[:200] + "..."
+        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
+    lines.append("  or start a new run with another --output-dir")
+    return UserError("\n".join(lines))
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -118,13 +118,14 @@ class Tokenizer:
         return VocabPlan(base_tokens=base_tokens, tokens=self.size, freeze_base=freeze_base,
                          insert_at=self.growth_point(base_tokens))
 
-    def grow(self, state: dict[str, Tensor] | None, saved: VocabPlan | None, *, freeze_base: bool,
+    def grow(self, state: dict[str, Tensor] | None, saved: dict | None, *, freeze_base: bool,
              seed: int) -> tuple[dict[str, Tensor] | None, VocabPlan, VocabPlan]:
         """`state`'s text rows grown to this tokenizer (new rows from `seed`, resize_text_rows).
 
         Returns (the grown state, the weights' plan, the growth since `saved`). A new run's plan is its
-        growth from the base (or none for random init, `state` None); a resumed run keeps its `saved`
-        plan's base and reports the growth since its checkpoint (none when the tokenizer is the same).
+        growth from the base (or none for random init, `state` None); a resumed run keeps the base of
+        its checkpoint's plan (`saved`, as VocabPlan.to_dict wrote it) and reports the growth since
+        its checkpoint (none when the tokenizer is the same).
         """
         if state is None:
             return None, VocabPlan(self.size, self.size, freeze_base), VocabPlan(self.size, self.size)
@@ -134,6 +135,7 @@ class Tokenizer:
             state = resize_text_rows(state, growth, torch.Generator().manual_seed(seed))
         if saved is None:
             return state, growth, VocabPlan(self.size, self.size)
+        saved = VocabPlan.from_dict(saved)
         # A repaired community plan does not say where new rows went; the tokenizer's kind does.
         insert_at = saved.insert_at if saved.insert_at is not None else self.growth_point(saved.base_tokens)
         return state, VocabPlan(saved.base_tokens, self.size, freeze_base, insert_at=insert_at), growth

@@ -1,8 +1,10 @@
 """The run's data: its manifests indexed (training, and validation when given), the datasets the
 model reads, and the validation groups with what each validation is judged by.
 
-Lines of either family are indexed when the run starts (`RunData.read`); `RunData.datasets` checks
-them once the model's family is known, after the weights, and builds the datasets the run reads.
+Setup reads them once the model's family is known, after the weights (a resumed checkpoint may be
+what settles it): `RunData.read` indexes the lines, `RunData.datasets` checks that every line is of
+the model's family and builds the datasets the run reads. (The first lines of every manifest were
+checked before anything was made: train/preflight.py.)
 """
 
 from __future__ import annotations

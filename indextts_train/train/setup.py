@@ -7,10 +7,11 @@ the loop begins (`Started.rng`).
 
 Each stage is owned by the module of its concern and called once, in order: the base checkpoint,
 read once (checkpoint/base.py), the checks of every input (preflight.py), the hardware plan
-(plan.py), the claim of the output folder (runlock.py), the data (run_data.py), the checkpoint to
-resume (checkpoint/manager.py), its train scope against today's (model/scope.py) and its batch
-layout (resume.py), the weights (weights.py), the state (start.py), the frozen run (run.py) and its
-record (ui/run_record.py). The base checkpoint and the tokenizer are read once and passed on typed.
+(plan.py), the claim of the output folder (runlock.py), the checkpoint to resume
+(checkpoint/manager.py), its train scope against today's (model/scope.py) and its batch layout
+(resume.py), the weights (weights.py), the data, read once the weights have settled the model's
+family (run_data.py), the state (start.py), the frozen run (run.py) and its record
+(ui/run_record.py). The base checkpoint and the tokenizer are read once and passed on typed.
 """
 
 from __future__ import annotations
@@ -64,13 +65,13 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
     claim = claim_run(options.output_dir, dist, device, startup.text_log)  # before any work: one run per folder
     try:
         startup.info(plan.describe(), "plan", plan=plan.to_dict())
-        data = RunData.read(options, config, startup)
         seed_everything(config.train.seed + dist.rank)
         resumed, protected = select_resume(options.output_dir, options.resume, warn=startup.warn, notice=startup.notice)
         if resumed is not None:  # a run resumes in the scope it was trained in, or is refused
             check_resume_scope(resumed.train_config, scope_settings(config.train), resumed.path)
         plan = checked_plan(resumed, plan, config, startup)
         weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
+        data = RunData.read(options, config, startup)  # once the weights have settled the model's family
         dataset, val = data.datasets(config)
         state, schedule, steps, rng = start_state(data, resumed, weights, growth, plan, options=options, config=config,
                                            dist=dist, val=val, protected=protected, log=startup)

@@ -59,7 +59,7 @@ class _Start:
     """The official-layout tensors a run's weights start from, before the text rows grow."""
 
     state: dict[str, Tensor] | None  # None: random init
-    saved: VocabPlan | None  # a resumed checkpoint's plan (None: a new run)
+    saved: dict | None  # a resumed checkpoint's plan as saved (None: a new run)
     seed: int  # of the new text rows' values
     where: str | None  # the refusal's head when the tensors do not fit the config's model (None: no tensors)
 
