@@ -12,5 +12,6 @@ V25="$(PYTHON="$PYTHON" bash scripts/install_inference.sh indextts2.5 "$VENVS/in
 V2="$(PYTHON="$PYTHON" bash scripts/install_inference.sh indextts2 "$VENVS/indextts2" | tail -n 1)"
 echo "inference environments: $V25, $V2"
 INDEXTTS_TEST_PYTHON_V25="$V25" INDEXTTS_TEST_PYTHON_V2="$V2" \
-    exec "$PYTHON" -m pytest -q -s -p no:cacheprovider tests/test_listen_inference.py \
+    exec "$PYTHON" -m pytest -q -s -p no:cacheprovider -n "${TEST_WORKERS:-auto}" --dist loadfile \
+    tests/test_listen_inference.py \
     tests/test_listen_run.py "$@"

@@ -630,7 +630,8 @@ def test_evaluate_uses_the_config_stored_in_the_checkpoint(complete, tiny_data, 
     result = cli("evaluate", "--checkpoint", bare, "--manifest", tiny_data["val"], "--config", small)
     assert result.exit_code == 2
     line = error_line(result.stderr, "val.jsonl:", "outside [0, 20)", "tokenizer")
-    assert len(line) < 300
+    assert len(line.replace(str(tiny_data["val"]), "VAL").replace(str(bare), "CKPT")) < 200  # short but for
+    # the paths it names (their length is the temp folder's)
 
 
 @pytest.mark.slow  # reads `complete`, a trained run

@@ -28,7 +28,6 @@ from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import TEXT_VOCAB_SOURCE, check_arrays, check_ids, check_text_ids
 from indextts_train.data.lines import (
     lang_id_of,
-    line_family,
     line_form,
     line_language,
     parse_line,
@@ -159,14 +158,6 @@ class ManifestIndex:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-    def require_family(self, family: Family) -> None:
-        """Every line must be of the model's family (known only once the model is): name the first that is not."""
-        wrong = np.flatnonzero((self.lang_ids >= 0) != family.language_rows)
-        if len(wrong):
-            record = self.record(int(wrong[0]))
-            line_family(record, record["_source"], family)  # raises, naming file:line
-        self.family = family
 
     def group_lines(self, manifests: Sequence[ManifestSpec]) -> dict[str, np.ndarray]:
         """Line indices (manifest order) per validation group, groups in first-seen order: the `::lang` of

@@ -2,9 +2,9 @@
 model reads, and the validation groups with what each validation is judged by.
 
 Setup reads them once the model's family is known, after the weights (a resumed checkpoint may be
-what settles it): `RunData.read` indexes the lines, `RunData.datasets` checks that every line is of
-the model's family and builds the datasets the run reads. (The first lines of every manifest were
-checked before anything was made: train/preflight.py.)
+what settles it): `RunData.read` indexes the lines of the model's family (a line of the other is
+refused, or skipped with --skip-bad-lines, as the check of the first lines before anything was made
+treats it: train/preflight.py), `RunData.datasets` builds the datasets the run reads.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from indextts_train.ui.run_settings import RunSettings
 def _index(manifests: list[ManifestSpec], options: RunSettings, config: Config) -> ManifestIndex:
     return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
                                max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens,
-                               borrowed=parse_borrowed(config.train.borrow_languages))
+                               family=config.gpt.family, borrowed=parse_borrowed(config.train.borrow_languages))
 
 
 @dataclass(frozen=True)
@@ -52,17 +52,12 @@ class RunData:
         return cls(train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None)
 
     def datasets(self, config: Config) -> tuple[ManifestDataset, Validation | None]:
-        """Once the model is known (its family and text vocabulary are settled by the weights, a resumed
-        checkpoint's among them): the training samples as it reads them; the validation samples and their
-        groups (the data's part), every line, training and validation, of its family; then the metric and
-        limits validations are judged by, and the lines generated at each."""
+        """The training samples as the model reads them; the validation samples and their groups (the
+        data's part); then the metric and limits validations are judged by, and the lines generated at each."""
         val = self.val_index
         train_set = ManifestDataset.for_model(self.index, config.gpt)
         dataset = None if val is None else ManifestDataset.for_model(val, config.gpt)
         groups = {} if val is None else val.group_lines(self.val_specs)
-        for part in (self.index, val):
-            if part is not None:
-                part.require_family(config.gpt.family)
         if dataset is None:
             return train_set, None
         train = config.train
