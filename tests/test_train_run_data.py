@@ -1,0 +1,44 @@
+"""The run's data (train/run_data.py): its manifests indexed for the model's family, which the weights
+have settled by the time setup reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from indextts_train.errors import UserError
+from indextts_train.train.run_data import RunData
+from indextts_train.ui.run_settings import resolve_settings
+
+
+def mixed_manifest(tiny_data: dict, folder: Path) -> tuple[Path, int]:
+    """The tiny IndexTTS2 training lines, then one IndexTTS-2.5 line (a speaker vector, not latents)
+    past the first lines that the checks before training read. (Indexing reads no array.)"""
+    lines = tiny_data["train"].read_text().splitlines()
+    other = json.loads(lines[0])
+    other["prompt_spk_emb_path"] = other.pop("prompt_condition_path")
+    manifest = folder / "mixed_families.jsonl"
+    manifest.write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    return manifest, len(lines) + 1
+
+
+def test_a_line_of_the_other_family_is_refused_or_skipped_as_a_bad_line(tiny_data, tmp_path) -> None:
+    manifest, line = mixed_manifest(tiny_data, tmp_path)
+    said: list[str] = []
+    log = SimpleNamespace(warn=said.append)
+    strict = resolve_settings(train_manifests=[manifest], output_dir=tmp_path / "run", config=tiny_data["config"])
+    assert strict.config.gpt.family.name == "IndexTTS2"
+    with pytest.raises(UserError, match=f"mixed_families.jsonl:{line}: an IndexTTS-2.5 line, but the model is "
+                                        "IndexTTS2"):
+        RunData.read(strict, strict.config, log)
+    skipping = resolve_settings(train_manifests=[manifest], output_dir=tmp_path / "run", config=tiny_data["config"],
+                                skip_bad_lines=True)
+    data = RunData.read(skipping, skipping.config, log)
+    assert (len(data.index), data.index.skipped, data.index.family.name) == (line - 1, 1, "IndexTTS2")
+    assert len(said) == 1 and said[0].startswith("skipped 1 bad manifest line(s)")
+    assert f"mixed_families.jsonl:{line}: an IndexTTS-2.5 line" in said[0]
+    dataset, validation = data.datasets(skipping.config)
+    assert len(dataset) == line - 1 and validation is None
