@@ -185,8 +185,9 @@ def test_files_that_are_not_ours_are_never_touched_however_the_run_starts(tmp_pa
     alone = tmp_path / "alone"
     alone.mkdir()
     torch.save({"w": torch.zeros(2)}, alone / "best.pth")  # someone's weights, named like our best file
-    resumed, protected, _ = select(alone, "auto")
-    assert resumed is None and protected == frozenset({"best.pth"})
+    for resume in (None, "auto"):  # a new run, or --resume auto finding no checkpoint
+        resumed, protected, _ = select(alone, resume)
+        assert resumed is None and protected == frozenset({"best.pth"})
     save_steps(tmp_path, [1, 2])
     torch.save({"w": torch.zeros(2)}, tmp_path / "model_step9.pth")
     (tmp_path / "model_step7.pth").write_bytes(b"garbage")

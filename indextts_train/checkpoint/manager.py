@@ -32,18 +32,19 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     """
     folder = survey(output_dir)
     if resume is None:
-        check_no_earlier_run(folder)
-        return None, frozenset()
-    # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it abandoned.
-    # One cheap look at each file (cached by lineage.py) orders them and tells which are not ours.
-    candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
+        check_no_earlier_run(folder)  # a new run: a best.pth is all the folder may hold
+    # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it
+    # abandoned. One cheap look at each file (cached by lineage.py) orders them and tells which are not ours.
+    candidates = [] if resume is None else resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
     foreign = foreign_names([*folder.checkpoints, *([folder.best] if folder.best is not None else [])])
+    if resume is None:
+        return None, foreign
     choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
     for bad, reason in choice.skipped:
         warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
     if choice.path is None:
         notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
-        return None, foreign  # a best.pth that is not ours, alone in the folder
+        return None, foreign
     notice(f"resuming from {choice.path}")
     # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
     return resumed_state(choice.state, choice.path, choice.unknown), foreign | {bad.name for bad, _ in choice.skipped}
