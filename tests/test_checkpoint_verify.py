@@ -123,7 +123,8 @@ def test_resuming_asks_for_the_verdict_alone(tmp_path: Path) -> None:
 
 def test_the_file_a_run_resumes_from_is_read_once_in_full(tmp_path: Path, monkeypatch) -> None:
     """Its verification reads it into memory; that read, migrated, is what resumes (no second load).
-    (The lineage order takes a cheap look at each file first: mmap, tensor data left on disk.)"""
+    (The lineage order takes a cheap look at each file first: mmap, tensor data left on disk; the same
+    look tells which files are not ours.)"""
     save_steps(tmp_path, [1, 2])
     reads: list[tuple[str, bool]] = []
     real = reader.load_weights_only
@@ -135,6 +136,8 @@ def test_the_file_a_run_resumes_from_is_read_once_in_full(tmp_path: Path, monkey
     monkeypatch.setattr(reader, "load_weights_only", counting)
     resumed, protected = select_resume(tmp_path, "auto", warn=print, notice=print)
     assert [mmap for name, mmap in reads if name == "latest.pth"] == [True, False]  # the look, then the one read
+    for other in ("model_step1.pth", "model_step2.pth"):  # one look orders them and says they are ours
+        assert [mmap for name, mmap in reads if name == other] == [True], other
     saved = load_checkpoint(tmp_path / "latest.pth")
     assert resumed.step == 2 and set(resumed.model) == set(saved["model"])
     assert all(torch.equal(resumed.model[k], v) for k, v in saved["model"].items())
