@@ -25,12 +25,13 @@ def test_one_listing_answers_every_question(tmp_path: Path) -> None:
     assert folder.best == tmp_path / "best.pth"
     with pytest.raises(UserError, match=r"already holds checkpoints \(latest.pth\); pass --resume auto"):
         check_no_earlier_run(folder)
-    assert foreign_names([*folder.checkpoints, folder.best]) == {"model_step9.pth"}
+    assert folder.files == [*folder.checkpoints, tmp_path / "best.pth"]
+    assert foreign_names(folder.files) == {"model_step9.pth"}
     (tmp_path / "best.pth").unlink()
     torch.save({"w": torch.zeros(2)}, tmp_path / "best.pth")  # replaced by a file that is not ours
     (tmp_path / "model_step3.pth").unlink()  # latest.pth's twin, replaced by a file that cannot be read
     (tmp_path / "model_step3.pth").write_bytes(b"garbage")
-    assert foreign_names([*folder.checkpoints, folder.best]) == {"model_step9.pth", "model_step3.pth", "best.pth"}
+    assert foreign_names(folder.files) == {"model_step9.pth", "model_step3.pth", "best.pth"}
 
 
 def test_a_new_folder_is_checked_without_making_it(tmp_path: Path) -> None:

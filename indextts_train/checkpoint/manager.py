@@ -32,13 +32,12 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     """
     folder = survey(output_dir)
     if resume is None:
-        check_no_earlier_run(folder)  # a new run: a best.pth is all the folder may hold
+        check_no_earlier_run(folder)  # refused before any file is read
+        return None, foreign_names(folder.files)  # a best.pth is all the folder may hold
     # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it
-    # abandoned. One cheap look at each file (cached by lineage.py) orders them and tells which are not ours.
-    candidates = [] if resume is None else resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
-    foreign = foreign_names([*folder.checkpoints, *([folder.best] if folder.best is not None else [])])
-    if resume is None:
-        return None, foreign
+    # abandoned. The same cheap look at each file (cached by lineage.py) tells which are not ours.
+    candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
+    foreign = foreign_names(folder.files)
     choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
     for bad, reason in choice.skipped:
         warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")

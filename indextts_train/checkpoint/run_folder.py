@@ -69,6 +69,11 @@ class RunFolder:
     checkpoints: tuple[Path, ...]  # model_step*.pth oldest step first, then latest.pth if present
     best: Path | None  # best.pth, when it is a file
 
+    @property
+    def files(self) -> list[Path]:
+        """Every checkpoint-named file in it: the steps, latest.pth and best.pth."""
+        return [*self.checkpoints, *([self.best] if self.best is not None else [])]
+
 
 def survey(output_dir: Path) -> RunFolder:
     """What `output_dir` holds now (nothing when it does not exist yet)."""

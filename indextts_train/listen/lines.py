@@ -88,7 +88,7 @@ def read_lines_file(path: Path) -> list[Line]:
     if path.stat().st_size > MAX_LINES_FILE_BYTES:
         raise UserError(f"--lines {path}: larger than {MAX_LINES_FILE_BYTES >> 20} MiB; a listening set is a few lines")
     lines: list[Line] = []
-    for number, _, raw in iter_lines(str(path), "manifest"):
+    for number, _, raw in iter_lines(str(path), "--lines file"):
         where = f"--lines {path} line {number}"
         try:
             obj = parse_json(raw, where)
