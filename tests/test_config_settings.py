@@ -1,4 +1,4 @@
-"""config.py: IndexTTS2's own config.yaml is accepted as users have it; typos are refused by name."""
+"""config/settings.py: IndexTTS2's own config.yaml is accepted as users have it; typos are refused by name."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """How much GPU memory a step takes: the estimate hardware.py sizes the micro-batch with.
 
 Memory model (bytes; P trained parameters, D model_dim, H heads, n layers, S positions, a = 2 bytes
-per activation under bf16/fp16 autocast and 4 in fp32). It follows `indextts_train/model.py`: an
-fp32 residual stream, LayerNorm in fp32 (autocast runs it in fp32), SDPA attention (flash or
-memory-efficient kernels, so no S x S matrix is kept), fused tanh-GELU, bool dropout masks.
+per activation under bf16/fp16 autocast and 4 in fp32). It follows `model/gpt.py`: an fp32 residual
+stream, LayerNorm in fp32 (autocast runs it in fp32), SDPA attention (flash or memory-efficient kernels,
+so no S x S matrix is kept), fused tanh-GELU, bool dropout masks.
 
 IndexTTS-2.5 is the same sum with its own P (spk_emb_proj and lang_embedding instead of speed_emb,
 60,510 text rows) and a 3-row prefix instead of 34 rows.
