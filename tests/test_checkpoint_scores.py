@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+
+import pytest
 
 from indextts_train.checkpoint.scores import (
     RECORD_FORMAT,
     append_record,
+    check_scores_file,
     read_records,
     scored_keys,
     scores_path,
     summary_by_step,
 )
+from indextts_train.errors import UserError
 
 
 def _record(step, line_id, ok=True, **scores):
@@ -48,3 +54,28 @@ def test_foreign_lines_are_ignored(tmp_path):
     path.write_text('{"step": 3, "line_id": "x"}\nnot json\n[1, 2]\n', encoding="utf-8")
     assert read_records(path) == []
     assert summary_by_step(tmp_path) == {}
+
+
+def test_a_scores_file_that_is_no_regular_file_is_read_as_none_and_never_appended_to(tmp_path):
+    """A FIFO in its place: readers (the table, the page, export --pick) see no records at once instead of
+    blocking on it, and listen refuses before any work. A reader still blocked after 10 s fails the test
+    (the FIFO is then opened for writing, so the suite goes on)."""
+    path = scores_path(tmp_path)
+    path.parent.mkdir()
+    os.mkfifo(path)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(read_records(path)), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():
+        os.close(os.open(path, os.O_WRONLY))
+        reader.join()
+        pytest.fail("read_records blocked on a FIFO")
+    assert got == [[]]
+    with pytest.raises(UserError, match="is not a regular file, and listen appends only to a scores file of its own"):
+        check_scores_file(path)
+    path.unlink()
+    path.symlink_to(tmp_path / "someone.jsonl")
+    with pytest.raises(UserError, match="is a link"):
+        check_scores_file(path)
+    check_scores_file(tmp_path / "nothing" / "scores.jsonl")  # none yet: listen makes its own

@@ -2,10 +2,11 @@
 
 A zip bomb (2 MB inflating to 2 GiB), a strided view claiming 10^12 elements, a pickle of 120
 million shared references, a model dict with an int key, an .npy header claiming 10^10 elements,
-a YAML bomb, JSON nested 100,000 deep, a FIFO, /proc/self/mem and a w2v-BERT config.json with
-100,000 layers: every command that reads them answers at once with one line naming the file, exit
-2 (the `checkpoints` table and the page's table list them as unreadable), no traceback, and
-nothing on disk changes.
+a YAML bomb, JSON nested 100,000 deep, a FIFO, /proc/self/mem, a w2v-BERT config.json with
+100,000 layers and a (sparse) tokenizer of 256 MB and one byte, which sentencepiece alone would
+read whole: every command that reads them answers at once with one line naming the file, exit 2
+(the `checkpoints` table and the page's table list them as unreadable), no traceback, and nothing
+on disk changes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 import torch
 
 from indextts_train.cli import app, run_app
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES
 from indextts_train.files.numpy_pickle import load_weights_only
 from indextts_train.webui import records
 from indextts_train.webui.roots import Roots
@@ -83,6 +85,10 @@ def inputs(tmp_path_factory, tiny_data) -> dict[str, Path]:
     files["deep.jsonl"].write_text(hostile.deep_json() + "\n")
     files["corpus.jsonl"] = folder / "corpus.jsonl"  # a well-formed corpus: prepare reads it before the models
     files["corpus.jsonl"].write_text(json.dumps({"audio": "clip.wav", "text": "hello"}) + "\n")
+    files["big.model"] = folder / "big" / "bpe.model"  # sparse: past the tokenizer bound, nothing written
+    files["big.model"].parent.mkdir()
+    with open(files["big.model"], "wb") as handle:
+        handle.truncate(MAX_TOKENIZER_BYTES + 1)
     files["fifo"] = hostile.fifo(folder / "fifo.jsonl")
     files["fifo.pth"] = hostile.fifo(folder / "fifo.pth")
     line = json.loads(Path(tiny_data["train"]).read_text().splitlines()[0])
@@ -127,6 +133,11 @@ def commands(f: dict[str, Path], data: dict, out: Path) -> dict[str, tuple[list,
         "check-data: an .npy claiming 10^10 elements": (["check-data", f["huge_npy.jsonl"]],
                                                         "claims [10000000000] float32"),
         "check-data: manifest a FIFO": (["check-data", f["fifo"]], "is a FIFO"),
+        "check-data: a tokenizer past its bound": (["check-data", data["train"], "--tokenizer", f["big.model"]],
+                                                   "larger than"),
+        "train: a tokenizer past its bound": ([*train, "--tokenizer", f["big.model"]], "tokenizer of"),
+        "tokenize: a tokenizer past its bound": (["tokenize", data["train"], "--tokenizer", f["big.model"], "--out",
+                                                  out / "tok"], "larger than"),
         "check-data: manifest nested 100,000 deep": (["check-data", f["deep.jsonl"]], "nested too deeply"),
         "extend-tokenizer: corpus a FIFO": (["extend-tokenizer", "--base", TOKENIZER, "--corpus", f["fifo"],
                                              "--target-size", "300", "-o", out / "new.model"], "is a FIFO"),
@@ -135,7 +146,7 @@ def commands(f: dict[str, Path], data: dict, out: Path) -> dict[str, tuple[list,
 
 CASES = list(commands({k: Path(k) for k in (*CHECKPOINTS, "fifo", "fifo.pth", "bomb.yaml", "run.yaml", "models",
                                            "models_bomb", "models_huge", "deep.jsonl", "huge_npy.jsonl",
-                                           "corpus.jsonl")},
+                                           "corpus.jsonl", "big.model")},
                       {"train": "", "base": ""}, Path()))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,26 @@ def test_inference_environment_without_the_package(run):
     _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]),
                    "--inference-python", str(run["bare_python"])],
              f"--inference-python {run['bare_python']} cannot import indextts.infer_v2")  # the rest: synthesize's tests
+
+
+def test_a_scores_file_that_is_not_ours_to_append_to(run, tmp_path):
+    """RUN/listen/scores.jsonl a FIFO (its reader would block) or a link to someone's file (an append would
+    change it): listen refuses in one line before any work; the checkpoints table, which reads the
+    file, still answers at once and leaves it alone."""
+    scores = run["out"] / "listen" / "scores.jsonl"
+    scores.parent.mkdir()
+    someone = tmp_path / "notes.jsonl"
+    someone.write_text("mine\n", encoding="utf-8")
+    args = ["--lines", str(run["lines"]), "--asr-model", str(run["asr"])]
+    try:
+        os.mkfifo(scores)
+        _refused(run, args, f"{scores}: is not a regular file, and listen appends only to a scores file of its own")
+        table = subprocess.run([sys.executable, "-m", "indextts_train", "checkpoints", str(run["out"])],
+                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert table.returncode == 0 and "model_step2.pth" in table.stdout, table.stdout + table.stderr
+        scores.unlink()
+        scores.symlink_to(someone)
+        _refused(run, args, f"{scores}: is a link")
+        assert someone.read_text(encoding="utf-8") == "mine\n"
+    finally:
+        shutil.rmtree(scores.parent)

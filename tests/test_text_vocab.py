@@ -13,6 +13,7 @@ from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.config.constants import TEXT_ROW_KEYS
 from indextts_train.config.settings import GPTConfig, load_config
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES
 from indextts_train.model.gpt import UnifiedVoiceGPT
 from indextts_train.text.vocab import (
     RowFreezer,
@@ -207,3 +208,8 @@ def test_tokenizer_size_errors_name_the_file(tmp_path):
         tokenizer_size(garbage)
     with pytest.raises(UserError, match="tokenizer not found"):
         tokenizer_size(tmp_path / "missing.model")
+    big = tmp_path / "big.model"
+    with open(big, "wb") as handle:  # sparse: the size alone is refused, sentencepiece never reads it
+        handle.truncate(MAX_TOKENIZER_BYTES + 1)
+    with pytest.raises(UserError, match=f"{big}: tokenizer of {MAX_TOKENIZER_BYTES + 1} bytes is larger than"):
+        tokenizer_size(big)

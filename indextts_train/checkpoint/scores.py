@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.errors import CheckpointError, UserError
+from indextts_train.files.bounded import read_bounded
 
 RECORD_FORMAT = "indextts-train listen 1"  # marks a record as ours
 SCORES_NAME = "scores.jsonl"
@@ -32,7 +34,8 @@ def append_record(path: Path, record: dict) -> None:
     """Append one record durably (one write, fsync); starts a fresh line after a torn one."""
     data = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    # never through a link, never blocked by a FIFO (check_scores_file refused both before any work)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     try:
         size = os.fstat(fd).st_size
         if size:
@@ -46,13 +49,24 @@ def append_record(path: Path, record: dict) -> None:
         os.close(fd)
 
 
+def check_scores_file(path: Path) -> None:
+    """Before `listen` does any work: it appends only to a scores file of its own, so none yet, or a regular
+    file that is no link (a link's target is someone else's file; a FIFO would block the append)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a link" if stat.S_ISLNK(mode) else "not a regular file"
+        raise UserError(f"{path}: is {kind}, and listen appends only to a scores file of its own; move it aside "
+                        "and rerun")
+
+
 def read_records(path: Path) -> list[dict]:
     """Every whole record of the file, in order (torn or foreign lines skipped); [] when there is none."""
     try:
-        if path.stat().st_size > MAX_SCORES_BYTES:
-            return []
-        raw = path.read_bytes()
-    except OSError:
+        raw = read_bounded(path, MAX_SCORES_BYTES, "listen scores file")
+    except (UserError, OSError):  # none yet, larger than ours grows, or no regular file (a FIFO would block)
         return []
     records = []
     for line in raw.splitlines():

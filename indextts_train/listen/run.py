@@ -24,6 +24,7 @@ from indextts_train.checkpoint.scores import (
     LISTEN_DIR,
     RECORD_FORMAT,
     append_record,
+    check_scores_file,
     read_records,
     scored_keys,
     scores_path,
@@ -86,6 +87,7 @@ def plan(options: ListenOptions) -> Plan:
     lines = read_lines_file(options.lines) if options.lines else default_lines(run_dir, options.seed)
     model_dir = model_dir_of(run_dir, options.model_dir)
     family = load_config(model_dir / "config.yaml").gpt.family  # no version: IndexTTS2
+    check_scores_file(scores_path(run_dir))
     done = scored_keys(read_records(scores_path(run_dir)))
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)

@@ -36,6 +36,7 @@ import sentencepiece as spm
 
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family, family_of_tokenizer
 from indextts_train.errors import UserError
+from indextts_train.text.spm_model import load_spm_file
 from indextts_train.text.tiktoken_vocab import (
     COMMON_LANGUAGE,
     LANGUAGE_CODES,
@@ -339,7 +340,8 @@ class SentencePiecePath(TextPath):
 
     @classmethod
     def load(cls, **common: Any) -> SentencePiecePath:
-        return cls(processor=_load_spm(common["tokenizer"]), **common)
+        hint = "pass a SentencePiece .model or a .tiktoken ranks file"
+        return cls(processor=load_spm_file(common["tokenizer"], hint), **common)
 
     @property
     def size(self) -> int:
@@ -447,10 +449,3 @@ class TiktokenPath(TextPath):
         return [i for i in self.encoding.encode(presented, allowed_special="all") if i not in START_STOP_IDS]
 
 
-def _load_spm(path: Path) -> spm.SentencePieceProcessor:
-    if not path.is_file():
-        raise UserError(f"{path}: tokenizer not found; pass a SentencePiece .model or a .tiktoken ranks file")
-    try:
-        return spm.SentencePieceProcessor(model_file=str(path))
-    except (RuntimeError, OSError) as exc:
-        raise UserError(f"{path}: not a SentencePiece model ({exc}); pass a .model or a .tiktoken file") from None

@@ -209,6 +209,20 @@ def read_model(path: Path) -> SpmModel:
     return parse_model(read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer model"), str(path))
 
 
+def load_spm_file(path: Path | str, hint: str) -> spm.SentencePieceProcessor:
+    """A SentencePiece .model file loaded by sentencepiece from its bytes, read through the bounded reader:
+    a file past MAX_TOKENIZER_BYTES, a FIFO or a pseudo-file is one line before anything is read
+    (sentencepiece's own `model_file=` reads a file of any size whole). `hint`: what to pass instead."""
+    path = Path(path)
+    if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
+        raise UserError(f"{path}: tokenizer not found; {hint}")
+    raw = read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer")
+    try:
+        return spm.SentencePieceProcessor(model_proto=raw)
+    except RuntimeError:
+        raise UserError(f"{path}: not a SentencePiece model (sentencepiece cannot parse it); {hint}") from None
+
+
 def vocab_text(model: SpmModel) -> str:
     """The .vocab file spm writes: `piece<TAB>score` per line (C++ ostream float format, like %g)."""
     return "".join(f"{p.text}\t{p.score:g}\n" for p in model.pieces)

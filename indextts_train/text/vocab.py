@@ -27,6 +27,7 @@ from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.settings import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.text.languages import borrow_notes
+from indextts_train.text.spm_model import load_spm_file
 from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, SPECIAL_TOKENS, read_tiktoken
 
 NEW_ROW_NOISE = 0.01  # noise std of a new row, as a fraction of the base rows' per-column std
@@ -146,8 +147,6 @@ def read_tokenizer(path: str | Path | None, gpt: GPTConfig | None = None,
     """A tokenizer file read once. With `gpt` (the model's config), one of another family than the model's
     (`model_source` says where that came from: the base checkpoint's keys or the config) is refused
     before the file is read, and no file (path None) leaves the config's number_text_tokens."""
-    import sentencepiece as spm  # only needed here; keeps `import indextts_train.text.vocab` light
-
     if path is None:
         return Tokenizer(None, None, gpt.number_text_tokens)
     path = Path(path)
@@ -158,13 +157,7 @@ def read_tokenizer(path: str | Path | None, gpt: GPTConfig | None = None,
                         f"{model.name}; pass {wanted}, or the checkpoint and config of the tokenizer's family")
     if found.tokenizer_kind == TIKTOKEN:
         return Tokenizer(path, found, read_tiktoken(path).n_vocab)
-    if not path.is_file():
-        raise UserError(f"{path}: tokenizer not found; pass --tokenizer path/to/bpe.model")
-    try:
-        processor = spm.SentencePieceProcessor(model_file=str(path))
-    except (RuntimeError, OSError) as exc:
-        raise UserError(f"{path}: not a SentencePiece model ({exc})") from None
-    return Tokenizer(path, found, processor.get_piece_size())
+    return Tokenizer(path, found, load_spm_file(path, "pass --tokenizer path/to/bpe.model").get_piece_size())
 
 
 def tokenizer_size(path: str | Path) -> int:
