@@ -142,6 +142,19 @@ def test_a_ledger_line_cut_by_a_kill_claims_nothing_and_the_next_claim_starts_a_
     assert ledger.path.read_bytes() == b"utt0000\nutt0001\nutt0002\n"
 
 
+def test_a_ledger_is_read_a_bounded_line_at_a_time_and_never_through_a_link(tmp_path) -> None:
+    """A line longer than any stem (8 MB, read in pieces of a stem's length) claims nothing, not even its
+    stem-sized tail; a ledger name that is a link is not prepare's ledger: its target is not read."""
+    ledger = Ledger(tmp_path)
+    ledger.claim(["utt0000"])
+    with open(ledger.path, "ab") as handle:
+        handle.write(b"x" * (8 << 20) + b"utt0009\n")
+    (tmp_path / "outside.txt").write_bytes(b"utt0005\n")
+    (ledger.folder / "written-1.txt").symlink_to(tmp_path / "outside.txt")
+    assert Ledger(tmp_path).stems() == {"utt0000"}
+    assert [p.name for p in Ledger(tmp_path).files()] == ["written-0.txt"]
+
+
 def test_a_folder_of_a_version_without_a_ledger_is_adopted_from_its_records(tmp_path) -> None:
     out = tmp_path / "out"
     (out / "records").mkdir(parents=True)

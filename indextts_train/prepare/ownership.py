@@ -38,7 +38,9 @@ class Ledger:
     def files(self) -> list[Path]:
         if not self.folder.is_dir():
             return []
-        return sorted(p for p in self.folder.iterdir() if _LEDGER.fullmatch(p.name) and p.is_file())
+        # a link is no ledger of prepare's (first_foreign refuses the folder): its target is never read
+        return sorted(p for p in self.folder.iterdir() if _LEDGER.fullmatch(p.name) and p.is_file()
+                      and not p.is_symlink())
 
     def stems(self) -> set[str]:
         """Every claimed stem; a last line cut by a kill is not a claim (its files were not begun)."""
@@ -48,9 +50,11 @@ class Ledger:
         stems: set[str] = set()
         for path in files:
             with open(path, "rb") as handle:
-                for raw in handle:
-                    if raw.endswith(b"\n") and 0 < len(raw) <= MAX_STEM + 1:
+                starts_line = True  # a longer line is read in pieces, none of which is a stem
+                while raw := handle.readline(MAX_STEM + 2):
+                    if starts_line and raw.endswith(b"\n") and len(raw) > 1:
                         stems.add(raw[:-1].decode("ascii", "replace"))
+                    starts_line = raw.endswith(b"\n")
         return stems
 
     def adopt(self, stems: set[str]) -> None:
