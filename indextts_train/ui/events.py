@@ -51,8 +51,8 @@ def event(kind: str, text: str, **fields: Any) -> dict:
 class AppendOnlyFile:
     """A file of the run that only grows: what is written before the folder is the run's waits in memory
     (a start refused by its checks creates nothing), then goes out in one O_APPEND write a line, so
-    two writers never interleave within a line. A failing disk ends the copy, never the run; a link in
-    the file's place is refused (the run writes only its own files)."""
+    two writers never interleave within a line. A failing disk ends the copy, never the run; a link, a
+    FIFO or a file with another hard link in the file's place is refused (the run writes only its own files)."""
 
     def __init__(self) -> None:
         self._pending: list[str] = []
@@ -74,11 +74,18 @@ class AppendOnlyFile:
         """Start appending to `path`: `head` first, then what was written so far."""
         if head is not None:
             self._pending.insert(0, head)
-        try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:  # O_NONBLOCK: a FIFO in its place would block the open until someone reads it
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o644)
         except OSError:
             self._failed = True
             return
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:  # not ours: a FIFO, a device, a hard link
+            os.close(fd)
+            self._failed = True
+            return
+        self._fd = fd
         pending, self._pending = self._pending, []
         for line in pending:
             self.write(line)
