@@ -18,6 +18,7 @@ from pathlib import Path
 from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.errors import CheckpointError, UserError
+from indextts_train.files.atomic import open_append
 from indextts_train.files.bounded import read_bounded
 
 RECORD_FORMAT = "indextts-train listen 1"  # marks a record as ours
@@ -34,8 +35,7 @@ def append_record(path: Path, record: dict) -> None:
     """Append one record durably (one write, fsync); starts a fresh line after a torn one."""
     data = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # never through a link, never blocked by a FIFO (check_scores_file refused both before any work)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    fd = open_append(path)  # check_scores_file refused what it refuses before any work
     try:
         size = os.fstat(fd).st_size
         if size:

@@ -2,7 +2,8 @@
 
 Every writer (checkpoints, export, demo, clean manifests, tokenizers, configs) goes through
 `atomic_write`, so a crash or a full disk never leaves a half file under a final name and a
-published name survives a power cut.
+published name survives a power cut. The files that only grow (a run's log and events, listen's
+scores and logs) are opened by `open_append`, which appends only to a regular file of our own.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -37,6 +39,20 @@ def fsync_dir(directory: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def open_append(path: Path) -> int:
+    """A descriptor appending to `path` (made when missing), only when it is a regular file of our own: no
+    link in its last part, no FIFO or device (opened without waiting for a reader), no other hard link
+    (an append would change that file too). Raises OSError otherwise."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a regular file of this program's own (a FIFO, a device or a hard link)",
+                      str(path))
+    os.set_blocking(fd, True)
+    return fd
 
 
 def drop_cached_pages(fd: int) -> None:

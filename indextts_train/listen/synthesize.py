@@ -20,6 +20,7 @@ from pathlib import Path
 
 from indextts_train.config.family import Family
 from indextts_train.errors import UserError
+from indextts_train.files.atomic import open_append
 
 CHILD_SCRIPT = Path(__file__).with_name("child_infer.py")
 PROBE_TIMEOUT_S = 300  # importing torch + transformers on a cold, loaded machine
@@ -162,11 +163,20 @@ def synthesize(model_dir: Path, family: Family, lines: list[SynthesisLine], *, s
             output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
             failure = f"inference process killed after {time.monotonic() - started:.0f} s (timeout)"
         if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "a", encoding="utf-8") as log:
-                log.write(output[-TAIL_CHARS * 25:])
+            _keep_log(log_path, output[-TAIL_CHARS * 25:])
         report = _read_results(result_path)
     return _results(lines, seed, report, failure)
+
+
+def _keep_log(path: Path, text: str) -> None:
+    """The child's output, appended beside the wavs; a path that is no file of ours keeps nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = open_append(path)
+    except OSError:
+        return
+    with os.fdopen(fd, "a", encoding="utf-8") as log:
+        log.write(text)
 
 
 def _results(lines: list[SynthesisLine], seed: int, report: dict, failure: str | None) -> list[SynthesisResult]:

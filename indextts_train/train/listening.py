@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from indextts_train.files.atomic import open_append
+
 LOG_NAME = "listen.log"
 
 
@@ -59,7 +61,7 @@ class Listener:
                 "--checkpoints", ",".join(f"step{s}" for s in steps), *self.command]
         try:
             listen_dir.mkdir(parents=True, exist_ok=True)
-            with open(listen_dir / LOG_NAME, "ab") as log:
+            with os.fdopen(open_append(listen_dir / LOG_NAME), "ab") as log:
                 self.child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         except OSError as exc:

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from indextts_train.files.atomic import open_append
+
 EVENTS_NAME = "events.jsonl"
 MAX_READ_BYTES = 8 * 1024 * 1024  # about 40,000 step lines: far more than the page shows
 ENDINGS = {"stop": "stopped", "end": "finished", "done": "finished", "diverged": "ended with an error",
@@ -74,18 +76,11 @@ class AppendOnlyFile:
         """Start appending to `path`: `head` first, then what was written so far."""
         if head is not None:
             self._pending.insert(0, head)
-        try:  # O_NONBLOCK: a FIFO in its place would block the open until someone reads it
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         0o644)
+        try:
+            self._fd = open_append(path)  # a link, a FIFO or a hard link in its place is not the run's file
         except OSError:
             self._failed = True
             return
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:  # not ours: a FIFO, a device, a hard link
-            os.close(fd)
-            self._failed = True
-            return
-        self._fd = fd
         pending, self._pending = self._pending, []
         for line in pending:
             self.write(line)
