@@ -466,6 +466,12 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     except typer.Abort:  # Ctrl+C outside a command's own handling
         typer.echo("Aborted!", err=True)
         return 130
+    except OSError as exc:  # a path too long, a full or read-only disk, in a command that does not say it itself
+        line = disk_line(exc)
+        if line is None:
+            raise
+        typer.echo(f"error: {line}", err=True)
+        return 2
     return code if isinstance(code, int) else 0
 
 

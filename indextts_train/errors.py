@@ -60,11 +60,14 @@ def disk_problem(exc: OSError) -> str | None:
 
 
 def disk_line(exc: OSError) -> str | None:
-    """The one line for an OSError `disk_problem` knows (naming the file when the error does), else None."""
+    """The one line for an OSError `disk_problem` knows, or a path name too long, naming the file when the
+    error does; None for any other OSError (a bug: it keeps its traceback)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    if exc.errno == errno.ENAMETOOLONG:  # a path the user typed: too long for any file system to hold
+        return f"{where}a name in this path is longer than the file system allows (255 bytes); use a shorter path"
     reason = disk_problem(exc)
     if reason is None:
         return None
-    where = f"{exc.filename}: " if exc.filename else ""
     if exc.errno in _NOT_PERMITTED:
         return f"{where}{reason}; use a path this user may write to"
     room = "free some space or " if exc.errno != errno.EROFS else ""

@@ -253,3 +253,21 @@ def test_a_read_only_output_folder_is_one_line(command, tiny_data, trained_tiny,
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["verify", "checkpoints", "check-data", "check-tokenizer", "repair", "export",
+                                     "hardware", "tokenize", "train"])
+def test_a_path_with_a_name_past_255_bytes_is_one_line(command, tiny_data, tmp_path, capsys) -> None:
+    """A name no file system holds (ENAMETOOLONG from the first stat): one line naming the path, exit 2."""
+    long = tmp_path / ("x" * 300)
+    config = str(TINY_CONFIG)
+    args = {"verify": [long], "checkpoints": [long], "check-data": [long], "check-tokenizer": [long],
+            "repair": [long], "export": [long, "--config", config, "-o", tmp_path / "gpt.pth"],
+            "hardware": ["--config", long], "tokenize": [long, "--tokenizer", long, "--out", tmp_path / "tok"],
+            "train": ["--train-manifest", long, "--config", config, "--output-dir", tmp_path / "run"]}[command]
+    assert run_app(app, [command, *map(str, args)]) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "x" * 300 in lines[0], lines
+    assert "Traceback" not in captured.err + captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
