@@ -271,3 +271,21 @@ def test_a_path_with_a_name_past_255_bytes_is_one_line(command, tiny_data, tmp_p
     assert len(lines) == 1 and lines[0].startswith("error: ") and "x" * 300 in lines[0], lines
     assert "Traceback" not in captured.err + captured.out
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["repair", "export", "extend-tokenizer", "tokenize"])
+def test_a_symlink_loop_given_as_a_path_is_one_line(command, tiny_data, tmp_path, capsys) -> None:
+    """`ln -s loop loop`: resolving it raises in Python (RuntimeError), so every check of it must not."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    tokenizer = str(ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model")
+    args = {"repair": [loop], "export": [tiny_data["base"], "--config", TINY_CONFIG, "-o", loop],
+            "extend-tokenizer": ["--base", tokenizer, "--corpus", tiny_data["train"], "--target-size", "300",
+                                 "-o", loop],
+            "tokenize": [loop, "--tokenizer", tokenizer, "--out", tmp_path / "tok"]}[command]
+    assert run_app(app, [command, *map(str, args)]) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(loop) in lines[0], lines
+    assert "Traceback" not in captured.err + captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"] and loop.is_symlink()

@@ -12,13 +12,16 @@ import pytest
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import (
     MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
     MAX_YAML_NODES,
     check_regular,
+    iter_lines,
     load_yaml,
     parse_json,
     read_bounded,
     read_npy,
 )
+from indextts_train.text.corpus_lines import iter_text_lines
 
 
 def test_a_yaml_bomb_is_refused_before_it_is_built(tmp_path: Path) -> None:
@@ -110,3 +113,28 @@ def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
         check_regular(tmp_path)
     with pytest.raises(UserError, match="not found"):
         check_regular(tmp_path / "missing")
+
+
+def test_a_line_past_its_bound_is_refused_without_being_held(tmp_path: Path) -> None:
+    """A sparse file of zeros with no newline (what `truncate -s 3G` makes) is one line of gigabytes: the
+    readers of lines (manifests, corpora, --lines) stop at the bound and name the line."""
+    path = tmp_path / "sparse.jsonl"
+    path.write_bytes(b'{"text": "one"}\n')
+    with open(path, "r+b") as handle:
+        handle.truncate(MAX_LINE_BYTES + 100)
+    lines = iter_lines(path, "manifest")
+    assert next(lines)[0] == 1
+    with pytest.raises(UserError, match=f"{path}:2: a line longer than 64 MiB, which no manifest holds"):
+        next(lines)
+    with pytest.raises(UserError, match=f"{path}:2: a line longer than 64 MiB, which no text corpus holds"):
+        list(iter_text_lines(path))
+    exact = tmp_path / "exact.txt"  # a line of exactly the bound, newline after it, is still a line
+    exact.write_bytes(b"a" * (MAX_LINE_BYTES - 1) + b"\nb\n")
+    assert [number for number, _, _ in iter_lines(exact, "text corpus")] == [1, 2]
+
+
+def test_a_corpus_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"fine\n\xff\xfe bad\n")
+    with pytest.raises(UserError, match=f"{path}:2: not UTF-8 text"):
+        list(iter_text_lines(path))

@@ -35,7 +35,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import load_yaml
 from indextts_train.files.faults import crash_point
-from indextts_train.files.targets import check_parent
+from indextts_train.files.targets import check_parent, same_path
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
@@ -331,7 +331,7 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
         if not force and target.absolute() not in replaceable:
             raise UserError(f"{flag} {target} already exists; pass --force to replace it, or choose another path")
     for i, (flag, target) in enumerate(named):
-        twin = next((other for other, path in named[:i] if path.resolve() == target.resolve()), None)
+        twin = next((other for other, path in named[:i] if same_path(path, target)), None)
         if twin is not None:
             raise UserError(f"{target}: {flag} and {twin} are the same file; give each its own path")
 

@@ -29,7 +29,7 @@ from indextts_train.data.lines import check_strings, language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
 from indextts_train.files.bounded import check_regular, iter_lines, parse_json
-from indextts_train.files.targets import check_output_folder, make_output_folder
+from indextts_train.files.targets import check_output_folder, make_output_folder, same_path
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
 # (text field, ids path field, length field)
@@ -66,7 +66,7 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
             raise UserError(f"{manifest}: another manifest has the name {manifest.name}; tokenize them into "
                             "different --out folders")
         names.add(manifest.name)
-        if new.resolve() == manifest.resolve():
+        if same_path(new, manifest):
             raise UserError(f"{manifest}: --out {out_dir} is the manifest's own folder; pass a new folder "
                             "(the originals stay untouched)")
         if new.is_symlink() or new.exists() or ids_dir.exists():

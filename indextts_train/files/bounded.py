@@ -35,6 +35,7 @@ MAX_YAML_BYTES = 4 << 20
 MAX_YAML_NODES = 200_000  # scalars, lists and mappings, each alias counted as the whole value it names
 MAX_YAML_DEPTH = 64  # levels of [ ] and { }
 MAX_JSON_DEPTH = 64
+MAX_LINE_BYTES = 64 << 20  # a manifest, corpus or --lines line: bytes to kilobytes of text
 MAX_TOKENIZER_BYTES = 256 << 20  # a SentencePiece model or tiktoken ranks file: a few MB
 MAX_NPY_BYTES = 1 << 30
 PSEUDO_FILE_SYSTEMS = ("/proc/", "/sys/", "/dev/")  # files whose stat size is not what a read returns
@@ -88,7 +89,12 @@ def iter_lines(path: Path | str, what: str) -> Iterator[tuple[int, int, bytes]]:
         raise UserError(f"{path}: {what} not found; check the {what} path you passed")
     offset = 0
     with open_regular(path, what) as handle:  # a FIFO or /proc file: one line, never a blocked read
-        for line_no, raw in enumerate(handle, 1):
+        line_no = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):  # a line is never held past its bound
+            line_no += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise UserError(f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB, which no {what} "
+                                "holds; is this the right file?")
             if raw.strip():
                 yield line_no, offset, raw
             offset += len(raw)

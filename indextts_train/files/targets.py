@@ -8,6 +8,7 @@ folder. Each check is one line naming the flag and the path; nothing is created 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from indextts_train.errors import UserError
@@ -16,6 +17,12 @@ from indextts_train.errors import UserError
 def _occupied(path: Path) -> bool:
     """Something is at `path`: a file, a folder, or a link (a dangling one too)."""
     return path.is_symlink() or path.exists()
+
+
+def same_path(a: Path | str, b: Path | str) -> bool:
+    """Whether two paths name one place, links followed as far as they go (a link loop is no error here:
+    it names itself, and the writer's checks say what is wrong with it)."""
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_parent(flag: str, path: Path) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from indextts_train.errors import UserError, text_problem
-from indextts_train.files.bounded import open_regular, parse_json
+from indextts_train.files.bounded import iter_lines, parse_json
 
 
 def iter_text_lines(path: Path) -> Iterator[str]:
@@ -20,19 +19,19 @@ def iter_text_lines(path: Path) -> Iterator[str]:
     if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
         raise UserError(f"{path}: text file not found")
     jsonl = None
-    try:
-        with io.TextIOWrapper(open_regular(path, "text corpus"), encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                if jsonl is None:
-                    jsonl = line.startswith("{") and _is_json_object(line)
-                text = _jsonl_text(line, path, lineno) if jsonl else line
-                if text:
-                    yield text
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); convert it to UTF-8") from None
+    for lineno, _, raw in iter_lines(path, "text corpus"):  # each line bounded, a FIFO refused
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                            "convert the file to UTF-8") from None
+        if not line:
+            continue
+        if jsonl is None:
+            jsonl = line.startswith("{") and _is_json_object(line)
+        text = _jsonl_text(line, path, lineno) if jsonl else line
+        if text:
+            yield text
 
 
 def _is_json_object(line: str) -> bool:

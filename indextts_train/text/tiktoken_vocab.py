@@ -29,7 +29,7 @@ from pathlib import Path
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_bounded
-from indextts_train.files.targets import check_new_file
+from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
@@ -240,7 +240,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     if target_size < vocab.n_vocab:
         raise UserError(f"--target-size {target_size} is below the base's {vocab.n_vocab} tokens "
                         f"({vocab.n_ranks} ranks + {len(SPECIAL_TOKENS)} specials); a vocabulary can only grow")
-    if Path(out).resolve() == Path(base).resolve():
+    if same_path(out, base):
         raise UserError(f"{out}: is the base tokenizer; write the extended one to a new file")
     present = present or (lambda text: text)
     texts = [present(text) for path in corpus for text in iter_text_lines(Path(path))]

@@ -22,7 +22,7 @@ import sentencepiece as spm
 
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular
-from indextts_train.files.targets import check_new_file
+from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
 from indextts_train.text.spm_model import (
@@ -125,7 +125,7 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
     if target_size < base_size:
         raise UserError(f"--target-size {target_size} is smaller than the base's {base_size} pieces "
                         f"({base}); pass a size >= {base_size}")
-    if out.resolve() == base.resolve():
+    if same_path(out, base):
         raise UserError(f"{out}: the output would overwrite the base model; pass another -o path")
     if out.is_dir():
         raise UserError(f"{out}: is a folder; pass the path of the .model file to write")
