@@ -74,6 +74,17 @@ def test_a_folder_it_did_not_make_is_never_removed(model_dir, tmp_path) -> None:
     assert (target / "notes.txt").read_text(encoding="utf-8") == "mine"
 
 
+@pytest.mark.slow  # the module's model folder trains a tokenizer: seconds
+def test_a_link_in_its_place_is_refused_even_to_a_folder_of_ours(model_dir, tmp_path) -> None:
+    """A link to a model folder listen made elsewhere (it holds the marker) is still not this folder."""
+    elsewhere = make_model_folder(model_dir / "gpt.pth", model_dir, tmp_path / "elsewhere", tokenizer=None)
+    link = tmp_path / "step0"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UserError, match="was not made by indextts-train listen"):
+        make_model_folder(model_dir / "gpt.pth", model_dir, link, tokenizer=None)
+    assert link.is_symlink() and (elsewhere / MARKER).is_file() and (elsewhere / "gpt.pth").is_file()
+
+
 def test_a_model_folder_without_config_is_one_line(tmp_path) -> None:
     with pytest.raises(UserError, match="no config.yaml"):
         make_model_folder(tmp_path / "gpt.pth", tmp_path, tmp_path / "out", tokenizer=None)

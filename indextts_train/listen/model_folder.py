@@ -34,7 +34,7 @@ def replaced_names(model_dir: Path) -> tuple[str, str, str]:
 def _clear(folder: Path) -> None:
     if not folder.exists() and not folder.is_symlink():
         return
-    if not (folder / MARKER).is_file():
+    if folder.is_symlink() or not (folder / MARKER).is_file():  # a link is never ours, whatever it points at
         raise UserError(f"{folder} exists and was not made by indextts-train listen; move it away or choose "
                         "another run folder")
     shutil.rmtree(folder)  # links are removed, never followed

@@ -144,7 +144,8 @@ def _remove_stale_folders(listen_dir: Path) -> None:
     """The temporary folders of listen processes that were killed (ours: they carry the marker)."""
     for folder in listen_dir.glob(f"{MODEL_FOLDER}*"):
         pid = folder.name[len(MODEL_FOLDER):]
-        if pid.isdigit() and int(pid) != os.getpid() and (folder / MARKER).is_file() and not _alive(int(pid)):
+        ours = not folder.is_symlink() and (folder / MARKER).is_file()
+        if pid.isdigit() and int(pid) != os.getpid() and ours and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 
