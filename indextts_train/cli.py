@@ -36,16 +36,12 @@ def fail(message: str) -> None:
 
 
 def run_guarded(fn, *args, **kwargs):
-    """Call fn; a UserError, or a write the disk refused (full, read-only), becomes one line and exit 2."""
+    """Call fn; a UserError becomes one line and exit 2 (an OSError the user must fix, a full disk or a path
+    too long, is said by run_app for every command)."""
     try:
         return fn(*args, **kwargs)
     except UserError as exc:
         fail(user_line(exc))
-    except OSError as exc:
-        line = disk_line(exc)
-        if line is None:
-            raise
-        fail(line)
 
 
 def train(**values: Any) -> None:

@@ -78,4 +78,9 @@ def test_a_scores_file_that_is_no_regular_file_is_read_as_none_and_never_appende
     path.symlink_to(tmp_path / "someone.jsonl")
     with pytest.raises(UserError, match="is a link"):
         check_scores_file(path)
+    path.unlink()
+    (tmp_path / "theirs.jsonl").write_text("mine\n", encoding="utf-8")
+    os.link(tmp_path / "theirs.jsonl", path)  # an append would change their file too
+    with pytest.raises(UserError, match="is a file with another hard link"):
+        check_scores_file(path)
     check_scores_file(tmp_path / "nothing" / "scores.jsonl")  # none yet: listen makes its own

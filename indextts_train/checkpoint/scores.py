@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.errors import CheckpointError, UserError
-from indextts_train.files.atomic import open_append
+from indextts_train.files.atomic import open_append, own_file_problem
 from indextts_train.files.bounded import read_bounded
 
 RECORD_FORMAT = "indextts-train listen 1"  # marks a record as ours
@@ -35,7 +34,7 @@ def append_record(path: Path, record: dict) -> None:
     """Append one record durably (one write, fsync); starts a fresh line after a torn one."""
     data = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_append(path)  # check_scores_file refused what it refuses before any work
+    fd = open_append(path)  # what it refuses, check_scores_file said before any work
     try:
         size = os.fstat(fd).st_size
         if size:
@@ -50,16 +49,13 @@ def append_record(path: Path, record: dict) -> None:
 
 
 def check_scores_file(path: Path) -> None:
-    """Before `listen` does any work: it appends only to a scores file of its own, so none yet, or a regular
-    file that is no link (a link's target is someone else's file; a FIFO would block the append)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        kind = "a link" if stat.S_ISLNK(mode) else "not a regular file"
-        raise UserError(f"{path}: is {kind}, and listen appends only to a scores file of its own; move it aside "
-                        "and rerun")
+    """Before `listen` does any work: it appends only to a scores file of its own (files/atomic.open_append),
+    so none yet, or a regular file with no other name (a link's target is someone else's file; a FIFO would
+    block the append)."""
+    problem = own_file_problem(path)
+    if problem is not None:
+        raise UserError(f"{path}: is {problem}, and listen appends only to a scores file of its own; move it "
+                        "aside and rerun")
 
 
 def read_records(path: Path) -> list[dict]:

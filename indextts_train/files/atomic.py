@@ -41,16 +41,32 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _not_own(info: os.stat_result) -> str | None:
+    """Why a file with this stat is not one this program appends to (None: a regular file, one name)."""
+    if stat.S_ISLNK(info.st_mode):
+        return "a link"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    return "a file with another hard link (an append would change that file too)" if info.st_nlink > 1 else None
+
+
+def own_file_problem(path: Path) -> str | None:
+    """Why `open_append` would refuse `path`, asked before any work (None: none yet, or a file of our own)."""
+    try:
+        return _not_own(os.lstat(path))
+    except FileNotFoundError:
+        return None
+
+
 def open_append(path: Path) -> int:
     """A descriptor appending to `path` (made when missing), only when it is a regular file of our own: no
-    link in its last part, no FIFO or device (opened without waiting for a reader), no other hard link
-    (an append would change that file too). Raises OSError otherwise."""
+    link in its last part, no FIFO or device (opened without waiting for a reader), no other hard link.
+    Raises OSError otherwise; the kind is taken from the open descriptor, so a file swapped in is caught."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+    problem = _not_own(os.fstat(fd))
+    if problem is not None:
         os.close(fd)
-        raise OSError(errno.EPERM, "not a regular file of this program's own (a FIFO, a device or a hard link)",
-                      str(path))
+        raise OSError(errno.EPERM, f"is {problem}, not a file of this program's own", str(path))
     os.set_blocking(fd, True)
     return fd
 

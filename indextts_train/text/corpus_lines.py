@@ -16,10 +16,8 @@ def iter_text_lines(path: Path) -> Iterator[str]:
     The format is decided per file from the first non-empty line: a JSON object means JSONL.
     """
     path = Path(path)
-    if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
-        raise UserError(f"{path}: text file not found")
     jsonl = None
-    for lineno, _, raw in iter_lines(path, "text corpus"):  # each line bounded, a FIFO refused
+    for lineno, _, raw in iter_lines(path, "text corpus"):  # missing, a folder, a FIFO: one line; each line bounded
         try:
             line = raw.decode("utf-8").strip()
         except UnicodeDecodeError as exc:
