@@ -19,7 +19,7 @@ from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
-from indextts_train.webui.roots import Roots
+from indextts_train.webui.roots import MAX_SCAN, Roots
 from indextts_train.webui.runs import LOCK_NAME, NOT_READ, RunRegistry, _is_train_command, is_train_run_of, read_log
 from indextts_train.webui.server import PageServer
 from indextts_train.webui.trainflags import other_flags
@@ -125,7 +125,7 @@ def test_found_files_that_lead_outside_are_neither_read_nor_written(folders) -> 
     (run / "model_step5.pth").symlink_to(outside / "bpe.model")
     (run / "logs").symlink_to(outside)
     roots = Roots([root])
-    assert sorted(roots.links_outside(run)) == [f"logs -> {outside.resolve()}",
+    assert sorted(roots.scan_links(run).links) == [f"logs -> {outside.resolve()}",
                                                f"model_step5.pth -> {outside.resolve()}/bpe.model",
                                                f"train.log -> {secret.resolve()}"]
     assert read_log(None, run).startswith(NOT_READ) and "symbolic link" in read_log(None, run)
@@ -142,6 +142,43 @@ def test_found_files_that_lead_outside_are_neither_read_nor_written(folders) -> 
     message, stored = server.start(None, *form, None)
     assert "holds 3 symbolic link(s) leading outside" in message and stored is None
     assert secret.read_text() == "step 9/9 outside\n"
+
+
+def test_a_folder_too_big_or_unlistable_to_check_for_links_is_not_written_into(folders, monkeypatch) -> None:
+    """The scan for links leading outside is bounded; past the bound it vouches for nothing (a link
+    the scan never reached passed before), and neither does a folder below that cannot be listed."""
+    root, outside = folders["root"], folders["outside"]
+    run = root / "run"
+    for i in range(MAX_SCAN + 1):  # more entries than the scan looks at, the link in a folder scanned last
+        (run / f"f{i}").touch()
+    (run / "listen").mkdir()
+    (run / "listen" / "scores.jsonl").symlink_to(outside / "bpe.model")
+    roots = Roots([root])
+    scan = roots.scan_links(run)
+    assert scan.links == () and scan.unchecked == f"holds more than {MAX_SCAN} entries"
+    assert roots.leads_outside(run)
+    with pytest.raises(UserError, match=f"Output dir {run}: holds more than {MAX_SCAN} entries, too much to check"):
+        roots.refuse_links_outside(run, "Output dir")
+    form = [f"{root}/t.jsonl", "", "", f"{root}/c.yaml", "", str(run), *([None] * 17), "auto", ""]
+    message, stored = PageServer(roots).start(None, *form, None)
+    assert message.startswith(f"error: Output dir {run}: holds more than") and stored is None
+    assert "not checked for links leading outside" in PageServer(roots).watch(str(run))[4]
+    assert (outside / "bpe.model").read_bytes() == b"not ours to copy"
+
+    small = root / "small"
+    (small / "locked").mkdir(parents=True)  # the tests run as root, where a mode does not stop a listing
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert roots.scan_links(small).unchecked == "locked cannot be listed (Permission denied)"
+    with pytest.raises(UserError, match="locked cannot be listed"):
+        roots.refuse_links_outside(small, "Export dir")
+    assert roots.scan_links(root / "not-yet").unchecked is None  # a folder the run will make holds no link
 
 
 def test_only_regular_files_of_their_own_are_opened(folders) -> None:

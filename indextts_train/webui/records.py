@@ -99,7 +99,7 @@ def loss_curves(output_dir: Path, roots: Roots) -> list[tuple[str, int, float]]:
     points: dict[tuple[str, int], float] = {}
     for folder in sorted((Path(output_dir) / "logs").glob("run*")):
         real = roots.found(folder)
-        if real is None or not real.is_dir() or roots.links_outside(real):
+        if real is None or not real.is_dir() or roots.leads_outside(real):
             continue
         files = sorted(real.glob("events.out.tfevents.*"))
         version = tuple((f.name, f.stat().st_size) for f in files)

@@ -23,6 +23,7 @@ import os
 import stat
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -69,6 +70,14 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = Fa
         raise UserError(f"{path}: {why}; the page does not use it")
     mode = "ab" if flags & os.O_APPEND else ("r+b" if flags & (os.O_WRONLY | os.O_RDWR) else "rb")
     return os.fdopen(fd, mode)
+
+
+@dataclass(frozen=True)
+class LinkScan:
+    """What a folder's scan for links leading outside the roots found (Roots.scan_links)."""
+
+    links: tuple[str, ...]  # 'NAME -> TARGET', relative to the folder
+    unchecked: str | None = None  # why part of it was not looked at (None: all of it was)
 
 
 class Roots:
@@ -118,28 +127,44 @@ class Roots:
         real = Path(os.path.realpath(path))
         return real if self.holds(real) else None
 
-    def links_outside(self, folder: Path, limit: int = MAX_SCAN) -> list[str]:
-        """'NAME -> TARGET' for every symlink under `folder` (links to folders not followed) that
-        resolves outside the roots; at most `limit` entries are looked at."""
+    def scan_links(self, folder: Path, limit: int = MAX_SCAN) -> LinkScan:
+        """Every symlink under `folder` (links to folders not followed) that resolves outside the roots.
+
+        At most `limit` entries are looked at, each folder listed lazily: past the bound, or where a
+        folder below cannot be listed, the scan is incomplete, and what it did not see is not vouched
+        for (a link past the bound would otherwise pass). A folder that does not exist holds no link."""
         found: list[str] = []
         pending, seen = [Path(folder)], 0
-        while pending and seen < limit:
+        while pending:
+            current = pending.pop()
             try:
-                entries = list(os.scandir(pending.pop()))
-            except OSError:
-                continue
-            for entry in entries[:max(0, limit - seen)]:
-                seen += 1
-                if entry.is_symlink():
-                    if self.found(Path(entry.path)) is None:
-                        found.append(f"{os.path.relpath(entry.path, folder)} -> {os.path.realpath(entry.path)}")
-                elif entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-        return found
+                with os.scandir(current) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if seen > limit:
+                            return LinkScan(tuple(found), f"holds more than {limit} entries")
+                        if entry.is_symlink():
+                            if self.found(Path(entry.path)) is None:
+                                found.append(f"{os.path.relpath(entry.path, folder)} -> {os.path.realpath(entry.path)}")
+                        elif entry.is_dir(follow_symlinks=False):
+                            pending.append(Path(entry.path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # nothing there holds a link
+            except OSError as exc:  # a folder it cannot list may hold one
+                return LinkScan(tuple(found), f"{os.path.relpath(current, folder)} cannot be listed ({exc.strerror})")
+        return LinkScan(tuple(found))
+
+    def leads_outside(self, folder: Path) -> bool:
+        """Whether `folder` holds a way out of the roots, or too much to tell (see scan_links)."""
+        scan = self.scan_links(folder)
+        return bool(scan.links) or scan.unchecked is not None
 
     def refuse_links_outside(self, folder: Path, what: str) -> None:
-        """One line when a folder the page writes into holds a way out of the roots."""
-        links = self.links_outside(folder)
-        if links:
-            raise UserError(f"{what} {folder}: holds {len(links)} symbolic link(s) leading outside the folders this "
-                            f"page may touch ({links[0]}); remove them, or work in another folder")
+        """One line when a folder the page writes into holds a way out of the roots, or more than can be checked."""
+        scan = self.scan_links(folder)
+        if scan.links:
+            raise UserError(f"{what} {folder}: holds {len(scan.links)} symbolic link(s) leading outside the folders "
+                            f"this page may touch ({scan.links[0]}); remove them, or work in another folder")
+        if scan.unchecked is not None:
+            raise UserError(f"{what} {folder}: {scan.unchecked}, too much to check for symbolic links leading "
+                            "outside the folders this page may touch; work in another folder")

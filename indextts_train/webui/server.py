@@ -130,8 +130,10 @@ class PageServer:
         tail = "\n".join(text.splitlines()[-LOG_LINES:])
         events = read_events(folder)  # opened without following a symlink (ui/events.py)
         mine = records.invocation_events(launch, events)
-        outside = [f"not used (leads outside the folders this page may touch): {link}"
-                   for link in self.roots.links_outside(folder)]
+        scan = self.roots.scan_links(folder)
+        outside = [f"not used (leads outside the folders this page may touch): {link}" for link in scan.links]
+        if scan.unchecked is not None:
+            outside.append(f"not checked for links leading outside: {folder} {scan.unchecked}")
         notices = "\n".join([*outside, records.notices(mine)]).strip()
         return records.status_line(launch, events), command, tail, records.plan_text(mine), notices
 
