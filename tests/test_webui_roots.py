@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from indextts_train.config.schema import field_types
+from indextts_train.config.settings import TrainConfig, TrainOptions
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms
@@ -22,7 +24,7 @@ from indextts_train.webui import records
 from indextts_train.webui.roots import MAX_SCAN, Roots
 from indextts_train.webui.runs import LOCK_NAME, NOT_READ, RunRegistry, _is_train_command, is_train_run_of, read_log
 from indextts_train.webui.server import PageServer
-from indextts_train.webui.trainflags import other_flags
+from indextts_train.webui.trainflags import FLAGS, other_flags
 
 
 @pytest.fixture()
@@ -56,6 +58,43 @@ def test_every_path_flag_in_other_flags_is_checked(folders, extra) -> None:
         other_flags(extra.format(out=folders["outside"], root=folders["root"]), roots, set())
     assert other_flags(f"--resume auto --output-dir={folders['root']}/run", roots, set()) == [
         "--resume=auto", f"--output-dir={folders['root'].resolve()}/run"]
+
+
+def test_a_program_or_model_a_run_would_start_or_load_lies_inside_the_roots(folders, monkeypatch) -> None:
+    """--listen-every starts the listener with --listen-inference-python and loads --listen-asr-model:
+    typed on the page, each passed as plain text before, so the server ran any program it was named."""
+    root, outside = folders["root"], folders["outside"]
+    monkeypatch.chdir(root)
+    roots = Roots([root])
+    for extra in ["--listen-inference-python /usr/bin/id", f"--listen-inference-python {root}/link/python",
+                  f"--listen-inference-python={root}/..", f"--listen-asr-model {outside}",
+                  f"--listen-asr-model={root}/link", "--listen-asr-model ../outside", "--listen-asr-model /etc",
+                  "--listen-asr-model=../../x/y"]:
+        with pytest.raises(UserError, match="not a program in the folders this page may touch|outside the folders"):
+            other_flags(extra, roots, set())
+    (root / "venv" / "bin").mkdir(parents=True)
+    (root / "venv" / "bin" / "python").symlink_to(sys.executable)  # a venv's python: a link to the system's
+    (root / "asr").mkdir()
+    assert other_flags("--listen-inference-python venv/bin/python --listen-asr-model=asr "
+                       "--listen-asr-model openai/whisper-small", roots, set()) == [
+        f"--listen-inference-python={root.resolve()}/venv/bin/python", f"--listen-asr-model={root.resolve()}/asr",
+        "--listen-asr-model=openai/whisper-small"]
+    monkeypatch.setattr(sys, "argv", ["train-gpt"])
+    good = {"train_manifests": [f"{root}/t.jsonl"], "output_dir": str(root / "run"), "config": str(root / "c.yaml"),
+            "tokenizer": None, "base_checkpoint": None, "resume": "auto"}
+    write_run_record(root, good, {"train": {"listen_every": 1, "listen_inference_python": "/usr/bin/id"}}, {}, 0.0)
+    with pytest.raises(UserError, match="its --listen-inference-python /usr/bin/id: not a program in the folders"):
+        other_flags(f"--from-run {root}/run.yaml", roots, set())
+
+
+def test_every_text_flag_the_page_passes_as_plain_text_names_no_file() -> None:
+    """The page passes a `value` flag as checked text, unresolved: a new text option that names a file, a
+    folder or a program must say so in the schema (option(names=...)) or be a path, or it leads outside."""
+    types = {**field_types(TrainOptions), **field_types(TrainConfig)}
+    text = {flag for flag, spec in FLAGS.items() if spec.kind == "value" and "str" in str(types[spec.name])}
+    assert text == {"--on-vocab-change", "--best-metric", "--forgetting-limit", "--listen-device",
+                    "--borrow-language", "--train-scope", "--lora-targets"}
+    assert {FLAGS["--listen-inference-python"].kind, FLAGS["--listen-asr-model"].kind} == {"program", "model"}
 
 
 @pytest.mark.parametrize(("extra", "says"), [

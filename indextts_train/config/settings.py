@@ -109,14 +109,20 @@ class GPTConfig:
 
 
 def option(default: Any, help: str, *, flag: str | None = None, rule: str | None = None,
-           most: float | None = None) -> Any:
+           most: float | None = None, names: str | None = None) -> Any:
     """A `train:` field that is also a `train-gpt` flag: the CLI, overrides and hparams derive from it.
 
     `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
     A number has its allowed range here (`rule`, one of RULES, and the inclusive upper end `most`), read
     by every check of it: the config file, the flags, `--from-run` and the web page.
+    `names`: what a text value names outside the run, one of NAMES: the web page keeps it inside its roots.
     """
-    return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most})
+    return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most, "names": names})
+
+
+# What a text option may name besides plain values: a program the run starts ("program": a path, its last
+# part may be a link, as a venv's bin/python is) or a model it loads ("model": a folder, or a hub id).
+NAMES = ("program", "model")
 
 
 @dataclass
@@ -168,9 +174,10 @@ class TrainConfig:
                                   "separate process while training goes on (0 = never); see docs/listen.md.",
                                rule=">=0", most=1 << 40)
     listen_device: str = option("cpu", "--listen-every: where the listener synthesizes and scores (cpu, cuda:1, ...).")
-    listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).")
+    listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).",
+                                   names="model")
     listen_inference_python: str = option("", "--listen-every: the listener's --inference-python (default: this "
-                                              "Python).")
+                                              "Python).", names="program")
     listen_lines: int = option(4, "At every validation the GPT generates speech codes (no audio) for this many "
                                   "validation lines per language: share that stops, length vs target, "
                                   "repetition. 0 = off.", rule=">=0", most=1024)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import unicodedata
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 
 MAX_TEXT = 4096  # longer than any path a user types (PATH_MAX)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")  # a hub model id, as the hub spells them
 MAX_SCAN = 5000  # entries looked at in a folder for links that lead outside (a run folder has a few dozen)
 # Unicode categories refused in a value: controls (NUL, line breaks, tabs, ESC), line and paragraph
 # separators (they split lines too) and surrogates (not text; a lone one cannot even be a file name).
@@ -109,6 +111,28 @@ class Roots:
         shown = ", ".join(map(str, self.folders))
         raise UserError(f"{what} {text}: outside the folders this page may touch ({shown}); "
                         "start webui with a --root that holds it")
+
+    def program(self, value: str, what: str) -> Path:
+        """A program the page lets a run start (--listen-inference-python): its folder resolved inside a
+        root. Its last part may be a link, as a virtual environment's bin/python links to the system's
+        Python: a link that the roots' owner made there, since the page makes none."""
+        text = checked_text(str(value).strip(), what)
+        if not text:
+            raise UserError(f"{what}: no path given")
+        path = Path(os.path.abspath(Path(text).expanduser()))
+        folder = Path(os.path.realpath(path.parent))
+        if path.name in ("", ".", "..") or not self.holds(folder):
+            raise UserError(f"{what} {text}: not a program in the folders this page may touch "
+                            f"({', '.join(map(str, self.folders))}); start webui with a --root that holds it")
+        return folder / path.name
+
+    def model(self, value: str, what: str) -> str:
+        """A model the run loads (--listen-asr-model): a folder resolved inside a root, or, when no such
+        path exists, a Hugging Face model id (ORG/NAME), which the hub serves."""
+        text = checked_text(str(value).strip(), what)
+        if os.path.lexists(Path(text).expanduser()) or not _HUB_ID.fullmatch(text) or ".." in text:
+            return str(self.inside(text, what))
+        return text
 
     def manifest_file(self, value: str, what: str) -> Path:
         """The file of a manifest spec (PATH[::lang][@weight]), resolved inside a root."""

@@ -29,16 +29,17 @@ class Flag:
     """One train-gpt flag: the field it sets and what its value is."""
 
     name: str  # the TrainOptions / TrainConfig field
-    kind: str  # switch (no value), manifest, path, resume ('auto' or a path), record (--from-run), value
+    kind: str  # switch (no value), manifest, path, resume ('auto' or a path), record (--from-run), program
+    # (a program the run starts), model (a folder or a hub id), value
     on: bool = True  # a switch: the value its spelling sets (--no-compile: False)
 
 
-def _kind(name: str, type_text: str) -> str:
-    if name in MANIFESTS:
+def _kind(field: dataclasses.Field, type_text: str) -> str:
+    if field.name in MANIFESTS:
         return "manifest"
-    if name in ("resume", "from_run"):
-        return {"resume": "resume", "from_run": "record"}[name]
-    return "path" if "Path" in type_text else "value"
+    if field.name in ("resume", "from_run"):
+        return {"resume": "resume", "from_run": "record"}[field.name]
+    return "path" if "Path" in type_text else field.metadata.get("names") or "value"
 
 
 def _flag_table() -> dict[str, Flag]:
@@ -53,7 +54,7 @@ def _flag_table() -> dict[str, Flag]:
             on, _, off = (declared or f"{dashed}/--no-{dashed[2:]}").partition("/")
             table[on], table[off] = Flag(f.name, "switch"), Flag(f.name, "switch", on=False)
         else:
-            table[declared or dashed] = Flag(f.name, _kind(f.name, str(types[f.name])))
+            table[declared or dashed] = Flag(f.name, _kind(f, str(types[f.name])))
     return table
 
 
@@ -75,6 +76,10 @@ def checked_value(flag: str, value: str, roots: Roots, what: str) -> str:
         record = roots.inside(value, what)
         check_record(record, roots)
         return str(record)
+    if kind == "program":
+        return str(roots.program(value, what))
+    if kind == "model":
+        return roots.model(value, what)
     return checked_text(value, what)
 
 
