@@ -172,6 +172,20 @@ def test_resume_auto_refuses_when_nothing_resumes_and_changes_no_file(data, refe
     assert snapshot(out) == before
 
 
+def test_a_run_lock_that_is_a_link_to_a_users_file_is_refused_and_the_file_kept(data, tmp_path) -> None:
+    """OUT/train.lock, a link to someone's notes: the claim truncated them and wrote its holder line in."""
+    out = tmp_path / "run"
+    out.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious\n")
+    (out / "train.lock").symlink_to(notes)
+    code, stdout, stderr = run(train_args(data, out))
+    assert code == 2 and "Traceback" not in stderr, stdout + stderr
+    assert stderr.strip().splitlines()[-1].startswith(f"error: {out / 'train.lock'}: is a link, not a file of this "
+                                                     "program's own")
+    assert notes.read_text() == "precious\n" and sorted(os.listdir(out)) == ["train.lock"]
+
+
 def test_skipped_files_stay_byte_identical_while_the_run_goes_on(data, reference, tmp_path) -> None:
     """The newest checkpoint is damaged (latest.pth with it), a community file sits among ours: the run
     resumes from step 2, never writes model_step4.pth's name, rotates only its own files, and ends

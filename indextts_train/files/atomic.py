@@ -3,7 +3,8 @@
 Every writer (checkpoints, export, demo, clean manifests, tokenizers, configs) goes through
 `atomic_write`, so a crash or a full disk never leaves a half file under a final name and a
 published name survives a power cut. The files that only grow (a run's log and events, listen's
-scores and logs) are opened by `open_append`, which appends only to a regular file of our own.
+scores and logs) are opened by `open_append`, which appends only to a regular file of our own, and the
+run lock by `open_own`, its rule.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _not_own(info: os.stat_result) -> str | None:
         return "a link"
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
-    return "a file with another hard link (an append would change that file too)" if info.st_nlink > 1 else None
+    return "a file with another hard link (a write would change that file too)" if info.st_nlink > 1 else None
 
 
 def own_file_problem(path: Path) -> str | None:
@@ -58,17 +59,28 @@ def own_file_problem(path: Path) -> str | None:
         return None
 
 
-def open_append(path: Path) -> int:
-    """A descriptor appending to `path` (made when missing), only when it is a regular file of our own: no
-    link in its last part, no FIFO or device (opened without waiting for a reader), no other hard link.
-    Raises OSError otherwise; the kind is taken from the open descriptor, so a file swapped in is caught."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+def open_own(path: Path, flags: int) -> int:
+    """A descriptor on `path` (`flags` as os.open's; with O_CREAT made when missing), only when it is a
+    regular file of our own: no link in its last part, no FIFO or device (opened without waiting for the
+    other end), no other hard link. Raises OSError otherwise (EPERM: not ours); the kind is taken from the
+    open descriptor, so a file swapped in is caught."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP or not os.path.islink(path):
+            raise
+        raise OSError(errno.EPERM, "is a link, not a file of this program's own", str(path)) from None
     problem = _not_own(os.fstat(fd))
     if problem is not None:
         os.close(fd)
         raise OSError(errno.EPERM, f"is {problem}, not a file of this program's own", str(path))
     os.set_blocking(fd, True)
     return fd
+
+
+def open_append(path: Path) -> int:
+    """A descriptor appending to `path` (made when missing), only when it is a regular file of our own."""
+    return open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
 
 def drop_cached_pages(fd: int) -> None:

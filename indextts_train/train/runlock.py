@@ -30,6 +30,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from indextts_train.distributed import DistInfo, any_rank
 from indextts_train.errors import UserError, user_line
+from indextts_train.files.atomic import open_own
 from indextts_train.files.faults import crash_point
 from indextts_train.ui.events import EVENTS_NAME
 from indextts_train.ui.text_log import LOG_NAME, TextLog
@@ -70,11 +72,19 @@ def _parse_pid(text: str) -> int | None:
     return None
 
 
-def _read_holder(path: Path) -> str:
+_HOLDER_BYTES = 4096  # "pid=N started=TIME": one short line
+
+
+def _read_holder(fd: int) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        return os.pread(fd, _HOLDER_BYTES, 0).decode("utf-8", errors="replace").strip()
     except OSError:
         return ""
+
+
+def _not_a_lock(path: Path, exc: OSError) -> UserError:
+    return UserError(f"{path}: {exc.strerror}; the run lock is written into, so it must be a file of the "
+                     "run's own: move this one out of the output dir, or choose another --output-dir")
 
 
 _PROC_LOCKS = Path("/proc/locks")
@@ -116,12 +126,12 @@ def holder_pid(output_dir: str | Path) -> int | None:
     Returns -1 when the lock is held but the holder has not written its PID yet (a run starting).
     """
     path = Path(output_dir) / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # a link, a FIFO (the open would wait for a writer) or a hard link is no run's lock
+        fd = open_own(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        pid = _parse_pid(_read_holder(path))
+        pid = _parse_pid(_read_holder(fd))
         held = _flock_held(fd, pid is not None)
         if held is not None:
             return (pid if pid is not None else -1) if held else None
@@ -130,7 +140,7 @@ def holder_pid(output_dir: str | Path) -> int | None:
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return None
-            pid = _parse_pid(_read_holder(path))
+            pid = _parse_pid(_read_holder(fd))
             return pid if pid is not None else -1
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
@@ -146,16 +156,23 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        # O_CREAT without O_TRUNC: the holder's text must survive our failed attempt.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_CREAT without O_TRUNC: the holder's text must survive our failed attempt. Only a file of our
+        # own: the holder line is written into it (a link's target would be truncated).
+        try:
+            fd = open_own(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            if exc.errno != errno.EPERM:
+                raise
+            raise _not_a_lock(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            busy = self._busy_message(fd)
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise UserError(f"{self.path}: cannot lock the output dir ({exc.strerror}); "
                                 "use an output dir on a local disk") from None
-            raise UserError(self._busy_message()) from None
+            raise UserError(busy) from None
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
             os.ftruncate(fd, 0)
@@ -168,8 +185,8 @@ class RunLock:
         _held_fds.add(fd)
         return self
 
-    def _busy_message(self) -> str:
-        text = _read_holder(self.path)
+    def _busy_message(self, fd: int) -> str:
+        text = _read_holder(fd)
         pid = _parse_pid(text)
         if pid is None:
             return (f"{self.path.parent} is in use by another training run that is just starting; wait "
@@ -215,20 +232,20 @@ def preflight_output_dir(output_dir: str | Path) -> Path:
     except OSError as exc:
         raise UserError(f"{flag}: cannot create the folder ({exc.strerror or exc}); check the path and "
                         "its permissions") from None
-    probe = path / f".write-test-{os.getpid()}"
-    try:
-        with open(probe, "wb") as handle:
-            handle.write(b"ok")
-            handle.flush()
-            os.fsync(handle.fileno())
+    fd, probe = None, None
+    try:  # a new name of its own (O_EXCL): a file already there under any name is never written or removed
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
+        os.write(fd, b"ok")
+        os.fsync(fd)
     except OSError as exc:
         raise UserError(f"{flag}: cannot write there ({exc.strerror or exc}); choose a writable folder "
                         "or free space") from None
     finally:
-        try:
-            probe.unlink()
-        except OSError:
-            pass
+        if fd is not None:
+            os.close(fd)
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
     return path
 
 
