@@ -15,6 +15,11 @@ class CheckpointError(UserError):
     """A checkpoint file that cannot be used: unreadable, truncated, corrupt, unsafe or unrepairable."""
 
 
+class NotOwnFile(PermissionError):
+    """A name this program writes to holds a link, a FIFO, a device or a file with another hard link:
+    not its own to write (files/atomic.open_own). Its strerror says which."""
+
+
 def user_line(exc: BaseException) -> str:
     """The message of a UserError, also when a DataLoader worker re-raised it with its traceback inside."""
     message = str(exc)
@@ -63,6 +68,8 @@ def disk_line(exc: OSError) -> str | None:
     """The one line for an OSError `disk_problem` knows, or a path name too long, naming the file when the
     error does; None for any other OSError (a bug: it keeps its traceback)."""
     where = f"{exc.filename}: " if exc.filename else ""
+    if isinstance(exc, NotOwnFile):
+        return f"{where}{exc.strerror}; move it away, or write somewhere else"
     if exc.errno == errno.ENAMETOOLONG:  # a path the user typed: too long for any file system to hold
         return f"{where}a name in this path is longer than the file system allows (255 bytes); use a shorter path"
     reason = disk_problem(exc)

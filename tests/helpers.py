@@ -180,7 +180,8 @@ class FaultyFolder:
     run anywhere: no mount, no user namespace, and root-proof (as root, chmod stops no write).
 
     The fault sits in the calls every writer here goes through (`open` in builtins and io, which
-    pathlib, torch.save's file handle and TensorBoard's writer use; `os.open` and `os.mkdir`), for
+    pathlib, torch.save's file handle and TensorBoard's writer use; `os.open`, and `os.fdopen` of a
+    descriptor it opened for writing there, as atomic_write does; `os.mkdir`), for
     paths inside `folder`, and raises the OSError the kernel would: ENOSPC once `capacity` bytes are
     written (`capacity=None`: unlimited), EROFS for any write, create, mkdir or unlink when `read_only`.
     Install with `install(monkeypatch)`; monkeypatch undoes it after the test.
@@ -191,6 +192,7 @@ class FaultyFolder:
         self.free = capacity if capacity is not None else float("inf")
         self.read_only = read_only
         self.failures = 0  # writes refused as a full disk refuses them
+        self._writing: set[int] = set()  # descriptors os.open gave for a write inside the folder
 
     def inside(self, path) -> bool:
         if isinstance(path, int):  # a file descriptor, not a path
@@ -201,41 +203,51 @@ class FaultyFolder:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
 
     def install(self, monkeypatch) -> FaultyFolder:
-        real_open, real_os_open, real_mkdir, real_unlink = builtins.open, os.open, os.mkdir, os.unlink
-
-        def fault_open(file, mode="r", *args, **kwargs):
-            writes = any(flag in mode for flag in "wax+")
-            if writes and self.read_only and self.inside(file):
-                self._refuse(file)
-            handle = real_open(file, mode, *args, **kwargs)
-            return _MeteredFile(handle, self) if writes and self.inside(file) else handle
-
-        def fault_os_open(path, flags, *args, **kwargs):
-            writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-            if writes and self.read_only and self.inside(path):
-                self._refuse(path)
-            return real_os_open(path, flags, *args, **kwargs)
-
-        def fault_mkdir(path, *args, **kwargs):
-            if self.read_only and (self.inside(path) or os.path.abspath(os.fsdecode(path)) == self.folder):
-                if os.path.isdir(path):
-                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
-                if not os.path.isdir(os.path.dirname(os.path.abspath(path))):  # lookup fails first
-                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
-                self._refuse(path)
-            return real_mkdir(path, *args, **kwargs)
-
-        def fault_unlink(path, *args, **kwargs):
-            if self.read_only and self.inside(path):  # a read-only mount says EROFS even for a missing file
-                self._refuse(path)
-            return real_unlink(path, *args, **kwargs)
-
-        monkeypatch.setattr(builtins, "open", fault_open)
-        monkeypatch.setattr(io, "open", fault_open)
-        monkeypatch.setattr(os, "open", fault_os_open)
-        monkeypatch.setattr(os, "mkdir", fault_mkdir)
-        monkeypatch.setattr(os, "unlink", fault_unlink)
+        self._real = {"open": builtins.open, "os_open": os.open, "fdopen": os.fdopen, "mkdir": os.mkdir,
+                      "unlink": os.unlink}
+        monkeypatch.setattr(builtins, "open", self._open)
+        monkeypatch.setattr(io, "open", self._open)
+        monkeypatch.setattr(os, "open", self._os_open)
+        monkeypatch.setattr(os, "fdopen", self._fdopen)
+        monkeypatch.setattr(os, "mkdir", self._mkdir)
+        monkeypatch.setattr(os, "unlink", self._unlink)
         return self
+
+    def _open(self, file, mode="r", *args, **kwargs):
+        writes = any(flag in mode for flag in "wax+")
+        if writes and self.read_only and self.inside(file):
+            self._refuse(file)
+        handle = self._real["open"](file, mode, *args, **kwargs)
+        return _MeteredFile(handle, self) if writes and self.inside(file) else handle
+
+    def _os_open(self, path, flags, *args, **kwargs):
+        writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        if writes and self.read_only and self.inside(path):
+            self._refuse(path)
+        fd = self._real["os_open"](path, flags, *args, **kwargs)
+        if writes and self.inside(path):
+            self._writing.add(fd)
+        else:  # a number the kernel gave again
+            self._writing.discard(fd)
+        return fd
+
+    def _fdopen(self, fd, mode="r", *args, **kwargs):
+        handle = self._real["fdopen"](fd, mode, *args, **kwargs)
+        return _MeteredFile(handle, self) if fd in self._writing and any(f in mode for f in "wax+") else handle
+
+    def _mkdir(self, path, *args, **kwargs):
+        if self.read_only and (self.inside(path) or os.path.abspath(os.fsdecode(path)) == self.folder):
+            if os.path.isdir(path):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
+            if not os.path.isdir(os.path.dirname(os.path.abspath(path))):  # lookup fails first
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
+            self._refuse(path)
+        return self._real["mkdir"](path, *args, **kwargs)
+
+    def _unlink(self, path, *args, **kwargs):
+        if self.read_only and self.inside(path):  # a read-only mount says EROFS even for a missing file
+            self._refuse(path)
+        return self._real["unlink"](path, *args, **kwargs)
 
 
 # ---- prepare on the real tiny models -------------------------------------------------------------

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
 from helpers import ROOT, assert_refused, run_cli, tree_state
 
-from indextts_train.errors import UserError
+from indextts_train.errors import NotOwnFile, UserError
 from indextts_train.prepare.outputs import OutputFolder
 from indextts_train.prepare.ownership import Ledger
 from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_dir
@@ -153,6 +154,20 @@ def test_a_ledger_is_read_a_bounded_line_at_a_time_and_never_through_a_link(tmp_
     (ledger.folder / "written-1.txt").symlink_to(tmp_path / "outside.txt")
     assert Ledger(tmp_path).stems() == {"utt0000"}
     assert [p.name for p in Ledger(tmp_path).files()] == ["written-0.txt"]
+
+
+def test_a_ledger_is_appended_to_only_when_it_is_a_file_of_prepares_own(tmp_path) -> None:
+    """The append and the cut of a killed line went through a link or into another name's bytes."""
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_bytes(b"their notes, no line end")
+    for make in (lambda path: path.symlink_to(theirs), lambda path: os.link(theirs, path)):
+        ledger = Ledger(tmp_path / "out")
+        ledger.folder.mkdir(parents=True, exist_ok=True)
+        make(ledger.path)
+        with pytest.raises(NotOwnFile):
+            ledger.claim(["utt0000"])
+        assert theirs.read_bytes() == b"their notes, no line end"
+        ledger.path.unlink()
 
 
 def test_a_folder_of_a_version_without_a_ledger_is_adopted_from_its_records(tmp_path) -> None:

@@ -95,6 +95,7 @@ def publish(output_dir: Path, target: Path, name: str, protected: frozenset[str]
         return
     tmp = temp_name(published)
     try:
+        tmp.unlink(missing_ok=True)  # a killed publish of the same PID: the temp names are this module's
         link_or_copy(target, tmp)
         os.replace(tmp, published)
     finally:

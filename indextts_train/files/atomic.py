@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from indextts_train.errors import NotOwnFile
+
 Writer = Callable[[BinaryIO], None]
 
 
@@ -62,18 +64,19 @@ def own_file_problem(path: Path) -> str | None:
 def open_own(path: Path, flags: int) -> int:
     """A descriptor on `path` (`flags` as os.open's; with O_CREAT made when missing), only when it is a
     regular file of our own: no link in its last part, no FIFO or device (opened without waiting for the
-    other end), no other hard link. Raises OSError otherwise (EPERM: not ours); the kind is taken from the
+    other end), no other hard link. Raises NotOwnFile (EPERM) when it is not ours; the kind is taken from the
     open descriptor, so a file swapped in is caught."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP or not os.path.islink(path):
+    except OSError as exc:  # ELOOP: a link in its last part; ENXIO: a FIFO with no reader (or a device)
+        problem = own_file_problem(path) if exc.errno in (errno.ELOOP, errno.ENXIO) else None
+        if problem is None:
             raise
-        raise OSError(errno.EPERM, "is a link, not a file of this program's own", str(path)) from None
+        raise NotOwnFile(errno.EPERM, f"is {problem}, not a file of this program's own", str(path)) from None
     problem = _not_own(os.fstat(fd))
     if problem is not None:
         os.close(fd)
-        raise OSError(errno.EPERM, f"is {problem}, not a file of this program's own", str(path))
+        raise NotOwnFile(errno.EPERM, f"is {problem}, not a file of this program's own", str(path))
     os.set_blocking(fd, True)
     return fd
 
@@ -102,8 +105,17 @@ def atomic_write(final: Path, write: Writer, *, before_rename: Callable[[], None
     """
     final = Path(final)
     tmp = temp_name(final)
+    # A temp of this name that a killed writer of the same PID left (containers reuse PIDs) is ours and
+    # is reused; a link, FIFO or hard link under it is not, and is neither written through nor removed.
     try:
-        with open(tmp, "wb") as handle:
+        fd = open_own(tmp, os.O_WRONLY | os.O_CREAT)
+    except NotOwnFile:  # what is in the way is that name
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(final)) from exc  # a read-only or full disk: the file the user knows
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.truncate(0)
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -139,11 +151,14 @@ def atomic_write_text(final: Path, text: str) -> None:
 
 
 def link_or_copy(source: Path, dest: Path) -> None:
-    """`dest` becomes a complete copy of `source`: a hard link, or a synced copy where links fail."""
+    """`dest`, a new name, becomes a complete copy of `source`: a hard link, or a synced copy where the
+    file system has no links. A `dest` that exists (a file, a link) is never written: FileExistsError."""
     try:
         os.link(source, dest)
+    except FileExistsError:
+        raise
     except OSError:
-        with open(source, "rb") as src, open(dest, "wb") as dst:
+        with open(source, "rb") as src, open(dest, "xb") as dst:
             shutil.copyfileobj(src, dst, 16 * 2**20)
             dst.flush()
             os.fsync(dst.fileno())

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import fsync_dir
+from indextts_train.files.atomic import fsync_dir, open_append, open_own
 
 RECORDS = "records"
 ARRAY_FOLDERS = ("text_ids", "codes", "condition", "spk_emb", "emo_vec")
@@ -75,7 +75,7 @@ class Ledger:
         new = not self.path.exists()
         if not new:
             _drop_cut_line(self.path)
-        with open(self.path, "ab") as handle:
+        with os.fdopen(open_append(self.path), "ab") as handle:  # a file of its own: no link, FIFO or hard link
             handle.write(lines)
             handle.flush()
             os.fsync(handle.fileno())
@@ -85,8 +85,8 @@ class Ledger:
 
 def _drop_cut_line(path: Path) -> None:
     """A last line a kill cut short claims nothing: it goes, so the next claim starts a line of its own."""
-    size = path.stat().st_size
-    with open(path, "r+b") as handle:
+    with os.fdopen(open_own(path, os.O_RDWR), "r+b") as handle:
+        size = os.fstat(handle.fileno()).st_size
         handle.seek(max(0, size - MAX_STEM - 2))
         tail = handle.read()
         if tail and not tail.endswith(b"\n"):

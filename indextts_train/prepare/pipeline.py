@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
-from indextts_train.errors import UserError
+from indextts_train.errors import NotOwnFile, UserError
 from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
 from indextts_train.prepare.featurize import (
@@ -350,6 +350,8 @@ def run_prepare(options: PrepareOptions) -> int:
 def _write_failure(exc: OSError, out: Path) -> UserError | None:
     """A full, read-only or forbidden --out is one line; every write was atomic, so a rerun goes on."""
     inside = exc.filename is not None and Path(os.path.abspath(exc.filename)).is_relative_to(os.path.abspath(out))
+    if isinstance(exc, NotOwnFile):  # a link, a FIFO or a hard link where prepare writes: left as it is
+        return UserError(f"{exc.filename}: {exc.strerror}; move it out of --out {out}, then rerun the same command")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT) or (inside and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)):
         return UserError(f"--out {out}: cannot write ({exc.strerror}); make room or choose a writable --out, then "
                          "rerun the same command (finished utterances are kept)")

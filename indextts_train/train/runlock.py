@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from indextts_train.distributed import DistInfo, any_rank
-from indextts_train.errors import UserError, user_line
+from indextts_train.errors import NotOwnFile, UserError, user_line
 from indextts_train.files.atomic import open_own
 from indextts_train.files.faults import crash_point
 from indextts_train.ui.events import EVENTS_NAME
@@ -160,9 +160,7 @@ class RunLock:
         # own: the holder line is written into it (a link's target would be truncated).
         try:
             fd = open_own(self.path, os.O_RDWR | os.O_CREAT)
-        except OSError as exc:
-            if exc.errno != errno.EPERM:
-                raise
+        except NotOwnFile as exc:
             raise _not_a_lock(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import unicodedata
 from collections.abc import Sequence
@@ -32,7 +31,6 @@ from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 
 MAX_TEXT = 4096  # longer than any path a user types (PATH_MAX)
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")  # a hub model id, as the hub spells them
 MAX_SCAN = 5000  # entries looked at in a folder for links that lead outside (a run folder has a few dozen)
 # Unicode categories refused in a value: controls (NUL, line breaks, tabs, ESC), line and paragraph
 # separators (they split lines too) and surrogates (not text; a lone one cannot even be a file name).
@@ -53,6 +51,15 @@ def checked_text(value: Any, what: str, *, may_start_with_dash: bool = False) ->
         raise UserError(f"{what} {text!r}: starts with '-', which a command would read as an option; "
                         f"give a path or value (a file whose name starts with '-': ./{text})")
     return text
+
+
+def _is_hub_id(text: str) -> bool:
+    """Whether `text` is spelled as a Hugging Face model id: NAME or ORG/NAME, each part of letters,
+    digits, '_', '-' and '.', starting with a letter or digit, at most 96 characters; no '..'."""
+    parts = text.split("/")
+    return len(parts) <= 2 and ".." not in text and all(
+        0 < len(part) <= 96 and part[0].isascii() and part[0].isalnum()
+        and all(c.isascii() and (c.isalnum() or c in "_-.") for c in part) for part in parts)
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = False) -> BinaryIO:
@@ -130,7 +137,7 @@ class Roots:
         """A model the run loads (--listen-asr-model): a folder resolved inside a root, or, when no such
         path exists, a Hugging Face model id (ORG/NAME), which the hub serves."""
         text = checked_text(str(value).strip(), what)
-        if os.path.lexists(Path(text).expanduser()) or not _HUB_ID.fullmatch(text) or ".." in text:
+        if os.path.lexists(Path(text).expanduser()) or not _is_hub_id(text):
             return str(self.inside(text, what))
         return text
 
