@@ -62,3 +62,26 @@ def test_a_child_that_cannot_run_fails_every_line_with_its_reason(bare_python, t
         assert result.seed == line_seed(1, result.line_id)
     assert not (tmp_path / "out").exists()
     assert "Traceback" not in (tmp_path / "log.txt").read_text()
+
+
+def test_a_link_at_a_wavs_name_is_replaced_as_a_name_and_its_target_kept(tmp_path) -> None:
+    """The job named each WAV by its resolved path, so the child's rename replaced a link's target: a
+    file of the user's, outside the run, overwritten by a synthesized clip."""
+    from indextts_train.listen import child_infer
+    from indextts_train.listen.synthesize import _job
+
+    theirs = tmp_path / "theirs.wav"
+    theirs.write_bytes(b"their recording")
+    step = tmp_path / "run" / "listen" / "step4"
+    step.mkdir(parents=True)
+    (step / "a.wav").symlink_to(theirs)
+    line = SynthesisLine("a", "text", tmp_path / "prompt.wav", step / "a.wav", None)
+    job = _job(tmp_path, INDEXTTS2, [line], 0, "cpu", tmp_path / "result.json", None, None)
+
+    class Engine:
+        def speak(self, line: dict, out: Path) -> None:
+            out.write_bytes(b"synthesized")
+
+    assert child_infer._speak_line(Engine(), job["lines"][0])["ok"]
+    assert theirs.read_bytes() == b"their recording"
+    assert not (step / "a.wav").is_symlink() and (step / "a.wav").read_bytes() == b"synthesized"

@@ -117,7 +117,8 @@ def _job(model_dir: Path, family: Family, lines: list[SynthesisLine], seed: int,
         "device": device,
         "result": str(result),
         "lines": [{"line_id": line.line_id, "text": line.text, "prompt_audio": str(line.prompt_audio.resolve()),
-                   "out_wav": str(line.out_wav.resolve()), "language": line.language,
+                   # absolute, not resolved: a link at the WAV's name is replaced as a name, its target kept
+                   "out_wav": os.path.abspath(line.out_wav), "language": line.language,
                    "seed": line_seed(seed, line.line_id)} for line in lines],
     }
 
