@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from indextts_train.checkpoint.export import export_checkpoint
-from indextts_train.config.family import INDEXTTS2, family_of_version
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, family_of_version
 from indextts_train.config.schema import build
 from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
@@ -29,6 +29,27 @@ from indextts_train.train.loop import resolve_settings, train
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / INDEXTTS2.tiny_config
 FAMILIES = ("2", "2.5")  # --family, as the official config.yaml's `version:` names them
+MARKER = ".indextts-train-demo"  # OUT_DIR is the demo's: it writes and replaces files there (export/ with --force)
+
+
+def claim_demo_folder(out_dir: Path) -> None:
+    """Make OUT_DIR the demo's, or refuse it: the demo writes config.yaml, data/, models/, run/ and export/
+    there, replacing what it wrote before, so a folder holding anything else is not its to use.
+
+    Its own: new, empty, marked by an earlier demo, or made by a demo before the mark (its config.yaml is a
+    bundled tiny config, byte for byte)."""
+    make_output_folder("OUT_DIR", out_dir)
+    if (out_dir / MARKER).is_file():
+        return
+    entries = sorted(entry.name for entry in out_dir.iterdir())
+    config = out_dir / "config.yaml"
+    earlier_demo = config.is_file() and not config.is_symlink() and config.stat().st_size < 1 << 20 and any(
+        config.read_bytes() == (ROOT / family.tiny_config).read_bytes() for family in (INDEXTTS2, INDEXTTS25))
+    if entries and not earlier_demo:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise UserError(f"OUT_DIR {out_dir}: holds files the demo did not make ({shown}); the demo writes and "
+                        "replaces config.yaml, data/, models/, run/ and export/ there: give a new or empty folder")
+    atomic_write_bytes(out_dir / MARKER, b"made by indextts-train demo: its files here are replaced on a rerun\n")
 
 
 def make_base_checkpoint(config_path: Path, path: Path, seed: int = 0) -> None:
@@ -52,7 +73,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     tiny = ROOT / chosen.tiny_config
     if not tiny.is_file():
         raise UserError(f"{tiny} not found: run the demo from a checkout of indextts-train (pip install -e .)")
-    make_output_folder("OUT_DIR", out_dir)
+    claim_demo_folder(out_dir)
     config_path = out_dir / "config.yaml"
     if not config_path.exists():
         atomic_write_bytes(config_path, tiny.read_bytes())

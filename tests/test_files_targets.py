@@ -77,3 +77,28 @@ def test_output_folders_that_cannot_be_folders_are_one_line(tmp_path) -> None:
     for args, *needles in commands:
         assert_refused(run_cli(*args, cwd=tmp_path / "demo_done"), *needles)
         assert tree_state(tmp_path) == before
+
+
+def test_the_demo_writes_only_in_a_folder_of_its_own(tmp_path) -> None:
+    """`demo OUT` replaced OUT/export/gpt.pth (its export passes --force) and wrote data/ and models/
+    beside whatever OUT held; now a folder holding anything it did not make is refused, unchanged."""
+    from indextts_train.demo import MARKER, claim_demo_folder, run_demo
+    from indextts_train.errors import UserError
+
+    theirs = tmp_path / "theirs"
+    (theirs / "export").mkdir(parents=True)
+    (theirs / "export" / "gpt.pth").write_bytes(b"their model")
+    (theirs / "config.yaml").write_text("gpt: {}\n")
+    before = tree_state(theirs)
+    with pytest.raises(UserError, match=r"OUT_DIR .*theirs: holds files the demo did not make \(config.yaml, export\)"):
+        run_demo(theirs, max_steps=1)
+    assert tree_state(theirs) == before
+    claim_demo_folder(tmp_path / "new")  # new, or empty: the demo's from now on
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [MARKER]
+    earlier = tmp_path / "earlier"  # a demo of a version before the mark: its config.yaml is the tiny one
+    earlier.mkdir()
+    (earlier / "config.yaml").write_bytes((ROOT / "configs" / "tiny_v25.yaml").read_bytes())
+    (earlier / "run").mkdir()
+    claim_demo_folder(earlier)
+    claim_demo_folder(earlier)
+    assert (earlier / MARKER).is_file()
