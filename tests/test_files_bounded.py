@@ -138,3 +138,17 @@ def test_a_corpus_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"fine\n\xff\xfe bad\n")
     with pytest.raises(UserError, match=f"{path}:2: not UTF-8 text"):
         list(iter_text_lines(path))
+
+
+def test_lines_of_a_gzip_file_are_its_text_s_within_the_same_bounds(tmp_path) -> None:
+    import gzip
+
+    path = tmp_path / "m.jsonl.gz"
+    with gzip.open(path, "wb") as handle:
+        handle.write(b'{"a": 1}\n\n' + b"x" * 100 + b"\n")
+    assert [(n, offset, len(raw)) for n, offset, raw in iter_lines(path, "manifest", gzipped=True)] == [
+        (1, 0, 9), (3, 10, 101)]
+    with pytest.raises(UserError, match=r"m\.jsonl\.gz:3: more than 50 bytes of manifest once decompressed"):
+        list(iter_lines(path, "manifest", gzipped=True, max_bytes=50))
+    with pytest.raises(UserError, match=r"m\.jsonl\.gz:2: more than 9 bytes of manifest once decompressed"):
+        list(iter_lines(path, "manifest", gzipped=True, max_bytes=9))  # a blank line counts too

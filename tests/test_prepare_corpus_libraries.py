@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 # datasets and lhotse are imported, not skipped when missing: scripts/test.sh installs the `corpora`
@@ -126,6 +127,41 @@ def test_lhotse_recordings_and_supervisions_by_either_file_or_folder(tmp_path) -
     (manifests / "corpus_supervisions_train.jsonl.gz").unlink()
     with pytest.raises(UserError, match=r"its supervisions manifest .*corpus_supervisions_train\.jsonl\.gz is missing"):
         read_corpora([manifests / "corpus_recordings_train.jsonl.gz"], Defaults())
+
+
+def test_a_lhotse_manifest_is_read_within_bounds_before_lhotse_reads_it(tmp_path) -> None:
+    """A 1 MB .jsonl.gz holding one line of a gigabyte took 27 s and 3 GB of memory in lhotse's reader (a
+    larger one, all the memory there is); a FIFO among a folder's manifests blocked it for good."""
+    import gzip
+
+    from indextts_train.prepare import corpus_lhotse
+
+    _recordings(tmp_path)
+    recordings, supervisions = _lhotse_manifests(tmp_path)
+    bomb = tmp_path / "cuts.jsonl.gz"
+    first = tmp_path / "first.jsonl"
+    from lhotse import CutSet
+
+    CutSet.from_manifests(recordings=recordings, supervisions=supervisions).to_file(first)
+    with gzip.open(bomb, "wb", compresslevel=9) as handle:
+        handle.write(first.read_bytes().splitlines(keepends=True)[0])
+        handle.write(b" " * ((64 << 20) + 1) + b"\n")  # one line past files/bounded's bound
+    with pytest.raises(UserError, match=r"cuts\.jsonl\.gz:2: a line longer than 64 MiB"):
+        read_corpora([bomb], Defaults())
+    with gzip.open(bomb, "wb", compresslevel=9) as handle:  # each line within bounds, the whole 80 MiB
+        for _ in range(2):
+            handle.write(b" " * (40 << 20) + b"\n")
+    with pytest.raises(UserError, match=r"gz:2: more than 67108864 bytes of lhotse manifest once decompressed"):
+        read_corpora([bomb], Defaults())
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    recordings.to_file(manifests / "corpus_recordings_train.jsonl.gz")
+    os.mkfifo(manifests / "corpus_supervisions_train.jsonl.gz")
+    with pytest.raises(UserError, match=r"corpus_supervisions_train\.jsonl\.gz: lhotse manifest is a FIFO"):
+        read_corpora([manifests], Defaults())  # the folder's supervisions, each read with its recordings
+    (manifests / "not_gzip_supervisions.jsonl.gz").write_bytes(b"plain text\n")
+    with pytest.raises(UserError, match=r"not_gzip_supervisions\.jsonl\.gz: not a readable \.jsonl\.gz"):
+        corpus_lhotse._check_manifest(manifests / "not_gzip_supervisions.jsonl.gz")
 
 
 def test_lhotse_defaults_fill_speaker_and_language(tmp_path) -> None:

@@ -16,6 +16,7 @@ refuses with one line naming the file before doing it:
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import stat
@@ -79,22 +80,29 @@ def check_regular(path: Path | str, what: str = "file") -> None:
     open_regular(path, what).close()
 
 
-def iter_lines(path: Path | str, what: str) -> Iterator[tuple[int, int, bytes]]:
+def iter_lines(path: Path | str, what: str, *, gzipped: bool = False,
+               max_bytes: int | None = None) -> Iterator[tuple[int, int, bytes]]:
     """(line number from 1, byte offset, raw bytes) of every non-blank line of the regular file `path`
     (a manifest, a corpus: `what` names it in messages).
 
-    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`.
+    Binary, buffered iteration: no decoding of whole files, offsets exact for `seek`. `gzipped`: the
+    lines (and offsets) of its decompressed text, each line bounded all the same (a gzip file of a
+    megabyte can hold a gigabyte-long line). `max_bytes`: the text, blank lines too, is refused past it.
     """
     if not os.path.exists(path) or os.path.isdir(path):
         raise UserError(f"{path}: {what} not found; check the {what} path you passed")
     offset = 0
-    with open_regular(path, what) as handle:  # a FIFO or /proc file: one line, never a blocked read
+    with open_regular(path, what) as raw_handle:  # a FIFO or /proc file: one line, never a blocked read
+        handle = gzip.GzipFile(fileobj=raw_handle, mode="rb") if gzipped else raw_handle
         line_no = 0
         while raw := handle.readline(MAX_LINE_BYTES + 1):  # a line is never held past its bound
             line_no += 1
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 raise UserError(f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB, which no {what} "
                                 "holds; is this the right file?")
+            if max_bytes is not None and offset + len(raw) > max_bytes:
+                raise UserError(f"{path}:{line_no}: more than {max_bytes} bytes of {what}"
+                                f"{' once decompressed' if gzipped else ''}; is this the right file?")
             if raw.strip():
                 yield line_no, offset, raw
             offset += len(raw)

@@ -19,11 +19,14 @@ manifest and the recording or cut: such a corpus is first exported to files (`cu
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import parse_json
+from indextts_train.files.bounded import iter_lines, parse_json
 from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Utterance
+
+MAX_GZIP_GROWTH = 100  # decompressed / compressed size of a manifest .jsonl.gz: JSON text compresses 5-10x
 
 RECORDINGS, SUPERVISIONS = "recordings", "supervisions"
 
@@ -51,8 +54,23 @@ def _lhotse_line(path: Path) -> bool:
         or {"recording_id", "start", "duration"} <= first.keys()
 
 
+def _check_manifest(path: Path) -> None:
+    """What lhotse will read is read first within bounds: a regular file, no line past files/bounded's
+    bound, and a .gz that decompresses to at most MAX_GZIP_GROWTH times its size (JSON text compresses
+    5-10x; lhotse would read a crafted megabyte that grows into gigabytes whole, into memory)."""
+    gzipped = path.name.lower().endswith(".gz")
+    limit = max(1 << 26, MAX_GZIP_GROWTH * path.stat().st_size) if gzipped else None
+    try:
+        for _ in iter_lines(path, "lhotse manifest", gzipped=gzipped, max_bytes=limit):
+            pass
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise UserError(f"{path}: not a readable .jsonl.gz ({type(exc).__name__}: {exc}); check the file") from None
+
+
 def _load(kind: str, path: Path) -> list:
     import lhotse
+
+    _check_manifest(path)
 
     loader = {"cuts": lhotse.CutSet, RECORDINGS: lhotse.RecordingSet, SUPERVISIONS: lhotse.SupervisionSet}[kind]
     try:
