@@ -257,6 +257,38 @@ def test_hf_audio_given_as_a_path_and_ids_from_rows(tmp_path, monkeypatch) -> No
     _assert_same_clips([utt], ref)
 
 
+def test_a_parquet_file_is_measured_before_its_values_are_read(tmp_path, monkeypatch) -> None:
+    """A dictionary-encoded column holds a long value once and repeats it per row: a Parquet file of 1.3 KB
+    held a gigabyte of text, and reading it took 2.8 GB of memory (ten times the rows, ten times that).
+    The values are measured with their dictionaries unexpanded, against bounds made small here."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from indextts_train.prepare import corpus_hf
+    from indextts_train.prepare.corpus_hf import RowAudioError, read_dataset, row_audio
+
+    audio = pa.array([{"bytes": b"\x01" * 1000, "path": "a.wav"}] * 40,
+                     type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    for name, text in (("long.parquet", "a" * 2000), ("many.parquet", "b" * 900)):
+        pq.write_table(pa.table({"text": [text] * 40, "audio": audio}), tmp_path / name, compression="zstd")
+        assert (tmp_path / name).stat().st_size < 20_000  # its rows hold 76,000-120,000 bytes: each value stored once
+    monkeypatch.setattr(corpus_hf, "MAX_VALUE_BYTES", 1000)
+    monkeypatch.setattr(corpus_hf, "MAX_COLUMN_BYTES", 30_000)
+    monkeypatch.setattr(corpus_hf, "MAX_GROUP_BYTES", 30_000)
+    with pytest.raises(UserError, match=r"long\.parquet: column 'text' holds a value of 2000 bytes"):
+        read_dataset(tmp_path / "long.parquet", Defaults())
+    with pytest.raises(UserError, match=r"many\.parquet: column 'text' holds more than 30000 bytes in all"):
+        read_dataset(tmp_path / "many.parquet", Defaults())
+    monkeypatch.setattr(corpus_hf, "MAX_COLUMN_BYTES", 1 << 20)
+    utts = read_dataset(tmp_path / "many.parquet", Defaults())
+    assert len(utts) == 40 and utts[0].text == "b" * 900
+    with pytest.raises(RowAudioError, match=r"row group 0 of .*many\.parquet holds 40000 bytes of audio"):
+        row_audio(utts[0].audio, utts[0].row)
+    monkeypatch.setattr(corpus_hf, "MAX_GROUP_BYTES", 1 << 20)
+    corpus_hf._OPEN.clear()
+    assert row_audio(utts[3].audio, utts[3].row).read() == b"\x01" * 1000
+
+
 def test_hf_without_a_text_column_is_one_line(tmp_path) -> None:
     datasets.Dataset.from_dict({"audio": [{"bytes": _wav_bytes(_samples(0.5, 1)), "path": None}],
                                 "words": ["x"]}).cast_column("audio", datasets.Audio()) \

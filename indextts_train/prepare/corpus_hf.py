@@ -33,6 +33,12 @@ AUDIO_COLUMN = "audio"
 ID_COLUMN = "id"
 MAX_ROWS = 10_000_000  # more rows than any TTS corpus: a wrong file
 ROW_GROUPS_KEPT = 2  # Parquet row groups (audio column only) kept per opened file
+# A dictionary-encoded column can hold one long value once and repeat it in every row: a Parquet file of a
+# kilobyte held a gigabyte of text. What is read is measured (values' lengths, dictionaries unexpanded) first.
+MAX_VALUE_BYTES = 1 << 20  # one transcript, speaker or id
+MAX_COLUMN_BYTES = 1 << 31  # a whole text column: 10 million transcripts of 200 bytes
+MAX_GROUP_BYTES = 1 << 31  # the audio of one Parquet row group (HF writes groups of about 100 clips)
+BATCH_ROWS = 4096
 
 _LOCK = threading.Lock()
 _OPEN: dict[str, _Rows] = {}
@@ -64,7 +70,10 @@ class _Rows:
         if path.name.lower().endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            self._parquet = pq.ParquetFile(str(path))
+            plain = pq.ParquetFile(str(path))  # string and binary columns kept as dictionaries when read
+            self._parquet = pq.ParquetFile(str(path), read_dictionary=[
+                plain.metadata.schema.column(i).path for i in range(plain.metadata.num_columns)
+                if plain.metadata.schema.column(i).physical_type == "BYTE_ARRAY"])
             self.features = datasets.Features.from_arrow_schema(self._parquet.schema_arrow)
             self.num_rows = self._parquet.metadata.num_rows
             sizes = [self._parquet.metadata.row_group(g).num_rows for g in range(self._parquet.num_row_groups)]
@@ -81,10 +90,24 @@ class _Rows:
             self._table = dataset.data.table  # memory-mapped pyarrow Table; datasets' decoding is bypassed
 
     def column(self, name: str) -> list:
+        """Every row's value, each measured before it becomes a Python object (see MAX_VALUE_BYTES)."""
+        values: list = []
+        total = 0
         try:
-            if self._parquet is not None:
-                return self._parquet.read(columns=[name]).column(0).to_pylist()
-            return self._table.column(name).to_pylist()
+            arrays = ((batch.column(0) for batch in self._parquet.iter_batches(BATCH_ROWS, columns=[name]))
+                      if self._parquet is not None else iter(self._table.column(name).chunks))
+            for array in arrays:
+                size, longest = _text_bytes(array)
+                total += size
+                if longest > MAX_VALUE_BYTES or total > MAX_COLUMN_BYTES:
+                    held = (f"a value of {longest} bytes" if longest > MAX_VALUE_BYTES else
+                            f"more than {MAX_COLUMN_BYTES} bytes in all")
+                    raise UserError(f"{self.path}: column {name!r} holds {held}, which no transcript, speaker or id "
+                                    "column does; check the file")
+                values += array.to_pylist()
+            return values
+        except UserError:
+            raise
         except Exception as exc:  # pyarrow raises several types for a damaged page or a truncated file
             detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"{self.path}: column {name!r} cannot be read ({type(exc).__name__}: {detail}); the "
@@ -97,11 +120,40 @@ class _Rows:
         group = bisect.bisect_right(self._starts, row) - 1
         with _LOCK:  # one reader of the file at a time; two row groups kept for neighbouring rows
             if (name, group) not in self._groups:
-                self._groups[(name, group)] = self._parquet.read_row_group(group, columns=[name]).column(0)
+                self._groups[(name, group)] = self._audio_group(name, group)
                 while len(self._groups) > ROW_GROUPS_KEPT:
                     self._groups.popitem(last=False)
             chunk = self._groups[(name, group)]
         return chunk[row - self._starts[group]].as_py() or {}
+
+
+    def _audio_group(self, name: str, group: int):
+        """One row group's audio column, its bytes measured (dictionaries unexpanded) against MAX_GROUP_BYTES."""
+        meta = self._parquet.metadata.row_group(group)
+        stored = sum(meta.column(i).total_uncompressed_size for i in range(meta.num_columns)
+                     if meta.column(i).path_in_schema.split(".")[0] == name)
+        column = self._parquet.read_row_group(group, columns=[name]).column(0) if stored <= MAX_GROUP_BYTES else None
+        held = stored if column is None else sum(_text_bytes(chunk.field("bytes"))[0] for chunk in column.chunks
+                                                 if chunk.type.get_field_index("bytes") >= 0)
+        if held > MAX_GROUP_BYTES:
+            raise RowAudioError(f"row group {group} of {self.path} holds {held} bytes of audio, more than "
+                                f"{MAX_GROUP_BYTES}; check the file")
+        return column
+
+
+def _text_bytes(array) -> tuple[int, int]:
+    """(all, longest) bytes of a string or binary array's values, a dictionary's counted for each row that
+    uses it (nothing is expanded); (0, 0) for other types."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type.value_type if pa.types.is_dictionary(array.type) else array.type
+    if not (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_large_binary(kind)):
+        return 0, 0
+    lengths = (pc.binary_length(array.dictionary).take(array.indices) if pa.types.is_dictionary(array.type)
+               else pc.binary_length(array))
+    return pc.sum(lengths).as_py() or 0, pc.max(lengths).as_py() or 0
 
 
 def _open(path: Path) -> _Rows:
