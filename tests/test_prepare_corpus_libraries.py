@@ -129,6 +129,7 @@ def test_lhotse_recordings_and_supervisions_by_either_file_or_folder(tmp_path) -
         read_corpora([manifests / "corpus_recordings_train.jsonl.gz"], Defaults())
 
 
+@pytest.mark.slow  # 144 MiB of text compressed and read back: seconds
 def test_a_lhotse_manifest_is_read_within_bounds_before_lhotse_reads_it(tmp_path) -> None:
     """A 1 MB .jsonl.gz holding one line of a gigabyte took 27 s and 3 GB of memory in lhotse's reader (a
     larger one, all the memory there is); a FIFO among a folder's manifests blocked it for good."""
