@@ -23,6 +23,6 @@ ARGS=$(printf ' %q' "$@")
 # "stopped ..." lines still reach the pane and console.log. remain-on-exit is set in the same tmux
 # command as the session, before a fast run could end.
 tmux new-session -d -s "$SESSION" \
-    "bash $HERE/smart_start.sh $(printf %q "$OUTPUT_DIR")$ARGS 2>&1 | tee -i -a $(printf %q "$OUTPUT_DIR/console.log")" \
+    "bash $(printf %q "$HERE/smart_start.sh") $(printf %q "$OUTPUT_DIR")$ARGS 2>&1 | tee -i -a $(printf %q "$OUTPUT_DIR/console.log")" \
     \; set-option -w -t "=$SESSION:" remain-on-exit on
 echo "started in tmux session $SESSION (tmux attach -t $SESSION); logs: $OUTPUT_DIR/train.log, $OUTPUT_DIR/console.log"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -71,14 +72,19 @@ def test_smart_start_retries_a_crash_but_not_bad_input_or_a_stop(tiny_data, tmp_
 
 
 def test_tmux_recipe_runs_the_same_command_in_a_detached_session(tiny_data, tmp_path) -> None:
-    out = tmp_path / "run"
+    """From a checkout and into a run folder whose paths hold a space (the scripts' own path was unquoted)."""
+    out = tmp_path / "my run"
+    scripts = tmp_path / "my checkout" / "scripts"
+    scripts.mkdir(parents=True)
+    for name in ("tmux_train.sh", "smart_start.sh"):
+        shutil.copy(ROOT / "scripts" / name, scripts / name)
     session = f"indextts-test-{os.getpid()}"
     env = checkout_env(tmp_path)
     flags = ["--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
              "--base-checkpoint", str(tiny_data["base"]), "--batch-size", "2", "--effective-batch-size", "4",
              "--max-steps", "2"]
     try:
-        started = subprocess.run(["bash", str(ROOT / "scripts" / "tmux_train.sh"), session, str(out), *flags],
+        started = subprocess.run(["bash", str(scripts / "tmux_train.sh"), session, str(out), *flags],
                                  capture_output=True, text=True, env=env, timeout=60)
         assert started.returncode == 0 and f"tmux attach -t {session}" in started.stdout, started.stderr
         log = out / "console.log"  # the pane's output; the trainer keeps its own train.log
