@@ -67,7 +67,7 @@ def open_own(path: Path, flags: int) -> int:
     other end), no other hard link. Raises NotOwnFile (EPERM) when it is not ours; the kind is taken from the
     open descriptor, so a file swapped in is caught."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)  # as open(): umask applies
     except OSError as exc:  # ELOOP: a link in its last part; ENXIO: a FIFO with no reader (or a device)
         problem = own_file_problem(path) if exc.errno in (errno.ELOOP, errno.ENXIO) else None
         if problem is None:
