@@ -208,6 +208,10 @@ def test_tokenizer_size_errors_name_the_file(tmp_path):
         tokenizer_size(garbage)
     with pytest.raises(UserError, match="tokenizer not found"):
         tokenizer_size(tmp_path / "missing.model")
+    empty = tmp_path / "empty.model"  # loaded as a model of 0 pieces: every text id was "outside [0, 0)"
+    empty.write_bytes(b"")
+    with pytest.raises(UserError, match=f"{empty}: an empty file, not a SentencePiece model"):
+        tokenizer_size(empty)
     big = tmp_path / "big.model"
     with open(big, "wb") as handle:  # sparse: the size alone is refused, sentencepiece never reads it
         handle.truncate(MAX_TOKENIZER_BYTES + 1)

@@ -217,6 +217,8 @@ def load_spm_file(path: Path | str, hint: str) -> spm.SentencePieceProcessor:
     if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
         raise UserError(f"{path}: tokenizer not found; {hint}")
     raw = read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer")
+    if not raw:  # sentencepiece takes empty bytes for a model of no pieces, without a word
+        raise UserError(f"{path}: an empty file, not a SentencePiece model; {hint}")
     try:
         return spm.SentencePieceProcessor(model_proto=raw)
     except RuntimeError:
