@@ -3,8 +3,8 @@
 Every writer (checkpoints, export, demo, clean manifests, tokenizers, configs) goes through
 `atomic_write`, so a crash or a full disk never leaves a half file under a final name and a
 published name survives a power cut. The files that only grow (a run's log and events, listen's
-scores and logs) are opened by `open_append`, which appends only to a regular file of our own, and the
-run lock by `open_own`, its rule.
+scores and logs) are opened by `open_append`. Both, and the run lock, open only a regular file of our own
+(`open_own`): never through a link, never waiting on a FIFO, never into a file with another hard link.
 """
 
 from __future__ import annotations
