@@ -115,14 +115,11 @@ def option(default: Any, help: str, *, flag: str | None = None, rule: str | None
     `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
     A number has its allowed range here (`rule`, one of RULES, and the inclusive upper end `most`), read
     by every check of it: the config file, the flags, `--from-run` and the web page.
-    `names`: what a text value names outside the run, one of NAMES: the web page keeps it inside its roots.
+    `names`: what a text value names outside the run, which the web page keeps inside its roots: "program"
+    (a program the run starts; its last part may be a link, as a venv's bin/python is) or "model" (a model
+    it loads: a folder, or a hub id).
     """
     return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most, "names": names})
-
-
-# What a text option may name besides plain values: a program the run starts ("program": a path, its last
-# part may be a link, as a venv's bin/python is) or a model it loads ("model": a folder, or a hub id).
-NAMES = ("program", "model")
 
 
 @dataclass

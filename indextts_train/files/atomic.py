@@ -45,7 +45,7 @@ def fsync_dir(directory: Path) -> None:
 
 
 def _not_own(info: os.stat_result) -> str | None:
-    """Why a file with this stat is not one this program appends to (None: a regular file, one name)."""
+    """Why a file with this stat is not one this program writes to (None: a regular file, one name)."""
     if stat.S_ISLNK(info.st_mode):
         return "a link"
     if not stat.S_ISREG(info.st_mode):
@@ -54,7 +54,7 @@ def _not_own(info: os.stat_result) -> str | None:
 
 
 def own_file_problem(path: Path) -> str | None:
-    """Why `open_append` would refuse `path`, asked before any work (None: none yet, or a file of our own)."""
+    """Why `open_own` would refuse `path`, asked before any work (None: none yet, or a file of our own)."""
     try:
         return _not_own(os.lstat(path))
     except FileNotFoundError:

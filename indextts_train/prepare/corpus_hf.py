@@ -70,10 +70,10 @@ class _Rows:
         if path.name.lower().endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            plain = pq.ParquetFile(str(path))  # string and binary columns kept as dictionaries when read
-            self._parquet = pq.ParquetFile(str(path), read_dictionary=[
-                plain.metadata.schema.column(i).path for i in range(plain.metadata.num_columns)
-                if plain.metadata.schema.column(i).physical_type == "BYTE_ARRAY"])
+            meta = pq.read_metadata(str(path))  # read once: string and binary columns kept as dictionaries
+            self._parquet = pq.ParquetFile(str(path), metadata=meta, read_dictionary=[
+                meta.schema.column(i).path for i in range(meta.num_columns)
+                if meta.schema.column(i).physical_type == "BYTE_ARRAY"])
             self.features = datasets.Features.from_arrow_schema(self._parquet.schema_arrow)
             self.num_rows = self._parquet.metadata.num_rows
             sizes = [self._parquet.metadata.row_group(g).num_rows for g in range(self._parquet.num_row_groups)]
@@ -125,7 +125,6 @@ class _Rows:
                     self._groups.popitem(last=False)
             chunk = self._groups[(name, group)]
         return chunk[row - self._starts[group]].as_py() or {}
-
 
     def _audio_group(self, name: str, group: int):
         """One row group's audio column, its bytes measured (dictionaries unexpanded) against MAX_GROUP_BYTES."""
