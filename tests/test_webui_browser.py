@@ -239,8 +239,8 @@ def test_page_runs_stops_resumes_and_matches_the_cli(tmp_path, browser, server_u
     page.locator("#export").click()
     _wait_value(page, "export_report", r"wrote \S+bpe\.model\n(.*\n)*\(exit 0\)")  # export copies the tokenizer
     shot("07_exported")
-    for name in ("gpt.pth", "config.yaml", "bpe.model"):
-        assert (run_dir / "export" / name).is_file(), name
+    for name in ("gpt.pth", "config.yaml", "bpe.model"):  # in the checkpoint's own folder: none replaced
+        assert (run_dir / "export" / f"model_step{MAX_STEPS}" / name).is_file(), name
 
     assert reference.wait(timeout=TIMEOUT_MS / 1000) == 0
     _tensors_equal(load_checkpoint(run_dir / "latest.pth"), load_checkpoint(tmp_path / "cli_run" / "latest.pth"))

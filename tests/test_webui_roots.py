@@ -263,9 +263,9 @@ def test_the_page_refuses_a_tokenizer_or_export_folder_outside_the_root(folders,
     assert f"--config={folders['root'].resolve()}/c.yaml" in ran[0]
     assert f"--tokenizer={folders['root'].resolve()}/bpe.model" in ran[0]
     assert ran[0][-2:] == ["--", f"{folders['root'].resolve()}/run/latest.pth"]  # never read as an option
-    assert "--force" in ran[0]  # the page's own OUTPUT_DIR/export: the new export replaces the last
+    assert "--force" not in ran[0]  # export replaces no file, whichever folder it writes
     server.export(checkpoint, str(folders["root"] / "mine"), run, "")
-    assert "--force" not in ran[1]  # a folder the user named is never overwritten
+    assert "--force" not in ran[1] and f"--output={folders['root'].resolve()}/mine/gpt.pth" in ran[1]
 
 
 def test_the_page_watches_and_starts_nothing_outside_the_root(folders, monkeypatch) -> None:
@@ -333,3 +333,29 @@ def test_a_train_run_of_that_output_dir_is_recognised_by_its_command_line(tmp_pa
 ])
 def test_which_command_lines_are_train_runs(argv, is_train) -> None:
     assert _is_train_command(argv) == is_train
+
+
+def test_the_page_exports_each_checkpoint_into_its_own_folder_and_replaces_none(folders, monkeypatch) -> None:
+    server = PageServer(Roots([folders["root"]]))
+    ran: list = []
+    monkeypatch.setattr(server, "run_cli", lambda args: ran.append(args) or "(exit 0)")
+    run = (folders["root"] / "run").resolve()
+    (run / "model_step8.pth").write_bytes(b"step 8")
+    os.link(run / "model_step8.pth", run / "latest.pth")  # as training publishes them
+    (run / "abandoned" / "b1").mkdir(parents=True)
+    (run / "abandoned" / "b1" / "model_step4.pth").write_bytes(b"step 4, abandoned")
+    (run / "best.pth").write_bytes(b"not a checkpoint of ours: no step to name it by")
+    for checkpoint, folder in (("latest.pth", "model_step8"), ("model_step8.pth", "model_step8"), ("best.pth", "best"),
+                               ("abandoned/b1/model_step4.pth", "abandoned-b1-model_step4")):
+        server.export(str(run / checkpoint), "", str(run), "")
+        assert f"--output={run}/export/{folder}/gpt.pth" in ran[-1] and "--force" not in ran[-1], checkpoint
+    # An earlier export is kept: exporting that checkpoint again is refused before export runs.
+    (run / "export" / "model_step8").mkdir(parents=True)
+    (run / "export" / "model_step8" / "gpt.pth").write_bytes(b"the user's earlier export")
+    said = server.export(str(run / "latest.pth"), "", str(run), "")
+    assert "holds an earlier export of this checkpoint: kept, never replaced" in said and len(ran) == 4
+    assert (run / "export" / "model_step8" / "gpt.pth").read_bytes() == b"the user's earlier export"
+    # ...but one killed while it published (its marker beside gpt.pth) is finished by export itself.
+    (run / "export" / "model_step8" / ".gpt.pth.publishing").write_text("{}")
+    server.export(str(run / "latest.pth"), "", str(run), "")
+    assert len(ran) == 5

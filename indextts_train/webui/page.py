@@ -143,7 +143,7 @@ def _checkpoints_panel():
                          elem_id="checkpoints", wrap=True)
     with gr.Row():
         export_choice = gr.Dropdown([], label="Checkpoint to export", elem_id="export_choice")
-        export_dir = gr.Textbox(label="Export dir (default: OUTPUT_DIR/export)", elem_id="export_dir")
+        export_dir = gr.Textbox(label="Export dir (default: OUTPUT_DIR/export/<checkpoint>)", elem_id="export_dir")
     export = gr.Button("Export gpt.pth + config.yaml + tokenizer", elem_id="export")
     export_report = gr.Textbox(label="Export", lines=4, interactive=False, elem_id="export_report")
     return table, {"choice": export_choice, "dir": export_dir, "button": export, "report": export_report}

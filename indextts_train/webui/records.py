@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+from indextts_train.checkpoint.lineage import lineage_of
+from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
 from indextts_train.ui import events as ev
@@ -151,6 +153,21 @@ def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
                      **{key: _rounded((row["listen"] or {}).get(key)) for key in SUMMARY_KEYS},
                      "reasons": row["reason"] or ""})
     return rows + [_refused_row(path) for path in refused]
+
+
+def export_name(output_dir: Path, checkpoint: Path) -> str:
+    """The folder under OUTPUT_DIR/export the page exports `checkpoint` into: one per checkpoint, so a new
+    export never replaces an earlier one. latest.pth and best.pth take the name of the step file they are
+    a hard link of (else their step); a file of an abandoned branch keeps its folders in the name."""
+    output_dir, checkpoint = Path(output_dir), Path(checkpoint)
+    if checkpoint.parent == output_dir and checkpoint.name in (LATEST, BEST):
+        twin = next((p for p in list_checkpoints(output_dir) if p.name != LATEST and same_file(p, checkpoint)), None)
+        if twin is not None:
+            return twin.stem
+        info = lineage_of(checkpoint)
+        return checkpoint.stem if info is None else f"{checkpoint.stem}_step{info.step}"
+    inside = checkpoint.is_relative_to(output_dir)
+    return "-".join(checkpoint.relative_to(output_dir).with_suffix("").parts) if inside else checkpoint.stem
 
 
 def _rounded(value: float | None) -> float | None:

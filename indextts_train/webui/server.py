@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from indextts_train.checkpoint.export import publishing_marker
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.train.device import detect_device
@@ -141,21 +142,30 @@ class PageServer:
         """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied
         beside gpt.pth by export itself: IndexTTS2 under its config name, IndexTTS-2.5 as its .tiktoken)."""
         try:
-            own = not (export_dir or "").strip()  # the page's own OUTPUT_DIR/export
-            folder = self.roots.inside(output_dir, "Output dir") / "export" if own else None
-            target = self.roots.inside(folder or export_dir, "Export dir")
-            self.roots.refuse_links_outside(target, "Export dir")
-            args = ["export", f"--output={target / 'gpt.pth'}", f"--config-out={target / 'config.yaml'}"]
-            if own:  # a new export replaces the page's last one; a folder the user named is never overwritten
-                args.append("--force")
+            named = (export_dir or "").strip()  # else the page's own: OUTPUT_DIR/export/<checkpoint>
+            target = self.roots.inside(export_dir, "Export dir") if named else None
+            run = None if named else self.roots.inside(output_dir, "Output dir")
+            inputs = []
             if (config or "").strip():
-                args.append(f"--config={self.roots.inside(config, 'Config')}")
+                inputs.append(f"--config={self.roots.inside(config, 'Config')}")
             if (tokenizer or "").strip():
                 token_file = self.roots.inside(tokenizer, "Tokenizer")
-                args += [f"--tokenizer={token_file}", f"--tokenizer-name={token_file.name}"]
+                inputs += [f"--tokenizer={token_file}", f"--tokenizer-name={token_file.name}"]
+            if target is not None:
+                self.roots.refuse_links_outside(target, "Export dir")
             if not checkpoint:
                 return "choose a checkpoint to export"
             source = self.roots.inside(checkpoint, "Checkpoint")
+            if target is None:  # one folder per checkpoint: a new export never replaces an earlier one
+                target = self.roots.inside(run / "export" / records.export_name(run, source), "Export dir")
+                self.roots.refuse_links_outside(target, "Export dir")
+                model = target / "gpt.pth"
+                if (model.exists() or model.is_symlink()) and not publishing_marker(model).exists():
+                    return (f"{target} holds an earlier export of this checkpoint: kept, never replaced; delete that "
+                            "folder to export it again, or name another Export dir")
+            args = ["export", f"--output={target / 'gpt.pth'}", f"--config-out={target / 'config.yaml'}", *inputs]
         except UserError as exc:
             return f"error: {exc}"
+        # No --force: export replaces no file (it refuses in one line, naming it); it only finishes an
+        # export of its own that was killed while it published.
         return self.run_cli([*args, "--", str(source)])
