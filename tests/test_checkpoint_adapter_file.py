@@ -54,7 +54,14 @@ def test_verify_says_why_a_path_is_missing(tmp_path) -> None:
     cases = {tmp_path / "run": "is a folder, not a checkpoint file",
              tmp_path / "nowhere" / "latest.pth": f"its folder {tmp_path / 'nowhere'} does not exist",
              tmp_path / "run" / "lates.pth": ".pth files there: latest.pth, model_step10.pth",
-             tmp_path / "lates.pth": "the folder holds no .pth file"}
+             tmp_path / "lates.pth": "the folder holds no .pth file",
+             tmp_path / "links" / "loop.pth": "a symbolic link to loop2.pth, which leads to no file (missing, or a "
+                                               "loop of links)",
+             tmp_path / "links" / "gone.pth": "a symbolic link to moved.pth, which leads to no file"}
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "loop.pth").symlink_to("loop2.pth")
+    (tmp_path / "links" / "loop2.pth").symlink_to("loop.pth")
+    (tmp_path / "links" / "gone.pth").symlink_to("moved.pth")
     for path, reason in cases.items():
         result = CliRunner().invoke(app, ["verify", str(path)])  # no -v: the reason is always said
         assert result.exit_code == 2 and reason in result.output, result.output

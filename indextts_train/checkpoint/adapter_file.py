@@ -57,6 +57,9 @@ def missing_reason(path: Path) -> str:
     if path.is_dir():
         return ("is a folder, not a checkpoint file; pass a file in it (e.g. latest.pth), or list a run's "
                 "checkpoints with `indextts-train checkpoints FOLDER`")
+    if path.is_symlink():  # a dangling link or a loop of links: its name is there, what it leads to is not
+        return (f"a symbolic link to {os.readlink(path)}, which leads to no file (missing, or a loop of links); "
+                "pass the checkpoint file itself")
     parent = path.parent
     if not parent.is_dir():
         return f"no such checkpoint file: its folder {parent} does not exist"
