@@ -21,9 +21,9 @@ from typer.core import TyperArgument, TyperCommand, TyperOption
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
     from typer._click.core import Context
-    from typer._click.exceptions import BadParameter, ClickException
+    from typer._click.exceptions import BadParameter, ClickException, MissingParameter
 except ImportError:
-    from click import BadParameter, ClickException, Context
+    from click import BadParameter, ClickException, Context, MissingParameter
 
 from indextts_train.config.schema import field_types
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
@@ -187,6 +187,8 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
         return message
     is_option = getattr(param, "param_type_name", "") == "option"
     flag = max(param.opts, key=len) if is_option and param.opts else (param.metavar or param.name or "").upper()
+    if isinstance(exc, MissingParameter):  # its message is built in format_message: exc.message is empty
+        return f"{flag} is missing; this command needs it"
     reason = re.sub(r"^Value error, ", "", exc.message.rstrip("."))
     reason = re.sub(r"is not one of (.*)", lambda m: "is not one of " + m.group(1).replace("'", ""), reason)
     for pattern, plain in _PLAIN_REASONS:

@@ -738,7 +738,10 @@ def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
     cases = [([*train, "--train-scope", "lroa"], "error: --train-scope: 'lroa' is not one of full, partial, lora"),
              ([*train, "--seed=abc"], "error: --seed: 'abc' is not a whole number"),
              ([*train, "--learning-rate", "fast"], "error: --learning-rate: 'fast' is not a number"),
-             (["webui", "--port", "70000"], "error: --port: '70000' is above 65535, the most allowed")]
+             (["webui", "--port", "70000"], "error: --port: '70000' is above 65535, the most allowed"),
+             # a required flag or argument left out is named (click keeps that message out of exc.message)
+             (["evaluate", "--manifest", "v.jsonl"], "error: --checkpoint is missing; this command needs it"),
+             (["listen"], "error: RUN_DIR is missing; this command needs it")]
     for args, said in cases:
         assert run_app(app, args) == 2
         err = capsys.readouterr().err
