@@ -5,12 +5,13 @@
 
 import sys
 
-from indextts_train.cli import app, main, train_gpt_main
+from indextts_train.cli import main, train_gpt_main
 
 
 def _is_subcommand(argv: list[str]) -> bool:
-    names = {command.name or command.callback.__name__.replace("_", "-") for command in app.registered_commands}
-    return bool(argv) and (argv[0] in names or argv[0] in ("-h", "--help"))
+    """A first word that is not a flag names a command (train-gpt takes no positional argument), so a
+    mistyped one is answered as such: "No such command 'trian'. Did you mean 'train'?"."""
+    return bool(argv) and (not argv[0].startswith("-") or argv[0] in ("-h", "--help"))
 
 
 if __name__ == "__main__":

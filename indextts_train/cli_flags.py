@@ -11,6 +11,7 @@ the validation library's ("Value error, ...", "Input should be ...").
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import re
 from enum import Enum
@@ -21,9 +22,9 @@ from typer.core import TyperArgument, TyperCommand, TyperOption
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
     from typer._click.core import Context
-    from typer._click.exceptions import BadParameter, ClickException, MissingParameter
+    from typer._click.exceptions import BadParameter, ClickException, MissingParameter, NoSuchOption
 except ImportError:
-    from click import BadParameter, ClickException, Context, MissingParameter
+    from click import BadParameter, ClickException, Context, MissingParameter, NoSuchOption
 
 from indextts_train.config.schema import field_types
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
@@ -179,8 +180,29 @@ def _given(flags: list[str], args: list[str]) -> str | None:
     return value
 
 
+def near_flags(typed: str, flags: list[str]) -> list[str]:
+    """The flags a mistyped `typed` may have meant, closest kind first: the same words with `_` for `-`
+    (--learning_rate), its initials (--lr), one of its words (--steps: --max-steps), then spelling."""
+    words = typed.lstrip("-").lower().replace("_", "-")
+    found = [flag for flag in flags if flag[2:] == words]
+    found += [flag for flag in flags if "".join(part[0] for part in flag[2:].split("-")) == words]
+    found += [flag for flag in flags if "-" not in words and words in flag[2:].split("-")]
+    found += difflib.get_close_matches(f"--{words}", flags, n=3, cutoff=0.75)
+    return list(dict.fromkeys(found))[:3]
+
+
+def _no_such_option(exc: NoSuchOption) -> str:
+    command = exc.ctx.command if exc.ctx is not None else None
+    flags = sorted({opt for param in (command.params if command is not None else []) for opt in
+                    (*param.opts, *getattr(param, "secondary_opts", [])) if opt.startswith("--") and opt != "--help"})
+    near = near_flags(exc.option_name, flags)
+    return f"no such flag {exc.option_name}" + (f"; did you mean {' or '.join(near)}?" if near else "")
+
+
 def plain_usage_error(exc: ClickException, args: list[str]) -> str:
     """One line for a value the parser refused: the flag, the value typed, and what it should be."""
+    if isinstance(exc, NoSuchOption):  # click's own guess offers --help for --lr
+        return _no_such_option(exc)
     message = exc.format_message().rstrip(".")
     param = getattr(exc, "param", None)
     if not isinstance(exc, BadParameter) or param is None:

@@ -746,6 +746,19 @@ def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
         assert run_app(app, args) == 2
         err = capsys.readouterr().err
         assert err.strip() == f"{said} (see --help)", err
+    # a flag that does not exist: the ones meant, by words, initials or spelling (never click's "--help")
+    mistyped = {"--lr": "did you mean --learning-rate", "--learning_rate": "did you mean --learning-rate?",
+                "--steps": "--max-steps", "--outdir": "did you mean --output-dir?", "--xyz": "no such flag --xyz"}
+    for typed, said in mistyped.items():
+        assert run_app(app, [*train, typed, "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: no such flag {typed}") and said in err and "--help?" not in err, err
+
+
+@pytest.mark.slow
+def test_the_module_entry_point_says_refusals_in_one_plain_line() -> None:
+    proc = real_cli("trian")  # `python -m indextts_train WORD`: a command, not train-gpt flags
+    assert proc.returncode == 2 and "No such command 'trian'. Did you mean 'train'?" in proc.stderr, proc.stderr
     proc = real_cli("export", "--pick", "newest", "runs/am")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: --pick: 'newest' is not one of best, latest, cer, speaker_sim "
