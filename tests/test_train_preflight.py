@@ -194,3 +194,24 @@ def test_a_start_reads_the_base_checkpoint_once(tiny_data, tmp_path, monkeypatch
     code, output = start(tiny_data, tmp_path / "run")
     assert code == 0, output
     assert (reads.loads, reads.crc_passes) == (1, 1)
+
+
+def test_a_folder_given_for_a_file_is_said_with_the_files_meant(tiny_data, tmp_path) -> None:
+    """A newcomer's wrong turn: the model or data folder where a file belongs. Said as a folder (not
+    'not found'), with the files in it that could be meant."""
+    folder = Path(tiny_data["train"]).parent
+    model = tmp_path / "IndexTTS-2"
+    model.mkdir()
+    (model / "gpt.pth").write_bytes(b"")
+    (model / "bpe.model").write_bytes(b"")
+    cases = {("--tokenizer", str(model)): f"--tokenizer {model} is a folder; pass the tokenizer file in it (e.g. "
+                                          f"{model / 'bpe.model'})",
+             ("--base-checkpoint", str(model)): f"--base-checkpoint {model} is a folder; pass the checkpoint file in "
+                                                f"it (e.g. {model / 'gpt.pth'})",
+             ("--val-manifest", str(folder)): f"--val-manifest {folder} is a folder; pass the manifest file in it "
+                                              "(e.g.",
+             ("--resume", str(tmp_path)): f"--resume {tmp_path} is a folder; pass the checkpoint file in it"}
+    for extra, said in cases.items():
+        code, output = start(tiny_data, tmp_path / "runs" / "am", *extra)
+        assert code == 2 and output.strip().splitlines() == [output.strip()] and said in output, output
+    assert not (tmp_path / "runs").exists()

@@ -42,3 +42,21 @@ def test_a_line_of_the_other_family_is_refused_or_skipped_as_a_bad_line(tiny_dat
     assert f"mixed_families.jsonl:{line}: an IndexTTS-2.5 line" in said[0]
     dataset, validation = data.datasets(skipping.config)
     assert len(dataset) == line - 1 and validation is None
+
+
+def test_a_validation_manifest_that_is_a_training_one_is_said(tiny_data, tmp_path) -> None:
+    said: list[str] = []
+    log = SimpleNamespace(warn=said.append)
+    apart = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]],
+                             output_dir=tmp_path / "run", config=tiny_data["config"])
+    RunData.read(apart, apart.config, log)
+    assert said == []
+    link = tmp_path / "val.jsonl"
+    link.symlink_to(tiny_data["train"])  # the same file by another name
+    for val in (tiny_data["train"], link):
+        same = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[f"{val}::held"],
+                                output_dir=tmp_path / "run", config=tiny_data["config"])
+        RunData.read(same, same.config, log)
+        assert said.pop() == (f"--val-manifest {val} is also a --train-manifest: validation would measure lines the "
+                              "model trains on, not how it does on new ones; hold lines out for it (prepare writes "
+                              "val.jsonl)")

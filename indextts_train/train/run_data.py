@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.config.metric_names import parse_forgetting_limit
 from indextts_train.config.settings import Config
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
@@ -49,6 +50,10 @@ class RunData:
             log.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
         if not val_specs and (config.train.early_stop_patience or config.train.forgetting_limit):
             raise UserError("--early-stop-patience and --forgetting-limit judge validations: pass --val-manifest")
+        shared = next((val for val in val_specs if any(same_file(val.path, t.path) for t in train_specs)), None)
+        if shared is not None:  # a newcomer's wrong turn: the loss would then fall as the model memorises
+            log.warn(f"--val-manifest {shared.path} is also a --train-manifest: validation would measure lines the "
+                     "model trains on, not how it does on new ones; hold lines out for it (prepare writes val.jsonl)")
         return cls(train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None)
 
     def datasets(self, config: Config) -> tuple[ManifestDataset, Validation | None]:
