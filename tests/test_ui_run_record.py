@@ -28,6 +28,19 @@ def test_a_run_yaml_that_is_not_ours_is_never_replaced(tmp_path) -> None:
     assert result.exit_code == 2 and "--train-manifest is required" in result.output
 
 
+
+def test_a_run_into_a_folder_with_someone_elses_run_yaml_says_it_keeps_it(tiny_data, tmp_path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.yaml").write_text("my: own notes\n")
+    result = CliRunner().invoke(app, ["train", "--train-manifest", str(tiny_data["train"]), "--config",
+                                      str(tiny_data["config"]), "--output-dir", str(out), "--max-steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert (f"warning: {out / 'run.yaml'} is not a run record of ours: kept as it is, so this start is recorded in "
+            "train.log only (--from-run cannot rerun it)") in result.output
+    assert (out / "run.yaml").read_text() == "my: own notes\n" and (out / "latest.pth").is_file()
+
+
 @pytest.mark.slow
 def test_rerun_from_run_yaml_gives_the_same_weights_bit_for_bit(tiny_data, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # relative paths in the command resolve from here, and run.yaml says so

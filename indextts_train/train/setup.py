@@ -34,7 +34,7 @@ from indextts_train.train.runlock import RunLock, claim_run
 from indextts_train.train.start import start_state
 from indextts_train.train.weights import run_weights
 from indextts_train.ui.console import RunLogger
-from indextts_train.ui.run_record import recordable_options, write_run_record
+from indextts_train.ui.run_record import RECORD_NAME, recordable_options, write_run_record
 from indextts_train.ui.run_settings import RunSettings
 from indextts_train.ui.text_log import TextLog
 
@@ -76,9 +76,11 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
         state, schedule, steps, rng = start_state(data, resumed, weights, growth, plan, options=options, config=config,
                                            dist=dist, val=val, protected=protected, log=startup)
         run = build_spec(options, dist, config, device, schedule, steps, dataset, val, state, protected, startup)
-        if dist.is_main:
-            write_run_record(options.output_dir, recordable_options(options.inputs, config), config_to_dict(config),
-                             run.plan.to_dict(), startup.text_log.started)
+        if dist.is_main and write_run_record(options.output_dir, recordable_options(options.inputs, config),
+                                             config_to_dict(config), run.plan.to_dict(),
+                                             startup.text_log.started) is None:
+            startup.warn(f"{options.output_dir / RECORD_NAME} is not a run record of ours: kept as it is, so this "
+                         "start is recorded in train.log only (--from-run cannot rerun it)")
         return Started(run, state, startup, claim.lock, rng)
     except BaseException as exc:  # refused (bad data, changed data, ...): the run ends here, and so does its hold
         claim.give_back(exc, dist, startup.text_log)
