@@ -137,7 +137,8 @@ def default_lines(run_dir: Path, seed: int) -> list[Line]:
     specs = run_inputs(run_dir)["val_manifests"]
     where = f"{run_dir / RECORD_NAME}"
     if not specs:
-        raise UserError(f"{where}: no run record with validation manifests; pass --lines FILE.jsonl")
+        raise UserError(f"{where}: the run was started without --val-manifest (or no run.yaml records it), so "
+                        "there are no held-out lines to hear; pass --lines FILE.jsonl")
     candidates = [c for spec in specs for c in _candidates(spec, where)]
     chosen: dict[str | None, list[Line]] = {}
     for uid, obj, base in sorted(candidates, key=lambda c: _rank(seed, c[0])):
