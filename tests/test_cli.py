@@ -574,7 +574,7 @@ def test_bundled_configs_are_found_from_any_folder(tmp_path) -> None:
     proc = outside("evaluate", "--config", "configs/indextts3.yaml", "--checkpoint", TINY / "gpt.pth",
                    "--manifest", TINY / "pairs.jsonl")
     assert proc.returncode == 2
-    error_line(proc.stderr, "configs/indextts3.yaml: config file not found",
+    error_line(proc.stderr, "configs/indextts3.yaml: config not found",
                f"bundled configs in {ROOT / 'configs'} (indextts2.yaml, indextts2_5.yaml, tiny.yaml")
 
 
@@ -827,7 +827,7 @@ def test_train_gpt_refuses_bad_input_with_one_line(tiny_data, tmp_path) -> None:
         "missing manifest": ({"--train-manifest": tmp_path / "nope.jsonl"}, ["nope.jsonl", "not found"]),
         "unknown config key": ({"--config": bad_config}, ["bad.yaml", "learning_rat"]),
         "bad manifest line": ({"--train-manifest": bad_lines}, [f"{bad_lines}:4", "not valid JSON"]),
-        "missing resume": ({"--resume": tmp_path / "gone.pth"}, ["--resume", "gone.pth", "no such"]),
+        "missing resume": ({"--resume": tmp_path / "gone.pth"}, ["--resume", "gone.pth", "checkpoint not found"]),
         "malicious resume": ({"--resume": evil}, ["evil.pth", "refusing to load"]),
         "mismatched base": ({"--config": small}, ["base_gpt.pth", "model_dim 32"]),
     }

@@ -58,7 +58,7 @@ def test_unknown_keys_are_refused_by_name(tmp_path, section, key) -> None:
 
 
 def test_bad_files_give_one_clear_line(tmp_path) -> None:
-    with pytest.raises(UserError, match="config file not found"):
+    with pytest.raises(UserError, match="config not found"):
         load_config(tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("gpt:\n  model_dim: [1,\n")

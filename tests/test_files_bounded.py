@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from indextts_train.files.bounded import (
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
     MAX_YAML_NODES,
+    check_file,
     check_regular,
     iter_lines,
     load_yaml,
@@ -152,3 +154,22 @@ def test_lines_of_a_gzip_file_are_its_text_s_within_the_same_bounds(tmp_path) ->
         list(iter_lines(path, "manifest", gzipped=True, max_bytes=50))
     with pytest.raises(UserError, match=r"m\.jsonl\.gz:2: more than 9 bytes of manifest once decompressed"):
         list(iter_lines(path, "manifest", gzipped=True, max_bytes=9))  # a blank line counts too
+
+
+def test_check_file_says_what_stands_where_a_file_belongs(tmp_path) -> None:
+    """A missing path, a folder (with the files in it that could be meant) and a FIFO are one line each."""
+    for name in ("train.jsonl", "val.jsonl", "notes.txt"):
+        (tmp_path / name).write_text("")
+    cases = {(tmp_path, "manifest"): f"{tmp_path} is a folder; pass the manifest file in it (e.g. "
+                                     f"{tmp_path / 'train.jsonl'} or {tmp_path / 'val.jsonl'})",
+             (tmp_path, "checkpoint"): f"--base-checkpoint {tmp_path} is a folder; pass the checkpoint file in it",
+             (tmp_path / "nope.jsonl", "manifest"): f"{tmp_path / 'nope.jsonl'}: manifest not found; check the path "
+                                                    "you passed"}
+    for (path, what), said in cases.items():
+        with pytest.raises(UserError) as refused:
+            check_file(path, what, flag="--base-checkpoint" if what == "checkpoint" else None)
+        assert str(refused.value) == said
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    with pytest.raises(UserError, match="manifest is a FIFO"):
+        check_file(tmp_path / "fifo.jsonl", "manifest")
+    check_file(tmp_path / "train.jsonl", "manifest")  # a regular file passes, unread

@@ -20,7 +20,7 @@ from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import load_yaml
+from indextts_train.files.bounded import check_file, load_yaml
 
 
 def bounded(default: int, low: int, high: int) -> Any:
@@ -333,10 +333,9 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     if not path.exists() and path.parent == Path("configs") and (BUNDLED_CONFIGS / path.name).is_file():
         path = BUNDLED_CONFIGS / path.name  # `configs/NAME.yaml` as the docs write it, found from any folder
-    if not path.exists() or path.is_dir():
-        shipped = ", ".join(sorted(p.name for p in BUNDLED_CONFIGS.glob("*.yaml")))
-        raise UserError(f"{path}: config file not found; pass your model's config.yaml or one of the bundled "
-                        f"configs in {BUNDLED_CONFIGS} ({shipped})")
+    shipped = ", ".join(sorted(p.name for p in BUNDLED_CONFIGS.glob("*.yaml")))
+    check_file(path, "config", missing=f"pass your model's config.yaml or one of the bundled configs in "
+                                       f"{BUNDLED_CONFIGS} ({shipped})")
     try:
         data = load_yaml(path, "config")  # safe and bounded: size, nesting, anchors expanded
     except OSError as exc:

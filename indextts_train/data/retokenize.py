@@ -28,7 +28,7 @@ from indextts_train.data.checkdata import relocate_paths
 from indextts_train.data.lines import check_strings, language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
-from indextts_train.files.bounded import check_regular, iter_lines, parse_json
+from indextts_train.files.bounded import check_file, iter_lines, parse_json
 from indextts_train.files.targets import check_output_folder, make_output_folder, same_path
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
@@ -58,9 +58,7 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
     """(input manifest, new manifest, folder of its new ids) per input; refuses clashes and old outputs."""
     planned, names = [], set()
     for manifest in manifests:
-        if not manifest.exists() or manifest.is_dir():
-            raise UserError(f"{manifest}: manifest not found; check the path you passed")
-        check_regular(manifest, "manifest")  # a FIFO would block the first read: one line instead
+        check_file(manifest, "manifest")  # a FIFO would block the first read: one line instead
         new, ids_dir = out_dir / manifest.name, out_dir / "text_ids" / manifest.stem
         if manifest.name in names:
             raise UserError(f"{manifest}: another manifest has the name {manifest.name}; tokenize them into "

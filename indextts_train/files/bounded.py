@@ -7,6 +7,7 @@ refuses with one line naming the file before doing it:
 
 - `open_regular`: only a regular file is opened (a FIFO, device or /proc file is refused: a FIFO
   blocks the reader, a /proc file's size is not its content); `iter_lines` reads such a file line by line;
+  `check_file` says, before any work, that a path given for a file is missing, a folder or not a file;
 - `load_yaml`: at most MAX_YAML_BYTES, and the document with every alias expanded at most
   MAX_YAML_NODES nodes (a recursive alias is refused);
 - `parse_json`: one JSON value nested at most MAX_JSON_DEPTH deep;
@@ -16,7 +17,9 @@ refuses with one line naming the file before doing it:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import json
 import os
 import stat
@@ -40,6 +43,10 @@ MAX_LINE_BYTES = 64 << 20  # a manifest, corpus or --lines line: bytes to kiloby
 MAX_TOKENIZER_BYTES = 256 << 20  # a SentencePiece model or tiktoken ranks file: a few MB
 MAX_NPY_BYTES = 1 << 30
 PSEUDO_FILE_SYSTEMS = ("/proc/", "/sys/", "/dev/")  # files whose stat size is not what a read returns
+
+LOOKED_AT = 1000  # entries of a folder given for a file that are looked at for the files meant
+_MEANT = {"manifest": (".jsonl",), "corpus": (".txt", ".jsonl"), "tokenizer": (".model", ".tiktoken"),  # what a
+          "tokenizer model": (".model",), "checkpoint": (".pth",), "config": (".yaml",)}  # folder there may hold
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -80,6 +87,25 @@ def check_regular(path: Path | str, what: str = "file") -> None:
     open_regular(path, what).close()
 
 
+def check_file(path: Path | str, what: str, *, flag: str | None = None,
+               missing: str = "check the path you passed") -> None:
+    """One line unless `path` is a regular file: a folder in its place is said as such, with the files in it
+    that could be meant (a newcomer's wrong turn: the model or data folder for a file in it); a missing
+    path is `{what} not found; {missing}`; a FIFO or device as open_regular says it. Nothing is read."""
+    named = f"{flag} {path}" if flag else f"{path}"
+    if os.path.isdir(path):
+        found: list[str] = []
+        with contextlib.suppress(OSError), os.scandir(path) as entries:  # one it may not list: no example
+            for entry in itertools.islice(entries, LOOKED_AT):
+                if entry.name.endswith(_MEANT.get(what, ())) and len(found) < 3:
+                    found.append(entry.name)
+        meant = f" (e.g. {' or '.join(str(Path(path) / name) for name in sorted(found))})" if found else ""
+        raise UserError(f"{named} is a folder; pass the {what} file in it{meant}")
+    if not os.path.exists(path):
+        raise UserError(f"{named}: {what} not found; {missing}")
+    check_regular(path, what)
+
+
 def iter_lines(path: Path | str, what: str, *, gzipped: bool = False,
                max_bytes: int | None = None) -> Iterator[tuple[int, int, bytes]]:
     """(line number from 1, byte offset, raw bytes) of every non-blank line of the regular file `path`
@@ -89,8 +115,7 @@ def iter_lines(path: Path | str, what: str, *, gzipped: bool = False,
     lines (and offsets) of its decompressed text, each line bounded all the same (a gzip file of a
     megabyte can hold a gigabyte-long line). `max_bytes`: the text, blank lines too, is refused past it.
     """
-    if not os.path.exists(path) or os.path.isdir(path):
-        raise UserError(f"{path}: {what} not found; check the {what} path you passed")
+    check_file(path, what, missing=f"check the {what} path you passed")
     offset = 0
     with open_regular(path, what) as raw_handle:  # a FIFO or /proc file: one line, never a blocked read
         handle = gzip.GzipFile(fileobj=raw_handle, mode="rb") if gzipped else raw_handle

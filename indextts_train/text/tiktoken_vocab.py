@@ -28,7 +28,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
-from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_bounded
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, check_file, read_bounded
 from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines
 
@@ -108,8 +108,7 @@ class TiktokenVocab:
 def read_tiktoken(path: str | Path) -> TiktokenVocab:
     """Parse and validate a ranks file; bad input names FILE:LINE."""
     path = Path(path)
-    if not path.exists() or path.is_dir():  # a FIFO: open_regular says what it is
-        raise UserError(f"{path}: tokenizer not found; pass an existing .tiktoken ranks file")
+    check_file(path, "tokenizer", missing="pass an existing .tiktoken ranks file")  # a folder, or a FIFO: one line
     raw = read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer")
     ranks: list[bytes] = []
     for line_no, line in enumerate(raw.split(b"\n"), 1):

@@ -21,7 +21,7 @@ import numpy as np
 import sentencepiece as spm
 
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import check_regular
+from indextts_train.files.bounded import check_file
 from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
@@ -136,9 +136,7 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
     if not corpus:
         raise UserError("no corpus given; pass --corpus with a text or JSONL file")
     for path in corpus:
-        if not Path(path).exists() or Path(path).is_dir():
-            raise UserError(f"{path}: corpus file not found")
-        check_regular(path, "corpus")  # a FIFO would block the first read: one line instead
+        check_file(path, "corpus", missing="pass --corpus with a text or JSONL file")  # a FIFO: one line too
 
 
 def _learn_new_pieces(base: SpmModel, text_file: Path, needed: int, n_chars: int, seed: int,
