@@ -206,6 +206,7 @@ def test_legacy_rule_keeps_the_order_old_runs_started_with() -> None:
         assert order.tolist() == expected[:35]  # rule 1 drops the tail short of a step (37 -> 35)
 
 
+@pytest.mark.slow  # a real training run of 4 steps: about 3 s
 def test_a_checkpoint_from_before_order_rules_resumes_in_its_old_order(tmp_path, monkeypatch) -> None:
     """The format-1 fixture (step 4 of a run by main before rule 2) continues in rule 1's order, also
     into the next epoch, and records rule 1 for its later resumes."""
