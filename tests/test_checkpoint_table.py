@@ -103,6 +103,11 @@ def _listened_columns_and_pick(out: Path, tmp_path: Path) -> None:
 def test_checkpoints_of_a_missing_folder_is_one_line(tmp_path) -> None:
     result = CliRunner().invoke(app, ["checkpoints", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "no such run folder" in result.output
+    (tmp_path / "latest.pth").write_bytes(b"")  # a file of the run, given for its folder
+    for command in ("checkpoints", "listen"):
+        result = CliRunner().invoke(app, [command, str(tmp_path / "latest.pth")])
+        said = f"error: {tmp_path / 'latest.pth'}: a file, not a run folder; pass the run's --output-dir (the folder "
+        assert result.exit_code == 2 and result.output == f"{said}{tmp_path}?)\n"
 
 
 def test_each_row_says_when_its_file_was_written(tmp_path) -> None:

@@ -192,7 +192,7 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
                                             "--config", config], "nested too deeply"),
         "evaluate: another config": (["evaluate", "--checkpoint", base, "--manifest", manifest, "--config",
                                       bad["other.yaml"]], "mis-shaped"),
-        "checkpoints: a file": (["checkpoints", bad["afile"]], "no such run folder"),
+        "checkpoints: a file": (["checkpoints", bad["afile"]], "a file, not a run folder; pass the run's --output-dir"),
         "repair: a folder": (["repair", bad["adir"]], "is a folder, not a checkpoint file"),
         "repair: config nested deep": (["repair", checkpoint, "--config", bad["deep.yaml"]], "already COMPLETE"),
         "check-data: a folder": (["check-data", bad["adir"]], "is a folder; pass the manifest file in it"),

@@ -95,6 +95,16 @@ def check_output_dir(output_dir: Path) -> None:
         raise UserError(f"{flag}: {existing} is not writable; choose a writable folder")
 
 
+def run_folder_to_read(path: Path) -> Path:
+    """A run's --output-dir given to read (checkpoints, listen): one line when it is missing or a file."""
+    path = Path(path)
+    if path.is_file():
+        raise UserError(f"{path}: a file, not a run folder; pass the run's --output-dir (the folder {path.parent}?)")
+    if not path.is_dir():
+        raise UserError(f"{path}: no such run folder; pass the --output-dir of a run")
+    return path
+
+
 def check_no_earlier_run(folder: RunFolder) -> None:
     """A new run (no --resume) never starts over the checkpoints of another one in the same folder."""
     if folder.checkpoints:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
-from indextts_train.checkpoint.run_folder import same_file
+from indextts_train.checkpoint.run_folder import run_folder_to_read, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
 from indextts_train.checkpoint.verify import verify_checkpoint
-from indextts_train.errors import UserError
 
 _STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second abandoned file of one name
 VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
@@ -72,9 +71,7 @@ def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda p
     (abandoned/<branch>/, lineage.py), in step order within each folder. `include`: which files may be
     read at all (the web page passes only files inside its roots). `listen`: the mean CER and speaker
     similarity `indextts-train listen` scored for that step, if any."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        raise UserError(f"{output_dir}: no such run folder; pass the --output-dir of a run")
+    output_dir = run_folder_to_read(output_dir)
     abandoned = output_dir / ABANDONED
     folders = sorted(p for p in abandoned.iterdir() if p.is_dir()) if abandoned.is_dir() else []
     rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]

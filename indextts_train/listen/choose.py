@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST
-from indextts_train.checkpoint.run_folder import list_checkpoints, same_file
+from indextts_train.checkpoint.run_folder import list_checkpoints, run_folder_to_read, same_file
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
@@ -51,8 +51,7 @@ def _named(run_dir: Path, word: str) -> list[Path]:
 
 def choose_checkpoints(run_dir: Path, spec: str) -> tuple[list[Chosen], list[str]]:
     """(the checkpoints to hear in step order, notes on files `all` left out); one line for a bad one."""
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run folder; pass a run's --output-dir")
+    run_dir = run_folder_to_read(run_dir)
     by_step: dict[int, Chosen] = {}
     notes: list[str] = []
     seen: list[Path] = []
