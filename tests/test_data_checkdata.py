@@ -227,3 +227,18 @@ def test_check_data_without_config_uses_the_model_folder_that_prepared_the_manif
     assert result.exit_code == 2 and "6 lines in 1 manifest(s): 4 ok, 2 BAD" in result.stdout
     given = CliRunner().invoke(app, ["check-data", str(manifest), "--config", str(config)])
     assert given.exit_code == 2 and given.stderr == ""  # what the user passed needs no line
+
+
+def test_the_check_before_training_names_check_data_once(tmp_path) -> None:
+    """The head of a manifest is checked before a run starts; its refusal says where every bad line is
+    listed once, whether or not the line's own fix already says it."""
+    from indextts_train.data.checkdata import check_manifest_sample
+
+    manifest = write_dataset(tmp_path, 4)
+    bad_json = tmp_path / "bad_json.jsonl"
+    bad_json.write_text("not json\n" + manifest.read_text())
+    for path, said in ((bad_json, "bad_json.jsonl:1: not valid JSON"), (manifest, "holds id")):
+        with pytest.raises(UserError) as refused:
+            check_manifest_sample([path], GPT, 2 if path == manifest else None, {}, skip_bad=False)
+        assert said in str(refused.value) and str(refused.value).count("lists every bad line") == 1, refused.value
+        assert "checked before training" in str(refused.value)

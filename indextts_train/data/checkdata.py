@@ -220,7 +220,9 @@ def check_manifest_sample(paths: Sequence[str | Path], gpt_cfg: GPTConfig, vocab
     refusals = [line for _, _, line in check_lines(paths, limits.line, SAMPLE_LINES)
                 if isinstance(line, UserError)]
     if refusals and not skip_bad:
-        raise UserError(f"{refusals[0]} (checked before training; `indextts-train check-data` lists every bad line)")
+        said = str(refusals[0])
+        lists = "" if "lists every bad line" in said else "; `indextts-train check-data` lists every bad line"
+        raise UserError(f"{said} (checked before training{lists})")  # the line's own fix already names check-data
 
 
 def _render_distribution(name: str, dist: dict | None) -> str:
