@@ -212,6 +212,9 @@ def test_tokenizer_size_errors_name_the_file(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(UserError, match=f"{empty}: an empty file, not a SentencePiece model"):
         tokenizer_size(empty)
+    (tmp_path / "garbage.vocab").write_text("<unk>\t0\n")  # sentencepiece's list of pieces beside its model
+    with pytest.raises(UserError, match=f"writes beside its model; pass {garbage}$"):
+        tokenizer_size(tmp_path / "garbage.vocab")
     big = tmp_path / "big.model"
     with open(big, "wb") as handle:  # sparse: the size alone is refused, sentencepiece never reads it
         handle.truncate(MAX_TOKENIZER_BYTES + 1)

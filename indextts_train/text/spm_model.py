@@ -220,6 +220,9 @@ def load_spm_file(path: Path | str, hint: str) -> spm.SentencePieceProcessor:
     try:
         return spm.SentencePieceProcessor(model_proto=raw)
     except RuntimeError:
+        model = path.with_suffix(".model")
+        if path.suffix == ".vocab" and model.is_file():  # the pieces' list written beside a model: a common slip
+            hint = f"that is the list of pieces sentencepiece writes beside its model; pass {model}"
         raise UserError(f"{path}: not a SentencePiece model (sentencepiece cannot parse it); {hint}") from None
 
 
