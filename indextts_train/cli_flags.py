@@ -11,7 +11,6 @@ the validation library's ("Value error, ...", "Input should be ...").
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import re
 from enum import Enum
@@ -26,7 +25,7 @@ try:  # typer 0.2x carries its own copy of click; older releases use click itsel
 except ImportError:
     from click import BadParameter, ClickException, Context, MissingParameter, NoSuchOption
 
-from indextts_train.config.schema import field_types
+from indextts_train.config.schema import field_types, near_flags
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import text_problem
 from indextts_train.ui.run_settings import REQUIRED_INPUTS
@@ -178,17 +177,6 @@ def _given(flags: list[str], args: list[str]) -> str | None:
             elif arg.startswith(flag + "="):
                 value = arg[len(flag) + 1:]
     return value
-
-
-def near_flags(typed: str, flags: list[str]) -> list[str]:
-    """The flags a mistyped `typed` may have meant, closest kind first: the same words with `_` for `-`
-    (--learning_rate), its initials (--lr), one of its words (--steps: --max-steps), then spelling."""
-    words = typed.lstrip("-").lower().replace("_", "-")
-    found = [flag for flag in flags if flag[2:] == words]
-    found += [flag for flag in flags if "".join(part[0] for part in flag[2:].split("-")) == words]
-    found += [flag for flag in flags if "-" not in words and words in flag[2:].split("-")]
-    found += difflib.get_close_matches(f"--{words}", flags, n=3, cutoff=0.75)
-    return list(dict.fromkeys(found))[:3]
 
 
 def _no_such_option(exc: NoSuchOption) -> str:

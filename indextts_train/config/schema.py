@@ -7,6 +7,7 @@ Config sections (`gpt:`, `train:`) and checkpoint components (progress, history)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import types
 import typing
@@ -106,3 +107,14 @@ def _within(where: str, message: str) -> str:
     if message.startswith(f"{section}."):
         return where[: len(where) - len(section)] + message
     return f"{where}: {message}"
+
+
+def near_flags(typed: str, flags: list[str]) -> list[str]:
+    """The flags a mistyped `typed` may have meant, closest kind first: the same words with `_` for `-`
+    (--learning_rate), its initials (--lr), one of its words (--steps: --max-steps), then spelling."""
+    words = typed.lstrip("-").lower().replace("_", "-")
+    found = [flag for flag in flags if flag[2:] == words]
+    found += [flag for flag in flags if "".join(part[0] for part in flag[2:].split("-")) == words]
+    found += [flag for flag in flags if "-" not in words and words in flag[2:].split("-")]
+    found += difflib.get_close_matches(f"--{words}", flags, n=3, cutoff=0.75)
+    return list(dict.fromkeys(found))[:3]
