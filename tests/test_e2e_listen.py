@@ -113,5 +113,8 @@ def test_a_scores_file_that_is_not_ours_to_append_to(run, tmp_path):
         scores.symlink_to(someone)
         _refused(run, args, f"{scores}: is a link")
         assert someone.read_text(encoding="utf-8") == "mine\n"
+        scores.unlink()
+        (scores.parent / "index.html").write_text("<html>my page</html>", encoding="utf-8")  # someone's page
+        _refused(run, args, f"{scores.parent / 'index.html'}: not a page listen wrote")
     finally:
         shutil.rmtree(scores.parent)

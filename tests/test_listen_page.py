@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
-from indextts_train.listen.page import marked_transcript, render_page, write_page
+from indextts_train.errors import UserError
+from indextts_train.listen.page import check_page, marked_transcript, render_page, write_page
 
 
 def _record(step, line_id, text, transcript, **extra):
@@ -44,3 +47,34 @@ def test_page_says_when_the_models_are_tiny(tmp_path):
 
 def test_empty_record(tmp_path):
     assert "No checkpoint has been heard yet" in render_page(tmp_path)
+
+
+# The head of a page written by releases before the generator tag: still ours, replaced as before.
+OLD_PAGE = ("<!doctype html><html><head><meta charset='utf-8'><title>run: listen</title><style>body{font-family:"
+            "sans-serif;margin:1em}table{border-collapse:collapse}</style></head><body></body></html>\n")
+
+
+def test_only_a_page_of_ours_is_replaced(tmp_path):
+    """RUN/listen/index.html is replaced when it is none yet or a page listen wrote (this release's or an
+    older one's); someone's own page there, or a link, is refused before any work and left as it was."""
+    check_page(tmp_path)  # none yet
+    page = write_page(tmp_path)
+    check_page(tmp_path)  # ours
+    page.write_text(OLD_PAGE, encoding="utf-8")
+    check_page(tmp_path)  # ours, from before the tag
+    someone = tmp_path / "mine.html"
+    someone.write_text("<html>my own notes</html>", encoding="utf-8")
+    for kind in ("file", "link"):
+        page.unlink()
+        if kind == "file":
+            page.write_text("<html>my own notes</html>", encoding="utf-8")
+        else:
+            page.symlink_to(someone)
+        with pytest.raises(UserError, match="index.html: not a page listen wrote, and listen writes its page there"):
+            check_page(tmp_path)
+    page.unlink()
+    page.symlink_to(tmp_path / "listen" / "elsewhere.html")  # a link to a page of ours is not ours either
+    (tmp_path / "listen" / "elsewhere.html").write_text(render_page(tmp_path), encoding="utf-8")
+    with pytest.raises(UserError, match="not a page listen wrote"):
+        check_page(tmp_path)
+    assert someone.read_text(encoding="utf-8") == "<html>my own notes</html>"

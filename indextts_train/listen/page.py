@@ -15,10 +15,15 @@ from pathlib import Path
 from urllib.parse import quote
 
 from indextts_train.checkpoint.scores import LISTEN_DIR, latest_records, read_records, scores_path
+from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
+from indextts_train.files.bounded import open_regular
 from indextts_train.listen.text_score import alignment
 
 PAGE_NAME = "index.html"
+PAGE_HEAD_BYTES = 4096  # where a page of ours shows that it is
+HEAD = "<!doctype html><html><head><meta charset='utf-8'>"
+GENERATOR = "<meta name='generator' content='indextts-train listen'>"  # marks a page as ours: only it is replaced
 TINY_ASR_PARAMETERS = 5_000_000  # the smallest real ASR models (whisper-tiny: 39 M) are far above this
 TINY_GPT_WIDTH = 256  # the released GPTs are 1280 wide; the test configs are a few dozen
 
@@ -129,13 +134,31 @@ def render_page(run_dir: Path) -> str:
                     + "</tr>")
     body = (f"<table><tr><th>line</th>{head}</tr>{''.join(rows)}</table>" if rows
             else "<p>No checkpoint has been heard yet.</p>")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(Path(run_dir).name)}: listen</title>"
-            f"<style>{STYLE}</style></head><body><h1>{_e(Path(run_dir).name)}: what each checkpoint says</h1>"
-            f"{warn}<p class='scores'>{_e(_models(records))}</p>{body}</body></html>\n")
+    name = _e(Path(run_dir).name)
+    return (f"{HEAD}{GENERATOR}<title>{name}: listen</title><style>{STYLE}</style></head><body>"
+            f"<h1>{name}: what each checkpoint says</h1>{warn}<p class='scores'>{_e(_models(records))}</p>{body}"
+            "</body></html>\n")
+
+
+def check_page(run_dir: Path) -> None:
+    """Before `listen` does any work: RUN/listen/index.html is none yet, or a page listen wrote (its
+    generator tag in its head); anything else there is someone's, never replaced."""
+    path = Path(run_dir) / LISTEN_DIR / PAGE_NAME
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        with open_regular(path, "page") as handle:
+            head = handle.read(PAGE_HEAD_BYTES).decode("utf-8", "replace")
+    except (UserError, OSError):
+        head = ""
+    # ours: the generator tag, or (pages of releases before it) our head with our style sheet's first rule
+    ours = GENERATOR in head or (head.startswith(f"{HEAD}<title>") and STYLE.split("}", 1)[0] in head)
+    if path.is_symlink() or not ours:  # a link is never ours, whatever it points at
+        raise UserError(f"{path}: not a page listen wrote, and listen writes its page there; move it aside and rerun")
 
 
 def write_page(run_dir: Path) -> Path:
-    """Write RUN/listen/index.html (atomically) and return its path."""
+    """Write RUN/listen/index.html (atomically) and return its path (check_page said it may)."""
     path = Path(run_dir) / LISTEN_DIR / PAGE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, render_page(run_dir))

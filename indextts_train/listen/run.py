@@ -37,7 +37,7 @@ from indextts_train.listen.board import ListenBoard
 from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
 from indextts_train.listen.lines import Line, default_lines, read_lines_file
 from indextts_train.listen.model_folder import MARKER, make_model_folder
-from indextts_train.listen.page import write_page
+from indextts_train.listen.page import check_page, write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
 from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
 
@@ -88,6 +88,7 @@ def plan(options: ListenOptions) -> Plan:
     model_dir = model_dir_of(run_dir, options.model_dir)
     family = load_config(model_dir / "config.yaml").gpt.family  # no version: IndexTTS2
     check_scores_file(scores_path(run_dir))
+    check_page(run_dir)
     done = scored_keys(read_records(scores_path(run_dir)))
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
