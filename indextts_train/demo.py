@@ -16,9 +16,11 @@ import torch
 from indextts_train.checkpoint.export import export_checkpoint
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25, family_of_version
 from indextts_train.config.schema import build
+from indextts_train.config.scope_settings import TRAIN_SCOPES
 from indextts_train.config.settings import TrainConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_bytes
+from indextts_train.files.bounded import check_file
 from indextts_train.files.targets import make_output_folder
 from indextts_train.listen.demo import demo_listener, listen_to_demo
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -66,9 +68,11 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
     if family not in FAMILIES:
         raise UserError(f"--family {family}: choose 2 (IndexTTS2) or 2.5 (IndexTTS-2.5)")
     # The flags the training part takes are checked now: minutes of demo data are not made for a typo.
+    if train_scope not in TRAIN_SCOPES:  # said by its flag, as train's own --train-scope is
+        raise UserError(f"--train-scope {train_scope!r}: choose one of {', '.join(TRAIN_SCOPES)}")
     build(TrainConfig, {"max_steps": max_steps, "train_scope": train_scope}, "train")
-    if resume not in (None, "auto") and not Path(resume).is_file():
-        raise UserError(f"--resume {resume}: no such checkpoint file; use --resume auto to continue the demo run")
+    if resume not in (None, "auto"):
+        check_file(resume, "checkpoint", flag="--resume", missing="use --resume auto to continue the demo run")
     chosen = family_of_version(family, "--family")
     tiny = ROOT / chosen.tiny_config
     if not tiny.is_file():

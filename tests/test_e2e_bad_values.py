@@ -283,8 +283,9 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys)
         (*export, "--tokenizer-name", ""): "--tokenizer-name ''",
         (*export, "--tokenizer-name", "bpe\n.model"): "--tokenizer-name",
         ("check-tokenizer", spm, "--normalizer", "wetxt"): "--normalizer 'wetxt'",
-        ("demo", tmp_path / "out", "--train-scope", "lroa"): "train_scope 'lroa'",
+        ("demo", tmp_path / "out", "--train-scope", "lroa"): "--train-scope 'lroa': choose one of full, partial, lora",
         ("demo", tmp_path / "out", "--resume", tmp_path / "nothing.pth"): "--resume",
+        ("demo", tmp_path / "out", "--resume", ROOT / "configs"): "is a folder; pass the checkpoint file in it",
         ("hardware", "--config", TINY_CONFIG, "--assume", ""): "--assume",
     }
     for args, needle in cases.items():
