@@ -49,11 +49,15 @@ def test_shipped_configs_match_the_reference_sizes() -> None:
     assert config_to_dict(tiny)["gpt"] == yaml.safe_load(REFERENCE_CONFIG.read_text())["gpt"]
 
 
-@pytest.mark.parametrize(("section", "key"), [("gpt", "model_dimm"), ("train", "learning_rat")])
-def test_unknown_keys_are_refused_by_name(tmp_path, section, key) -> None:
+@pytest.mark.parametrize(("section", "key", "meant"), [("gpt", "model_dimm", "model_dim"),
+                                                        ("train", "learning_rat", "learning_rate"),
+                                                        ("train", "lr", "learning_rate or lora_rank or min_lr_ratio"),
+                                                        ("train", "zzz", None)])
+def test_unknown_keys_are_refused_by_name(tmp_path, section, key, meant) -> None:
     data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     data[section][key] = 1
-    with pytest.raises(UserError, match=rf"{section}: unknown key\(s\) {key}"):
+    guess = rf" \(did you mean {meant}\?\)" if meant else ""
+    with pytest.raises(UserError, match=rf"{section}: unknown key\(s\) {key}{guess}; known keys: "):
         load_config(write(tmp_path, data))
 
 

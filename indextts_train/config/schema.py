@@ -79,7 +79,13 @@ def build(cls: type[T], data: Any, where: str) -> T:
     known = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known keys: {', '.join(known)}")
+        flags = [f"--{name.replace('_', '-')}" for name in known]  # the names meant, found as flags' are
+        meant = {key: [flag[2:].replace("-", "_") for flag in near_flags(f"--{key}", flags)]
+                 for key in map(str, unknown)}
+        guesses = [f"{' or '.join(names)}" + (f" for {key}" if len(unknown) > 1 else "")
+                   for key, names in meant.items() if names]
+        hint = f" (did you mean {'; '.join(guesses)}?)" if guesses else ""
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}{hint}; known keys: {', '.join(known)}")
     kwargs = {}
     for name, value in data.items():
         tp = types_of[name]
