@@ -329,7 +329,8 @@ def test_repair_refuses_what_it_cannot_convert(files, kind, reason) -> None:
     bare_before = files["bare"].read_bytes() if kind == "bare" else None
     result = cli("repair", files[kind])
     assert result.exit_code == 2 and result.stdout == ""
-    error_line(result.stderr, "cannot repair", reason)
+    said = error_line(result.stderr, "cannot repair", reason)
+    assert said.count(str(files[kind])) == 1, said  # the path once, though a missing file's reason names it too
     assert snapshot(files["folder"]) == before
     if kind == "bare":
         assert files["bare"].read_bytes() == bare_before and not Path(f"{files['bare']}.bak").exists()

@@ -249,11 +249,13 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
     verdict = verify_checkpoint(path)
     if verdict.status == "COMPLETE":
         return path, [f"{path} already verifies COMPLETE; nothing to repair"]
+    why = "; ".join(verdict.reasons)
+    why = f"cannot repair: {why}" if why.startswith(str(path)) else f"cannot repair {path}: {why}"  # path said once
     if verdict.status == "INCOMPLETE" or verdict.kind not in ("community", "indextts-train"):
-        raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
+        raise CheckpointError(why)
     raw = load_checkpoint(path)
     if verdict.kind == "indextts-train" and raw.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"cannot repair {path}: {'; '.join(verdict.reasons)}")
+        raise CheckpointError(why)
     try:
         state, notes = _repaired_state(raw, verdict.kind, config, base_vocab)
     except CheckpointError as exc:
