@@ -153,6 +153,10 @@ def test_check_reports_clean_extension_and_coverage(setup):
     assert sample["lines"] == len(AMHARIC)
     assert sample["extended_char_share"] > 0.8 and sample["extended_token_share"] > 0.5
     assert sample["unk_token_rate"] < 0.05
+    swapped = check_tokenizer(setup["base"], base=out)  # a wrong turn: the base first, the extension as --base
+    assert swapped["problems"] == [f"the model has {setup['size']} pieces and --base {out} has {setup['target']}, its "
+                                   "first ones the same: are the two swapped? Pass the extended tokenizer first and "
+                                   "the base after --base"]
     base_report = check_tokenizer(setup["base"], base_vocab=setup["size"], sample_text=setup["corpus"])
     assert base_report["sample"]["unk_char_rate"] > 0.5 and base_report["sample"]["extended_token_share"] == 0
     assert "OK" in render_tokenizer_report(report)

@@ -314,7 +314,13 @@ def _check_base(model: SpmModel, base: Path | None, base_vocab: int | None, repo
     report |= {"base": str(base), "base_size": len(base_pieces), "base_ids_kept": not mismatches,
                "id_mismatches": mismatches[:_SHOW], "n_id_mismatches": len(mismatches),
                "n_score_changes": score_changes}
-    if mismatches:
+    swapped = len(model.pieces) < len(base_pieces) and all(  # the model is a prefix of the "base": a swap
+        a.text == b.text for a, b in zip(model.pieces, base_pieces, strict=False))
+    if swapped:
+        report["problems"].append(f"the model has {len(model.pieces)} pieces and --base {base} has "
+                                  f"{len(base_pieces)}, its first ones the same: are the two swapped? Pass the "
+                                  "extended tokenizer first and the base after --base")
+    elif mismatches:
         first = mismatches[0]
         report["problems"].append(f"{len(mismatches)} base piece(s) moved or changed, first at id {first['id']} "
                                   f"({first['base']!r} -> {first['model']!r}); the base GPT rows would mean "
