@@ -102,6 +102,10 @@ def test_the_empty_rank_is_kept_and_the_base_lines_are_copied(tmp_path):
     assert grown.read_bytes().startswith(base.read_bytes())
     report = check_tiktoken(grown, base=base)
     assert report["empty_ranks"] == [50] and report["base_ids_kept"] and not report["problems"]
+    swapped = check_tiktoken(base, base=grown)  # a wrong turn: the base first, the grown file as --base
+    assert swapped["problems"] == [f"the file has 101 ranks and --base {grown} has {read_tiktoken(grown).n_ranks}, "
+                                   "its first ones the same: are the two swapped? Pass the grown .tiktoken first and "
+                                   "the base after --base"]
 
 
 def test_bad_ranks_files_name_the_line_and_a_changed_base_is_a_problem(tmp_path):

@@ -299,7 +299,11 @@ def _check_tiktoken_base(vocab: TiktokenVocab, base: Path, report: dict) -> int:
     report |= {"base": str(base), "base_ranks": base_vocab.n_ranks, "base_size": base_vocab.n_vocab,
                "base_ids_kept": kept, "base_lines_identical": lines_kept,
                "added_ranks": vocab.n_ranks - base_vocab.n_ranks}
-    if not kept:
+    if vocab.n_ranks < base_vocab.n_ranks and base_vocab.ranks[:vocab.n_ranks] == vocab.ranks:
+        report["problems"].append(f"the file has {vocab.n_ranks} ranks and --base {base} has {base_vocab.n_ranks}, "
+                                  "its first ones the same: are the two swapped? Pass the grown .tiktoken first and "
+                                  "the base after --base")
+    elif not kept:
         first = next(i for i, (a, b) in enumerate(zip(base_vocab.ranks, vocab.ranks, strict=False)) if a != b) \
             if len(vocab.ranks) >= base_vocab.n_ranks else vocab.n_ranks
         report["problems"].append(f"base rank {first} changed or is missing; the base GPT rows would mean other "
