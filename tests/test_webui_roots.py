@@ -46,6 +46,11 @@ def test_paths_resolve_inside_a_root_or_are_refused(folders) -> None:
             roots.inside(path, "Tokenizer")
     assert Roots([folders["root"], folders["outside"]]).inside(folders["root"] / "link", "x") == \
         folders["outside"].resolve()
+    # A form is no shell: $HOME typed there is said, not made into a folder named "$HOME" under the root.
+    with pytest.raises(UserError, match=r"Output dir \$HOME/runs: the page expands no shell variable"):
+        Roots([folders["root"]]).inside("$HOME/runs", "Output dir")
+    (folders["root"] / "$HOME").mkdir()  # unless a folder of that very name is there
+    assert roots.inside(folders["root"] / "$HOME", "x") == folders["root"].resolve() / "$HOME"
 
 
 @pytest.mark.parametrize("extra", ["--tokenizer {out}/bpe.model", "--tokenizer={out}/bpe.model",

@@ -113,6 +113,8 @@ class Roots:
         if not text:
             raise UserError(f"{what}: no path given")
         real = Path(os.path.realpath(Path(text).expanduser()))
+        if os.path.expandvars(text) != text and not os.path.lexists(real):  # typed as in a shell: $HOME/runs
+            raise UserError(f"{what} {text}: the page expands no shell variable ($NAME); give the full path")
         if self.holds(real):
             return real
         shown = ", ".join(map(str, self.folders))
