@@ -49,6 +49,8 @@ def test_paths_resolve_inside_a_root_or_are_refused(folders) -> None:
     # A form is no shell: $HOME typed there is said, not made into a folder named "$HOME" under the root.
     with pytest.raises(UserError, match=r"Output dir \$HOME/runs: the page expands no shell variable"):
         Roots([folders["root"]]).inside("$HOME/runs", "Output dir")
+    with pytest.raises(UserError, match="Tokenizer '/data/bpe.model': drop the quotes; the page takes a path as"):
+        Roots([folders["root"]]).inside("'/data/bpe.model'", "Tokenizer")  # pasted from a shell line
     (folders["root"] / "$HOME").mkdir()  # unless a folder of that very name is there
     assert roots.inside(folders["root"] / "$HOME", "x") == folders["root"].resolve() / "$HOME"
 

@@ -115,6 +115,8 @@ class Roots:
         real = Path(os.path.realpath(Path(text).expanduser()))
         if os.path.expandvars(text) != text and not os.path.lexists(real):  # typed as in a shell: $HOME/runs
             raise UserError(f"{what} {text}: the page expands no shell variable ($NAME); give the full path")
+        if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" and not os.path.lexists(real):
+            raise UserError(f"{what} {text}: drop the quotes; the page takes a path as it is typed")
         if self.holds(real):
             return real
         shown = ", ".join(map(str, self.folders))
