@@ -51,6 +51,8 @@ def test_paths_resolve_inside_a_root_or_are_refused(folders) -> None:
         Roots([folders["root"]]).inside("$HOME/runs", "Output dir")
     with pytest.raises(UserError, match="Tokenizer '/data/bpe.model': drop the quotes; the page takes a path as"):
         Roots([folders["root"]]).inside("'/data/bpe.model'", "Tokenizer")  # pasted from a shell line
+    with pytest.raises(UserError, match="one manifest per line; put each of these on a line of its own"):
+        Roots([folders["root"]]).manifest(f"{folders['root']}/a.jsonl, {folders['root']}/b.jsonl", "Manifests")
     (folders["root"] / "$HOME").mkdir()  # unless a folder of that very name is there
     assert roots.inside(folders["root"] / "$HOME", "x") == folders["root"].resolve() / "$HOME"
 

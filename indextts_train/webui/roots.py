@@ -153,6 +153,8 @@ class Roots:
         """A manifest spec (PATH[::lang][@weight]) with its path resolved inside a root."""
         spec = parse_manifest_spec(checked_text(value.strip(), what), what)
         real = self.inside(spec.path, what)
+        if "," in value and not real.exists():  # several on one line, as a list would be written
+            raise UserError(f"{what} {value.strip()}: one manifest per line; put each of these on a line of its own")
         lang = f"::{spec.lang}" if spec.lang else ""
         weight = f"@{spec.weight!r}" if spec.weight is not None else ""
         return f"{real}{lang}{weight}"
