@@ -25,7 +25,7 @@ try:  # typer 0.2x carries its own copy of click; older releases use click itsel
 except ImportError:
     from click import BadParameter, ClickException, Context, MissingParameter, NoSuchOption
 
-from indextts_train.config.schema import field_types, near_flags
+from indextts_train.config.schema import field_types, near_names
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import text_problem
 from indextts_train.ui.run_settings import REQUIRED_INPUTS
@@ -183,7 +183,7 @@ def _no_such_option(exc: NoSuchOption) -> str:
     command = exc.ctx.command if exc.ctx is not None else None
     flags = sorted({opt for param in (command.params if command is not None else []) for opt in
                     (*param.opts, *getattr(param, "secondary_opts", [])) if opt.startswith("--") and opt != "--help"})
-    near = near_flags(exc.option_name, flags)
+    near = near_names(exc.option_name, flags)
     return f"no such flag {exc.option_name}" + (f"; did you mean {' or '.join(near)}?" if near else "")
 
 

@@ -79,9 +79,7 @@ def build(cls: type[T], data: Any, where: str) -> T:
     known = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
-        flags = [f"--{name.replace('_', '-')}" for name in known]  # the names meant, found as flags' are
-        meant = {key: [flag[2:].replace("-", "_") for flag in near_flags(f"--{key}", flags)]
-                 for key in map(str, unknown)}
+        meant = {key: near_names(key, known) for key in map(str, unknown)}  # found as a mistyped flag's are
         guesses = [f"{' or '.join(names)}" + (f" for {key}" if len(unknown) > 1 else "")
                    for key, names in meant.items() if names]
         hint = f" (did you mean {'; '.join(guesses)}?)" if guesses else ""
@@ -115,12 +113,19 @@ def _within(where: str, message: str) -> str:
     return f"{where}: {message}"
 
 
-def near_flags(typed: str, flags: list[str]) -> list[str]:
-    """The flags a mistyped `typed` may have meant, closest kind first: the same words with `_` for `-`
-    (--learning_rate), its initials (--lr), one of its words (--steps: --max-steps), then spelling."""
-    words = typed.lstrip("-").lower().replace("_", "-")
-    found = [flag for flag in flags if flag[2:] == words]
-    found += [flag for flag in flags if "".join(part[0] for part in flag[2:].split("-")) == words]
-    found += [flag for flag in flags if "-" not in words and words in flag[2:].split("-")]
-    found += difflib.get_close_matches(f"--{words}", flags, n=3, cutoff=0.75)
+def near_names(typed: str, names: list[str]) -> list[str]:
+    """The names (flags `--max-steps` or keys `max_steps`) a mistyped `typed` may have meant, closest kind
+    first: the same words with `_` for `-` (--learning_rate), its initials (--lr), one of its words (--steps:
+    --max-steps), then spelling. Dashes and underscores between words count as one."""
+    def words(name: str) -> list[str]:
+        return name.lstrip("-").lower().replace("_", "-").split("-")
+
+    wanted = words(typed)
+    found = [name for name in names if words(name) == wanted]
+    if len(wanted) == 1:  # one word: the initials of a name's words, or one of them
+        found += [name for name in names if "".join(word[:1] for word in words(name)) == wanted[0]]
+        found += [name for name in names if wanted[0] in words(name)]
+    spelled = {"--" + "-".join(words(name)): name for name in names}  # spelt as flags, whichever was given
+    found += [spelled[close] for close in difflib.get_close_matches("--" + "-".join(wanted), spelled, n=3,
+                                                                     cutoff=0.75)]
     return list(dict.fromkeys(found))[:3]

@@ -20,7 +20,7 @@ import numpy as np
 
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import tag_base
-from indextts_train.data.lines import DURATION_FIELDS, CheckedLine, LineLimits, check_line, line_language
+from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, LineLimits, check_line, line_language
 from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
@@ -220,9 +220,9 @@ def check_manifest_sample(paths: Sequence[str | Path], gpt_cfg: GPTConfig, vocab
     refusals = [line for _, _, line in check_lines(paths, limits.line, SAMPLE_LINES)
                 if isinstance(line, UserError)]
     if refusals and not skip_bad:
-        said = str(refusals[0])
-        lists = "" if "lists every bad line" in said else "; `indextts-train check-data` lists every bad line"
-        raise UserError(f"{said} (checked before training{lists})")  # the line's own fix already names check-data
+        said = str(refusals[0])  # a bad line's own fix (FIX_LINE) already names check-data; else it is said here
+        lists = "" if said.endswith(FIX_LINE) else "; `indextts-train check-data` lists every bad line"
+        raise UserError(f"{said} (checked before training{lists})")
 
 
 def _render_distribution(name: str, dist: dict | None) -> str:

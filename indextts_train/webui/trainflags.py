@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from indextts_train.config.schema import field_types, near_flags
+from indextts_train.config.schema import field_types, near_names
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import recorded_options
@@ -109,7 +109,7 @@ def other_flags(text: str, roots: Roots, own_fields: set[str]) -> list[str]:
         flag, equals, inline = token.partition("=")
         spec = FLAGS.get(flag) if flag.startswith("--") else None
         if spec is None:
-            near = near_flags(flag, sorted(FLAGS)) if flag.startswith("--") else []
+            near = near_names(flag, sorted(FLAGS)) if flag.startswith("--") else []
             meant = f"; did you mean {' or '.join(near)}?" if near else ""
             raise UserError(f"Other flags: {token!r} is not a train-gpt flag{meant} (see train-gpt --help)")
         if spec.name in own_fields:
