@@ -196,9 +196,11 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
     if not isinstance(exc, BadParameter) or param is None:
         return message
     is_option = getattr(param, "param_type_name", "") == "option"
-    flag = max(param.opts, key=len) if is_option and param.opts else (param.metavar or param.name or "").upper()
+    flag = max(param.opts, key=len) if is_option and param.opts else \
+        (param.metavar or param.name or "").upper().removesuffix("...")  # MANIFEST... takes several
     if isinstance(exc, MissingParameter):  # its message is built in format_message: exc.message is empty
-        return f"{flag} is missing; this command needs it"
+        what = _what_it_is(getattr(param, "help", None))  # a newcomer may not know what to give
+        return f"{flag} is missing{f': {what}' if what else ''}; this command needs it"
     reason = re.sub(r"^Value error, ", "", exc.message.rstrip("."))
     reason = re.sub(r"is not one of (.*)", lambda m: "is not one of " + m.group(1).replace("'", ""), reason)
     for pattern, plain in _PLAIN_REASONS:
@@ -210,6 +212,16 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
             reason = f"{value!r} {reason}" if value is not None and not reason.startswith("should") else reason
             break
     return f"{flag}: {reason}"
+
+
+def _what_it_is(help_text: str | None) -> str | None:
+    """A flag's help as the rest of a sentence: its first sentence, lower-cased where it starts a phrase."""
+    text = " ".join((help_text or "").split())
+    first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0].rstrip(".;")
+    if not first or len(first) > 220:
+        return None
+    word = first.split()[0]
+    return first[0].lower() + first[1:] if len(word) == 1 or not word[1:].isupper() else first  # not JSONL
 
 
 # Flags naming where a command writes. An empty value would become the current folder (Path("") is

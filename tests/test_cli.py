@@ -741,8 +741,13 @@ def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
              ([*train, "--learning-rate", "fast"], "error: --learning-rate: 'fast' is not a number"),
              (["webui", "--port", "70000"], "error: --port: '70000' is above 65535, the most allowed"),
              # a required flag or argument left out is named (click keeps that message out of exc.message)
-             (["evaluate", "--manifest", "v.jsonl"], "error: --checkpoint is missing; this command needs it"),
-             (["listen"], "error: RUN_DIR is missing; this command needs it")]
+             # with what it is, from its help: a newcomer may not know what --model-dir wants
+             (["evaluate", "--manifest", "v.jsonl"], "error: --checkpoint is missing: our checkpoint, a community "
+                                                     "checkpoint or a gpt.pth; this command needs it"),
+             (["prepare", "clips", "--out", "f"], "error: --model-dir is missing: the official model folder "
+                                                  "(config.yaml, gpt.pth, ...); this command needs it"),
+             (["check-data"], "error: MANIFEST is missing: manifest JSONL file(s); this command needs it"),
+             (["listen"], "error: RUN_DIR is missing: a run's --output-dir; this command needs it")]
     for args, said in cases:
         assert run_app(app, args) == 2
         err = capsys.readouterr().err
