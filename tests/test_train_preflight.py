@@ -215,3 +215,18 @@ def test_a_folder_given_for_a_file_is_said_with_the_files_meant(tiny_data, tmp_p
         code, output = start(tiny_data, tmp_path / "runs" / "am", *extra)
         assert code == 2 and output.strip().splitlines() == [output.strip()] and said in output, output
     assert not (tmp_path / "runs").exists()
+
+
+def test_clips_and_transcripts_given_as_a_manifest_say_to_run_prepare(tiny_data, tmp_path) -> None:
+    """The newcomer's first wrong turn: the LJSpeech folder (or its metadata.csv, or a folder of WAVs) as
+    --train-manifest. Said as a corpus, with the prepare command that makes the manifest, before any work."""
+    clips = tmp_path / "LJSpeech-1.1"
+    (clips / "wavs").mkdir(parents=True)
+    (clips / "wavs" / "LJ001-0001.wav").write_bytes(b"RIFF")
+    (clips / "metadata.csv").write_text("LJ001-0001|Printing|Printing\n")
+    for given in (clips, clips / "metadata.csv", clips / "wavs"):
+        code, output = start(tiny_data, tmp_path / "runs" / "am", manifest=given)
+        assert code == 2 and output.strip().splitlines() == [output.strip()], output
+        assert f"--train-manifest {given} is " in output and "a corpus for `indextts-train prepare`" in output
+        assert "then pass FEATURES/train.jsonl" in output, output
+    assert not (tmp_path / "runs").exists()

@@ -20,6 +20,7 @@ import numpy as np
 
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import tag_base
+from indextts_train.data.corpus_forms import manifest_lines
 from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, LineLimits, check_line, line_language
 from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
@@ -143,7 +144,7 @@ def check_lines(paths: Sequence[str | Path], limits: LineLimits,
     for path in paths:
         manifest_dir = os.path.dirname(os.path.abspath(path))
         seen_lines = 0
-        for line_no, _, raw in iter_lines(path, "manifest"):
+        for line_no, _, raw in manifest_lines(path):  # a corpus for prepare is said as such
             if max_lines is not None and seen_lines >= max_lines:
                 break
             seen_lines += 1

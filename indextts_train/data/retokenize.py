@@ -25,6 +25,7 @@ import numpy as np
 
 from indextts_train.config.constants import LANG_ROWS
 from indextts_train.data.checkdata import relocate_paths
+from indextts_train.data.corpus_forms import refuse_corpus
 from indextts_train.data.lines import check_strings, language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write
@@ -58,6 +59,7 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
     """(input manifest, new manifest, folder of its new ids) per input; refuses clashes and old outputs."""
     planned, names = [], set()
     for manifest in manifests:
+        refuse_corpus(manifest)  # a corpus for prepare is said as such
         check_file(manifest, "manifest")  # a FIFO would block the first read: one line instead
         new, ids_dir = out_dir / manifest.name, out_dir / "text_ids" / manifest.stem
         if manifest.name in names:

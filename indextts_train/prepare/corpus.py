@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from indextts_train.data.corpus_forms import AUDIO_SUFFIXES, TRANSCRIPT_SUFFIXES
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular, open_regular, parse_json
 from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
@@ -32,8 +33,6 @@ from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utteranc
 MAX_LINE_BYTES = 1 << 20  # a transcript line longer than 1 MiB is not a transcript
 MAX_TRANSCRIPT_BYTES = 1 << 20
 MAX_FOLDERS = 1_000_000  # a folder corpus walk stops here (a disk root passed by mistake)
-AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
-TRANSCRIPT_SUFFIXES = (".txt", ".lab")
 
 
 def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:

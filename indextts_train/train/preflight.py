@@ -15,6 +15,7 @@ from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.run_folder import check_run_folder
 from indextts_train.config.settings import Config
 from indextts_train.data.checkdata import check_manifest_sample
+from indextts_train.data.corpus_forms import refuse_corpus
 from indextts_train.files.bounded import check_file
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import Tokenizer, read_tokenizer
@@ -25,6 +26,7 @@ def check_paths(options: RunSettings) -> None:
     """Every file the start names exists, in the order the flags are usually written."""
     for flag, specs in (("--train-manifest", options.train_manifests), ("--val-manifest", options.val_manifests)):
         for spec in specs:  # a FIFO would block the first read: one line instead, as for a folder or no file
+            refuse_corpus(spec.path, flag)  # clips and transcripts: the line says to run prepare first
             check_file(spec.path, "manifest", flag=flag)
     for flag, value, what in (("--tokenizer", options.tokenizer, "tokenizer"),
                               ("--base-checkpoint", options.base_checkpoint, "checkpoint")):

@@ -1,0 +1,95 @@
+"""A corpus for `prepare` told apart from a manifest of prepared features, by what it looks like.
+
+`prepare` reads clips and transcripts (prepare/corpus.py reads each form); train-gpt, check-data,
+evaluate and tokenize read the manifests it writes. A newcomer often passes the one for the other: a
+`metadata.csv`, a folder of WAVs or a JSONL of `{"audio", "text"}` lines as `--train-manifest`. The
+manifest readers ask `refuse_corpus` first (through `manifest_lines`), so that the refusal names the
+command the file is for instead of saying "not valid JSON" or "is a folder".
+
+What is looked at is bounded: the name, at most LOOKED_AT entries of a folder (and of a few of its
+subfolders), and the first line of a .jsonl.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+from indextts_train.errors import UserError
+from indextts_train.files.bounded import iter_lines, parse_json
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
+TRANSCRIPT_SUFFIXES = (".txt", ".lab")
+LOOKED_AT = 1000  # entries of one folder looked at for clips
+SUBFOLDERS = 8  # speaker folders looked into when the folder itself holds no clip
+_TABLES = {".csv": "an LJSpeech-style metadata.csv", ".tsv": "a Common Voice .tsv",
+           ".parquet": "a Hugging Face dataset file", ".arrow": "a Hugging Face dataset file"}
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as scan:
+            return [entry for _, entry in zip(range(LOOKED_AT), scan, strict=False)]
+    except OSError:  # unreadable: not ours to judge here; the reader says what is wrong with it
+        return []
+
+
+def _holds_clips(folder: Path) -> bool:
+    entries = _entries(folder)
+    if any(e.name.lower().endswith(AUDIO_SUFFIXES) for e in entries):
+        return True
+    subfolders = [e for e in entries if e.is_dir(follow_symlinks=False)][:SUBFOLDERS]
+    return any(e.name.lower().endswith(AUDIO_SUFFIXES) for sub in subfolders for e in _entries(Path(sub.path)))
+
+
+def _corpus_line(path: Path) -> bool:
+    """The first line is a JSONL corpus line of prepare's (`audio` and `text`, no `*_path` of features)."""
+    try:
+        for _, _, raw in iter_lines(path, "manifest"):
+            obj = parse_json(raw, f"{path}:1")
+            return isinstance(obj, dict) and "audio" in obj and "text" in obj and \
+                not any(str(key).endswith("_path") for key in obj)
+    except (UserError, ValueError):  # not JSON or unreadable: the manifest reader says so in its words
+        return False
+    return False
+
+
+def corpus_form(path: Path) -> str | None:
+    """The corpus form `path` has ("an LJSpeech folder", "a folder of audio clips", ...), or None."""
+    path = Path(path)
+    name = path.name.lower()
+    if not path.exists():  # the reader says it is not there
+        return None
+    if path.is_dir():
+        if (path / "metadata.csv").is_file():
+            return "an LJSpeech folder"
+        return "a folder of audio clips" if _holds_clips(path) else None
+    if name.endswith(AUDIO_SUFFIXES):
+        return "an audio clip"
+    table = next((form for suffix, form in _TABLES.items() if name.endswith(suffix)), None)
+    if table is not None:
+        return table
+    if name.endswith((".jsonl", ".json")) and path.is_file() and _corpus_line(path):
+        return "a JSONL corpus (audio and text lines)"
+    return None
+
+
+def refuse_corpus(path: Path | str, flag: str | None = None) -> None:
+    """One line, when `path` is a corpus given where a manifest belongs: what to run to make the manifest."""
+    form = corpus_form(Path(path))
+    if form is None:
+        return
+    named = f"{flag} {path}" if flag else str(path)
+    corpus = Path(path).parent if form == "an audio clip" else Path(path)  # prepare reads the folder of clips
+    val = " (and FEATURES/val.jsonl to --val-manifest)" if flag == "--train-manifest" else ""
+    raise UserError(f"{named} is {form}, a corpus for `indextts-train prepare`, not a manifest; run "
+                    f"`indextts-train prepare {shlex.quote(str(corpus))} --model-dir MODEL_DIR --out FEATURES` "
+                    f"(MODEL_DIR: the official model folder), then pass FEATURES/train.jsonl{val}")
+
+
+def manifest_lines(path: Path | str, flag: str | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """A manifest's lines (files/bounded.iter_lines), refused first when `path` is a corpus for prepare."""
+    refuse_corpus(path, flag)
+    yield from iter_lines(path, "manifest")
