@@ -1,4 +1,5 @@
-"""How long and how much memory ManifestIndex.build takes on a 1,000,000-line paired manifest.
+"""How long and how much memory ManifestIndex.build takes on a 1,000,000-line paired manifest, and
+what keying each line by its codes file adds (`code_files=True`, what a run with --val-manifest asks).
 
 Only the manifest lines are generated (indexing never opens the .npy files). Peak memory is
 reported two ways: tracemalloc (Python allocations during build) and the rise of the process's
@@ -50,6 +51,15 @@ def write_manifest(path: Path, lines: int) -> None:
             handle.write("".join(paired_line(i) + "\n" for i in range(start, stop)))
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux): the figures are of one machine."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
 def maxrss_bytes() -> int:
     # ru_maxrss is KiB on Linux and bytes on macOS.
     scale = 1 if sys.platform == "darwin" else 1024
@@ -69,11 +79,18 @@ def measure(path: Path) -> dict:
     start = time.perf_counter()
     ManifestIndex.build([path], max_text_tokens=600, max_mel_tokens=1815)
     plain_seconds = time.perf_counter() - start
+    # What a run with --val-manifest pays: each line keyed by its codes file (validation lines that train)
+    start = time.perf_counter()
+    keyed = ManifestIndex.build([path], max_text_tokens=600, max_mel_tokens=1815, code_files=True)
+    keyed_seconds = time.perf_counter() - start
     array_bytes = sum(a.nbytes for a in (index.offsets, index.file_ids, index.line_numbers,
                                          index.text_lengths, index.code_lengths))
     return {
         "lines_indexed": len(index),
         "build_seconds": round(plain_seconds, 3),
+        "build_seconds_with_code_files": round(keyed_seconds, 3),
+        "code_files_time_ratio": round(keyed_seconds / plain_seconds, 3),
+        "code_files_mb": round(keyed.code_files.nbytes / 2**20, 1),
         "build_seconds_under_tracemalloc": round(seconds, 3),
         "tracemalloc_peak_mb": round(traced_peak / 2**20, 1),
         "maxrss_delta_mb": round(rss_delta / 2**20, 1),
@@ -89,7 +106,7 @@ def main() -> None:
         path = Path(tmp) / "train_pairs.jsonl"
         write_manifest(path, args.lines)
         result = {"lines": args.lines, "manifest_mb": round(path.stat().st_size / 2**20, 1), **measure(path),
-                  "python": platform.python_version(), "machine": platform.machine(),
+                  "python": platform.python_version(), "machine": platform.machine(), "cpu": cpu_name(),
                   "cpu_count": os.cpu_count()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -60,3 +60,28 @@ def test_a_validation_manifest_that_is_a_training_one_is_said(tiny_data, tmp_pat
         assert said.pop() == (f"--val-manifest {val} is also a --train-manifest: validation would measure lines the "
                               "model trains on, not how it does on new ones; hold lines out for it (prepare writes "
                               "val.jsonl)")
+
+
+def test_validation_lines_that_also_train_are_counted(tiny_data, tmp_path) -> None:
+    """prepare's utterances.jsonl (every line) as --train-manifest with its val.jsonl: another file, the same
+    utterances. Found by the codes file a line trains on, wherever the manifest sits (paths resolved)."""
+    said: list[str] = []
+    log = SimpleNamespace(warn=said.append)
+    source = Path(tiny_data["train"]).parent
+    trained = [json.loads(line) for line in Path(tiny_data["train"]).read_text().splitlines()[:2]]
+    held = Path(tiny_data["val"]).read_text().splitlines()
+    val_dir = Path(tiny_data["val"]).parent
+    absolute = [{k: str(source / v) if k.endswith("_path") else v for k, v in obj.items()} for obj in trained]
+    moved = [{k: str(val_dir / v) if k.endswith("_path") else v for k, v in json.loads(line).items()}
+             for line in held]
+    mixed = tmp_path / "elsewhere" / "val.jsonl"
+    mixed.parent.mkdir()
+    mixed.write_text("".join(json.dumps(obj) + "\n" for obj in [*moved, *absolute]))
+    settings = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[mixed],
+                                output_dir=tmp_path / "run", config=tiny_data["config"])
+    data = RunData.read(settings, settings.config, log)
+    assert said == [f"2 of the {len(held) + 2} --val-manifest lines train too (the same codes file as a "
+                    f"--train-manifest line; e.g. {mixed}:{len(held) + 1}): validation would measure lines the "
+                    "model trains on; hold them out (prepare's train.jsonl leaves out its val.jsonl, its "
+                    "utterances.jsonl holds every line)"]
+    assert list(data.val_index.lines_also_in(data.index)) == [len(held), len(held) + 1]

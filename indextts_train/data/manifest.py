@@ -60,9 +60,12 @@ class _Columns:
     lang_ids: array = field(default_factory=lambda: array("h"))
     languages: array = field(default_factory=lambda: array("i"))
     language_names: dict[str, int] = field(default_factory=dict)  # name -> its number, in first-seen order
+    code_files: array | None = None  # kept only when asked for (ManifestIndex.build's `code_files`)
 
     def add(self, offset: int, file_id: int, line_no: int, text_len: int, code_len: int, lang_id: int,
-            language: str | None) -> None:
+            language: str | None, code_file: int | None) -> None:
+        if self.code_files is not None:
+            self.code_files.append(code_file)
         self.offsets.append(offset)
         self.file_ids.append(file_id)
         self.line_numbers.append(line_no)
@@ -79,7 +82,8 @@ class _Columns:
                 "text_lengths": np.array(self.text_lengths, dtype=np.int32),
                 "code_lengths": np.array(self.code_lengths, dtype=np.int32),
                 "lang_ids": np.array(self.lang_ids, dtype=np.int16),
-                "languages": np.array(self.languages, dtype=np.int32), "language_names": list(self.language_names)}
+                "languages": np.array(self.languages, dtype=np.int32), "language_names": list(self.language_names),
+                "code_files": None if self.code_files is None else np.array(self.code_files, dtype=np.int64)}
 
 
 @dataclass
@@ -106,6 +110,9 @@ class ManifestIndex:
     lang_ids: np.ndarray | None = None  # int16 per line
     languages: np.ndarray | None = None  # int32 per line: its language field in `language_names`; -1: none
     language_names: list[str] = field(default_factory=list)
+    # int64 per line: a key of its codes file's absolute path (hash: within one process), so that lines two
+    # indexes share are found without keeping the paths (`lines_also_in`)
+    code_files: np.ndarray | None = None
 
     @classmethod
     def build(
@@ -117,21 +124,24 @@ class ManifestIndex:
         max_mel_tokens: int | None = None,
         family: Family | None = None,
         borrowed: dict[str, int] | None = None,
+        code_files: bool = False,
     ) -> ManifestIndex:
         """Validate every line and index the usable ones.
 
         A bad line raises UserError "FILE:LINE: ...", or with `skip_bad` is counted in `.skipped`.
+        `code_files`: also key each line by its codes file (`lines_also_in`; about 15% more time).
         `family` refuses lines of the other family; `borrowed` maps untagged language codes to the
         row they borrow (`text.languages.parse_borrowed`).
         """
         files = [str(p) for p in paths]
         if not files:
             raise UserError("no manifest given; pass at least one .jsonl manifest")
-        columns = _Columns()
+        columns = _Columns(code_files=array("q") if code_files else None)
         skipped: list[str] = []
         skipped_count = 0
         for file_id, path in enumerate(files):
             seen_lines = 0
+            manifest_dir = os.path.dirname(os.path.abspath(path))
             for line_no, offset, raw in manifest_lines(path):  # a corpus for prepare is said as such
                 seen_lines += 1
                 try:
@@ -147,7 +157,9 @@ class ManifestIndex:
                     if len(skipped) < SKIPPED_EXAMPLES:
                         skipped.append(str(exc))
                     continue
-                columns.add(offset, file_id, line_no, text_len, code_len, lang_id, line_language(obj))
+                codes = obj[fields["codes"]]  # the utterance the line trains on, keyed by its resolved path
+                code_file = hash(os.path.normpath(os.path.join(manifest_dir, codes))) if code_files else None
+                columns.add(offset, file_id, line_no, text_len, code_len, lang_id, line_language(obj), code_file)
             if not seen_lines:
                 raise UserError(f"{path}: manifest is empty; pass a manifest with at least one line")
         if not columns.offsets:
@@ -158,6 +170,12 @@ class ManifestIndex:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def lines_also_in(self, other: ManifestIndex) -> np.ndarray:
+        """This index's lines whose codes file (the utterance a line trains on) is a line's of `other` too."""
+        if self.code_files is None or other.code_files is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(np.isin(self.code_files, other.code_files))
 
     def group_lines(self, manifests: Sequence[ManifestSpec]) -> dict[str, np.ndarray]:
         """Line indices (manifest order) per validation group, groups in first-seen order: the `::lang` of

@@ -29,7 +29,8 @@ from indextts_train.ui.run_settings import RunSettings
 def _index(manifests: list[ManifestSpec], options: RunSettings, config: Config) -> ManifestIndex:
     return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
                                max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens,
-                               family=config.gpt.family, borrowed=parse_borrowed(config.train.borrow_languages))
+                               family=config.gpt.family, borrowed=parse_borrowed(config.train.borrow_languages),
+                               code_files=bool(options.val_manifests))  # to find validation lines that train
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,14 @@ class RunData:
         if shared is not None:  # a newcomer's wrong turn: the loss would then fall as the model memorises
             log.warn(f"--val-manifest {shared.path} is also a --train-manifest: validation would measure lines the "
                      "model trains on, not how it does on new ones; hold lines out for it (prepare writes val.jsonl)")
-        return cls(train_specs, index, val_specs, _index(val_specs, options, config) if val_specs else None)
+        val_index = _index(val_specs, options, config) if val_specs else None
+        also = val_index.lines_also_in(index) if val_index is not None and shared is None else ()
+        if len(also):  # prepare's utterances.jsonl (every line) given with its val.jsonl, say
+            log.warn(f"{len(also)} of the {len(val_index)} --val-manifest lines train too (the same codes file as a "
+                     f"--train-manifest line; e.g. {val_index.source(int(also[0]))}): validation would measure "
+                     "lines the model trains on; hold them out (prepare's train.jsonl leaves out its val.jsonl, its "
+                     "utterances.jsonl holds every line)")
+        return cls(train_specs, index, val_specs, val_index)
 
     def datasets(self, config: Config) -> tuple[ManifestDataset, Validation | None]:
         """The training samples as the model reads them; the validation samples and their groups (the
