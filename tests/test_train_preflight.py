@@ -230,3 +230,29 @@ def test_clips_and_transcripts_given_as_a_manifest_say_to_run_prepare(tiny_data,
         assert f"--train-manifest {given} is " in output and "a corpus for `indextts-train prepare`" in output
         assert "then pass FEATURES/train.jsonl" in output, output
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_or_features_folder_as_output_dir_is_refused_unless_a_run_is_there(tiny_data, tmp_path) -> None:
+    """IndexTTS calls its model folder checkpoints/: a newcomer gives it as --output-dir. A new run is not
+    started among a model's or prepared features' files; a run already there (made before) goes on."""
+    model = tmp_path / "checkpoints"
+    model.mkdir()
+    (model / "gpt.pth").write_bytes(Path(tiny_data["base"]).read_bytes())
+    (model / "config.yaml").write_text(Path(tiny_data["config"]).read_text())
+    features = tmp_path / "prepared"
+    features.mkdir()
+    (features / "prepare.json").write_text("{}")
+    for folder, holds in ((model, "a model (gpt.pth, config.yaml)"), (features, "prepared features (prepare.json)")):
+        before = sorted(p.name for p in folder.iterdir())
+        for resume in ((), ("--resume", "auto")):
+            code, output = start(tiny_data, folder, *resume)
+            assert code == 2 and output.strip() == (f"error: --output-dir {folder} holds {holds}, not a run: a run "
+                                                    "writes its checkpoints, logs and run.yaml into a folder of its "
+                                                    "own; pass a new one (e.g. --output-dir runs/am)"), output
+        assert sorted(p.name for p in folder.iterdir()) == before
+    code, output = start(tiny_data, tmp_path / "run")
+    assert code == 0, output
+    for name in ("model_step1.pth", "latest.pth"):  # a run made there by an earlier release
+        (features / name).hardlink_to(tmp_path / "run" / name)
+    code, output = start(tiny_data, features, "--resume", "auto")
+    assert code == 0 and "nothing to do" in output, output

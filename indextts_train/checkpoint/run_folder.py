@@ -2,8 +2,9 @@
 
 A run folder holds model_step{N}.pth files, latest.pth (the newest, usually a hard link of its step
 file) and best.pth. This module owns those names and the one listing of them (`survey`), and the
-questions asked of the folder before a run writes into it: can it be made and written, and does it
-hold an earlier run's checkpoints (refused without --resume). Which of them are ours is lineage.py's
+questions asked of the folder before a run writes into it: can it be made and written, is it someone
+else's work (a model folder, prepared features: a new run is not started among their files), and does
+it hold an earlier run's checkpoints (refused without --resume). Which of them are ours is lineage.py's
 look (`foreign_names`), the refusal of a folder none of whose files resumes verify.py's. Saving and
 rotation (files.py) and lineage use the same listing.
 """
@@ -15,10 +16,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
 
 LATEST = "latest.pth"
 BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
+
+# Folders of other work a newcomer gives as --output-dir (IndexTTS calls its model folder checkpoints/):
+# the files that tell them, and what they hold.
+_OTHER_WORK = ((("gpt.pth", "config.yaml"), "a model (gpt.pth, config.yaml)"),
+               ((PREPARE_RECORD,), f"prepared features ({PREPARE_RECORD})"))
 
 _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
 
@@ -112,8 +119,22 @@ def check_no_earlier_run(folder: RunFolder) -> None:
                         "auto to continue that run, or choose another --output-dir")
 
 
+def check_not_other_work(folder: RunFolder) -> None:
+    """A run starts in a folder of its own, not among a model's or prepared features' files (where its
+    checkpoints, logs and run.yaml would mix with them). A folder that holds a run already goes on."""
+    if folder.files:
+        return
+    found = next((what for names, what in _OTHER_WORK if all((folder.path / n).is_file() for n in names)), None)
+    if found is not None:
+        raise UserError(f"--output-dir {folder.path} holds {found}, not a run: a run writes its checkpoints, logs "
+                        "and run.yaml into a folder of its own; pass a new one (e.g. --output-dir runs/am)")
+
+
 def check_run_folder(output_dir: Path, resume: str | None) -> None:
-    """Before anything is made: the folder can be made and written, and a new run starts in no earlier run's."""
+    """Before anything is made: the folder can be made and written, is no other work's, and a new run
+    starts in no earlier run's."""
     check_output_dir(output_dir)
+    folder = survey(output_dir)
+    check_not_other_work(folder)
     if resume is None:
-        check_no_earlier_run(survey(output_dir))
+        check_no_earlier_run(folder)

@@ -20,7 +20,7 @@ import numpy as np
 
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import tag_base
-from indextts_train.data.corpus_forms import manifest_lines
+from indextts_train.data.corpus_forms import PREPARE_RECORD, manifest_lines
 from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, LineLimits, check_line, line_language
 from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
@@ -332,7 +332,6 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
 
 
 
-PREPARE_RECORD = "prepare.json"  # written by `prepare` beside the manifests it writes
 PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import iter_lines, parse_json
 
+PREPARE_RECORD = "prepare.json"  # written by `prepare` beside the manifests it writes: a folder of features
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
 TRANSCRIPT_SUFFIXES = (".txt", ".lab")
 LOOKED_AT = 1000  # entries of one folder looked at for clips

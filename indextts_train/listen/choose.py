@@ -15,6 +15,7 @@ from pathlib import Path
 from indextts_train.checkpoint.files import BEST, LATEST
 from indextts_train.checkpoint.run_folder import list_checkpoints, run_folder_to_read, same_file
 from indextts_train.checkpoint.verify import verify_checkpoint
+from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import parse_json, read_bounded
@@ -93,7 +94,7 @@ def model_dir_of(run_dir: Path, flag: Path | None) -> Path:
                             "(checkpoints/) the run was trained from")
         return flag
     for spec in run_inputs(run_dir)["val_manifests"]:
-        report = parse_manifest_spec(spec, "--val-manifest").path.parent / "prepare.json"
+        report = parse_manifest_spec(spec, "--val-manifest").path.parent / PREPARE_RECORD
         try:
             found = Path(str(parse_json(read_bounded(report, MAX_PREPARE_JSON_BYTES), str(report)).get("model_dir")
                              or ""))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
 from indextts_train.files.targets import check_output_folder, make_output_folder
@@ -34,7 +35,7 @@ from indextts_train.prepare.ownership import (
 )
 
 SETTINGS_FILE = "prepare.settings.json"
-MANIFESTS = ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", "prepare.json")
+MANIFESTS = ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", PREPARE_RECORD)
 MAX_RECORD_BYTES = 1 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _HASHED = re.compile(r".*-[0-9a-f]{12}")  # the form file_stem gives an id it cleans

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
 from indextts_train.errors import NotOwnFile, UserError
 from indextts_train.prepare.clip_source import audio_header
@@ -251,7 +252,7 @@ def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, mo
     for name, chosen in (("train.jsonl", pairs.train), ("val.jsonl", pairs.val)):
         folder.write_manifest(name, [paired_line(t, p, models.family) for t, p in chosen])
     report = _report(kept, rejected, tokens, pairs, options, models, hashes)
-    folder.write_json("prepare.json", report)
+    folder.write_json(PREPARE_RECORD, report)
     return report
 
 
