@@ -242,7 +242,11 @@ def test_a_model_or_features_folder_as_output_dir_is_refused_unless_a_run_is_the
     features = tmp_path / "prepared"
     features.mkdir()
     (features / "prepare.json").write_text("{}")
-    for folder, holds in ((model, "a model (gpt.pth, config.yaml)"), (features, "prepared features (prepare.json)")):
+    clips = tmp_path / "LJSpeech-1.1"
+    clips.mkdir()
+    (clips / "metadata.csv").write_text("LJ001-0001|Printing|Printing\n")
+    for folder, holds in ((model, "a model (gpt.pth, config.yaml)"), (features, "prepared features (prepare.json)"),
+                          (clips, "an LJSpeech folder")):
         before = sorted(p.name for p in folder.iterdir())
         for resume in ((), ("--resume", "auto")):
             code, output = start(tiny_data, folder, *resume)

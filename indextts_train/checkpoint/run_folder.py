@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.data.corpus_forms import PREPARE_RECORD
+from indextts_train.data.corpus_forms import PREPARE_RECORD, corpus_form
 from indextts_train.errors import UserError
 
 LATEST = "latest.pth"
@@ -125,6 +125,8 @@ def check_not_other_work(folder: RunFolder) -> None:
     if folder.files:
         return
     found = next((what for names, what in _OTHER_WORK if all((folder.path / n).is_file() for n in names)), None)
+    if found is None and folder.path.is_dir():
+        found = corpus_form(folder.path)  # the clips and transcripts themselves
     if found is not None:
         raise UserError(f"--output-dir {folder.path} holds {found}, not a run: a run writes its checkpoints, logs "
                         "and run.yaml into a folder of its own; pass a new one (e.g. --output-dir runs/am)")
