@@ -50,8 +50,18 @@ def run(tiny_data, tmp_path_factory) -> dict:
     good = folder / "lines.jsonl"
     good.write_text(json.dumps({"text": "Hello there.", "prompt_audio": "prompt.wav"}) + "\n", encoding="utf-8")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder / "bare")], check=True, timeout=300)
+    # an environment where the IndexTTS2 inference module is found (a stand-in: what is checked before
+    # the ASR model is loaded is that it imports; synthesis itself is the listen lane's)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder / "found")], check=True, timeout=300)
+    site = Path(subprocess.run([str(folder / "found" / "bin" / "python"), "-c", "import sysconfig; "
+                                "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    (site / "indextts").mkdir(parents=True)
+    (site / "indextts" / "__init__.py").write_text("")
+    (site / "indextts" / "infer_v2.py").write_text("")
     return {"out": out, "model_dir": model_dir, "lines": good, "folder": folder,
-            "asr": write_tiny_asr(folder / "asr"), "bare_python": folder / "bare" / "bin" / "python"}
+            "asr": write_tiny_asr(folder / "asr"), "bare_python": folder / "bare" / "bin" / "python",
+            "found_python": folder / "found" / "bin" / "python"}
 
 
 def _refused(run: dict, args: list[str], expected: str) -> None:
@@ -73,7 +83,8 @@ def test_lines_file_with_a_missing_prompt(run):
 
 
 def test_asr_model_that_is_not_there(run, tmp_path):
-    result_args = ["--lines", str(run["lines"]), "--asr-model", "nobody/no-such-asr-model"]
+    result_args = ["--lines", str(run["lines"]), "--asr-model", "nobody/no-such-asr-model",
+                   "--inference-python", str(run["found_python"])]
     os.environ["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
     try:
         _refused(run, result_args, "--asr-model nobody/no-such-asr-model: not a local folder and not in the "
@@ -92,6 +103,11 @@ def test_inference_environment_without_the_package(run):
     _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]),
                    "--inference-python", str(run["bare_python"])],
              f"--inference-python {run['bare_python']} cannot import indextts.infer_v2")  # the rest: synthesize's tests
+    # before the ASR model is loaded, which may be gigabytes to fetch: a newcomer without the package
+    # is told so first (offline here, the missing ASR model would be the line otherwise)
+    _refused(run, ["--lines", str(run["lines"]), "--asr-model", "nobody/no-such-asr-model",
+                   "--inference-python", str(run["bare_python"])],
+             f"--inference-python {run['bare_python']} cannot import indextts.infer_v2")
 
 
 def test_a_scores_file_that_is_not_ours_to_append_to(run, tmp_path):

@@ -92,9 +92,9 @@ def plan(options: ListenOptions) -> Plan:
     done = scored_keys(read_records(scores_path(run_dir)))
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
-    if todo:
-        work.recogniser = load_recogniser(options.asr_model, work.device)
+    if todo:  # the inference environment first: a few seconds, where the ASR model may be gigabytes to fetch
         work.python = resolve_inference_python(family, options.inference_python)
+        work.recogniser = load_recogniser(options.asr_model, work.device)
     return work
 
 
