@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from indextts_train.prepare.tiny_asr import write_tiny_asr
 from indextts_train.train.loop import resolve_settings, train
@@ -41,7 +42,14 @@ def run(tiny_data, tmp_path_factory) -> dict:
     (out / "model_step7.pth").write_bytes(b"PK\x03\x04 not a checkpoint")  # someone's damaged file
     model_dir = folder / "model"
     model_dir.mkdir()
-    (model_dir / "config.yaml").write_bytes(Path(tiny_data["config"]).read_bytes())
+    raw = yaml.safe_load(Path(tiny_data["config"]).read_text())  # with what the official inference reads too
+    raw.update(s2mel={}, semantic_codec={}, w2v_stat="w2v_stats.pt", s2mel_checkpoint="s2mel.pth",
+               emo_matrix="feat2.pt", spk_matrix="feat1.pt", emo_num=[1], qwen_emo_path="qwen/",
+               vocoder={"name": "bigvgan"})
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+    for name in ("w2v_stats.pt", "s2mel.pth", "feat1.pt", "feat2.pt"):
+        (model_dir / name).write_bytes(b"stand-in")
+    (model_dir / "qwen").mkdir()
     prompt = folder / "prompt.wav"
     import numpy as np
     import soundfile
@@ -97,6 +105,23 @@ def test_checkpoint_that_is_not_complete(run):
     _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]), "--checkpoints", "latest,step7"],
              "--checkpoints step7: ")
     _refused(run, ["--lines", str(run["lines"]), "--checkpoints", "step99"], "model_step99.pth does not exist")
+
+
+def test_a_model_folder_the_official_inference_cannot_load(run, tmp_path):
+    """A folder with a config.yaml and a gpt.pth alone (a download cut short): one line naming what is missing,
+    before any work, instead of a failure per line once a checkpoint loads."""
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("config.yaml", "feat1.pt", "feat2.pt", "w2v_stats.pt"):
+        (partial / name).write_bytes((run["model_dir"] / name).read_bytes())
+    _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]), "--model-dir", str(partial)],
+             f"model folder {partial}: not a whole IndexTTS2 release for the official inference: no s2mel.pth (its "
+             "s2mel_checkpoint); no qwen/ (its qwen_emo_path); pass --model-dir")
+    raw = yaml.safe_load((partial / "config.yaml").read_text())
+    del raw["vocoder"]
+    (partial / "config.yaml").write_text(yaml.safe_dump(raw))
+    _refused(run, ["--lines", str(run["lines"]), "--asr-model", str(run["asr"]), "--model-dir", str(partial)],
+             "config.yaml has no vocoder; no s2mel.pth")
 
 
 def test_inference_environment_without_the_package(run):

@@ -36,7 +36,7 @@ from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogn
 from indextts_train.listen.board import ListenBoard
 from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
 from indextts_train.listen.lines import Line, default_lines, read_lines_file
-from indextts_train.listen.model_folder import MARKER, make_model_folder
+from indextts_train.listen.model_folder import MARKER, check_inference_folder, make_model_folder
 from indextts_train.listen.page import check_page, write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
 from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
@@ -87,6 +87,7 @@ def plan(options: ListenOptions) -> Plan:
     lines = read_lines_file(options.lines) if options.lines else default_lines(run_dir, options.seed)
     model_dir = model_dir_of(run_dir, options.model_dir)
     family = load_config(model_dir / "config.yaml").gpt.family  # no version: IndexTTS2
+    check_inference_folder(model_dir, family)
     check_scores_file(scores_path(run_dir))
     check_page(run_dir)
     done = scored_keys(read_records(scores_path(run_dir)))
