@@ -29,8 +29,7 @@ from indextts_train.ui.run_settings import RunSettings
 def _index(manifests: list[ManifestSpec], options: RunSettings, config: Config) -> ManifestIndex:
     return ManifestIndex.build([m.path for m in manifests], skip_bad=options.skip_bad_lines,
                                max_text_tokens=config.gpt.max_text_tokens, max_mel_tokens=config.gpt.max_mel_tokens,
-                               family=config.gpt.family, borrowed=parse_borrowed(config.train.borrow_languages),
-                               code_files=bool(options.val_manifests))  # to find validation lines that train
+                               family=config.gpt.family, borrowed=parse_borrowed(config.train.borrow_languages))
 
 
 @dataclass(frozen=True)
