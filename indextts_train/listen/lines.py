@@ -69,9 +69,19 @@ def _audio(obj: dict, key: str, base: Path, where: str, *, required: bool) -> Pa
     return path
 
 
+# Lines of the two other JSONL files a run has at hand, given as --lines: what each is, and what to do.
+_OTHER_LINES = (("target_text", "a manifest line (target_text, prompt_audio_path); leave --lines out to hear lines "
+                                "the run's validation manifests hold, or write {'text', 'prompt_audio'} lines"),
+                ("audio", "a corpus line (audio, text); a line to hear names the voice to speak in as "
+                          "'prompt_audio': rename 'audio' to it"))
+
+
 def _line(obj: object, base: Path, where: str, number: int) -> Line:
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object with 'text' and 'prompt_audio'")
+    other = next((what for key, what in _OTHER_LINES if key in obj and "prompt_audio" not in obj), None)
+    if other is not None:
+        raise UserError(f"{where}: {other}")
     text = _string(obj, "text", where, required=True)
     if not normalise(text) or len(text) > MAX_TEXT_CHARS:
         raise UserError(f"{where}: text must have letters or digits and at most {MAX_TEXT_CHARS} characters")
