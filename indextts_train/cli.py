@@ -451,8 +451,9 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     if bad:
         typer.echo(f"error: {bad}", err=True)
         return 2
-    from indextts_train.cli_flags import empty_output, plain_help, plain_usage_error  # plain help and refusals
-    if empty_output(sys.argv[1:] if args is None else args):
+    from indextts_train.cli_flags import empty_output, folder_for_a_file, plain_help, plain_usage_error
+    given = sys.argv[1:] if args is None else args  # plain help and refusals, in one line each
+    if empty_output(given) or folder_for_a_file(given):
         return 2
     try:
         code = plain_help(command)(args=args, standalone_mode=False)

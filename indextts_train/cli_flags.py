@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
 from enum import Enum
 from typing import Annotated, Any
@@ -227,6 +228,27 @@ def _what_it_is(help_text: str | None) -> str | None:
 # Flags naming where a command writes. An empty value would become the current folder (Path("") is
 # "."), so `--output-dir ''` would train into wherever the shell happens to be.
 OUTPUT_FLAGS = ("-o", "--out", "--output", "--output-dir", "--write-clean", "--config-out", "--adapters-out")
+
+
+# Flags naming a file a command writes (the others name folders), and a file name an example gives, by flag
+# or by command.
+FILE_OUTPUT_FLAGS = ("-o", "--output", "--write-clean", "--config-out", "--adapters-out")
+_EXAMPLE_NAMES = {"--write-clean": "clean.jsonl", "--config-out": "config.yaml", "--adapters-out": "adapters.pth",
+                  "export": "gpt.pth", "extend-tokenizer": "bpe.model", "repair": "repaired.pth"}
+
+
+def folder_for_a_file(args: list[str]) -> bool:
+    """Whether a file-output flag is given a folder's path (`-o out/`: Path drops the slash, and the file
+    would be written under the folder's name); says so."""
+    pairs = [*zip(args, args[1:], strict=False), *(arg.split("=", 1) for arg in args if "=" in arg)]
+    given = next(((flag, value) for flag, value in pairs
+                  if flag in FILE_OUTPUT_FLAGS and value.endswith(("/", os.sep))), None)
+    if given is not None:
+        flag, value = given
+        name = _EXAMPLE_NAMES.get(flag) or _EXAMPLE_NAMES.get(args[0], "FILE")
+        typer.echo(f"error: {flag} {value} names a folder; give the path of the file to write (e.g. {value}{name})",
+                   err=True)
+    return given is not None
 
 
 def empty_output(args: list[str]) -> bool:

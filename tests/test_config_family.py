@@ -109,3 +109,17 @@ def test_family_checks_outside_the_family_module_stay_few() -> None:
              for _ in FAMILY_CHECK.finditer(line)]  # every occurrence, definitions included
     assert len(found) <= MAX_FAMILY_CHECKS, json.dumps(found, indent=1)
     assert FAMILY_CHECK.search("if cfg.is_v25:") and FAMILY_CHECK.search("if family is INDEXTTS25:")
+
+
+def test_a_grown_tokenizer_keeps_its_base_suffix(tmp_path) -> None:
+    """The suffix is how every reader tells a tokenizer's family: `-o grown` (no suffix) wrote a model that
+    train-gpt would then misread; refused with the name meant."""
+    from indextts_train.config.family import INDEXTTS2, INDEXTTS25, grown_tokenizer_family
+    from indextts_train.errors import UserError
+
+    assert grown_tokenizer_family(tmp_path / "bpe.model", tmp_path / "am.model") is INDEXTTS2
+    assert grown_tokenizer_family(tmp_path / "q.tiktoken", tmp_path / "am.tiktoken") is INDEXTTS25
+    for base, out, meant in (("bpe.model", "grown", "grown.model"), ("bpe.model", "am.tiktoken", "am.model"),
+                             ("q.tiktoken", "am.model", "am.tiktoken")):
+        with pytest.raises(UserError, match=f"must end in .*; e.g. {tmp_path / meant}$"):
+            grown_tokenizer_family(tmp_path / base, tmp_path / out)

@@ -102,3 +102,26 @@ def test_the_demo_writes_only_in_a_folder_of_its_own(tmp_path) -> None:
     claim_demo_folder(earlier)
     claim_demo_folder(earlier)
     assert (earlier / MARKER).is_file()
+
+
+def test_a_file_output_given_a_folder_path_is_one_line(tmp_path, capsys) -> None:
+    """`-o out/` ended as a file named `out` (Path drops the slash): the export, the grown tokenizer or the
+    clean manifest written under the folder's name. Refused before any work, with the file meant."""
+    from indextts_train.cli import app, run_app
+
+    _user_files(tmp_path)
+    before = tree_state(tmp_path)
+    out = f"{tmp_path / 'out'}/"
+    cases = [(["export", tmp_path / "x.pth", "-o", out], f"-o {out} names a folder; give the path of the file to "
+                                                           f"write (e.g. {out}gpt.pth)"),
+             (["export", tmp_path / "x.pth", f"--output={out}"], f"--output {out} names a folder"),
+             (["extend-tokenizer", "--base", TINY_BPE, "--corpus", PAIRS, "--target-size", "200", "-o", out],
+              f"(e.g. {out}bpe.model)"),
+             (["check-data", PAIRS, "--write-clean", out], f"(e.g. {out}clean.jsonl)"),
+             (["export", tmp_path / "x.pth", "-o", tmp_path / "gpt.pth", "--config-out", out],
+              f"(e.g. {out}config.yaml)")]
+    for args, said in cases:
+        assert run_app(app, [str(a) for a in args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+    assert tree_state(tmp_path) == before and not (tmp_path / "out").exists()

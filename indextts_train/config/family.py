@@ -137,9 +137,10 @@ def family_of_tokenizer(path: str | Path) -> Family:
 def grown_tokenizer_family(base: Path, output: Path) -> Family:
     """The family of a tokenizer grown from `base` into `output`: both files must be of its kind."""
     family = family_of_tokenizer(base)
-    if family_of_tokenizer(output) is not family:
-        raise UserError(f"--output {output} must have the base's kind ({Path(base).suffix}); a .tiktoken grows into "
-                        "a .tiktoken")
+    if Path(output).suffix != family.tokenizer_suffix:  # the suffix is how every reader tells the kind
+        raise UserError(f"--output {output} must end in {family.tokenizer_suffix}, the kind of its base {base} "
+                        f"(train-gpt and prepare tell a tokenizer's family by it); e.g. "
+                        f"{Path(output).with_suffix(family.tokenizer_suffix)}")
     return family
 
 
