@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,21 @@ def test_a_folder_of_a_version_without_a_ledger_is_adopted_from_its_records(tmp_
     (out / "codes" / "utt0002.npy").write_bytes(b"user data")  # no record, not listed: not prepare's
     with pytest.raises(UserError, match="codes/utt0002.npy was not written by prepare"):
         OutputFolder(out).guard_settings({"models": {}}, restart=True)
+
+
+def test_a_model_or_a_run_folder_as_out_is_refused_unless_prepare_started_there(tmp_path) -> None:
+    """`--out checkpoints` (the release's model folder) or a run folder: prepare's arrays and manifests would
+    mix with their files. Refused before any work, unchanged; an --out prepare already started goes on."""
+    model, run = tmp_path / "checkpoints", tmp_path / "run"
+    for folder, names in ((model, ("gpt.pth", "config.yaml")), (run, ("model_step2.pth", "latest.pth"))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_bytes(b"theirs")
+    before = tree_state(tmp_path)
+    for folder, held in ((model, "a model (gpt.pth, config.yaml)"), (run, "a run (its checkpoints)")):
+        with pytest.raises(UserError, match=rf"^--out {folder} holds {re.escape(held)}: prepare writes its arrays "
+                                            r"and manifests into a folder of its own"):
+            OutputFolder(folder).check_foreign()
+    assert tree_state(tmp_path) == before
+    (model / "prepare.settings.json").write_text("{}")  # a prepare of an earlier release started here
+    OutputFolder(model).check_foreign()

@@ -24,7 +24,8 @@ BEST = "best.pth"  # the lowest validation metric so far (best.py decides); neve
 
 # Folders of other work a newcomer gives as --output-dir (IndexTTS calls its model folder checkpoints/):
 # the files that tell them, and what they hold.
-_OTHER_WORK = ((("gpt.pth", "config.yaml"), "a model (gpt.pth, config.yaml)"),
+MODEL_FILES = ("gpt.pth", "config.yaml")  # a release's model folder, or an export
+_OTHER_WORK = ((MODEL_FILES, "a model (gpt.pth, config.yaml)"),
                ((PREPARE_RECORD,), f"prepared features ({PREPARE_RECORD})"))
 
 _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
@@ -119,14 +120,22 @@ def check_no_earlier_run(folder: RunFolder) -> None:
                         "auto to continue that run, or choose another --output-dir")
 
 
+def holds_model(path: Path) -> bool:
+    return all((Path(path) / name).is_file() for name in MODEL_FILES)
+
+
+def other_work(path: Path) -> str | None:
+    """What `path` holds of other work than a run (a model, prepared features, a corpus), said as a phrase."""
+    found = next((what for names, what in _OTHER_WORK if all((path / n).is_file() for n in names)), None)
+    return found or (corpus_form(path) if path.is_dir() else None)  # the clips and transcripts themselves
+
+
 def check_not_other_work(folder: RunFolder) -> None:
     """A run starts in a folder of its own, not among a model's or prepared features' files (where its
     checkpoints, logs and run.yaml would mix with them). A folder that holds a run already goes on."""
     if folder.files:
         return
-    found = next((what for names, what in _OTHER_WORK if all((folder.path / n).is_file() for n in names)), None)
-    if found is None and folder.path.is_dir():
-        found = corpus_form(folder.path)  # the clips and transcripts themselves
+    found = other_work(folder.path)
     if found is not None:
         raise UserError(f"--output-dir {folder.path} holds {found}, not a run: a run writes its checkpoints, logs "
                         "and run.yaml into a folder of its own; pass a new one (e.g. --output-dir runs/am)")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indextts_train.checkpoint.run_folder import holds_model, list_checkpoints
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
@@ -111,10 +112,19 @@ class OutputFolder:
         writes (see ownership.py); reads only, so every rank may check before any model is read."""
         check_output_folder("--out", self.root)
         started = (self.root / SETTINGS_FILE).is_file()
+        if not started:  # a new --out: not among a model's or a run's files, where its outputs would mix
+            self._check_not_model_or_run()
         owned = self.ledger.stems() if started else set()
         foreign = first_foreign(self.root, (SETTINGS_FILE, *MANIFESTS), started, owned)
         if foreign is not None:
             raise foreign_error(self.root, foreign)
+
+    def _check_not_model_or_run(self) -> None:
+        held = "a run (its checkpoints)" if list_checkpoints(self.root) else \
+            "a model (gpt.pth, config.yaml)" if holds_model(self.root) else None
+        if held is not None:
+            raise UserError(f"--out {self.root} holds {held}: prepare writes its arrays and manifests into a folder "
+                            "of its own; pass a new one (e.g. --out features/am)")
 
     def guard_settings(self, settings: dict, *, restart: bool) -> None:
         """Refuse foreign files and mixing with outputs of other models or settings; --restart removes
