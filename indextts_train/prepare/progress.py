@@ -113,7 +113,8 @@ def print_summary(report: dict, out: Path) -> None:
     if counts["kept"] and not counts["val_pairs"]:
         print(no_validation_warning(report))
     print(text_coverage(counts))
-    print(f"manifests: {out / 'train.jsonl'}, {out / 'val.jsonl'}, {out / 'utterances.jsonl'}")
+    print(f"manifests: {out / 'train.jsonl'} for --train-manifest, {out / 'val.jsonl'} for --val-manifest; "
+          f"{out / 'utterances.jsonl'} lists every utterance, the held-out ones too")  # which file goes where
 
 
 def no_validation_warning(report: dict) -> str:
