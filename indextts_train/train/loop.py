@@ -226,7 +226,7 @@ def begin(run: RunSpec, state: RunState, services: Services, rng: list[dict] | N
     progress, plan, log = state.progress, run.plan, services.log
     if progress.step >= run.total_steps:
         log.info(f"nothing to do: the run in {run.output_dir} already reached step {progress.step} "
-                 f"of {run.total_steps}")
+                 f"of {run.total_steps}; pass a larger --max-steps (or --epochs) to train on")
         log.close()
         return False
     # Last: model building and data setup may draw random numbers.
