@@ -10,6 +10,7 @@ import pytest
 
 from indextts_train.data import corpus_forms
 from indextts_train.data.corpus_forms import LOOKED_AT, SUBFOLDERS, corpus_form, manifest_lines, refuse_corpus
+from indextts_train.data.manifest import ManifestIndex
 from indextts_train.errors import UserError
 
 
@@ -25,7 +26,7 @@ def corpora(root: Path) -> dict[str, Path]:
     (root / "corpus.jsonl").write_text(json.dumps({"audio": "clips/a.wav", "text": "hello"}) + "\n")
     return {"an LJSpeech folder": root / "lj", "an LJSpeech-style metadata.csv": root / "lj" / "metadata.csv",
             "a folder of audio clips": root / "clips", "a Common Voice .tsv": root / "cv.tsv",
-            "a JSONL corpus (audio and text lines)": root / "corpus.jsonl", "an audio clip": root / "clips" / "a.wav"}
+            "an audio clip": root / "clips" / "a.wav"}
 
 
 def test_each_corpus_form_is_told(tmp_path) -> None:
@@ -42,6 +43,8 @@ def test_manifests_and_what_is_not_there_are_left_to_their_readers(tmp_path, tin
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "paths.jsonl").write_text(json.dumps({"audio": "a.wav", "text": "x", "codes_path": "c.npy"}) + "\n")
     assert [corpus_form(tmp_path / n) for n in ("bad.jsonl", "empty.jsonl", "paths.jsonl")] == [None] * 3
+    corpora(tmp_path / "c")
+    assert corpus_form(tmp_path / "c" / "corpus.jsonl") is None  # its lines tell it, no file is read here (below)
 
 
 def test_a_folder_is_looked_at_within_bounds(tmp_path, monkeypatch) -> None:
@@ -81,8 +84,29 @@ def test_the_refusal_names_the_flag_and_the_command_to_run(tmp_path) -> None:
            "FEATURES`" in said and said.endswith("FEATURES/train.jsonl (and FEATURES/val.jsonl to --val-manifest)")
     with pytest.raises(UserError, match=rf"prepare {paths['a folder of audio clips']} --model-dir"):
         refuse_corpus(paths["an audio clip"])  # one clip: prepare reads its folder
-    with pytest.raises(UserError, match="a JSONL corpus"):
-        list(manifest_lines(paths["a JSONL corpus (audio and text lines)"]))
+    with pytest.raises(UserError, match="an LJSpeech-style metadata.csv"):
+        list(manifest_lines(paths["an LJSpeech-style metadata.csv"]))
+
+
+def test_a_jsonl_corpus_line_is_told_where_lines_are_judged(tmp_path) -> None:
+    """A JSONL of {"audio", "text"} lines given as a manifest: its first line says it, by every manifest reader
+    (the line's form is judged in one place), with the prepare command; a manifest line with such keys is one."""
+    from indextts_train.data.lines import line_form
+
+    corpora(tmp_path)
+    corpus = tmp_path / "corpus.jsonl"
+    obj = json.loads(corpus.read_text())
+    with pytest.raises(UserError) as refused:
+        line_form(obj, f"{corpus}:1")
+    assert str(refused.value) == (f"{corpus}:1: a corpus line (audio, text) for `indextts-train prepare`, not a "
+                                  f"manifest line; run `indextts-train prepare {corpus} --model-dir MODEL_DIR --out "
+                                  "FEATURES` (MODEL_DIR: the official model folder), then pass FEATURES/train.jsonl")
+    with pytest.raises(UserError, match="a corpus line"):
+        ManifestIndex.build([corpus])
+    with pytest.raises(UserError, match="neither the paired form"):  # no audio: not a corpus line either
+        line_form({"text": "x"}, f"{corpus}:1")
+    assert line_form({**obj, "codes_path": "c.npy", "text_ids_path": "t.npy", "condition_path": "p.npy",
+                      "emo_vec_path": "e.npy", "text_len": 1, "code_len": 1}, "x:1")["codes"] == "codes_path"
 
 
 def test_a_manifest_reads_as_before(tiny_data) -> None:

@@ -22,11 +22,10 @@ from indextts_train.errors import UserError
 LATEST = "latest.pth"
 BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
 
-# Folders of other work a newcomer gives as --output-dir (IndexTTS calls its model folder checkpoints/):
-# the files that tell them, and what they hold.
-MODEL_FILES = ("gpt.pth", "config.yaml")  # a release's model folder, or an export
-_OTHER_WORK = ((MODEL_FILES, "a model (gpt.pth, config.yaml)"),
-               ((PREPARE_RECORD,), f"prepared features ({PREPARE_RECORD})"))
+# A model folder (a release's: IndexTTS calls it checkpoints/, or an export), which a newcomer gives as
+# --output-dir or --out: the files that tell it, and what it is said as.
+MODEL_FILES = ("gpt.pth", "config.yaml")
+A_MODEL = "a model (gpt.pth, config.yaml)"
 
 _STEP_FILE = re.compile(r"^model_step(\d+)\.pth$")
 
@@ -126,8 +125,11 @@ def holds_model(path: Path) -> bool:
 
 def other_work(path: Path) -> str | None:
     """What `path` holds of other work than a run (a model, prepared features, a corpus), said as a phrase."""
-    found = next((what for names, what in _OTHER_WORK if all((path / n).is_file() for n in names)), None)
-    return found or (corpus_form(path) if path.is_dir() else None)  # the clips and transcripts themselves
+    if holds_model(path):
+        return A_MODEL
+    if (path / PREPARE_RECORD).is_file():
+        return f"prepared features ({PREPARE_RECORD})"
+    return corpus_form(path) if path.is_dir() else None  # the clips and transcripts themselves
 
 
 def check_not_other_work(folder: RunFolder) -> None:

@@ -2,12 +2,13 @@
 
 `prepare` reads clips and transcripts (prepare/corpus.py reads each form); train-gpt, check-data,
 evaluate and tokenize read the manifests it writes. A newcomer often passes the one for the other: a
-`metadata.csv`, a folder of WAVs or a JSONL of `{"audio", "text"}` lines as `--train-manifest`. The
-manifest readers ask `refuse_corpus` first (through `manifest_lines`), so that the refusal names the
-command the file is for instead of saying "not valid JSON" or "is a folder".
+`metadata.csv` or a folder of WAVs as `--train-manifest`. The manifest readers ask `refuse_corpus`
+first (through `manifest_lines`), so that the refusal names the command the file is for instead of
+saying "not valid JSON" or "is a folder". A JSONL of `{"audio", "text"}` lines is told by its line,
+where the line's form is judged (data/lines.py), so no file is read here.
 
-What is looked at is bounded: the name, at most LOOKED_AT entries of a folder (and of a few of its
-subfolders), and the first line of a .jsonl.
+What is looked at is bounded: the name, and at most LOOKED_AT entries of a folder (and of a few of its
+subfolders).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import iter_lines, parse_json
+from indextts_train.files.bounded import iter_lines
 
 PREPARE_RECORD = "prepare.json"  # written by `prepare` beside the manifests it writes: a folder of features
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
@@ -45,18 +46,6 @@ def _holds_clips(folder: Path) -> bool:
     return any(e.name.lower().endswith(AUDIO_SUFFIXES) for sub in subfolders for e in _entries(Path(sub.path)))
 
 
-def _corpus_line(path: Path) -> bool:
-    """The first line is a JSONL corpus line of prepare's (`audio` and `text`, no `*_path` of features)."""
-    try:
-        for _, _, raw in iter_lines(path, "manifest"):
-            obj = parse_json(raw, f"{path}:1")
-            return isinstance(obj, dict) and "audio" in obj and "text" in obj and \
-                not any(str(key).endswith("_path") for key in obj)
-    except (UserError, ValueError):  # not JSON or unreadable: the manifest reader says so in its words
-        return False
-    return False
-
-
 def corpus_form(path: Path) -> str | None:
     """The corpus form `path` has ("an LJSpeech folder", "a folder of audio clips", ...), or None."""
     path = Path(path)
@@ -69,12 +58,13 @@ def corpus_form(path: Path) -> str | None:
         return "a folder of audio clips" if _holds_clips(path) else None
     if name.endswith(AUDIO_SUFFIXES):
         return "an audio clip"
-    table = next((form for suffix, form in _TABLES.items() if name.endswith(suffix)), None)
-    if table is not None:
-        return table
-    if name.endswith((".jsonl", ".json")) and path.is_file() and _corpus_line(path):
-        return "a JSONL corpus (audio and text lines)"
-    return None
+    return next((form for suffix, form in _TABLES.items() if name.endswith(suffix)), None)
+
+
+def prepare_command(corpus: Path | str) -> str:
+    """What to run to make a manifest of `corpus`, and what to pass then."""
+    return (f"run `indextts-train prepare {shlex.quote(str(corpus))} --model-dir MODEL_DIR --out FEATURES` "
+            "(MODEL_DIR: the official model folder), then pass FEATURES/train.jsonl")
 
 
 def refuse_corpus(path: Path | str, flag: str | None = None) -> None:
@@ -85,9 +75,8 @@ def refuse_corpus(path: Path | str, flag: str | None = None) -> None:
     named = f"{flag} {path}" if flag else str(path)
     corpus = Path(path).parent if form == "an audio clip" else Path(path)  # prepare reads the folder of clips
     val = " (and FEATURES/val.jsonl to --val-manifest)" if flag == "--train-manifest" else ""
-    raise UserError(f"{named} is {form}, a corpus for `indextts-train prepare`, not a manifest; run "
-                    f"`indextts-train prepare {shlex.quote(str(corpus))} --model-dir MODEL_DIR --out FEATURES` "
-                    f"(MODEL_DIR: the official model folder), then pass FEATURES/train.jsonl{val}")
+    raise UserError(f"{named} is {form}, a corpus for `indextts-train prepare`, not a manifest; "
+                    f"{prepare_command(corpus)}{val}")
 
 
 def manifest_lines(path: Path | str, flag: str | None = None) -> Iterator[tuple[int, int, bytes]]:

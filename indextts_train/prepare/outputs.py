@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from indextts_train.checkpoint.run_folder import holds_model, list_checkpoints
+from indextts_train.checkpoint.run_folder import A_MODEL, holds_model, list_checkpoints
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
@@ -120,8 +120,7 @@ class OutputFolder:
             raise foreign_error(self.root, foreign)
 
     def _check_not_model_or_run(self) -> None:
-        held = "a run (its checkpoints)" if list_checkpoints(self.root) else \
-            "a model (gpt.pth, config.yaml)" if holds_model(self.root) else None
+        held = "a run (its checkpoints)" if list_checkpoints(self.root) else A_MODEL if holds_model(self.root) else None
         if held is not None:
             raise UserError(f"--out {self.root} holds {held}: prepare writes its arrays and manifests into a folder "
                             "of its own; pass a new one (e.g. --out features/am)")
