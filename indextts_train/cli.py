@@ -145,6 +145,7 @@ def evaluate(
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
     from indextts_train.checkpoint.verify import load_verified
+    from indextts_train.data.corpus_forms import refuse_corpus
     from indextts_train.data.sampling import parse_manifest_specs
     from indextts_train.train.evaluate import evaluate_checkpoint
 
@@ -152,6 +153,8 @@ def evaluate(
     # (loaders further down only know "a base checkpoint", so their wording would mislead).
     loaded = run_guarded(load_verified, checkpoint)
     specs = run_guarded(parse_manifest_specs, manifest, "--manifest", weights=False)
+    for spec in specs:  # a corpus for prepare is said as such
+        run_guarded(refuse_corpus, spec.path, "--manifest")
     result = run_guarded(evaluate_checkpoint, checkpoint, [s.path for s in specs], config, batch_size=batch_size,
                          loaded=loaded)
     if as_json:

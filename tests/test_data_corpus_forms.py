@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from indextts_train.data import corpus_forms
-from indextts_train.data.corpus_forms import LOOKED_AT, SUBFOLDERS, corpus_form, manifest_lines, refuse_corpus
+from indextts_train.data.checkdata import check_manifests
+from indextts_train.data.corpus_forms import LOOKED_AT, SUBFOLDERS, corpus_form, refuse_corpus
 from indextts_train.data.manifest import ManifestIndex
 from indextts_train.errors import UserError
 
@@ -85,7 +86,7 @@ def test_the_refusal_names_the_flag_and_the_command_to_run(tmp_path) -> None:
     with pytest.raises(UserError, match=rf"prepare {paths['a folder of audio clips']} --model-dir"):
         refuse_corpus(paths["an audio clip"])  # one clip: prepare reads its folder
     with pytest.raises(UserError, match="an LJSpeech-style metadata.csv"):
-        list(manifest_lines(paths["an LJSpeech-style metadata.csv"]))
+        check_manifests([paths["an LJSpeech-style metadata.csv"]])  # check-data's paths
 
 
 def test_a_jsonl_corpus_line_is_told_where_lines_are_judged(tmp_path) -> None:
@@ -110,5 +111,6 @@ def test_a_jsonl_corpus_line_is_told_where_lines_are_judged(tmp_path) -> None:
 
 
 def test_a_manifest_reads_as_before(tiny_data) -> None:
-    lines = list(manifest_lines(tiny_data["train"]))
-    assert lines and all(json.loads(raw) for _, _, raw in lines)
+    refuse_corpus(tiny_data["train"], "--train-manifest")  # a manifest passes
+    report = check_manifests([tiny_data["train"]])
+    assert report["files"] and not report["bad_lines"]

@@ -148,6 +148,6 @@ def check_run_folder(output_dir: Path, resume: str | None) -> None:
     starts in no earlier run's."""
     check_output_dir(output_dir)
     folder = survey(output_dir)
-    check_not_other_work(folder)
     if resume is None:
         check_no_earlier_run(folder)
+    check_not_other_work(folder)  # a folder that holds checkpoints is a run's: only one without them is judged

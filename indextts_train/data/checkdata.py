@@ -20,7 +20,7 @@ import numpy as np
 
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import tag_base
-from indextts_train.data.corpus_forms import PREPARE_RECORD, manifest_lines
+from indextts_train.data.corpus_forms import PREPARE_RECORD, refuse_corpus
 from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, LineLimits, check_line, line_language
 from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
@@ -144,7 +144,7 @@ def check_lines(paths: Sequence[str | Path], limits: LineLimits,
     for path in paths:
         manifest_dir = os.path.dirname(os.path.abspath(path))
         seen_lines = 0
-        for line_no, _, raw in manifest_lines(path):  # a corpus for prepare is said as such
+        for line_no, _, raw in iter_lines(path, "manifest"):
             if max_lines is not None and seen_lines >= max_lines:
                 break
             seen_lines += 1
@@ -175,6 +175,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
     limits = _limits_for(gpt_cfg, vocab_size, base_vocab, borrowed, text_path)
     files = [str(p) for p in paths]
+    for path in files:  # check-data's paths, once each: a corpus for prepare is said as such
+        refuse_corpus(path)
     stats = _CheckStats()
     errors: list[str] = []
     bad_lines: list[list] = []

@@ -2,10 +2,11 @@
 
 `prepare` reads clips and transcripts (prepare/corpus.py reads each form); train-gpt, check-data,
 evaluate and tokenize read the manifests it writes. A newcomer often passes the one for the other: a
-`metadata.csv` or a folder of WAVs as `--train-manifest`. The manifest readers ask `refuse_corpus`
-first (through `manifest_lines`), so that the refusal names the command the file is for instead of
-saying "not valid JSON" or "is a folder". A JSONL of `{"audio", "text"}` lines is told by its line,
-where the line's form is judged (data/lines.py), so no file is read here.
+`metadata.csv` or a folder of WAVs as `--train-manifest`. The commands ask `refuse_corpus` once for each
+manifest path, before it is read (train's checks before work, check-data, evaluate, tokenize), so that
+the refusal names the command the file is for instead of saying "not valid JSON" or "is a folder". A
+JSONL of `{"audio", "text"}` lines is told by its line, where the line's form is judged (data/lines.py),
+so no file is read here.
 
 What is looked at is bounded: the name, and at most LOOKED_AT entries of a folder (and of a few of its
 subfolders).
@@ -15,11 +16,9 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import iter_lines
 
 PREPARE_RECORD = "prepare.json"  # written by `prepare` beside the manifests it writes: a folder of features
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
@@ -77,9 +76,3 @@ def refuse_corpus(path: Path | str, flag: str | None = None) -> None:
     val = " (and FEATURES/val.jsonl to --val-manifest)" if flag == "--train-manifest" else ""
     raise UserError(f"{named} is {form}, a corpus for `indextts-train prepare`, not a manifest; "
                     f"{prepare_command(corpus)}{val}")
-
-
-def manifest_lines(path: Path | str, flag: str | None = None) -> Iterator[tuple[int, int, bytes]]:
-    """A manifest's lines (files/bounded.iter_lines), refused first when `path` is a corpus for prepare."""
-    refuse_corpus(path, flag)
-    yield from iter_lines(path, "manifest")

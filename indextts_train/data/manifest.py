@@ -26,7 +26,6 @@ from indextts_train.config.family import Family
 from indextts_train.config.metric_names import group_name
 from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import TEXT_VOCAB_SOURCE, check_arrays, check_ids, check_text_ids
-from indextts_train.data.corpus_forms import manifest_lines
 from indextts_train.data.lines import (
     lang_id_of,
     line_form,
@@ -38,6 +37,7 @@ from indextts_train.data.lines import (
 from indextts_train.data.sampling import ManifestSpec
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import iter_lines
 from indextts_train.model.gpt import Batch
 
 SKIPPED_EXAMPLES = 5
@@ -140,7 +140,7 @@ class ManifestIndex:
         for file_id, path in enumerate(files):
             seen_lines = 0
             manifest_dir = os.path.dirname(os.path.abspath(path))
-            for line_no, offset, raw in manifest_lines(path):  # a corpus for prepare is said as such
+            for line_no, offset, raw in iter_lines(path, "manifest"):
                 seen_lines += 1
                 try:
                     obj, fields, text_len, code_len = parse_line(
