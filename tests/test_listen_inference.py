@@ -50,7 +50,8 @@ def offline(tmp_path_factory):
             os.environ[name] = value
 
 
-@pytest.fixture(scope="module", params=[INDEXTTS25, INDEXTTS2])
+@pytest.fixture(scope="module", params=[pytest.param(INDEXTTS25, id="v25", marks=pytest.mark.xdist_group("v25")),
+                                        pytest.param(INDEXTTS2, id="v2", marks=pytest.mark.xdist_group("v2"))])
 def tiny(request, tmp_path_factory) -> dict:
     """A tiny inference folder of the family, its interpreter, and a prompt clip."""
     family = request.param

@@ -75,7 +75,8 @@ def _v2_inputs(work: Path) -> dict:
             "base_tokenizer": _make_base_tokenizer(work / "bpe.model", gpt, seed=0)}
 
 
-@pytest.fixture(scope="module", params=[INDEXTTS25, INDEXTTS2], ids=["v25", "v2"])
+@pytest.fixture(scope="module", params=[pytest.param(INDEXTTS25, id="v25", marks=pytest.mark.xdist_group("v25")),
+                                        pytest.param(INDEXTTS2, id="v2", marks=pytest.mark.xdist_group("v2"))])
 def heard_run(request, tmp_path_factory) -> dict:
     """A tiny run of the family (checkpoints at steps 2 and 4), a tiny inference folder of it, two lines, and
     what listen hears of it (HEARD)."""
