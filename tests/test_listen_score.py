@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import huggingface_hub
 import numpy as np
 import pytest
 import soundfile
@@ -51,7 +52,10 @@ def test_scores_of_a_wav(tmp_path, models):
 
 
 def test_missing_asr_model_is_one_line(tmp_path, monkeypatch):
+    # as a user who set HF_HUB_OFFLINE before starting: the hub reads it once, when it is imported (set here
+    # alone, the hub went online and spent 23 s in retries before the same line)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(UserError, match="--asr-model nobody/no-such-asr-model: not a local folder and not in the"):
         load_recogniser("nobody/no-such-asr-model", "cpu")
