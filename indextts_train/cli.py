@@ -21,7 +21,7 @@ import typer
 from indextts_train import cli_flags
 from indextts_train.cli_flags import NORMALIZER_HELP, ClickException, say_text_path, train_parameters
 from indextts_train.config.settings import DEFAULT_CONFIG
-from indextts_train.errors import UserError, disk_line, user_line
+from indextts_train.errors import UserError, disk_line, error_line, one_line, user_line
 from indextts_train.listen.command import listen  # the command's module imports the work lazily
 from indextts_train.prepare.utterance import MAX_SECONDS
 
@@ -31,7 +31,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 def fail(message: str) -> None:
     """Bad input: one line on stderr, exit 2."""
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(error_line(message), err=True)
     raise typer.Exit(2)
 
 
@@ -177,9 +177,9 @@ def verify(
     if as_json:
         typer.echo(json.dumps(verdict.to_dict(), indent=1, default=str))
     else:
-        typer.echo(f"{checkpoint}: {verdict.status} ({verdict.kind})")
+        typer.echo(one_line(f"{checkpoint}: {verdict.status} ({verdict.kind})"))  # a name's line break escaped
         for reason in verdict.reasons:
-            typer.echo(f"  - {reason}")
+            typer.echo(f"  - {one_line(reason)}")
         if verbose:
             for key, value in verdict.summary.items():
                 typer.echo(f"  {key}: {value}")
@@ -452,7 +452,7 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     """
     bad = cli_flags.unusable_argument(sys.argv[1:] if args is None else args)
     if bad:
-        typer.echo(f"error: {bad}", err=True)
+        typer.echo(error_line(bad), err=True)
         return 2
     from indextts_train.cli_flags import empty_output, folder_for_a_file, plain_help, plain_usage_error
     given = sys.argv[1:] if args is None else args  # plain help and refusals, in one line each
@@ -461,7 +461,7 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     try:
         code = plain_help(command)(args=args, standalone_mode=False)
     except ClickException as exc:
-        typer.echo(f"error: {plain_usage_error(exc, sys.argv[1:] if args is None else args)} (see --help)", err=True)
+        typer.echo(error_line(f"{plain_usage_error(exc, sys.argv[1:] if args is None else args)} (see --help)"), err=True)
         return exc.exit_code
     except typer.Abort:  # Ctrl+C outside a command's own handling
         typer.echo("Aborted!", err=True)
@@ -470,7 +470,7 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
         line = disk_line(exc)
         if line is None:
             raise
-        typer.echo(f"error: {line}", err=True)
+        typer.echo(error_line(line), err=True)
         return 2
     return code if isinstance(code, int) else 0
 

@@ -28,7 +28,7 @@ except ImportError:
 
 from indextts_train.config.schema import field_types, near_names
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
-from indextts_train.errors import text_problem
+from indextts_train.errors import error_line, text_problem
 from indextts_train.ui.run_settings import REQUIRED_INPUTS
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
@@ -237,16 +237,22 @@ _EXAMPLE_NAMES = {"--write-clean": "clean.jsonl", "--config-out": "config.yaml",
                   "export": "gpt.pth", "extend-tokenizer": "bpe.model", "repair": "repaired.pth"}
 
 
+def _names_a_folder(value: str) -> bool:
+    """`out/`, `.`, `..`, `out/.`, `/`: a folder whatever is there (Path drops a trailing slash and `.`, so a file
+    would be written under the folder's own name)."""
+    return value.endswith(("/", os.sep)) or value.rsplit(os.sep, 1)[-1] in (".", "..")
+
+
 def folder_for_a_file(args: list[str]) -> bool:
-    """Whether a file-output flag is given a folder's path (`-o out/`: Path drops the slash, and the file
-    would be written under the folder's name); says so."""
+    """Whether a file-output flag is given a folder's path (`-o out/`, `-o .`); says so."""
     pairs = [*zip(args, args[1:], strict=False), *(arg.split("=", 1) for arg in args if "=" in arg)]
-    given = next(((flag, value) for flag, value in pairs
-                  if flag in FILE_OUTPUT_FLAGS and value.endswith(("/", os.sep))), None)
+    given = next(((flag, value) for flag, value in pairs if flag in FILE_OUTPUT_FLAGS and _names_a_folder(value)),
+                 None)
     if given is not None:
         flag, value = given
         name = _EXAMPLE_NAMES.get(flag) or _EXAMPLE_NAMES.get(args[0], "FILE")
-        typer.echo(f"error: {flag} {value} names a folder; give the path of the file to write (e.g. {value}{name})",
+        example = f"{value}{'' if value.endswith(('/', os.sep)) else os.sep}{name}"
+        typer.echo(error_line(f"{flag} {value} names a folder; give the path of the file to write (e.g. {example})"),
                    err=True)
     return given is not None
 
@@ -257,5 +263,5 @@ def empty_output(args: list[str]) -> bool:
                   if value == "" and (flag in OUTPUT_FLAGS or flag == "demo")), None)
     empty = empty or next((arg[:-1] for arg in args if arg.endswith("=") and arg[:-1] in OUTPUT_FLAGS), None)
     if empty is not None:
-        typer.echo(f"error: {empty} is empty; give the path to write to (empty is the current folder)", err=True)
+        typer.echo(error_line(f"{empty} is empty; give the path to write to (empty is the current folder)"), err=True)
     return empty is not None

@@ -20,13 +20,30 @@ class NotOwnFile(PermissionError):
     not its own to write (files/atomic.open_own). Its strerror says which."""
 
 
+# A line break or another control character in a message (a path or a value typed with one) is written as
+# its escape: a refusal is one line, and a terminal shows no control sequence from a file name.
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(32), 127) if code != ord("\t")} | {
+    ord("\n"): "\\n", ord("\r"): "\\r"}
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and other control characters escaped (tabs kept)."""
+    return text.translate(_CONTROL)
+
+
+def error_line(message: str) -> str:
+    """The line a refusal is said as: `error: MESSAGE`, on one line whatever the message holds."""
+    return f"error: {one_line(message)}"
+
+
 def user_line(exc: BaseException) -> str:
-    """The message of a UserError, also when a DataLoader worker re-raised it with its traceback inside."""
+    """The message of a UserError, also when a DataLoader worker re-raised it with its traceback inside;
+    one line."""
     message = str(exc)
     if "Original Traceback" in message:
         last = [line for line in message.splitlines() if line.strip()][-1]
-        return last.split("UserError: ", 1)[-1]
-    return message
+        message = last.split("UserError: ", 1)[-1]
+    return one_line(message)
 
 
 # What a JSON or YAML number of thousands of digits is called (Python refuses to convert more than 4300).

@@ -287,6 +287,11 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys)
         ("demo", tmp_path / "out", "--resume", tmp_path / "nothing.pth"): "--resume",
         ("demo", tmp_path / "out", "--resume", ROOT / "configs"): "is a folder; pass the checkpoint file in it",
         ("hardware", "--config", TINY_CONFIG, "--assume", ""): "--assume",
+        # a train: setting typed as a flag is named as the range checks name it: key, then flag
+        ("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--lora-targets",
+         "foo"): "error: train.lora_targets (--lora-targets) foo: choose one or more of",
+        ("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--forgetting-limit",
+         "foo"): "error: train.forgetting_limit (--forgetting-limit) foo: expected a percentage",
     }
     for args, needle in cases.items():
         one_line(list(args), capsys, needle)

@@ -292,3 +292,27 @@ def test_a_symlink_loop_given_as_a_path_is_one_line(command, tiny_data, tmp_path
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(loop) in lines[0], lines
     assert "Traceback" not in captured.err + captured.out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"] and loop.is_symlink()
+
+
+@pytest.mark.parametrize("command", ["verify", "checkpoints", "check-data", "check-tokenizer", "repair", "export",
+                                     "hardware", "tokenize", "train", "listen"])
+def test_a_path_with_a_line_break_or_a_control_character_is_one_line(command, tiny_data, tmp_path, capsys) -> None:
+    """A name holding a line break (or an escape sequence) is said with it escaped: still one line, and no
+    control sequence reaches the terminal."""
+    odd = tmp_path / "a\nb\x1b[2Jc"
+    config = str(TINY_CONFIG)
+    args = {"verify": [odd], "checkpoints": [odd], "check-data": [odd], "check-tokenizer": [odd],
+            "repair": [odd], "export": [odd, "--config", config, "-o", tmp_path / "gpt.pth"],
+            "hardware": ["--config", odd], "tokenize": [odd, "--tokenizer", odd, "--out", tmp_path / "tok"],
+            "train": ["--train-manifest", odd, "--config", config, "--output-dir", tmp_path / "run"],
+            "listen": [odd]}[command]
+    assert run_app(app, [command, *map(str, args)]) == 2
+    captured = capsys.readouterr()
+    if command == "verify":  # its report, on stdout: INCOMPLETE and why, a line each
+        lines = captured.out.splitlines()
+        assert len(lines) == 2 and lines[0].endswith("INCOMPLETE (unknown)") and captured.err == "", lines
+    else:
+        lines = [line for line in captured.err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "a\\nb\\x1b[2Jc" in lines[0] and "\x1b" not in captured.err + captured.out, lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

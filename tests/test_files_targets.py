@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, assert_refused, run_cli, tree_state
 
+from indextts_train.errors import UserError
+
 PAIRS = ROOT / "tests" / "data" / "reference" / "tiny" / "pairs.jsonl"
 TINY_BPE = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"  # 150 pieces
 TURKISH = ["Bugün hava çok güzel, Ayşe ile parka gidiyoruz.", "Öğretmenimiz yarın sınavı erteleyeceğini söyledi.",
@@ -119,9 +121,25 @@ def test_a_file_output_given_a_folder_path_is_one_line(tmp_path, capsys) -> None
               f"(e.g. {out}bpe.model)"),
              (["check-data", PAIRS, "--write-clean", out], f"(e.g. {out}clean.jsonl)"),
              (["export", tmp_path / "x.pth", "-o", tmp_path / "gpt.pth", "--config-out", out],
-              f"(e.g. {out}config.yaml)")]
+              f"(e.g. {out}config.yaml)"),
+             # `.`, `..` and `out/.` name folders too (Path drops the `.`): `-o .` raised a traceback
+             (["export", tmp_path / "x.pth", "-o", "."], "-o . names a folder; give the path of the file to write "
+                                                         "(e.g. ./gpt.pth)"),
+             (["export", tmp_path / "x.pth", "-o", ".."], "(e.g. ../gpt.pth)"),
+             (["export", tmp_path / "x.pth", "-o", f"{tmp_path / 'out'}/."], f"(e.g. {tmp_path / 'out'}/./gpt.pth)"),
+             (["check-data", PAIRS, "--write-clean", "/"], "--write-clean / names a folder")]
     for args, said in cases:
         assert run_app(app, [str(a) for a in args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
     assert tree_state(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_the_root_folder_has_no_folder_above_it_to_check() -> None:
+    """`tokenize --out /` raised StopIteration: the check of the folder above found none above the root."""
+    from indextts_train.files.targets import check_output_folder, check_parent
+
+    check_output_folder("--out", Path("/"))
+    check_parent("--out", Path("/"))
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        check_parent("--out", Path("/dev/null/x"))

@@ -277,8 +277,8 @@ def test_bad_scope_settings_name_the_key(kwargs, message):
     ({"rank": 0}, "train.lora_rank must be an integer >= 1"),
     ({"alpha": 0.0}, "train.lora_alpha must be > 0"),
     ({"dropout": 1.0}, r"train.lora_dropout must be in \[0, 1\)"),
-    ({"targets": ("qkv", "ffn")}, "train.lora_targets qkv,ffn: choose one or more of qkv, attn_out"),
-    ({"targets": ()}, r"train.lora_targets \(empty\)"),
+    ({"targets": ("qkv", "ffn")}, r"train.lora_targets \(--lora-targets\) qkv,ffn: choose one or more of qkv"),
+    ({"targets": ()}, r"train.lora_targets \(--lora-targets\) \(empty\)"),
 ])
 def test_bad_lora_settings_name_the_key(kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -297,7 +297,7 @@ def test_targets_parse_from_a_flag_or_a_config_value():
 
 @pytest.mark.parametrize(("train", "message"), [
     ({"train_scope": "half"}, "train.train_scope 'half'"),
-    ({"train_scope": "lora", "lora_targets": "qkv,ffn"}, "train.lora_targets qkv,ffn"),
+    ({"train_scope": "lora", "lora_targets": "qkv,ffn"}, "train.lora_targets (--lora-targets) qkv,ffn"),
     ({"lora_rank": 0}, "train.lora_rank (--lora-rank) must be > 0, got 0"),
     ({"lora_rank": "8"}, "train.lora_rank: expected int"),
     ({"partial_layers": -1}, "train.partial_layers (--partial-layers) must be > 0, got -1"),

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 import typer
@@ -304,7 +305,12 @@ def test_loss_curves_of_one_run_folder_drop_what_a_killed_process_logged_past_it
         for step in range(1, 6):
             writer.add_scalar("train/loss", float(10 + step), step)
     assert tensorboard_dir(tmp_path, 3) == folder  # the resume writes into the same folder
-    with SummaryWriter(str(folder), purge_step=4) as writer:
+    # A resume is a later process: its file's name (time, host, pid, a counter) sorts after the killed one's.
+    # Two writers of this one process within a second are told apart by the counter alone, which sorts as
+    # text (".10" before ".9"): the resumed writer is made a few seconds later, as a resume is.
+    with mock.patch("time.time", return_value=time.time() + 5):
+        resumed = SummaryWriter(str(folder), purge_step=4)
+    with resumed as writer:
         for step in range(4, 8):
             writer.add_scalar("train/loss", float(20 + step), step)
     curves = records.loss_curves(tmp_path, Roots([tmp_path]))

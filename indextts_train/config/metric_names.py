@@ -33,7 +33,7 @@ def parse_forgetting_limit(text: str) -> dict[str | None, float]:
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or value < 0 or (sep and not name):
-            raise UserError(f"--forgetting-limit {text}: expected a percentage (e.g. 5) or LANG=PCT pairs "
-                            "(e.g. zh=5,en=5)")
+            raise UserError(f"train.forgetting_limit (--forgetting-limit) {text}: expected a percentage (e.g. 5) "
+                            "or LANG=PCT pairs (e.g. zh=5,en=5)")
         limits[group_name(name) if sep else None] = value
     return limits

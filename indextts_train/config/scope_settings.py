@@ -38,8 +38,8 @@ class LoraSpec:
             raise UserError(f"train.lora_dropout must be in [0, 1), got {self.dropout!r}")
         unknown = [t for t in self.targets if t not in LORA_TARGETS]
         if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
-            raise UserError(f"train.lora_targets {','.join(self.targets) or '(empty)'}: choose one or more of "
-                            f"{', '.join(LORA_TARGETS)} (comma-separated), each once")
+            raise UserError(f"train.lora_targets (--lora-targets) {','.join(self.targets) or '(empty)'}: choose one "
+                            f"or more of {', '.join(LORA_TARGETS)} (comma-separated), each once")
 
     @property
     def scale(self) -> float:

@@ -27,8 +27,8 @@ def same_path(a: Path | str, b: Path | str) -> bool:
 
 def check_parent(flag: str, path: Path) -> None:
     """The nearest existing folder above `path` must be a folder (not a file named like one)."""
-    existing = next(p for p in path.absolute().parents if p.exists() or p == p.parent)
-    if not existing.is_dir():
+    existing = next((p for p in path.absolute().parents if p.exists() or p == p.parent), None)
+    if existing is not None and not existing.is_dir():  # None: `path` is the root, above which is nothing
         raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose another path")
 
 
