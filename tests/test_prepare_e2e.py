@@ -288,7 +288,8 @@ def test_missing_model_files_are_listed_with_where_to_put_them(tmp_path, monkeyp
     (["--batch-seconds", "0"], "--batch-seconds 0.0: must be > 0"),
     (["--val-fraction", "1"], "--val-fraction 1.0: must be >= 0 and < 1"),
     (["--min-seconds", "3", "--max-seconds", "2"], "need 0 <= min < max"),
-    (["--semantic-codec", "nope.safetensors"], "--semantic-codec nope.safetensors: file not found"),
+    (["--semantic-codec", "nope.safetensors"], "--semantic-codec nope.safetensors: semantic codec (MaskGCT "
+                                               "semantic_codec/model.safetensors) not found"),
     (["--device", "potato"], "--device potato: not a device"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, message) -> None:

@@ -103,7 +103,12 @@ def check_file(path: Path | str, what: str, *, flag: str | None = None,
         raise UserError(f"{named} is a folder; pass the {what} file in it{meant}")
     if not os.path.exists(path):
         raise UserError(f"{named}: {what} not found; {missing}")
-    check_regular(path, what)
+    try:
+        check_regular(path, what)
+    except UserError as exc:  # a FIFO, a device, a /proc file: said with the flag that named it
+        if flag is None:
+            raise
+        raise UserError(f"{flag} {exc}") from None
 
 
 def iter_lines(path: Path | str, what: str, *, gzipped: bool = False,

@@ -18,7 +18,7 @@ from pathlib import Path
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import load_yaml
+from indextts_train.files.bounded import check_file, load_yaml, open_regular
 from indextts_train.prepare.w2vbert import check_config_sizes
 
 
@@ -80,8 +80,9 @@ class ModelFiles:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's sha256, read in chunks (a model file is GBs); a FIFO, device or /proc file is one line."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path, "model file") as handle:
         while chunk := handle.read(HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -136,9 +137,8 @@ class _Finder:
         self.missing: list[tuple[str, str, HubFile | None]] = []  # (file, where looked, hub source)
 
     def file(self, what: str, override: Path | None, flag: str, local: Path, hub: HubFile | None = None) -> Path:
-        if override is not None:
-            if not override.is_file():
-                raise UserError(f"{flag} {override}: file not found")
+        if override is not None:  # missing, a folder, a FIFO or a /proc file: one line naming the flag
+            check_file(override, what, flag=flag)
             return override
         if local.is_file():
             return local
