@@ -302,6 +302,23 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, message) -> None:
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("is_v25", "flag"), [(False, "--campplus"), (True, "--semantic-codec")])
+def test_a_model_file_flag_of_the_other_family_is_refused_not_ignored(tmp_path, is_v25, flag) -> None:
+    """--campplus given for IndexTTS2 (or --semantic-codec for 2.5) was silently ignored: a script of the other
+    family's. One line before any work, naming the flag and the family of the model folder."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(TINY_V25 if is_v25 else TINY_V2, tmp_path / "models" / "config.yaml")
+    reference_corpus(tmp_path, is_v25=is_v25)
+    (tmp_path / "theirs.bin").write_bytes(b"a model file")
+    result = CliRunner().invoke(app, ["prepare", str(tmp_path / "corpus.jsonl"), "--model-dir",
+                                      str(tmp_path / "models"), "--out", str(tmp_path / "out"), flag,
+                                      str(tmp_path / "theirs.bin")])
+    family = "IndexTTS-2.5" if is_v25 else "IndexTTS2"
+    assert result.exit_code == 2 and f"{flag} {tmp_path / 'theirs.bin'}: " in result.output, result.output
+    assert f"is {family}'s, whose features take no such file; leave {flag} out" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_train_gpt_reads_the_prepared_manifests_unchanged(tmp_path) -> None:
     """The public train-gpt, in its own process, on prepare's train.jsonl / val.jsonl as written."""

@@ -165,6 +165,18 @@ class _Finder:
         return local
 
 
+def _check_family_flags(overrides: Overrides, family: Family, codec_flag: str, config: Path) -> None:
+    """A model file flag of the other family is a mix-up (a script written for it), said before any work,
+    not ignored: --semantic-codec is IndexTTS2's, --campplus IndexTTS-2.5's."""
+    given = [(flag, value) for flag, value, used in (("--semantic-codec", overrides.semantic_codec, bool(codec_flag)),
+                                                     ("--campplus", overrides.campplus, family.speaker_vector))
+             if value is not None and not used]
+    if given:
+        flag, value = given[0]
+        raise UserError(f"{flag} {value}: {config} is {family.name}'s, whose features take no such file; leave "
+                        f"{flag} out, or pass the model folder of the family it belongs to")
+
+
 def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = False) -> ModelFiles:
     """Every model file of the family the config names, or one line listing what is missing and where to put it."""
     if not model_dir.is_dir():
@@ -186,6 +198,7 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
                                  model_dir / tokenizer_name),
     }
     what, flag, hub = CODEC_SOURCES[family]
+    _check_family_flags(overrides, family, flag, config_path)
     files["codec"] = finder.file(what, overrides.semantic_codec if flag else None, flag, model_dir / family.codec_file,
                                  hub)
     if family.speaker_vector:  # from the prompt's waveform, through CAMPPlus
