@@ -105,3 +105,48 @@ def test_a_recorded_run_is_resolved_under_the_flags_given_beside_it(tmp_path) ->
         resolve_settings(train_manifests=["a.jsonl"], val_manifests=["v.jsonl@0.5"], output_dir=tmp_path, config=TINY)
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.config_note = "changed"
+
+
+NEEDS = {f.name: f.metadata["needs"] for f in dataclasses.fields(TrainConfig) if f.metadata.get("needs")}
+
+
+def test_the_settings_read_only_in_one_mode_say_which_on_their_field() -> None:
+    assert set(NEEDS) == {"partial_layers", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
+                          "listen_device", "listen_asr_model", "listen_inference_python"}
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name, (key, wanted) in NEEDS.items():
+        assert key in fields and (wanted is None or wanted in fields[key].metadata["choices"]), name
+        assert fields[name].metadata["help"].startswith(f"--{key.replace('_', '-')}"), name  # its help says it too
+
+
+def test_a_typed_setting_of_a_mode_the_run_is_not_in_is_refused(tmp_path) -> None:
+    """--lora-rank without --train-scope lora trained the whole model (the flag changed nothing): one line."""
+    base = {"train_manifests": ["t.jsonl"], "output_dir": tmp_path / "out", "config": TINY}
+    cases = [({"lora_rank": 8}, "--lora-rank is read under --train-scope lora only, and this run has "
+                                "--train-scope full: the flag would change nothing; add --train-scope lora, or "
+                                "leave --lora-rank out"),
+             ({"partial_layers": 2, "train_scope": "lora"}, "--partial-layers is read under --train-scope partial "
+                                                            "only, and this run has --train-scope lora"),
+             ({"listen_device": "cuda:1"}, "--listen-device is read under --listen-every K (K > 0) only, and this run "
+                                           "has --listen-every 0")]
+    for given, said in cases:
+        with pytest.raises(UserError, match=re.escape(said)):
+            resolve_settings(**base, **given)
+    assert resolve_settings(**base, lora_rank=8, train_scope="lora").config.train.lora_rank == 8
+    assert resolve_settings(**base, listen_device="cuda:1", listen_every=2).config.train.listen_device == "cuda:1"
+    # what a config file or a recorded run holds is not typed: a full run's file may keep its lora settings
+    data = copy.deepcopy(TINY_FILE)
+    data["train"].update(lora_rank=8, partial_layers=2, listen_device="cuda:1")
+    (tmp_path / "kept.yaml").write_text(yaml.safe_dump(data))
+    kept = resolve_settings(**{**base, "config": tmp_path / "kept.yaml"})
+    assert (kept.config.train.train_scope, kept.config.train.lora_rank) == ("full", 8)
+    inputs = {"train_manifests": ["t.jsonl"], "output_dir": "out", "config": str(tmp_path / "kept.yaml")}
+    write_run_record(tmp_path, inputs, config_to_dict(kept.config), {}, 0.0)
+    assert resolve_settings(from_run=tmp_path / "run.yaml", epochs=3, typed={"epochs"}).config.train.lora_rank == 8
+    with pytest.raises(UserError, match="--lora-alpha is read under --train-scope lora only"):
+        resolve_settings(from_run=tmp_path / "run.yaml", lora_alpha=4.0, typed={"lora_alpha"})
+    result = CliRunner().invoke(app, ["train", "--train-manifest=t.jsonl", f"--output-dir={tmp_path / 'cli'}",
+                                      f"--config={TINY}", "--lora-rank", "8"])
+    assert result.exit_code == 2 and result.output.startswith("error: --lora-rank is read under") and \
+        result.output.count("\n") == 1, result.output
+    assert not (tmp_path / "cli").exists()

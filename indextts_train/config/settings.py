@@ -109,7 +109,7 @@ class GPTConfig:
 
 
 def option(default: Any, help: str, *, flag: str | None = None, rule: str | None = None,
-           most: float | None = None, names: str | None = None) -> Any:
+           most: float | None = None, names: str | None = None, needs: tuple[str, str | None] | None = None) -> Any:
     """A `train:` field that is also a `train-gpt` flag: the CLI, overrides and hparams derive from it.
 
     `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
@@ -118,8 +118,11 @@ def option(default: Any, help: str, *, flag: str | None = None, rule: str | None
     `names`: what a text value names outside the run, which the web page keeps inside its roots: "program"
     (a program the run starts; its last part may be a link, as a venv's bin/python is) or "model" (a model
     it loads: a folder, or a hub id).
+    `needs`: (setting, value) under which this one is read at all (value None: any but 0); typed without it,
+    the flag would change nothing (setting_unread says so).
     """
-    return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most, "names": names})
+    return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most, "names": names,
+                                            "needs": needs})
 
 
 @dataclass
@@ -170,11 +173,12 @@ class TrainConfig:
     listen_every: int = option(0, "Hear every K-th saved checkpoint (and the last) with `indextts-train listen` in a "
                                   "separate process while training goes on (0 = never); see docs/listen.md.",
                                rule=">=0", most=1 << 40)
-    listen_device: str = option("cpu", "--listen-every: where the listener synthesizes and scores (cpu, cuda:1, ...).")
+    listen_device: str = option("cpu", "--listen-every: where the listener synthesizes and scores (cpu, cuda:1, ...).",
+                                needs=("listen_every", None))
     listen_asr_model: str = option("", "--listen-every: the listener's --asr-model (default: listen's).",
-                                   names="model")
+                                   names="model", needs=("listen_every", None))
     listen_inference_python: str = option("", "--listen-every: the listener's --inference-python (default: this "
-                                              "Python).", names="program")
+                                              "Python).", names="program", needs=("listen_every", None))
     listen_lines: int = option(4, "At every validation the GPT generates speech codes (no audio) for this many "
                                   "validation lines per language: share that stops, length vs target, "
                                   "repetition. 0 = off.", rule=">=0", most=1024)
@@ -202,13 +206,16 @@ class TrainConfig:
                 "new text rows) or lora (adapters on the trunk, heads, new text rows). Fixed for a run.",
         "flag": None, "choices": ("full", "partial", "lora")})
     partial_layers: int = option(4, "--train-scope partial: how many of the last trunk blocks train.",
-                                 rule=">0", most=1024)
-    lora_rank: int = option(16, "--train-scope lora: rank of each adapter.", rule=">0", most=65_536)
-    lora_alpha: float = option(32.0, "--train-scope lora: adapter scale = alpha / rank.", rule=">0", most=1e9)
-    lora_dropout: float = option(0.0, "--train-scope lora: dropout on each adapter's input.", rule="[0,1)")
+                                 rule=">0", most=1024, needs=("train_scope", "partial"))
+    lora_rank: int = option(16, "--train-scope lora: rank of each adapter.", rule=">0", most=65_536,
+                            needs=("train_scope", "lora"))
+    lora_alpha: float = option(32.0, "--train-scope lora: adapter scale = alpha / rank.", rule=">0", most=1e9,
+                               needs=("train_scope", "lora"))
+    lora_dropout: float = option(0.0, "--train-scope lora: dropout on each adapter's input.", rule="[0,1)",
+                                 needs=("train_scope", "lora"))
     lora_targets: str = option("qkv,attn_out,mlp_in,mlp_out",
                                "--train-scope lora: adapted layers of every trunk block, comma-separated: "
-                               "qkv, attn_out, mlp_in, mlp_out.")
+                               "qkv, attn_out, mlp_in, mlp_out.", needs=("train_scope", "lora"))
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
@@ -252,6 +259,22 @@ def setting_range(name: str) -> tuple[str | None, float | None]:
     """The `train:` setting's rule and upper end, from its field (None, None: not a number)."""
     meta = _TRAIN_FIELDS[name].metadata
     return meta.get("rule"), meta.get("most")
+
+
+def setting_unread(train: TrainConfig, name: str) -> str | None:
+    """Why the `train:` setting `name` is not read by a run of these settings (its field's `needs`), as the
+    refusal of a flag typed for it; None when it is read."""
+    needs = _TRAIN_FIELDS[name].metadata.get("needs")
+    if needs is None:
+        return None
+    key, wanted = needs
+    have = getattr(train, key)
+    if have == wanted or (wanted is None and have):
+        return None
+    flag, other = f"--{name.replace('_', '-')}", f"--{key.replace('_', '-')}"
+    under = f"{other} {wanted}" if wanted is not None else f"{other} K (K > 0)"
+    return (f"{flag} is read under {under} only, and this run has {other} {have}: the flag would change nothing; "
+            f"add {under}, or leave {flag} out")
 
 
 def check_setting(name: str, value: Any) -> None:

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from indextts_train.config.settings import Config, TrainConfig, TrainOptions, config_choice, load_config
+from indextts_train.config.settings import (
+    Config,
+    TrainConfig,
+    TrainOptions,
+    config_choice,
+    load_config,
+    setting_unread,
+)
 from indextts_train.data.sampling import ManifestSpec, parse_manifest_specs
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import recorded_options
@@ -55,6 +62,7 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     """The settings of one start. `values`: TrainOptions' inputs and any `train:` setting by name (None:
     not given, the config decides); `typed`: the names given on the command line, which beat a recorded
     run's (None: every one in `values`)."""
+    asked = set(values) if typed is None else set(typed)  # what this start names, not a recorded run
     values = _over_recorded_run(values, typed)
     unknown = sorted(set(values) - INPUT_NAMES - SETTING_NAMES)
     if unknown:
@@ -63,6 +71,7 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     path, note = config_choice(inputs.config, inputs.base_checkpoint)
     config = load_config(path)
     config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
+    _check_read(config.train, {name: values[name] for name in asked & SETTING_NAMES if values.get(name) is not None})
     train = parse_manifest_specs(inputs.train_manifests, "--train-manifest", weights=True)
     val = parse_manifest_specs(inputs.val_manifests or [], "--val-manifest", weights=False)
     return RunSettings(inputs, config, tuple(train), tuple(val), output_dir=Path(inputs.output_dir),
@@ -71,6 +80,15 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
                        on_vocab_change=inputs.on_vocab_change, skip_bad_lines=inputs.skip_bad_lines,
                        accept_data_change=inputs.accept_data_change, tensorboard=inputs.tensorboard,
                        config_note=note)
+
+
+def _check_read(train: TrainConfig, given: dict[str, Any]) -> None:
+    """A setting given for a mode the run is not in (--lora-rank without --train-scope lora, --listen-device
+    without --listen-every) is refused: it would change nothing, and the run would not be the one meant. Only
+    what this start names (a recorded run or the config file may hold them all)."""
+    problem = next((why for name in sorted(given) if (why := setting_unread(train, name)) is not None), None)
+    if problem is not None:
+        raise UserError(problem)
 
 
 def _over_recorded_run(values: dict[str, Any], typed: Collection[str] | None) -> dict[str, Any]:
