@@ -26,7 +26,7 @@ try:  # typer 0.2x carries its own copy of click; older releases use click itsel
 except ImportError:
     from click import BadParameter, ClickException, Context, MissingParameter, NoSuchOption
 
-from indextts_train.config.schema import field_types, near_names
+from indextts_train.config.schema import field_default, field_types, near_names
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import error_line, text_problem
 from indextts_train.ui.run_settings import REQUIRED_INPUTS
@@ -43,10 +43,6 @@ def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _default_of(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
 
 
 def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Parameter:
@@ -58,14 +54,14 @@ def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Para
         tp = Enum(f.name, {choice: choice for choice in meta["choices"]}, type=str)
     if from_config:  # None = not given: the config's train: section decides, else the field default
         info = typer.Option(*decls, help=f"{meta['help']} [default: train.{f.name} from --config, else "
-                                         f"{_shown(_default_of(f))}]", show_default=False, **extra)
+                                         f"{_shown(field_default(f))}]", show_default=False, **extra)
         return inspect.Parameter(f.name, KEYWORD, default=None, annotation=Annotated[tp | None, info])
     help_text = meta["help"]
     if f.name in REQUIRED_INPUTS:
         help_text += " [required, unless --from-run gives it]"
     if tp == list[str]:
         extra.setdefault("metavar", "PATH")
-    default = _default_of(f) if f.name not in REQUIRED_INPUTS else None
+    default = field_default(f) if f.name not in REQUIRED_INPUTS else None
     info = typer.Option(*decls, help=help_text, show_default=default not in (None, [], ()), **extra)
     return inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[tp | None, info])
 

@@ -50,7 +50,8 @@ def bad_ids_manifest(tiny_data: dict, folder: Path, line_no: int, *, repeat: int
     return manifest
 
 
-@pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids", "earlier_run", "family"])
+@pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids", "earlier_run", "family",
+                                  "speaker_proj", "borrow"])
 def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, tmp_path, what) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -72,6 +73,8 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
     elif what == "family":  # a 2.5 vocabulary with the IndexTTS2 base checkpoint
         (inputs / "am.tiktoken").write_text("YQ== 0\n")
         extra = ["--tokenizer", str(inputs / "am.tiktoken")]
+    elif what in ("speaker_proj", "borrow"):  # IndexTTS-2.5's settings for an IndexTTS2 model: they changed nothing
+        extra = ["--train-speaker-proj"] if what == "speaker_proj" else ["--borrow-language", "kab=yo"]
     else:
         manifest = bad_ids_manifest(tiny_data, inputs, line_no=3)
     before = snapshot(tmp_path)
@@ -83,7 +86,10 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
               "layout": "does not match the IndexTTS2 GPT layout", "tokenizer": "--tokenizer",
               "ids": "bad.jsonl:3: target_text_ids_path holds id 5000",
               "earlier_run": "already holds checkpoints (model_step5.pth); pass --resume auto",
-              "family": "am.tiktoken: an IndexTTS-2.5 .tiktoken vocabulary, but --base-checkpoint"}[what]
+              "family": "am.tiktoken: an IndexTTS-2.5 .tiktoken vocabulary, but --base-checkpoint",
+              "speaker_proj": "--train-speaker-proj is for an IndexTTS-2.5 model, and this run's is IndexTTS2 "
+                              "(--base-checkpoint",
+              "borrow": "--borrow-language is for an IndexTTS-2.5 model, and this run's is IndexTTS2"}[what]
     assert needle in lines[0]
     assert snapshot(tmp_path) == before  # no runs/, no runs/am, no train.lock, no log
 

@@ -64,6 +64,11 @@ def field_types(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default value (a fresh one from its factory)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 def type_problem(value: Any, tp: Any) -> str | None:
     """'expected int, got 'twenty'' when `value` does not fit `tp`, else None."""
     return None if _fits(value, tp) else f"expected {type_name(tp)}, got {value!r}"

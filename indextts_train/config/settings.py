@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indextts_train.config.family import INDEXTTS2, Family, family_of_version
+from indextts_train.config.family import FAMILIES, INDEXTTS2, Family, family_of_version
 from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_forgetting_limit
-from indextts_train.config.schema import build
+from indextts_train.config.schema import build, field_default
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file, load_yaml
@@ -109,7 +109,8 @@ class GPTConfig:
 
 
 def option(default: Any, help: str, *, flag: str | None = None, rule: str | None = None,
-           most: float | None = None, names: str | None = None, needs: tuple[str, str | None] | None = None) -> Any:
+           most: float | None = None, names: str | None = None, needs: tuple[str, str | None] | None = None,
+           family_needs: str | None = None) -> Any:
     """A `train:` field that is also a `train-gpt` flag: the CLI, overrides and hparams derive from it.
 
     `flag` gives community flag names where they differ from the field name ("--a/--no-a" for bools).
@@ -119,10 +120,11 @@ def option(default: Any, help: str, *, flag: str | None = None, rule: str | None
     (a program the run starts; its last part may be a link, as a venv's bin/python is) or "model" (a model
     it loads: a folder, or a hub id).
     `needs`: (setting, value) under which this one is read at all (value None: any but 0); typed without it,
-    the flag would change nothing (setting_unread says so).
+    the flag would change nothing (setting_unread says so). `family_needs`: the model family's capability
+    (a Family property) without which the setting is not read (setting_of_other_family).
     """
     return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most, "names": names,
-                                            "needs": needs})
+                                            "needs": needs, "family_needs": family_needs})
 
 
 @dataclass
@@ -185,10 +187,12 @@ class TrainConfig:
     # IndexTTS-2.5 only. spk_emb_proj stays frozen by default: as IndexTTS2's speaker encoders, the
     # speaker path is not fine-tuned, so voices the data does not have keep cloning as before.
     train_speaker_proj: bool = option(False, "IndexTTS-2.5: train spk_emb_proj (default: frozen, bit-identical).",
+                                      family_needs="speaker_vector",
                                       flag="--train-speaker-proj/--freeze-speaker-proj")
     borrow_languages: list[str] = field(default_factory=list, metadata={
         "help": "IndexTTS-2.5: NEW=CODE lets language NEW (no tag of its own) train the unused row and tag of "
-                "CODE; repeatable.", "flag": "--borrow-language", "metavar": "NEW=CODE"})
+                "CODE; repeatable.", "flag": "--borrow-language", "metavar": "NEW=CODE",
+        "family_needs": "language_rows"})
     # 4096 = 64 steps of the usual effective batch 64: each step then spans 1/64 of a window's lengths,
     # so even one micro-batch per step pads about 7% (benchmarks/bench_padding.py); 512 padded 22%.
     sort_window: int = option(4096, "Samples sorted by length together, so batches pad little.",
@@ -275,6 +279,18 @@ def setting_unread(train: TrainConfig, name: str) -> str | None:
     under = f"{other} {wanted}" if wanted is not None else f"{other} K (K > 0)"
     return (f"{flag} is read under {under} only, and this run has {other} {have}: the flag would change nothing; "
             f"add {under}, or leave {flag} out")
+
+
+def setting_of_other_family(train: TrainConfig, family: Family, name: str, source: str) -> str | None:
+    """Why the `train:` setting `name` is not read for a model of `family` (its field's `family_needs`), as
+    the refusal of a flag typed for it; `source` says where the family came from. None when it is read, or
+    holds its default (what a model without it does anyway: `--freeze-speaker-proj`)."""
+    needs = _TRAIN_FIELDS[name].metadata.get("family_needs")
+    if needs is None or getattr(family, needs) or getattr(train, name) == field_default(_TRAIN_FIELDS[name]):
+        return None
+    flag = (_TRAIN_FIELDS[name].metadata.get("flag") or f"--{name.replace('_', '-')}").split("/")[0]
+    meant = " or ".join(f.name for f in FAMILIES if getattr(f, needs))
+    return f"{flag} is for an {meant} model, and this run's is {family.name} ({source}): leave {flag} out"
 
 
 def check_setting(name: str, value: Any) -> None:

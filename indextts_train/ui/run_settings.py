@@ -52,6 +52,8 @@ class RunSettings:
     accept_data_change: bool
     tensorboard: bool
     config_note: str | None = None  # which config was taken, when --config was not given
+    named: frozenset[str] = frozenset()  # the train: settings this start names (a recorded run's and the config
+    # file's are not named: they may hold every setting)
 
 
 def _path(value: Any) -> Path | None:
@@ -71,7 +73,8 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     path, note = config_choice(inputs.config, inputs.base_checkpoint)
     config = load_config(path)
     config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
-    _check_read(config.train, {name: values[name] for name in asked & SETTING_NAMES if values.get(name) is not None})
+    named = frozenset(name for name in asked & SETTING_NAMES if values.get(name) is not None)
+    _check_read(config.train, named)
     train = parse_manifest_specs(inputs.train_manifests, "--train-manifest", weights=True)
     val = parse_manifest_specs(inputs.val_manifests or [], "--val-manifest", weights=False)
     return RunSettings(inputs, config, tuple(train), tuple(val), output_dir=Path(inputs.output_dir),
@@ -79,10 +82,10 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
                        resume=None if inputs.resume is None else str(inputs.resume),
                        on_vocab_change=inputs.on_vocab_change, skip_bad_lines=inputs.skip_bad_lines,
                        accept_data_change=inputs.accept_data_change, tensorboard=inputs.tensorboard,
-                       config_note=note)
+                       config_note=note, named=named)
 
 
-def _check_read(train: TrainConfig, given: dict[str, Any]) -> None:
+def _check_read(train: TrainConfig, given: frozenset[str]) -> None:
     """A setting given for a mode the run is not in (--lora-rank without --train-scope lora, --listen-device
     without --listen-every) is refused: it would change nothing, and the run would not be the one meant. Only
     what this start names (a recorded run or the config file may hold them all)."""
