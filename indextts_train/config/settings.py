@@ -293,6 +293,27 @@ def setting_of_other_family(train: TrainConfig, family: Family, name: str, sourc
     return f"{flag} is for an {meant} model, and this run's is {family.name} ({source}): leave {flag} out"
 
 
+def check_modes(train: TrainConfig, named: frozenset[str]) -> None:
+    """A setting named for a mode the run is not in (--lora-rank without --train-scope lora, --listen-device
+    without --listen-every) is refused: it would change nothing, and the run would not be the one meant.
+    `named`: what this start names (a recorded run or the config file may hold every setting)."""
+    problem = next((why for name in sorted(named) if (why := setting_unread(train, name)) is not None), None)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def check_family_settings(train: TrainConfig, named: frozenset[str], family: Family | None, source: str) -> None:
+    """A setting typed for the other family's model (--train-speaker-proj, --borrow-language for IndexTTS2) is
+    one line: it would change nothing. Unchecked while the family is not known yet (a resume whose config states
+    none: its checkpoint settles it)."""
+    if family is None:
+        return
+    problem = next((why for name in sorted(named) if (why := setting_of_other_family(train, family, name, source))
+                    is not None), None)
+    if problem is not None:
+        raise UserError(problem)
+
+
 def check_setting(name: str, value: Any) -> None:
     """A `train:` number against its field's range: one line naming the config key and the flag."""
     rule, most = setting_range(name)

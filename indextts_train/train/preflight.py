@@ -3,7 +3,8 @@
 `check_inputs` runs after the config is read and before the hardware plan is printed or the output
 folder is created. It checks the paths itself and asks each input's owner for the rest, in this
 order, each refusal one line: the output folder and an earlier run's checkpoints in it without
---resume (checkpoint/run_folder.py); the tokenizer's family against the model's, read once
+--resume (checkpoint/run_folder.py); a setting typed for the other family's model (config/settings.py);
+the tokenizer's family against the model's, read once
 (text/vocab.read_tokenizer); the base checkpoint's keys and shapes against the config, judged when
 setup read it (checkpoint/base.read_base); the first lines of every manifest (fields, files, text
 ids against the tokenizer's range, lengths against the config's limits: data/checkdata.py).
@@ -13,11 +14,9 @@ from __future__ import annotations
 
 from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.run_folder import check_run_folder
-from indextts_train.config.family import Family
-from indextts_train.config.settings import Config, TrainConfig, setting_of_other_family
+from indextts_train.config.settings import Config, check_family_settings
 from indextts_train.data.checkdata import check_manifest_sample
 from indextts_train.data.corpus_forms import refuse_corpus
-from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import Tokenizer, read_tokenizer
@@ -39,16 +38,6 @@ def check_paths(options: RunSettings) -> None:
         check_file(resume, "checkpoint", flag="--resume", missing="use --resume auto to pick the newest one")
 
 
-def check_family_settings(named: frozenset[str], train: TrainConfig, family: Family | None, source: str) -> None:
-    """A setting typed for the other family's model (--train-speaker-proj, --borrow-language for IndexTTS2)
-    is one line: it would change nothing. Unchecked while the family is not known yet (a resume whose
-    config states none: its checkpoint settles it)."""
-    problem = next((why for name in sorted(named) if family is not None
-                    and (why := setting_of_other_family(train, family, name, source)) is not None), None)
-    if problem is not None:
-        raise UserError(problem)
-
-
 def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | None = None) -> Tokenizer:
     """All the checks above and the run folder's, then the head of every manifest as check-data checks
     it (its owner, data/checkdata.py), cheapest first; returns the tokenizer the run will use, read once.
@@ -58,7 +47,7 @@ def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | No
     check_paths(options)
     check_run_folder(options.output_dir, options.resume)
     source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
-    check_family_settings(options.named, config.train, config.gpt.stated_family, source)
+    check_family_settings(config.train, options.named, config.gpt.stated_family, source)
     tokenizer = read_tokenizer(options.tokenizer, config.gpt, source)
     if base is not None and base.problem is not None:
         raise base.problem

@@ -20,9 +20,9 @@ from indextts_train.config.settings import (
     Config,
     TrainConfig,
     TrainOptions,
+    check_modes,
     config_choice,
     load_config,
-    setting_unread,
 )
 from indextts_train.data.sampling import ManifestSpec, parse_manifest_specs
 from indextts_train.errors import UserError
@@ -74,7 +74,7 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     config = load_config(path)
     config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
     named = frozenset(name for name in asked & SETTING_NAMES if values.get(name) is not None)
-    _check_read(config.train, named)
+    check_modes(config.train, named)
     train = parse_manifest_specs(inputs.train_manifests, "--train-manifest", weights=True)
     val = parse_manifest_specs(inputs.val_manifests or [], "--val-manifest", weights=False)
     return RunSettings(inputs, config, tuple(train), tuple(val), output_dir=Path(inputs.output_dir),
@@ -83,15 +83,6 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
                        on_vocab_change=inputs.on_vocab_change, skip_bad_lines=inputs.skip_bad_lines,
                        accept_data_change=inputs.accept_data_change, tensorboard=inputs.tensorboard,
                        config_note=note, named=named)
-
-
-def _check_read(train: TrainConfig, given: frozenset[str]) -> None:
-    """A setting given for a mode the run is not in (--lora-rank without --train-scope lora, --listen-device
-    without --listen-every) is refused: it would change nothing, and the run would not be the one meant. Only
-    what this start names (a recorded run or the config file may hold them all)."""
-    problem = next((why for name in sorted(given) if (why := setting_unread(train, name)) is not None), None)
-    if problem is not None:
-        raise UserError(problem)
 
 
 def _over_recorded_run(values: dict[str, Any], typed: Collection[str] | None) -> dict[str, Any]:
