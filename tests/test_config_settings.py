@@ -164,18 +164,3 @@ def test_every_model_size_has_its_range_on_its_field(tmp_path, section, cls) -> 
             with pytest.raises(UserError, match=f"{f.name} must be in {low}..{high:,}, got {value}"):
                 load_config(write(tmp_path, data))
 
-
-def test_a_setting_of_the_other_family_is_said_unless_it_holds_its_default() -> None:
-    from indextts_train.config.family import INDEXTTS2, INDEXTTS25
-    from indextts_train.config.settings import setting_of_other_family
-
-    train = TrainConfig(train_speaker_proj=True, borrow_languages=["kab=yo"])
-    assert setting_of_other_family(train, INDEXTTS2, "train_speaker_proj", "the config") == (
-        "--train-speaker-proj is for an IndexTTS-2.5 model, and this run's is IndexTTS2 (the config): leave "
-        "--train-speaker-proj out")
-    assert "--borrow-language is for an IndexTTS-2.5 model" in setting_of_other_family(
-        train, INDEXTTS2, "borrow_languages", "the config")
-    assert setting_of_other_family(train, INDEXTTS25, "train_speaker_proj", "x") is None  # its own family
-    assert setting_of_other_family(TrainConfig(), INDEXTTS2, "train_speaker_proj", "x") is None  # the default:
-    # --freeze-speaker-proj, what an IndexTTS2 run does anyway
-    assert setting_of_other_family(train, INDEXTTS2, "learning_rate", "x") is None  # read by every family

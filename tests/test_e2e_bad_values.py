@@ -287,6 +287,11 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys)
         ("demo", tmp_path / "out", "--resume", tmp_path / "nothing.pth"): "--resume",
         ("demo", tmp_path / "out", "--resume", ROOT / "configs"): "is a folder; pass the checkpoint file in it",
         ("hardware", "--config", TINY_CONFIG, "--assume", ""): "--assume",
+        # IndexTTS-2.5's language flags for IndexTTS2 text: they changed nothing
+        ("check-data", tiny_data["train"], "--tokenizer", spm, "--borrow-language", "kab=yo"):
+            f"--borrow-language is for IndexTTS-2.5 .tiktoken text; {spm} is IndexTTS2's",
+        ("tokenize", tiny_data["train"], "--tokenizer", spm, "--out", tmp_path / "tok", "--strict-language"):
+            "--strict-language is for IndexTTS-2.5 .tiktoken text",
         # a train: setting typed as a flag is named as the range checks name it: key, then flag
         ("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--lora-targets",
          "foo"): "error: train.lora_targets (--lora-targets) foo: choose one or more of",

@@ -254,6 +254,11 @@ class TextPath(ABC):
         normalize, name = open_normalizer(normalizer)
         kind = next(path for path in (SentencePiecePath, TiktokenPath)
                     if path.family is family_of_tokenizer(tokenizer))
+        given = [flag for flag, value in (("--borrow-language", borrowed), ("--strict-language", strict_language))
+                 if value]
+        if given and not kind.family.language_rows:  # it would change nothing: said, not ignored
+            raise UserError(f"{given[0]} is for IndexTTS-2.5 .tiktoken text; {tokenizer} is {kind.family.name}'s, "
+                            f"whose text has no language tag: leave {given[0]} out")
         return kind.load(tokenizer=tokenizer, normalize=normalize, normalizer_name=name,
                          strict_language=strict_language, borrowed=dict(borrowed or {}))
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.run_folder import check_run_folder
-from indextts_train.config.settings import Config, check_family_settings
+from indextts_train.config.settings import Config
+from indextts_train.config.unread_settings import check_family_settings
 from indextts_train.data.checkdata import check_manifest_sample
 from indextts_train.data.corpus_forms import refuse_corpus
 from indextts_train.files.bounded import check_file

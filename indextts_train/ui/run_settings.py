@@ -20,10 +20,10 @@ from indextts_train.config.settings import (
     Config,
     TrainConfig,
     TrainOptions,
-    check_modes,
     config_choice,
     load_config,
 )
+from indextts_train.config.unread_settings import check_modes
 from indextts_train.data.sampling import ManifestSpec, parse_manifest_specs
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import recorded_options

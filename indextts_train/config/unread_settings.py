@@ -1,0 +1,68 @@
+"""Settings a run would not read, typed all the same: a refusal each, before any work.
+
+A `train:` field says under which other setting it is read (`needs`: --lora-rank under --train-scope lora,
+--listen-device under --listen-every) and which model family's capability it needs (`family_needs`:
+--train-speaker-proj a speaker vector, --borrow-language language rows). Typed without it, the flag would
+change nothing and the run would not be the one meant (`--lora-rank 8` alone trained the whole model). Only
+what a start names is judged: a config file or a recorded run may keep every setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from indextts_train.config.family import FAMILIES, Family
+from indextts_train.config.schema import field_default
+from indextts_train.config.settings import TrainConfig
+from indextts_train.errors import UserError
+
+_TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def setting_unread(train: TrainConfig, name: str) -> str | None:
+    """Why the `train:` setting `name` is not read by a run of these settings (its field's `needs`), as the
+    refusal of a flag typed for it; None when it is read."""
+    needs = _TRAIN_FIELDS[name].metadata.get("needs")
+    if needs is None:
+        return None
+    key, wanted = needs
+    have = getattr(train, key)
+    if have == wanted or (wanted is None and have):
+        return None
+    flag, other = f"--{name.replace('_', '-')}", f"--{key.replace('_', '-')}"
+    under = f"{other} {wanted}" if wanted is not None else f"{other} K (K > 0)"
+    return (f"{flag} is read under {under} only, and this run has {other} {have}: the flag would change nothing; "
+            f"add {under}, or leave {flag} out")
+
+
+def setting_of_other_family(train: TrainConfig, family: Family, name: str, source: str) -> str | None:
+    """Why the `train:` setting `name` is not read for a model of `family` (its field's `family_needs`), as
+    the refusal of a flag typed for it; `source` says where the family came from. None when it is read, or
+    holds its default (what a model without it does anyway: `--freeze-speaker-proj`)."""
+    needs = _TRAIN_FIELDS[name].metadata.get("family_needs")
+    if needs is None or getattr(family, needs) or getattr(train, name) == field_default(_TRAIN_FIELDS[name]):
+        return None
+    flag = (_TRAIN_FIELDS[name].metadata.get("flag") or f"--{name.replace('_', '-')}").split("/")[0]
+    meant = " or ".join(f.name for f in FAMILIES if getattr(f, needs))
+    return f"{flag} is for an {meant} model, and this run's is {family.name} ({source}): leave {flag} out"
+
+
+def check_modes(train: TrainConfig, named: frozenset[str]) -> None:
+    """A setting named for a mode the run is not in (--lora-rank without --train-scope lora, --listen-device
+    without --listen-every) is refused: it would change nothing, and the run would not be the one meant.
+    `named`: what this start names (a recorded run or the config file may hold every setting)."""
+    problem = next((why for name in sorted(named) if (why := setting_unread(train, name)) is not None), None)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def check_family_settings(train: TrainConfig, named: frozenset[str], family: Family | None, source: str) -> None:
+    """A setting typed for the other family's model (--train-speaker-proj, --borrow-language for IndexTTS2) is
+    one line: it would change nothing. Unchecked while the family is not known yet (a resume whose config states
+    none: its checkpoint settles it)."""
+    if family is None:
+        return
+    problem = next((why for name in sorted(named) if (why := setting_of_other_family(train, family, name, source))
+                    is not None), None)
+    if problem is not None:
+        raise UserError(problem)
