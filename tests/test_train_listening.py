@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,7 +40,10 @@ def test_training_with_listening_ends_bit_identical(tiny_data, tmp_path) -> None
         for slot, tensor in slots.items():
             assert torch.equal(got["optimizer"]["state"][index][slot], tensor), f"{index}.{slot}"
     log = (tmp_path / "heard" / "train.log").read_text(encoding="utf-8")
-    assert "listening to step(s) 4 in process" in log  # due: 2 x save interval 2; the last (6) waits for it
+    assert "listening to step(s) 4 in process" in log  # due: 2 x save interval 2; the last (6) waits for it ...
+    # ... and is heard when the run is done, with 4 (whose listener the hand-over stopped, unless it had ended):
+    # a watcher that ended with the trainer left it unheard
+    assert log.index("listening to step(s) 4, 6 in process") < log.index("done: 6 steps")
     assert "listening to step" not in (tmp_path / "plain" / "train.log").read_text(encoding="utf-8")
 
 
@@ -74,3 +80,37 @@ def test_best_follows_the_heard_cer(tiny_data, tmp_path) -> None:
     # the state saved with step 6 was taken before its file existed, so before its scores were taken
     assert load_checkpoint(out / "latest.pth")["history"]["best"] == {
         "metric": "listen/cer", "value": 0.25, "step": 4, "stale": 0, "heard": 4}
+
+
+def test_the_run_s_end_hands_the_waiting_checkpoints_to_one_listener(tmp_path, monkeypatch) -> None:
+    """A listener still at work when the run is done is stopped, and one listener hears every waiting step."""
+    said, warned = [], []
+    listener = Listener(tmp_path, [], said.append, warned.append)
+    slow = [sys.executable, "-c", "import time; time.sleep(600)"]
+    watchers: list[threading.Thread] = []
+    monkeypatch.setattr(listener, "_start", lambda: watchers.append(_start_fake(listener, slow, said)))
+    listener.hear([2])
+    first = listener.child
+    listener.hear([2, 4])  # the last checkpoint: it waits for the child in progress
+    assert listener.pending == [2, 4] and listener.child is first
+    listener.hand_over()
+    assert first.poll() is not None and listener.child is not first and listener.pending is None
+    watchers[0].join(timeout=60)
+    assert not watchers[0].is_alive()
+    assert said == ["start [2]", "start [2, 4]"] and warned == []  # the stopped one is no failure, and its
+    # watcher left the new child alone
+    assert listener.child.poll() is None  # the successor runs
+    listener.child.kill()
+    watchers[1].join(timeout=60)
+    listener.hand_over()  # nothing waits: nothing to do
+    assert said == ["start [2]", "start [2, 4]"]
+
+
+def _start_fake(listener: Listener, command: list[str], said: list[str]) -> threading.Thread:
+    """Listener._start with a command of the test's: a child of its own session, watched the same way."""
+    steps, listener.pending = listener.pending, None
+    listener.child = subprocess.Popen(command, start_new_session=True)
+    said.append(f"start {steps}")
+    watcher = threading.Thread(target=listener._watch, args=(listener.child, steps), daemon=True)
+    watcher.start()
+    return watcher

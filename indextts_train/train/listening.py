@@ -7,12 +7,17 @@ its output appended to RUN/listen/listen.log. Nothing it does reaches the traini
 with listening ends bit-identical to one without. One child at a time: a checkpoint saved while one
 runs is heard by the next, which names every due checkpoint still on disk (listen skips what is
 already scored, so a killed listener's work is picked up, not redone). A child that fails, or cannot
-start, is one warning in train.log; training goes on.
+start, is one warning in train.log; training goes on. When the run ends with checkpoints still waiting
+for the child in progress (the last one, always, in a short run), the waiting ones are handed over
+(`hand_over`): no watcher outlives the trainer to start them, so the child in progress is stopped
+and one child hears them all after the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +27,7 @@ from pathlib import Path
 from indextts_train.files.atomic import open_append
 
 LOG_NAME = "listen.log"
+STOP_WAIT_S = 30  # a stopped listener's exit; then it is killed
 
 
 def due_steps(output_dir: Path, every: int, save_interval: int, last_step: int) -> list[int]:
@@ -73,13 +79,35 @@ class Listener:
 
     def _watch(self, child: subprocess.Popen, steps: list[int]) -> None:
         code = child.wait()
-        if code != 0:
-            self.warn(f"--listen-every: listening to step(s) {', '.join(map(str, steps))} failed (exit {code}); "
-                      f"see {self.output_dir / 'listen' / LOG_NAME}; training goes on")
         with self.lock:
+            if self.child is not child:  # stopped by hand_over, which started its successor
+                return
+            if code != 0:
+                self.warn(f"--listen-every: listening to step(s) {', '.join(map(str, steps))} failed (exit {code}); "
+                          f"see {self.output_dir / 'listen' / LOG_NAME}; training goes on")
             self.child = None
             if self.pending is not None:
                 self._start()
+
+    def hand_over(self) -> None:
+        """The run is done: checkpoints waiting for the child in progress would never be heard (its watcher
+        ends with this process), so that child is stopped (its group: the synthesis child too) and one child
+        hears every waiting step after the run. Nothing is lost by the stop: what it scored stays scored."""
+        with self.lock:
+            child = self.child
+            if self.pending is None:
+                return
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
+                try:
+                    child.wait(timeout=STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
+                self.child = None
+            self._start()
 
 
 def listen_flags(train: object) -> list[str]:

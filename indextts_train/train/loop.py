@@ -263,6 +263,8 @@ def finish(run: RunSpec, state: RunState, services: Services, exit_code: int) ->
     if progress.bad_steps:
         log.info(f"{progress.bad_steps} step(s) had a non-finite loss or gradient norm and were skipped")
     if exit_code == 0:
+        if services.listener is not None:  # the checkpoints still waiting to be heard: heard after the run
+            services.listener.hand_over()
         best = state.best.describe() if state.best is not None else "no best.pth (no --val-manifest)"
         log.done(progress.step, progress.epoch + 1, best, run.output_dir)
     log.close()
