@@ -21,7 +21,7 @@ import typer
 from indextts_train import cli_flags
 from indextts_train.cli_flags import NORMALIZER_HELP, ClickException, say_text_path, train_parameters
 from indextts_train.config.settings import DEFAULT_CONFIG
-from indextts_train.errors import UserError, disk_line, error_line, one_line, user_line
+from indextts_train.errors import UserError, disk_line, error_line, one_line, refusal
 from indextts_train.listen.command import listen  # the command's module imports the work lazily
 from indextts_train.prepare.utterance import MAX_SECONDS
 
@@ -41,7 +41,8 @@ def run_guarded(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except UserError as exc:
-        fail(user_line(exc))
+        typer.echo(refusal(exc), err=True)
+        raise typer.Exit(2) from None
 
 
 def train(**values: Any) -> None:

@@ -15,6 +15,12 @@ class CheckpointError(UserError):
     """A checkpoint file that cannot be used: unreadable, truncated, corrupt, unsafe or unrepairable."""
 
 
+class ListedError(UserError):
+    """A refusal that lists what it is about, a line each (the files of a run folder none of which resumes):
+    its line breaks are its own, so each line is escaped alone (`user_line`). The message is the lines
+    joined, so it pickles and prints as any UserError."""
+
+
 class NotOwnFile(PermissionError):
     """A name this program writes to holds a link, a FIFO, a device or a file with another hard link:
     not its own to write (files/atomic.open_own). Its strerror says which."""
@@ -36,10 +42,17 @@ def error_line(message: str) -> str:
     return f"error: {one_line(message)}"
 
 
+def refusal(exc: UserError) -> str:
+    """What a UserError is said as: its `error:` line (a ListedError's list under it, a line each)."""
+    return f"error: {user_line(exc)}"
+
+
 def user_line(exc: BaseException) -> str:
     """The message of a UserError, also when a DataLoader worker re-raised it with its traceback inside;
     one line."""
     message = str(exc)
+    if isinstance(exc, ListedError):
+        return "\n".join(map(one_line, message.split("\n")))
     if "Original Traceback" in message:
         last = [line for line in message.splitlines() if line.strip()][-1]
         message = last.split("UserError: ", 1)[-1]

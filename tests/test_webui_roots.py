@@ -369,3 +369,17 @@ def test_the_page_exports_each_checkpoint_into_its_own_folder_and_replaces_none(
     (run / "export" / "model_step8" / ".gpt.pth.publishing").write_text("{}")
     server.export(str(run / "latest.pth"), "", str(run), "")
     assert len(ran) == 5
+
+
+def test_the_whole_file_system_is_no_root(tmp_path, monkeypatch) -> None:
+    """`--root /` (or a shell started in /, as a container's often is, with no --root) let the page read and
+    write anything on the machine; it is one line before the page starts."""
+    from indextts_train.webui import serve
+
+    for folder in (Path("/"), tmp_path / ".." / ".." / ".." / ".." / ".." / ".."):
+        with pytest.raises(UserError, match=r"the whole file system, so the page could read and write anything"):
+            Roots([folder])
+    monkeypatch.chdir("/")
+    with pytest.raises(UserError, match=r"that is / \(the whole file system\): cd into the folder"):
+        serve(port=1)
+    assert Roots([tmp_path]).folders == (tmp_path.resolve(),)

@@ -19,7 +19,7 @@ from indextts_train.checkpoint.kinds import Verdict, judge, kind_of, summary_of
 from indextts_train.checkpoint.reader import _read, read_unchecked
 from indextts_train.checkpoint.run_folder import BEST, LATEST, step_of
 from indextts_train.checkpoint.state import FORMAT, migrate
-from indextts_train.errors import CheckpointError, UserError
+from indextts_train.errors import CheckpointError, ListedError, UserError, one_line
 
 
 def is_training_checkpoint(path: Path) -> bool:
@@ -131,13 +131,13 @@ def _what_to_do(path: Path, reason: str) -> str:
 
 def _refuse_fresh_start(folder: Path, skipped: list[tuple[Path, str]]) -> UserError:
     """--resume auto found checkpoints in `folder` but none resumes (`skipped`: each with its reason)."""
-    lines = [f"--resume auto: {folder} holds checkpoints but none of them can resume this run, so nothing "
-             "was started and no file was changed:"]
-    for path, reason in skipped:
+    lines = [f"--resume auto: {one_line(str(folder))} holds checkpoints but none of them can resume this run, so "
+             "nothing was started and no file was changed:"]
+    for path, reason in skipped:  # a line each: a line break in a name or a reason is escaped, not a new line
         short = reason if len(reason) <= 200 else reason[:200] + "..."
-        lines.append(f"  {path}: {short}; {_what_to_do(path, reason)}")
+        lines.append(one_line(f"  {path}: {short}; {_what_to_do(path, reason)}"))
     lines.append("  or start a new run with another --output-dir")
-    return UserError("\n".join(lines))
+    return ListedError("\n".join(lines))
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from indextts_train.errors import UserError, error_line, user_line
+from indextts_train.errors import UserError, refusal
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL
 
 
@@ -32,7 +32,7 @@ def listen(
     try:
         page, failed = run_listen(options)
     except UserError as exc:
-        typer.echo(error_line(user_line(exc)), err=True)
+        typer.echo(refusal(exc), err=True)
         raise typer.Exit(2) from None
     typer.echo(f"wrote {page}")
     if failed:  # exit 1: --listen-every turns it into a warning in train.log

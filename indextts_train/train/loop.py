@@ -28,7 +28,7 @@ from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.data.sampling import epoch_length
 from indextts_train.data.workers import reap_workers
 from indextts_train.distributed import any_rank, setup_distributed, teardown_distributed
-from indextts_train.errors import UserError, user_line
+from indextts_train.errors import UserError, refusal
 from indextts_train.files.faults import crash_point
 from indextts_train.train.guard import EXIT_DIVERGED, Diverged, StreakStop, count_step
 from indextts_train.train.hardware import prepare_exact_resume_env
@@ -137,7 +137,7 @@ def train(options: RunSettings) -> int:
     except UserError as exc:
         if started is not None:  # setup writes its own refusals; this is one found mid-run (bad data, disk full)
             (services or started).log.stop()
-            text_log.record(text_log.stamp(f"error: {user_line(exc)}"), "error")
+            text_log.record(text_log.stamp(refusal(exc)), "error")
         raise
     finally:
         if services is not None and services.saver is not None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from indextts_train.distributed import DistInfo, any_rank
-from indextts_train.errors import NotOwnFile, UserError, user_line
+from indextts_train.errors import NotOwnFile, UserError, refusal
 from indextts_train.files.atomic import open_own
 from indextts_train.files.faults import crash_point
 from indextts_train.ui.events import EVENTS_NAME
@@ -305,7 +305,7 @@ class Claim:
         """A refused start (bad data, changed data, ...) ends here: its error in the log, what it created
         removed, its lock released."""
         if isinstance(exc, UserError):
-            text_log.record(text_log.stamp(f"error: {user_line(exc)}"), "error")
+            text_log.record(text_log.stamp(refusal(exc)), "error")
         text_log.close()
         if dist_info.is_main:  # while the lock is held: no other start can take a lock file about to be removed
             take_back(self.output_dir, self.made, self.created)
