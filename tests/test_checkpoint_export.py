@@ -341,3 +341,16 @@ def test_a_rerun_removes_the_temp_files_of_killed_exports(grown_run, tmp_path) -
     done = run_cli("export", grown_run["checkpoint"], "-o", out / "gpt.pth", "--config-out", out / "config.yaml")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "gpt.pth", "mine.txt"]
+
+
+def test_a_crafted_publishing_marker_is_one_line(tmp_path) -> None:
+    """`.gpt.pth.publishing` nested 200,000 deep (json raises RecursionError) or holding a number of 5,000 digits
+    was a traceback; it is the marker's one line, and the marker is left as it is."""
+    from indextts_train.checkpoint.export import _interrupted, publishing_marker
+
+    marker = publishing_marker(tmp_path / "gpt.pth")
+    for text in ("[" * 200_000 + "]" * 200_000, '{"pid": ' + "9" * 5000 + ', "files": []}'):
+        marker.write_text(text)
+        with pytest.raises(UserError, match=r"\.gpt\.pth\.publishing: not a marker export wrote; remove it and rerun"):
+            _interrupted(tmp_path / "gpt.pth", [tmp_path / "gpt.pth"])
+        assert marker.read_text() == text

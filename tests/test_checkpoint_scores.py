@@ -54,6 +54,9 @@ def test_foreign_lines_are_ignored(tmp_path):
     path.write_text('{"step": 3, "line_id": "x"}\nnot json\n[1, 2]\n', encoding="utf-8")
     assert read_records(path) == []
     assert summary_by_step(tmp_path) == {}
+    # crafted: a line nested 200,000 deep and a number of 5,000 digits (RecursionError / ValueError in json)
+    path.write_text("[" * 200_000 + "]" * 200_000 + "\n" + '{"n": ' + "9" * 5000 + "}\n", encoding="utf-8")
+    assert read_records(path) == [] and summary_by_step(tmp_path) == {}
 
 
 def test_a_scores_file_that_is_no_regular_file_is_read_as_none_and_never_appended_to(tmp_path):

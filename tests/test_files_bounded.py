@@ -18,6 +18,7 @@ from indextts_train.files.bounded import (
     check_file,
     check_regular,
     iter_lines,
+    json_or_none,
     load_yaml,
     parse_json,
     read_bounded,
@@ -70,6 +71,12 @@ def test_json_nested_past_the_bound_names_where() -> None:
     nested = '{"a": ' * MAX_JSON_DEPTH + "1" + "}" * MAX_JSON_DEPTH
     assert parse_json(nested, "x") is not None  # exactly at the bound: accepted
     assert parse_json('{"id": "a", "n": [1, 2]}', "x") == {"id": "a", "n": [1, 2]}
+
+
+def test_json_or_none_is_none_for_what_no_record_of_ours_holds() -> None:
+    assert json_or_none(b'{"kind": "step"}') == {"kind": "step"}
+    for text in (hostile.deep_json(200_000), '{"n": ' + "9" * 5000 + "}", b"\xff{", "not json", ""):
+        assert json_or_none(text) is None, text[:20]
 
 
 def test_a_huge_npy_header_is_refused_before_allocating(tmp_path: Path) -> None:

@@ -202,3 +202,17 @@ def test_a_model_or_a_run_folder_as_out_is_refused_unless_prepare_started_there(
     assert tree_state(tmp_path) == before
     (model / "prepare.settings.json").write_text("{}")  # a prepare of an earlier release started here
     OutputFolder(model).check_foreign()
+
+
+def test_a_crafted_record_or_settings_file_is_one_line(tmp_path) -> None:
+    """A record nested 200,000 deep or holding a number of 5,000 digits was a traceback (RecursionError,
+    ValueError); it is prepare's one line, which says how to start over."""
+    folder = OutputFolder(tmp_path / "out")
+    folder.record_path("a").parent.mkdir(parents=True)
+    for text in ("[" * 200_000 + "]" * 200_000, '{"source": ' + "9" * 5000 + "}"):
+        folder.record_path("a").write_text(text)
+        with pytest.raises(UserError, match="not a record prepare wrote; rerun with --restart"):
+            folder.read_record("a", "clip.wav")
+        (tmp_path / "settings.json").write_text(text)
+        with pytest.raises(UserError, match="not a settings file prepare wrote; rerun with --restart"):
+            folder._previous_settings(tmp_path / "settings.json")

@@ -33,7 +33,7 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_text, fsync_dir, stale_temps, temp_name
-from indextts_train.files.bounded import load_yaml
+from indextts_train.files.bounded import json_or_none, load_yaml
 from indextts_train.files.faults import crash_point
 from indextts_train.files.targets import check_parent, same_path
 from indextts_train.model.layout import official_shapes, trained_keys
@@ -191,9 +191,9 @@ def _interrupted(output: Path, targets: list[Path]) -> tuple[int, list[Path]] | 
         return None
     try:
         with open(marker, "rb") as handle:
-            record = json.loads(handle.read(MAX_MARKER_BYTES))
+            record = json_or_none(handle.read(MAX_MARKER_BYTES))  # a crafted one nested 100,000 deep: None
         pid, files = int(record["pid"]), [Path(f) for f in record["files"]]
-    except (ValueError, TypeError, KeyError, OSError):
+    except (ValueError, TypeError, KeyError, OSError):  # None["pid"] is a TypeError
         raise UserError(f"{marker}: not a marker export wrote; remove it and rerun") from None
     mine = {t.absolute() for t in targets}
     others = [str(f) for f in files if f not in mine]

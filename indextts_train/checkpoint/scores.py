@@ -18,7 +18,7 @@ from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.atomic import open_append, own_file_problem
-from indextts_train.files.bounded import read_bounded
+from indextts_train.files.bounded import json_or_none, read_bounded
 
 RECORD_FORMAT = "indextts-train listen 1"  # marks a record as ours
 SCORES_NAME = "scores.jsonl"
@@ -66,10 +66,7 @@ def read_records(path: Path) -> list[dict]:
         return []
     records = []
     for line in raw.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
+        obj = json_or_none(line)  # a torn line, or one nested 100,000 deep (a crafted file), is skipped
         if isinstance(obj, dict) and obj.get("format") == RECORD_FORMAT and isinstance(obj.get("step"), int):
             records.append(obj)
     return records

@@ -25,7 +25,7 @@ from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, Li
 from indextts_train.data.manifest import REPORT_ERRORS
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
-from indextts_train.files.bounded import iter_lines
+from indextts_train.files.bounded import iter_lines, json_or_none
 from indextts_train.files.targets import check_new_file, make_output_folder
 from indextts_train.text.inference_text import TextPath
 
@@ -360,8 +360,8 @@ def _prepare_record_models(manifests: Sequence[str | Path]) -> dict[str, Path]:
     try:
         if record is None or not record.is_file() or record.stat().st_size > PREPARE_RECORD_BYTES:
             return {}
-        data = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = json_or_none(record.read_bytes())
+    except OSError:
         return {}  # not a record of ours: the caller says that no config was used
     models = data.get("models") if isinstance(data, dict) else None
     named = {key: models.get(key) for key in ("config", "tokenizer")} if isinstance(models, dict) else {}

@@ -244,6 +244,16 @@ def json_depth_problem(obj: Any) -> str | None:
     return None
 
 
+def json_or_none(text: str | bytes) -> Any:
+    """One JSON value, or None when `text` is none: torn, foreign, not UTF-8, nested past the interpreter's
+    recursion limit (the C decoder raises RecursionError), or holding a number of thousands of digits. For
+    the files a run folder holds (records, markers, scores) whose foreign lines are skipped or refused."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+
+
 def parse_json(text: str | bytes, where: str) -> Any:
     """One JSON value nested at most MAX_JSON_DEPTH deep. json.JSONDecodeError is left to the caller
     (its wording depends on the file); deep nesting is one line naming `where`."""

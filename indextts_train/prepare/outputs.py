@@ -24,6 +24,7 @@ from indextts_train.checkpoint.run_folder import A_MODEL, holds_model, list_chec
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
+from indextts_train.files.bounded import json_or_none, read_bounded
 from indextts_train.files.targets import check_output_folder, make_output_folder
 from indextts_train.prepare.ownership import (
     ARRAY_FOLDERS,
@@ -84,10 +85,8 @@ class OutputFolder:
             return None
         if path.stat().st_size > MAX_RECORD_BYTES:
             raise UserError(f"{path}: larger than any record prepare writes; rerun with --restart")
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UserError(f"{path}: not a record prepare wrote; rerun with --restart") from None
+        record = json_or_none(read_bounded(path, MAX_RECORD_BYTES, "prepare record"))  # one a crafted file may
+        # nest 100,000 deep or fill with a number of thousands of digits
         if not isinstance(record, dict):
             raise UserError(f"{path}: not a record prepare wrote; rerun with --restart")
         return record if record.get("source") == source else None
@@ -163,8 +162,8 @@ class OutputFolder:
 
     def _previous_settings(self, path: Path) -> dict:
         try:
-            previous = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            previous = json_or_none(read_bounded(path, MAX_RECORD_BYTES, "prepare settings file"))
+        except OSError:
             raise UserError(f"{path}: unreadable; rerun with --restart to start over") from None
         if not isinstance(previous, dict):
             raise UserError(f"{path}: not a settings file prepare wrote; rerun with --restart to start over")

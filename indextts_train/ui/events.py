@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from indextts_train.files.atomic import open_append
+from indextts_train.files.bounded import json_or_none
 
 EVENTS_NAME = "events.jsonl"
 MAX_READ_BYTES = 8 * 1024 * 1024  # about 40,000 step lines: far more than the page shows
@@ -124,10 +125,7 @@ def read_events(output_dir: Path) -> list[dict]:
 
 
 def _parse(line: bytes) -> dict | None:
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
+    record = json_or_none(line)
     return record if isinstance(record, dict) and isinstance(record.get("kind"), str) else None
 
 
