@@ -78,10 +78,15 @@ def test_tokenize_refuses_an_old_output_and_reports_nothing_usable(tmp_path: Pat
     result = _run(str(manifest), "--tokenizer", str(TEXT / "bpe_tiny.model"), "--out", str(out),
                   "--normalizer", "none")
     assert result.exit_code == 2, result.output
-    assert not (out / "pairs.jsonl").exists() and not (out / "text_ids" / "pairs").exists()
+    assert not out.exists()  # nothing written: the folders it made go too (text_ids/ and --out were left empty)
+    (tmp_path / "given").mkdir()  # a folder that was there before stays
+    assert _run(str(manifest), "--tokenizer", str(TEXT / "bpe_tiny.model"), "--out", str(tmp_path / "given"),
+                "--normalizer", "none").exit_code == 2
+    assert list((tmp_path / "given").iterdir()) == []
     assert "0 line(s) written, 3 could not be encoded" in result.stdout
     assert "pairs.jsonl:2: target_text has 2 run(s) the tokenizer cannot encode ('É', 'Ü')" in result.stdout
     assert "pairs.jsonl:3: target_text must be a non-empty string, got None" in result.stdout
+    out.mkdir()
     (out / "pairs.jsonl").write_text("mine\n")
     again = _run(str(manifest), "--tokenizer", str(TEXT / "bpe_tiny.model"), "--out", str(out))
     assert again.exit_code == 2 and "already exists" in again.stderr

@@ -175,6 +175,7 @@ def tokenize_manifests(manifests: Sequence[str | Path], tokenizer: Path, out_dir
     text_path = TextPath.open(Path(tokenizer), normalizer=normalizer, strict_language=strict_language,
                               borrowed=borrowed)
     tally = _Tally()
+    made = [folder for folder in (Path(out_dir), Path(out_dir) / "text_ids") if not folder.exists()]
     for manifest, new, ids_dir in _outputs([Path(m) for m in manifests], Path(out_dir)):
         make_output_folder("--out", ids_dir)  # new: _outputs refused an existing one
         buffer = io.BytesIO()  # a manifest is small next to its arrays; arrays are written one by one
@@ -186,6 +187,9 @@ def tokenize_manifests(manifests: Sequence[str | Path], tokenizer: Path, out_dir
         tally.written += written
         tally.manifests.append({"manifest": str(manifest), "out": str(new) if written else None,
                                 "written": written})
+    for folder in reversed(made):  # nothing written at all: the folders this command made go too
+        if tally.written == 0 and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
     return {"tokenizer": str(tokenizer), "normalizer": text_path.normalizer_name, "written": tally.written,
             "bad": tally.bad, "errors": tally.errors, "manifests": tally.manifests, "notes": text_path.notes()}
 
