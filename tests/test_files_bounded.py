@@ -22,6 +22,7 @@ from indextts_train.files.bounded import (
     load_yaml,
     parse_json,
     read_bounded,
+    read_checked,
     read_npy,
 )
 from indextts_train.text.corpus_lines import iter_text_lines
@@ -71,6 +72,17 @@ def test_json_nested_past_the_bound_names_where() -> None:
     nested = '{"a": ' * MAX_JSON_DEPTH + "1" + "}" * MAX_JSON_DEPTH
     assert parse_json(nested, "x") is not None  # exactly at the bound: accepted
     assert parse_json('{"id": "a", "n": [1, 2]}', "x") == {"id": "a", "n": [1, 2]}
+
+
+def test_read_checked_says_what_check_file_says_then_reads_within_the_bound(tmp_path) -> None:
+    (tmp_path / "t.model").write_bytes(b"pieces")
+    assert read_checked(tmp_path / "t.model", 100, "tokenizer", missing="pass one") == b"pieces"
+    with pytest.raises(UserError, match=r"x.model: tokenizer not found; pass one"):
+        read_checked(tmp_path / "x.model", 100, "tokenizer", missing="pass one")
+    with pytest.raises(UserError, match=r"is a folder; pass the tokenizer file in it \(e.g. .*t.model\)"):
+        read_checked(tmp_path, 100, "tokenizer", missing="pass one")
+    with pytest.raises(UserError, match="larger than"):
+        read_checked(tmp_path / "t.model", 3, "tokenizer", missing="pass one")
 
 
 def test_json_or_none_is_none_for_what_no_record_of_ours_holds() -> None:

@@ -138,6 +138,13 @@ def iter_lines(path: Path | str, what: str, *, gzipped: bool = False,
             offset += len(raw)
 
 
+def read_checked(path: Path | str, limit: int, what: str, *, missing: str) -> bytes:
+    """The bytes of the file a user named, at most `limit`: check_file's one line for a missing path, a folder,
+    a FIFO or a /proc file first (`missing`: what to do when there is none)."""
+    check_file(path, what, missing=missing)
+    return read_bounded(path, limit, what)
+
+
 def read_bounded(path: Path | str, limit: int, what: str = "file") -> bytes:
     """The bytes of a regular file of at most `limit` bytes (refused before reading when larger)."""
     with open_regular(path, what) as handle:

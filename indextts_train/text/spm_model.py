@@ -17,7 +17,7 @@ import sentencepiece as spm
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes, atomic_write_text
-from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, check_file, read_bounded
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 
 # SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -204,8 +204,8 @@ def parse_model(data: bytes, source: str = "<bytes>") -> SpmModel:
 
 def read_model(path: Path) -> SpmModel:
     path = Path(path)
-    check_file(path, "tokenizer model", missing="pass an existing SentencePiece .model file")
-    return parse_model(read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer model"), str(path))
+    missing = "pass an existing SentencePiece .model file"
+    return parse_model(read_checked(path, MAX_TOKENIZER_BYTES, "tokenizer model", missing=missing), str(path))
 
 
 def load_spm_file(path: Path | str, hint: str) -> spm.SentencePieceProcessor:
@@ -213,8 +213,11 @@ def load_spm_file(path: Path | str, hint: str) -> spm.SentencePieceProcessor:
     a file past MAX_TOKENIZER_BYTES, a FIFO or a pseudo-file is one line before anything is read
     (sentencepiece's own `model_file=` reads a file of any size whole). `hint`: what to pass instead."""
     path = Path(path)
-    check_file(path, "tokenizer", missing=hint)  # a folder, no file or a FIFO: one line
-    raw = read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer")
+    return spm_from_bytes(path, read_checked(path, MAX_TOKENIZER_BYTES, "tokenizer", missing=hint), hint)
+
+
+def spm_from_bytes(path: Path, raw: bytes, hint: str) -> spm.SentencePieceProcessor:
+    """A SentencePiece model from a .model file's bytes (`path` names it in messages)."""
     if not raw:  # sentencepiece takes empty bytes for a model of no pieces, without a word
         raise UserError(f"{path}: an empty file, not a SentencePiece model; {hint}")
     try:

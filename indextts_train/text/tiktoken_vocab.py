@@ -28,7 +28,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
-from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, check_file, read_bounded
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines
 
@@ -62,6 +62,8 @@ TAG_OFFSET = 2  # the tag of lang id L is special number 2 + L
 # GPT-2's split pattern, which get_encoding uses.
 PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _SHOW = 10
+
+TIKTOKEN_MISSING = "pass an existing .tiktoken ranks file"  # what a missing --tokenizer is told
 
 
 def language_id(code: str) -> int | None:
@@ -108,8 +110,11 @@ class TiktokenVocab:
 def read_tiktoken(path: str | Path) -> TiktokenVocab:
     """Parse and validate a ranks file; bad input names FILE:LINE."""
     path = Path(path)
-    check_file(path, "tokenizer", missing="pass an existing .tiktoken ranks file")  # a folder, or a FIFO: one line
-    raw = read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer")
+    return tiktoken_from_bytes(path, read_checked(path, MAX_TOKENIZER_BYTES, "tokenizer", missing=TIKTOKEN_MISSING))
+
+
+def tiktoken_from_bytes(path: Path, raw: bytes) -> TiktokenVocab:
+    """The ranks of a .tiktoken file's bytes (`path` names it in messages); bad input names FILE:LINE."""
     ranks: list[bytes] = []
     for line_no, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():

@@ -26,9 +26,10 @@ from indextts_train.config.constants import LANG_ROWS, TEXT_ROW_KEYS
 from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.settings import GPTConfig, TrainConfig
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 from indextts_train.text.languages import borrow_notes
-from indextts_train.text.spm_model import load_spm_file
-from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, SPECIAL_TOKENS, read_tiktoken
+from indextts_train.text.spm_model import spm_from_bytes
+from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, SPECIAL_TOKENS, tiktoken_from_bytes
 
 NEW_ROW_NOISE = 0.01  # noise std of a new row, as a fraction of the base rows' per-column std
 
@@ -155,9 +156,11 @@ def read_tokenizer(path: str | Path | None, gpt: GPTConfig | None = None,
         wanted = f"{model.name}'s {model.tokenizer_label} ({model.tokenizer_name} or its extension)"
         raise UserError(f"--tokenizer {path}: an {found.name} {found.tokenizer_noun}, but {model_source} is "
                         f"{model.name}; pass {wanted}, or the checkpoint and config of the tokenizer's family")
+    hint = f"pass an existing {found.tokenizer_label} file as --tokenizer"
+    raw = read_checked(path, MAX_TOKENIZER_BYTES, "tokenizer", missing=hint)  # read once, parsed by its kind
     if found.tokenizer_kind == TIKTOKEN:
-        return Tokenizer(path, found, read_tiktoken(path).n_vocab)
-    return Tokenizer(path, found, load_spm_file(path, "pass --tokenizer path/to/bpe.model").get_piece_size())
+        return Tokenizer(path, found, tiktoken_from_bytes(path, raw).n_vocab)
+    return Tokenizer(path, found, spm_from_bytes(path, raw, hint).get_piece_size())
 
 
 def tokenizer_size(path: str | Path) -> int:
