@@ -8,7 +8,6 @@ says number_text_tokens 150, and the same losses as the training checkpoint it c
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -304,22 +303,6 @@ def test_a_grown_indextts25_export_needs_its_tiktoken() -> None:
         _checked_tokenizer(None, 370, config, grown)
     assert _checked_tokenizer(None, 320, config, {"vocab_plan": {"base_tokens": 320, "tokens": 320}}) is None
     assert _checked_tokenizer(None, 150, Config(), {"vocab_plan": {"base_tokens": 100, "tokens": 150}}) is None
-
-
-def test_a_tokenizer_name_indextts25_inference_would_not_open_is_refused(tmp_path) -> None:
-    """IndexTTS-2.5 inference opens its tiktoken by a fixed name: --tokenizer-name other.tiktoken was ignored."""
-    from indextts_train.checkpoint.export import DEFAULT_TOKENIZER_NAME, _tokenizer_target
-    from indextts_train.cli import export
-
-    ranks = tmp_path / "grown.tiktoken"
-    ranks.write_text("YQ== 0\n")
-    with pytest.raises(UserError, match=r"--tokenizer-name other.tiktoken: IndexTTS-2.5 inference opens "
-                                        r"multilingual_zh_ja_yue_char_del.tiktoken whatever the config names"):
-        _tokenizer_target(tmp_path / "out" / "gpt.pth", ranks, "other.tiktoken")
-    fixed = tmp_path / "out" / INDEXTTS25.tokenizer_name
-    assert _tokenizer_target(tmp_path / "out" / "gpt.pth", ranks, DEFAULT_TOKENIZER_NAME) == fixed  # not typed
-    assert _tokenizer_target(tmp_path / "out" / "gpt.pth", ranks, INDEXTTS25.tokenizer_name) == fixed
-    assert inspect.signature(export).parameters["tokenizer_name"].default == DEFAULT_TOKENIZER_NAME  # the CLI's
 
 
 @pytest.mark.slow

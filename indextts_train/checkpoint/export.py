@@ -47,7 +47,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # Sections IndexTTS inference reads besides gpt: (the semantic codec, the s2mel stage, the vocoder).
 INFERENCE_SECTIONS = ("semantic_codec", "s2mel")
 MAX_MARKER_BYTES = 1 << 16  # a publishing marker lists a few paths
-DEFAULT_TOKENIZER_NAME = "bpe.model"  # --tokenizer-name unless given: the name IndexTTS2 configs use
 
 
 def export_source(checkpoint: Path, pick: str | None) -> Path:
@@ -83,7 +82,7 @@ def provenance(state: dict) -> str:
 
 
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
-                      base_config: Path | None = None, tokenizer_name: str = DEFAULT_TOKENIZER_NAME,
+                      base_config: Path | None = None, tokenizer_name: str = "bpe.model",
                       dtype: str = "float32", tokenizer: Path | None = None,
                       adapters_out: Path | None = None, force: bool = False) -> dict:
     """Write `output` (official key order, dtype asked for) and optionally `config_out`, `adapters_out`.
@@ -265,10 +264,6 @@ def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str)
     if not tokenizer.is_file():
         raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
     family = family_of_tokenizer(tokenizer)
-    if family.tokenizer_name_fixed and tokenizer_name not in (DEFAULT_TOKENIZER_NAME, family.tokenizer_name):
-        raise UserError(f"--tokenizer-name {tokenizer_name}: {family.name} inference opens {family.tokenizer_name} "
-                        "whatever the config names, so the tokenizer is written under that name; leave "
-                        "--tokenizer-name out")
     return output.parent / (family.tokenizer_name if family.tokenizer_name_fixed else tokenizer_name)
 
 
