@@ -43,3 +43,15 @@ def test_a_new_folder_is_checked_without_making_it(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="is a file, so no folder can be made under it"):
         check_run_folder(tmp_path / "file" / "run", "auto")
+
+
+def test_a_new_run_is_refused_in_what_the_caller_found_to_be_a_corpus(tmp_path: Path) -> None:
+    """The run folder takes the corpus answer from its caller (the start asks data/corpus_forms.py once per path,
+    with the manifests): a new run is refused there, a run already there goes on."""
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    with pytest.raises(UserError, match=r"--output-dir .*clips holds a folder of 3 clips, not a run"):
+        check_run_folder(clips, None, "a folder of 3 clips")
+    check_run_folder(clips, None)  # no answer: nothing else it holds is other work
+    torch.save({"w": torch.zeros(2)}, clips / "model_step2.pth")
+    check_run_folder(clips, "auto", "a folder of 3 clips")  # holds a run: it goes on

@@ -3,7 +3,8 @@
 A run folder holds model_step{N}.pth files, latest.pth (the newest, usually a hard link of its step
 file) and best.pth. This module owns those names and the one listing of them (`survey`), and the
 questions asked of the folder before a run writes into it: can it be made and written, is it someone
-else's work (a model folder, prepared features: a new run is not started among their files), and does
+else's work (a model folder, prepared features, a corpus the caller found it to be: a new run is not started
+among their files), and does
 it hold an earlier run's checkpoints (refused without --resume). Which of them are ours is lineage.py's
 look (`foreign_names`), the refusal of a folder none of whose files resumes verify.py's. Saving and
 rotation (files.py) and lineage use the same listing.
@@ -16,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextts_train.data.corpus_forms import PREPARE_RECORD, corpus_form
+from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
 
 LATEST = "latest.pth"
@@ -123,31 +124,32 @@ def holds_model(path: Path) -> bool:
     return all((Path(path) / name).is_file() for name in MODEL_FILES)
 
 
-def other_work(path: Path) -> str | None:
-    """What `path` holds of other work than a run (a model, prepared features, a corpus), said as a phrase."""
+def other_work(path: Path, corpus: str | None = None) -> str | None:
+    """What `path` holds of other work than a run (a model, prepared features, a corpus), said as a phrase.
+    `corpus`: what the caller found the folder to be as a corpus (data/corpus_forms.py, asked at its edge)."""
     if holds_model(path):
         return A_MODEL
     if (path / PREPARE_RECORD).is_file():
         return f"prepared features ({PREPARE_RECORD})"
-    return corpus_form(path) if path.is_dir() else None  # the clips and transcripts themselves
+    return corpus  # the clips and transcripts themselves
 
 
-def check_not_other_work(folder: RunFolder) -> None:
-    """A run starts in a folder of its own, not among a model's or prepared features' files (where its
-    checkpoints, logs and run.yaml would mix with them). A folder that holds a run already goes on."""
+def check_not_other_work(folder: RunFolder, corpus: str | None = None) -> None:
+    """A run starts in a folder of its own, not among a model's, prepared features' or a corpus's files (where
+    its checkpoints, logs and run.yaml would mix with them). A folder that holds a run already goes on."""
     if folder.files:
         return
-    found = other_work(folder.path)
+    found = other_work(folder.path, corpus)
     if found is not None:
         raise UserError(f"--output-dir {folder.path} holds {found}, not a run: a run writes its checkpoints, logs "
                         "and run.yaml into a folder of its own; pass a new one (e.g. --output-dir runs/am)")
 
 
-def check_run_folder(output_dir: Path, resume: str | None) -> None:
-    """Before anything is made: the folder can be made and written, is no other work's, and a new run
-    starts in no earlier run's."""
+def check_run_folder(output_dir: Path, resume: str | None, corpus: str | None = None) -> None:
+    """Before anything is made: the folder can be made and written, is no other work's (`corpus`: what it
+    is as a corpus, as the caller found), and a new run starts in no earlier run's."""
     check_output_dir(output_dir)
     folder = survey(output_dir)
     if resume is None:
         check_no_earlier_run(folder)
-    check_not_other_work(folder)  # a folder that holds checkpoints is a run's: only one without them is judged
+    check_not_other_work(folder, corpus)  # a folder that holds checkpoints is a run's: only one without them

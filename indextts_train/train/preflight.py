@@ -12,20 +12,25 @@ ids against the tokenizer's range, lengths against the config's limits: data/che
 
 from __future__ import annotations
 
+import os
+
 from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.run_folder import check_run_folder
 from indextts_train.config.settings import Config
 from indextts_train.config.unread_settings import check_family_settings
 from indextts_train.data.checkdata import check_manifest_sample
-from indextts_train.data.corpus_forms import refuse_corpus
+from indextts_train.data.corpus_forms import corpus_form, refuse_corpus
 from indextts_train.files.bounded import check_file
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import Tokenizer, read_tokenizer
 from indextts_train.ui.run_settings import RunSettings
 
 
-def check_paths(options: RunSettings) -> None:
-    """Every file the start names exists, in the order the flags are usually written."""
+def check_paths(options: RunSettings) -> str | None:
+    """Every file the start names exists, in the order the flags are usually written; a manifest path that is
+    a corpus is said as one. Returns what the output folder is as a corpus (the run folder's check says it,
+    for a new run only), asked here with the manifests: each path once, at the start's edge."""
+    output_corpus = corpus_form(options.output_dir) if os.path.isdir(options.output_dir) else None
     for flag, specs in (("--train-manifest", options.train_manifests), ("--val-manifest", options.val_manifests)):
         for spec in specs:  # a FIFO would block the first read: one line instead, as for a folder or no file
             refuse_corpus(spec.path, flag)  # clips and transcripts: the line says to run prepare first
@@ -37,6 +42,7 @@ def check_paths(options: RunSettings) -> None:
     resume = options.resume
     if resume not in (None, "auto"):  # `--resume auto` continues the run in --output-dir
         check_file(resume, "checkpoint", flag="--resume", missing="use --resume auto to pick the newest one")
+    return output_corpus
 
 
 def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | None = None) -> Tokenizer:
@@ -45,8 +51,8 @@ def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | No
 
     `base` is the start's one read of the base checkpoint (checkpoint.base.read_base): what is wrong
     with it was found then and is said here, in its turn."""
-    check_paths(options)
-    check_run_folder(options.output_dir, options.resume)
+    output_corpus = check_paths(options)
+    check_run_folder(options.output_dir, options.resume, output_corpus)
     source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
     check_family_settings(config.train, options.named, config.gpt.stated_family, source)
     tokenizer = read_tokenizer(options.tokenizer, config.gpt, source)
