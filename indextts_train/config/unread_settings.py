@@ -10,6 +10,7 @@ what a start names is judged: a config file or a recorded run may keep every set
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from indextts_train.config.family import FAMILIES, Family
 from indextts_train.config.schema import field_default
@@ -17,6 +18,11 @@ from indextts_train.config.settings import TrainConfig
 from indextts_train.errors import UserError
 
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _flag(name: str) -> str:
+    """The flag of a `train:` setting, as typed (its field's own name for it, else the name with dashes)."""
+    return (_TRAIN_FIELDS[name].metadata.get("flag") or f"--{name.replace('_', '-')}").split("/")[0]
 
 
 def setting_unread(train: TrainConfig, name: str) -> str | None:
@@ -29,7 +35,7 @@ def setting_unread(train: TrainConfig, name: str) -> str | None:
     have = getattr(train, key)
     if have == wanted or (wanted is None and have):
         return None
-    flag, other = f"--{name.replace('_', '-')}", f"--{key.replace('_', '-')}"
+    flag, other = _flag(name), _flag(key)
     under = f"{other} {wanted}" if wanted is not None else f"{other} K (K > 0)"
     return (f"{flag} is read under {under} only, and this run has {other} {have}: the flag would change nothing; "
             f"add {under}, or leave {flag} out")
@@ -42,27 +48,26 @@ def setting_of_other_family(train: TrainConfig, family: Family, name: str, sourc
     needs = _TRAIN_FIELDS[name].metadata.get("family_needs")
     if needs is None or getattr(family, needs) or getattr(train, name) == field_default(_TRAIN_FIELDS[name]):
         return None
-    flag = (_TRAIN_FIELDS[name].metadata.get("flag") or f"--{name.replace('_', '-')}").split("/")[0]
     meant = " or ".join(f.name for f in FAMILIES if getattr(f, needs))
-    return f"{flag} is for an {meant} model, and this run's is {family.name} ({source}): leave {flag} out"
+    return f"{_flag(name)} is for an {meant} model, and this run's is {family.name} ({source}): leave {_flag(name)} out"
+
+
+def _refuse_first(reasons: Iterable[str | None]) -> None:
+    problem = next((why for why in reasons if why is not None), None)
+    if problem is not None:
+        raise UserError(problem)
 
 
 def check_modes(train: TrainConfig, named: frozenset[str]) -> None:
     """A setting named for a mode the run is not in (--lora-rank without --train-scope lora, --listen-device
     without --listen-every) is refused: it would change nothing, and the run would not be the one meant.
     `named`: what this start names (a recorded run or the config file may hold every setting)."""
-    problem = next((why for name in sorted(named) if (why := setting_unread(train, name)) is not None), None)
-    if problem is not None:
-        raise UserError(problem)
+    _refuse_first(setting_unread(train, name) for name in sorted(named))
 
 
 def check_family_settings(train: TrainConfig, named: frozenset[str], family: Family | None, source: str) -> None:
     """A setting typed for the other family's model (--train-speaker-proj, --borrow-language for IndexTTS2) is
     one line: it would change nothing. Unchecked while the family is not known yet (a resume whose config states
     none: its checkpoint settles it)."""
-    if family is None:
-        return
-    problem = next((why for name in sorted(named) if (why := setting_of_other_family(train, family, name, source))
-                    is not None), None)
-    if problem is not None:
-        raise UserError(problem)
+    if family is not None:
+        _refuse_first(setting_of_other_family(train, family, name, source) for name in sorted(named))

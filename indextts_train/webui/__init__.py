@@ -72,9 +72,6 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
 
     `roots`: the folders every path the page reads or writes must lie in (default: the current one).
     """
-    if not roots and Path.cwd().parent == Path.cwd():  # a container's shell often starts in /
-        raise UserError("the page's folder is the current one by default, and that is / (the whole file system): "
-                        "cd into the folder of your data and runs, or pass --root DIR")
     allowed = Roots(roots or [Path.cwd()])
     credentials = parse_auth(auth, share)
     check_exposure(host, credentials, no_auth_on_network)

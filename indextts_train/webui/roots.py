@@ -98,9 +98,10 @@ class Roots:
             real = Path(os.path.realpath(Path(folder).expanduser()))
             if not real.is_dir():
                 raise UserError(f"--root {folder}: not a folder; give an existing folder the page may use")
-            if real.parent == real:  # every path would be inside: no root at all
-                raise UserError(f"--root {folder}: the whole file system, so the page could read and write anything "
-                                "on this machine; give the folder of your data and runs (e.g. --root /workspace)")
+            if real.parent == real:  # every path would be inside: no root at all (a container's shell starts in /)
+                raise UserError(f"--root {folder} is the whole file system (the default root is the folder webui "
+                                "starts in), so the page could read and write anything on this machine; cd into the "
+                                "folder of your data and runs, or pass --root DIR")
             resolved.append(real)
         if not resolved:
             raise UserError("--root: give at least one folder the page may use")
