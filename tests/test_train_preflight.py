@@ -4,6 +4,7 @@ the file system as it found it."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,20 @@ def test_a_start_reads_the_base_checkpoint_once(tiny_data, tmp_path, monkeypatch
     code, output = start(tiny_data, tmp_path / "run")
     assert code == 0, output
     assert (reads.loads, reads.crc_passes) == (1, 1)
+
+
+def test_a_start_refused_by_a_cheap_check_never_reads_the_base_checkpoint(tiny_data, tmp_path, monkeypatch) -> None:
+    """Cheapest first: a missing manifest or an earlier run in the output folder costs a stat, so it is
+    said before the base checkpoint's whole-file CRC pass (seconds for a real 3.5 GB gpt.pth)."""
+    reads = CheckpointReads(tiny_data["base"]).install(monkeypatch)
+    code, output = start(tiny_data, tmp_path / "run", manifest=tmp_path / "missing.jsonl")
+    assert code == 2 and "missing.jsonl" in output
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    shutil.copy(tiny_data["base"], earlier / "model_step2.pth")  # a file named as a run's checkpoint
+    code, output = start(tiny_data, earlier)
+    assert code == 2 and "--resume" in output, output
+    assert (reads.loads, reads.crc_passes) == (0, 0)
 
 
 def test_a_folder_given_for_a_file_is_said_with_the_files_meant(tiny_data, tmp_path) -> None:

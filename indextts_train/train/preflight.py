@@ -1,20 +1,22 @@
 """Checks before any work: a start that is going to fail says so first, and changes nothing on disk.
 
 `check_inputs` runs after the config is read and before the hardware plan is printed or the output
-folder is created. It checks the paths itself and asks each input's owner for the rest, in this
-order, each refusal one line: the output folder and an earlier run's checkpoints in it without
---resume (checkpoint/run_folder.py); a setting typed for the other family's model (config/settings.py);
-the tokenizer's family against the model's, read once
-(text/vocab.read_tokenizer); the base checkpoint's keys and shapes against the config, judged when
-setup read it (checkpoint/base.read_base); the first lines of every manifest (fields, files, text
-ids against the tokenizer's range, lengths against the config's limits: data/checkdata.py).
+folder is created. It checks the paths itself and asks each input's owner for the rest, cheapest
+first, each refusal one line: the output folder and an earlier run's checkpoints in it without
+--resume (checkpoint/run_folder.py); then the base checkpoint is read, once (checkpoint/base.read_base:
+its keys settle the model family when the config states none, and a whole file's CRC pass comes
+only after the checks that cost a stat); a setting typed for the other family's model
+(config/unread_settings.py); the tokenizer's family against the model's, read once
+(text/vocab.read_tokenizer); the base checkpoint's keys and shapes against the config, judged when it
+was read; the first lines of every manifest (fields, files, text ids against the tokenizer's range,
+lengths against the config's limits: data/checkdata.py).
 """
 
 from __future__ import annotations
 
 import os
 
-from indextts_train.checkpoint.base import BaseCheckpoint
+from indextts_train.checkpoint.base import BaseCheckpoint, read_base
 from indextts_train.checkpoint.run_folder import check_run_folder
 from indextts_train.config.settings import Config
 from indextts_train.config.unread_settings import check_family_settings
@@ -45,14 +47,14 @@ def check_paths(options: RunSettings) -> str | None:
     return output_corpus
 
 
-def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | None = None) -> Tokenizer:
+def check_inputs(options: RunSettings, config: Config) -> tuple[Tokenizer, BaseCheckpoint | None]:
     """All the checks above and the run folder's, then the head of every manifest as check-data checks
-    it (its owner, data/checkdata.py), cheapest first; returns the tokenizer the run will use, read once.
-
-    `base` is the start's one read of the base checkpoint (checkpoint.base.read_base): what is wrong
-    with it was found then and is said here, in its turn."""
+    it (its owner, data/checkdata.py), cheapest first; returns the tokenizer and the base checkpoint
+    the run will use, each read once (None: no --base-checkpoint). `config.gpt`'s family is settled
+    by the base checkpoint's keys when the config states none."""
     output_corpus = check_paths(options)
     check_run_folder(options.output_dir, options.resume, output_corpus)
+    base = read_base(options.base_checkpoint, config.gpt)  # what is wrong with it is said below, in its turn
     source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
     check_family_settings(config.train, options.named, config.gpt.stated_family, source)
     tokenizer = read_tokenizer(options.tokenizer, config.gpt, source)
@@ -61,4 +63,4 @@ def check_inputs(options: RunSettings, config: Config, base: BaseCheckpoint | No
     check_manifest_sample([spec.path for spec in (*options.train_manifests, *options.val_manifests)], config.gpt,
                           tokenizer.size if options.tokenizer else None, parse_borrowed(config.train.borrow_languages),
                           skip_bad=options.skip_bad_lines)
-    return tokenizer
+    return tokenizer, base

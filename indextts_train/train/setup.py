@@ -5,8 +5,8 @@ checkpoint the manager chose, or fresh) and the startup's log and lock. Model bu
 random numbers, so the RNG of the run (fresh seed or the checkpoint's) is put in place last, when
 the loop begins (`Started.rng`).
 
-Each stage is owned by the module of its concern and called once, in order: the base checkpoint,
-read once (checkpoint/base.py), the checks of every input (preflight.py), the hardware plan
+Each stage is owned by the module of its concern and called once, in order: the checks of every
+input, which read the base checkpoint and the tokenizer once (preflight.py), the hardware plan
 (plan.py), the claim of the output folder (runlock.py), the checkpoint to resume
 (checkpoint/manager.py), its train scope against today's (model/scope.py) and its batch layout
 (resume.py), the weights (weights.py), the data, read once the weights have settled the model's
@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from indextts_train.checkpoint.base import read_base
 from indextts_train.checkpoint.manager import select_resume
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import config_to_dict
@@ -58,9 +57,8 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
     if options.config_note:
         startup.info(options.config_note)
     config = copy.deepcopy(options.config)  # the run settles the model family on its own copy
-    base = read_base(options.base_checkpoint, config.gpt)  # one read: the family (before the plan sizes the
-    # model), the checks and the weights
-    tokenizer = check_inputs(options, config, base)  # before the plan is printed and before anything is created
+    tokenizer, base = check_inputs(options, config)  # before the plan is printed and before anything is created;
+    # each read once: the base checkpoint settles the family, and serves the checks and the weights
     plan, device = run_plan(config, dist)
     claim = claim_run(options.output_dir, dist, device, startup.text_log)  # before any work: one run per folder
     try:
