@@ -376,7 +376,7 @@ def export(
     output: Annotated[Path, typer.Option("-o", "--output", help="gpt.pth to write for IndexTTS2 inference.")],
     config_out: Annotated[Path | None, typer.Option(help="Also write an IndexTTS2 config.yaml with the new number_text_tokens.")] = None,
     config: Annotated[Path | None, typer.Option(help="Base IndexTTS2 config.yaml to update (default: the config stored in the checkpoint).")] = None,
-    tokenizer_name: Annotated[str, typer.Option(help="Tokenizer file name to write into the config (dataset.bpe_model).")] = "bpe.model",
+    tokenizer_name: Annotated[str | None, typer.Option(help="IndexTTS2: the tokenizer's file name in config.yaml (dataset.bpe_model) and of the --tokenizer copy [default: bpe.model]. IndexTTS-2.5 opens a fixed name.")] = None,
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     pick: Annotated[Pick | None, typer.Option(help="In a run folder: best.pth or latest.pth, or the checkpoint `listen` scored best: cer (lowest) or speaker_sim (highest) [default: best.pth, else latest.pth].")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="The tokenizer the run trained with, copied beside the export: IndexTTS-2.5's .tiktoken as multilingual_zh_ja_yue_char_del.tiktoken (required when the run grew the vocabulary), IndexTTS2's .model as --tokenizer-name.")] = None,

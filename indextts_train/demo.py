@@ -101,7 +101,7 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
         return code
     summary = export_checkpoint(run_dir / "latest.pth", out_dir / "export" / "gpt.pth",
                                 config_out=out_dir / "export" / "config.yaml",
-                                tokenizer_name=Path(paths["tokenizer"]).name, tokenizer=Path(paths["tokenizer"]),
+                                tokenizer=Path(paths["tokenizer"]),
                                 force=True)  # the demo's own export folder: a rerun replaces it
     print(f"exported {out_dir / 'export' / 'gpt.pth'} ({summary['tensors']} tensors, "
           f"{summary['text_rows']} text rows) and {out_dir / 'export' / 'config.yaml'}")

@@ -22,10 +22,10 @@ import yaml
 from helpers import CheckpointReads, FaultyFolder, assert_refused, run_cli, tree_state
 from typer.testing import CliRunner
 
-from indextts_train.checkpoint.export import _checked_tokenizer
+from indextts_train.checkpoint.export import _checked_tokenizer, _tokenizer_target
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
-from indextts_train.config.family import INDEXTTS25
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.settings import Config, GPTConfig, load_config
 from indextts_train.errors import UserError
 from indextts_train.model.gpt import UnifiedVoiceGPT
@@ -294,6 +294,40 @@ def test_an_indextts2_tokenizer_is_checked_and_copied_under_the_config_name(grow
     assert result.exit_code == 0, result.output
     assert (out / "am_bpe.model").read_bytes() == (tmp_path / "bpe150.model").read_bytes()
     assert yaml.safe_load((out / "config.yaml").read_text())["dataset"]["bpe_model"] == "am_bpe.model"
+
+
+def test_a_tokenizer_name_that_would_change_nothing_is_refused(tmp_path) -> None:
+    """--tokenizer-name names the --tokenizer copy and config.yaml's dataset.bpe_model (IndexTTS2).
+    IndexTTS-2.5 inference opens one fixed name, so another one, or one with nothing to name, would
+    change nothing: refused, not ignored. Left out, it is the family's own name."""
+    tiktoken, spm, out = tmp_path / "grown.tiktoken", tmp_path / "am.model", tmp_path / "out" / "gpt.pth"
+    tiktoken.write_text("")
+    spm.write_bytes(b"")
+    with pytest.raises(UserError, match=r"^--tokenizer-name am.model: it names .* neither is written"):
+        _tokenizer_target(out, None, "am.model", None)
+    assert _tokenizer_target(out, None, "am.model", out.parent / "config.yaml") is None
+    with pytest.raises(UserError, match=rf"^--tokenizer-name grown.tiktoken: IndexTTS-2.5 inference opens its "
+                                        rf"vocabulary as {INDEXTTS25.tokenizer_name}"):
+        _tokenizer_target(out, tiktoken, "grown.tiktoken", None)
+    for name in (None, INDEXTTS25.tokenizer_name):
+        assert _tokenizer_target(out, tiktoken, name, None) == out.parent / INDEXTTS25.tokenizer_name
+    assert _tokenizer_target(out, spm, None, None) == out.parent / INDEXTTS2.tokenizer_name == out.parent / "bpe.model"
+    assert _tokenizer_target(out, spm, "am_bpe.model", None) == out.parent / "am_bpe.model"
+
+
+@pytest.mark.slow  # the real entry point on a 2.5 checkpoint
+def test_an_indextts25_export_refuses_a_tokenizer_name_before_writing(tiny25_data, tmp_path) -> None:
+    """Without --tokenizer, the checkpoint says the family: the name is refused after its one read and
+    before any write."""
+    out = tmp_path / "out"
+    refused([tiny25_data["base"], "--config", tiny25_data["config"], "-o", out / "gpt.pth",
+             "--config-out", out / "config.yaml", "--tokenizer-name", "am.tiktoken"],
+            "--tokenizer-name am.tiktoken", "leave --tokenizer-name out")
+    assert not out.exists()
+    result = cli("export", tiny25_data["base"], "--config", tiny25_data["config"], "-o", out / "gpt.pth",
+                 "--config-out", out / "config.yaml")
+    assert result.exit_code == 0, result.output
+    assert "bpe_model" not in yaml.safe_load((out / "config.yaml").read_text()).get("dataset", {})
 
 
 def test_a_grown_indextts25_export_needs_its_tiktoken() -> None:

@@ -282,6 +282,7 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys)
         (*export, "--tokenizer-name", "../bpe.model"): "--tokenizer-name '../bpe.model'",
         (*export, "--tokenizer-name", ""): "--tokenizer-name ''",
         (*export, "--tokenizer-name", "bpe\n.model"): "--tokenizer-name",
+        (*export, "--tokenizer-name", "am.model"): "--tokenizer-name am.model: it names the tokenizer copy",
         ("check-tokenizer", spm, "--normalizer", "wetxt"): "--normalizer 'wetxt'",
         ("demo", tmp_path / "out", "--train-scope", "lroa"): "--train-scope 'lroa': choose one of full, partial, lora",
         ("demo", tmp_path / "out", "--resume", tmp_path / "nothing.pth"): "--resume",

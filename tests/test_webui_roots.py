@@ -272,10 +272,17 @@ def test_the_page_refuses_a_tokenizer_or_export_folder_outside_the_root(folders,
     server.export(checkpoint, "", run, str(folders["root"] / "bpe.model"), str(folders["root"] / "c.yaml"))
     assert f"--config={folders['root'].resolve()}/c.yaml" in ran[0]
     assert f"--tokenizer={folders['root'].resolve()}/bpe.model" in ran[0]
+    assert "--tokenizer-name=bpe.model" in ran[0]  # IndexTTS2's config.yaml names the copy
     assert ran[0][-2:] == ["--", f"{folders['root'].resolve()}/run/latest.pth"]  # never read as an option
     assert "--force" not in ran[0]  # export replaces no file, whichever folder it writes
+    (folders["root"] / "grown.tiktoken").write_bytes(b"x")  # IndexTTS-2.5 inference opens a fixed name
+    said = server.export(checkpoint, "", run, str(folders["root"] / "grown.tiktoken"))
+    assert said == "(exit 0)", said
+    assert ran[-1][-3:] == [f"--tokenizer={folders['root'].resolve()}/grown.tiktoken", "--",
+                            f"{folders['root'].resolve()}/run/latest.pth"]
+    ran.clear()
     server.export(checkpoint, str(folders["root"] / "mine"), run, "")
-    assert "--force" not in ran[1] and f"--output={folders['root'].resolve()}/mine/gpt.pth" in ran[1]
+    assert "--force" not in ran[0] and f"--output={folders['root'].resolve()}/mine/gpt.pth" in ran[0]
 
 
 def test_the_page_watches_and_starts_nothing_outside_the_root(folders, monkeypatch) -> None:

@@ -27,7 +27,7 @@ from indextts_train.checkpoint.files import BEST, LATEST, config_for, failure_re
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
 from indextts_train.checkpoint.verify import is_training_checkpoint, load_verified
-from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
+from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
@@ -82,22 +82,24 @@ def provenance(state: dict) -> str:
 
 
 def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None = None,
-                      base_config: Path | None = None, tokenizer_name: str = "bpe.model",
+                      base_config: Path | None = None, tokenizer_name: str | None = None,
                       dtype: str = "float32", tokenizer: Path | None = None,
                       adapters_out: Path | None = None, force: bool = False) -> dict:
     """Write `output` (official key order, dtype asked for) and optionally `config_out`, `adapters_out`.
 
     `tokenizer` is checked against the exported text rows and copied beside `output`: a .tiktoken
     under the name stock 2.5 inference opens (IndexTTS-2.5), a SentencePiece model as `tokenizer_name`
-    (IndexTTS2, the name config.yaml gives as dataset.bpe_model). Notes (borrowed language rows, sections config.yaml
-    lacks) go into the summary, the first kind also as comments into `config_out`.
+    (IndexTTS2, the name config.yaml gives as dataset.bpe_model; None: the family's own, bpe.model).
+    A `tokenizer_name` that would change nothing is refused: one that names neither a copy nor a
+    config.yaml, or another name than the one IndexTTS-2.5 inference opens. Notes (borrowed language
+    rows, sections config.yaml lacks) go into the summary, the first kind also as comments into `config_out`.
 
     An existing target is replaced only with `force`, and a training checkpoint never. Every file is
     written under a temp name first and renamed at the end: a failure leaves no final name changed.
     """
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
-    copy_target = _tokenizer_target(output, tokenizer, tokenizer_name)
+    copy_target = _tokenizer_target(output, tokenizer, tokenizer_name, config_out)
     targets = {"-o": output, "--config-out": config_out, "--adapters-out": adapters_out, "--tokenizer": copy_target}
     named = [path for path in targets.values() if path is not None]
     interrupted = _interrupted(output, named)  # its files are this command's own, to finish and replace
@@ -110,6 +112,7 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     payload = _adapter_payload(checkpoint, loaded) if adapters_out is not None else None  # refused before writes
     config = config_for(checkpoint, base_config, loaded=loaded)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
+    _check_name_read(tokenizer_name, config.gpt.family)  # the checkpoint says the family: before any write
     config.gpt.number_text_tokens = tokens
     vocabulary = _checked_tokenizer(tokenizer, tokens, config, loaded)
     hparams = loaded.get("hparams") if isinstance(loaded.get("hparams"), dict) else {}  # borrowed language rows
@@ -122,7 +125,8 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         files.append((copy_target, lambda handle: handle.write(vocabulary)))
     config_notes = []
     if config_out is not None:
-        text, config_notes = _config_text(config, base_config, output.name, tokenizer_name, notes)
+        text, config_notes = _config_text(config, base_config, output.name,
+                                          tokenizer_name or config.gpt.family.tokenizer_name, notes)
         files.append((config_out, lambda handle: handle.write(text.encode("utf-8"))))
     if payload is not None:
         files.append((adapters_out, lambda handle: torch.save(payload, handle)))
@@ -253,18 +257,32 @@ def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
     return adapter_file(record["adapters"], record_spec(record), model, tensors, applies_to)
 
 
-def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str) -> Path | None:
+def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str | None,
+                      config_out: Path | None) -> Path | None:
     """Where the tokenizer copy goes: beside `output`, under the name inference opens."""
-    # Checked also without --tokenizer: the name goes into config.yaml, which inference opens beside -o.
-    if Path(tokenizer_name).name != tokenizer_name or tokenizer_name in ("", ".", "..") \
-            or not tokenizer_name.isprintable():
-        raise UserError(f"--tokenizer-name {tokenizer_name!r}: give a file name (it goes beside -o), not a path")
+    if tokenizer_name is not None:  # it names the copy, or config.yaml's dataset.bpe_model: checked without a copy
+        if Path(tokenizer_name).name != tokenizer_name or tokenizer_name in ("", ".", "..") \
+                or not tokenizer_name.isprintable():
+            raise UserError(f"--tokenizer-name {tokenizer_name!r}: give a file name (it goes beside -o), not a path")
+        if tokenizer is None and config_out is None:
+            raise UserError(f"--tokenizer-name {tokenizer_name}: it names the tokenizer copy (--tokenizer) and "
+                            "config.yaml's dataset.bpe_model (--config-out), and neither is written; pass one, or "
+                            "leave --tokenizer-name out")
     if tokenizer is None:
         return None
     if not tokenizer.is_file():
         raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
     family = family_of_tokenizer(tokenizer)
-    return output.parent / (family.tokenizer_name if family.tokenizer_name_fixed else tokenizer_name)
+    _check_name_read(tokenizer_name, family)
+    return output.parent / (tokenizer_name if tokenizer_name is not None else family.tokenizer_name)
+
+
+def _check_name_read(tokenizer_name: str | None, family: Family) -> None:
+    """IndexTTS-2.5 inference opens its vocabulary by one fixed name: another one would name nothing it reads."""
+    if family.tokenizer_name_fixed and tokenizer_name not in (None, family.tokenizer_name):
+        raise UserError(f"--tokenizer-name {tokenizer_name}: {family.name} inference opens its vocabulary as "
+                        f"{family.tokenizer_name}, whatever config.yaml says, so the copy takes that name; leave "
+                        "--tokenizer-name out")
 
 
 def _grown(loaded: dict) -> tuple[int, int] | None:

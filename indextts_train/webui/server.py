@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from indextts_train.checkpoint.export import publishing_marker
+from indextts_train.config.family import family_of_tokenizer
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.train.device import detect_device
@@ -150,7 +151,9 @@ class PageServer:
                 inputs.append(f"--config={self.roots.inside(config, 'Config')}")
             if (tokenizer or "").strip():
                 token_file = self.roots.inside(tokenizer, "Tokenizer")
-                inputs += [f"--tokenizer={token_file}", f"--tokenizer-name={token_file.name}"]
+                inputs.append(f"--tokenizer={token_file}")
+                if not family_of_tokenizer(token_file).tokenizer_name_fixed:  # IndexTTS2: config.yaml names it
+                    inputs.append(f"--tokenizer-name={token_file.name}")
             if target is not None:
                 self.roots.refuse_links_outside(target, "Export dir")
             if not checkpoint:
