@@ -122,6 +122,10 @@ def prepare(
     from indextts_train.prepare.pairs import SplitRule
     from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
 
+    if val_speakers and val_fraction not in (0.0, SplitRule.val_fraction):
+        fail(f"--val-fraction {val_fraction} and --val-speakers {val_speakers}: whole speakers are held out instead "
+             "of a share of the ids, so --val-fraction would change nothing; pass one of them")
+
     def build() -> PrepareOptions:
         return PrepareOptions(
             corpora=corpus, model_dir=model_dir, out=out, device=device,
@@ -236,8 +240,16 @@ def check_data(
 ) -> None:
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
     from indextts_train.data.checkdata import check_manifests, prepared_with, render_check_report, write_clean_manifest
+    from indextts_train.text.inference_text import check_normalizer_choice
 
+    if force and write_clean is None:
+        fail("--force lets --write-clean replace an existing file, and no --write-clean is given: the flag would "
+             "change nothing; add --write-clean FILE, or leave --force out")
     limits, vocabulary, notes = prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
+    run_guarded(check_normalizer_choice, normalizer)  # a typo first: it is said even where nothing is normalised
+    if normalizer != "auto" and vocabulary is None:
+        fail(f"--normalizer {normalizer} presents text for a tokenizer's encoding, and none is at hand (no --tokenizer, "
+             "no prepare.json beside the manifest naming one): the flag would change nothing; add --tokenizer")
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
@@ -278,12 +290,20 @@ def check_tokenizer(
 ) -> None:
     """Vocab size, base ids kept, extended-piece coverage, duplicate or unreachable pieces."""
     from indextts_train.config.family import TIKTOKEN, family_of_tokenizer
-    from indextts_train.text.inference_text import TextPath
+    from indextts_train.text.inference_text import TextPath, check_normalizer_choice
     from indextts_train.text.tiktoken_vocab import check_tiktoken, render_tiktoken_report
     from indextts_train.text.tokenizer import check_tokenizer as run_check
     from indextts_train.text.tokenizer import render_tokenizer_report, tokenizer_exit_code
 
-    if family_of_tokenizer(model).tokenizer_kind == TIKTOKEN:
+    tiktoken = family_of_tokenizer(model).tokenizer_kind == TIKTOKEN
+    if language is not None and not tiktoken:
+        fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 text has no language tag")
+    run_guarded(check_normalizer_choice, normalizer)  # a typo first: it is said even where nothing is normalised
+    for flag, value, default in (("--normalizer", normalizer, "auto"), ("--language", language, None)):
+        if sample_text is None and value != default:
+            fail(f"{flag} {value} is read to present --sample-text, and none is given: the flag would change "
+                 "nothing; add --sample-text FILE, or leave it out")
+    if tiktoken:
         if base_vocab is not None:
             fail("--base-vocab is for SentencePiece models; for a .tiktoken file pass --base BASE.tiktoken")
         text_path = run_guarded(TextPath.open, model, normalizer=normalizer)
@@ -297,8 +317,6 @@ def check_tokenizer(
             report["warnings"] += text_path.notes()
         render = render_tiktoken_report
     else:
-        if language is not None:
-            fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 text has no language tag")
         report = run_guarded(run_check, model, base=base, base_vocab=base_vocab, sample_text=sample_text,
                              normalizer=normalizer)
         render = render_tokenizer_report

@@ -275,7 +275,7 @@ def test_tokenize_leaves_out_a_line_whose_text_is_not_utf8_and_says_which(tmp_pa
     assert [json.loads(line)["id"] for line in written] == ["u0", "u1", "u3"]
 
 
-def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys) -> None:
+def test_bad_text_flags_are_refused_before_any_work(tiny_data, corpus, tmp_path, capsys) -> None:
     spm = ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
     export = ["export", tiny_data["base"], "--config", TINY_CONFIG, "-o", tmp_path / "out" / "gpt.pth"]
     cases = {
@@ -293,6 +293,16 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, tmp_path, capsys)
             f"--borrow-language is for IndexTTS-2.5 .tiktoken text; {spm} is IndexTTS2's",
         ("tokenize", tiny_data["train"], "--tokenizer", spm, "--out", tmp_path / "tok", "--strict-language"):
             "--strict-language is for IndexTTS-2.5 .tiktoken text",
+        # a flag read only beside another one, or for another form, would change nothing
+        ("check-data", tiny_data["train"], "--force"): "--force lets --write-clean replace an existing file, and "
+                                                       "no --write-clean is given",
+        ("check-data", tiny_data["train"], "--normalizer", "none"): "--normalizer none presents text for a "
+                                                                    "tokenizer's encoding, and none is at hand",
+        ("check-tokenizer", spm, "--normalizer", "none"): "--normalizer none is read to present --sample-text",
+        ("prepare", corpus, "--model-dir", tmp_path / "models", "--out", tmp_path / "p", "--text-column", "s"):
+            "--text-column s names a column of a Hugging Face dataset, and no CORPUS is one",
+        ("prepare", corpus, "--model-dir", tmp_path / "models", "--out", tmp_path / "p", "--val-speakers", "1",
+         "--val-fraction", "0.3"): "--val-fraction 0.3 and --val-speakers 1: whole speakers are held out instead",
         # a train: setting typed as a flag is named as the range checks name it: key, then flag
         ("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--lora-targets",
          "foo"): "error: train.lora_targets (--lora-targets) foo: choose one or more of",

@@ -39,6 +39,10 @@ def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:
     """Every utterance of every corpus, in the order given; duplicate ids refused naming both lines."""
     if not paths:
         raise UserError("prepare: no CORPUS given; pass a JSONL file, metadata.csv, a Common Voice .tsv or a folder")
+    if defaults.text_column is not None and not any(is_hf_corpus(Path(path)) for path in paths):
+        raise UserError(f"--text-column {defaults.text_column} names a column of a Hugging Face dataset, and no CORPUS "
+                        "is one: the flag would change nothing (the other forms name their text themselves); leave "
+                        "it out")
     utterances: list[Utterance] = []
     seen: dict[str, str] = {}
     for path in paths:
