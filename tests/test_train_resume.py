@@ -22,6 +22,7 @@ from helpers import start, wait_for_training
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.checkpoint.verify import verify_checkpoint
+from indextts_train.errors import UserError
 from indextts_train.train.loop import RunSettings, resolve_settings, train
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
@@ -271,6 +272,24 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
         assert after["lineage"]["parent"] == before["lineage"]["branch"] and after["lineage"]["forks"] == []
         kept = out / "abandoned" / before["lineage"]["branch"]
         assert {name: (kept / name).read_bytes() for name in first_run} == first_run
+
+
+def test_a_changed_model_is_refused_on_resume(tiny_data, grown, tmp_path) -> None:
+    """gpt.heads changes no tensor's shape, so the weights loaded, and the run went on training another
+    model under them. Refused before any work, naming the key; the checkpoints stay as they were."""
+    out = tmp_path / "run"
+    assert train(options(tiny_data, grown, out, max_steps=6)) == 0
+    data = yaml.safe_load(grown.read_text())
+    data["gpt"]["heads"] *= 2
+    changed = tmp_path / "heads.yaml"
+    changed.write_text(yaml.safe_dump(data))
+    before = {p.name: p.read_bytes() for p in out.glob("*.pth")}
+    with pytest.raises(UserError, match=rf"--config {changed} changes the model .*latest.pth was trained as "
+                                        rf"\(gpt.heads {data['gpt']['heads'] // 2} -> {data['gpt']['heads']}\)"):
+        train(options(tiny_data, changed, out, max_steps=12))
+    assert {p.name: p.read_bytes() for p in out.glob("*.pth")} == before
+    assert train(options(tiny_data, bigger_vocab(grown, tmp_path, 170), out, max_steps=12)) == 0  # a grown
+    # vocabulary is the tokenizer's change, which the vocabulary plan handles
 
 
 def test_smaller_micro_batch_on_resume_continues_from_the_same_sample(tiny_data, grown, tmp_path, capsys) -> None:

@@ -40,6 +40,7 @@ class Resumed:
     rng: list[dict]
     hparams: dict  # the settings it was trained with ({} after a repair: not known)
     train_config: dict  # its stored `train:` section (scope checks)
+    gpt_config: dict  # its stored `gpt:` section: the model a run resumes
     hardware: dict  # its HardwarePlan.to_dict() (an OOM-reduced micro-batch, the arithmetic)
     sampler: SamplerSpec | None  # None: written before data order rules, so rule 1
     sort_window: int | None  # the window of a rule-1 run's stored config, when it has a usable one
@@ -85,6 +86,7 @@ def resumed_state(ckpt: dict, path: Path, unknown: list[str]) -> Resumed:
         optimizer_set={key: ckpt[key] for key in ("optimizer", "optimizer_param_names", "scheduler", "scaler")},
         progress=_part(Progress, ckpt["progress"]), history=_part(History, ckpt["history"]),
         data=_part(DataRecord, ckpt["data"]), lineage=_part(Lineage, ckpt["lineage"]), rng=ckpt["rng"],
-        hparams=ckpt["hparams"], train_config=ckpt["config"].get("train") or {}, hardware=ckpt.get("hardware") or {},
+        hparams=ckpt["hparams"], train_config=ckpt["config"].get("train") or {},
+        gpt_config=ckpt["config"].get("gpt") or {}, hardware=ckpt.get("hardware") or {},
         sampler=None if legacy else SamplerSpec.from_state_dict(sampler),
         sort_window=sort_window, repaired=bool(ckpt.get("repaired")), samples_unknown=samples_unknown)

@@ -363,6 +363,22 @@ def gpt_to_dict(gpt: GPTConfig) -> dict:
     return data
 
 
+def _flat(section: dict, prefix: str = "gpt.") -> dict:
+    out: dict = {}
+    for key, value in section.items():
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
+
+
+def changed_gpt_keys(saved: dict, gpt: GPTConfig) -> list[str]:
+    """`key saved -> now` for each gpt: key that differs from a checkpoint's stored section. Only keys it
+    stored are compared (an older file knows fewer), and number_text_tokens follows the tokenizer (its
+    growth is the vocabulary plan's to handle)."""
+    old, now = _flat(saved), _flat(gpt_to_dict(gpt))
+    return [f"{key} {old[key]} -> {now[key]}" for key in now
+            if key in old and key != "gpt.number_text_tokens" and old[key] != now[key]]
+
+
 def config_to_dict(config: Config) -> dict:
     train = dataclasses.asdict(config.train)
     train["adam_betas"] = list(train["adam_betas"])
