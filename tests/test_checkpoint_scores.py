@@ -48,6 +48,18 @@ def test_failed_lines_are_not_scored_and_the_last_record_wins(tmp_path):
     assert summary[20] == {"lines": 1, "cer": 0.0, "speaker_sim": None}
 
 
+def test_a_score_that_cannot_be_is_not_counted(tmp_path):
+    """NaN (json reads the literal), a negative CER, a similarity beyond 1 or a bool are no scores: one such
+    line, crafted or damaged, would otherwise rank first in `export --pick`."""
+    path = scores_path(tmp_path)
+    for line_id, cer, sim in (("a", float("nan"), float("nan")), ("b", -5, 3.0), ("c", True, False),
+                              ("d", 0.5, 0.9)):
+        append_record(path, _record(50, line_id, cer=cer, speaker_sim=sim))
+    assert summary_by_step(tmp_path)[50] == {"lines": 4, "cer": 0.5, "speaker_sim": 0.9}
+    append_record(path, _record(60, "a", cer=float("inf"), speaker_sim=-1.5))
+    assert summary_by_step(tmp_path)[60] == {"lines": 1, "cer": None, "speaker_sim": None}
+
+
 def test_foreign_lines_are_ignored(tmp_path):
     path = scores_path(tmp_path)
     path.parent.mkdir(parents=True)

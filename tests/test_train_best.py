@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
 from indextts_train.data.sampling import SamplerSpec, epoch_order
+from indextts_train.train.best import BestTracker
 from indextts_train.ui.text_log import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
@@ -223,3 +225,13 @@ def test_bad_flags_are_one_line(langs, tmp_path) -> None:
         result = cli(*train_args(langs, tmp_path / "x", *extra))
         assert result.exit_code == 2 and words in result.stderr, result.output
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_validation_that_diverged_is_never_best() -> None:
+    """A NaN loss (a run driven to divergence: --learning-rate 1e9) compared as no worse than nothing, so
+    best.pth named the broken model; it now counts as a validation without a new best."""
+    tracker = BestTracker("loss")
+    assert not tracker.update(math.nan, 3) and not tracker.update(math.inf, 4)
+    assert (tracker.step, tracker.stale) == (None, 2) and "no validation qualified" in tracker.describe()
+    assert tracker.update(3.5, 5) and not tracker.update(math.nan, 6)
+    assert (tracker.step, tracker.value, tracker.stale) == (5, 3.5, 1)

@@ -11,6 +11,7 @@ that were deleted since stay: the file is the history of what was heard.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -86,6 +87,19 @@ SUMMARY_KEYS = ("cer", "speaker_sim")  # the per-checkpoint means `checkpoints` 
 LOWER_IS_BETTER = {"cer": True, "speaker_sim": False}
 
 
+_RANGES = {"cer": (0.0, math.inf), "speaker_sim": (-1.0, 1.0)}  # what a score of each can be
+
+
+def _score(record: dict, key: str) -> float | None:
+    """The record's `key` when it is a score that can be: a number (not a bool), finite and in range. A crafted
+    or damaged line (NaN, -5, true) would otherwise rank first in `export --pick`."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    low, high = _RANGES[key]
+    return float(value) if low <= value <= high else None
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -97,7 +111,7 @@ def summary_by_step(run_dir: Path) -> dict[int, dict]:
         if record.get("ok"):
             by_step.setdefault(step, []).append(record)
     return {step: {"lines": len(records),
-                   **{key: _mean([r[key] for r in records if isinstance(r.get(key), (int, float))])
+                   **{key: _mean([v for r in records if (v := _score(r, key)) is not None])
                       for key in SUMMARY_KEYS}}
             for step, records in by_step.items()}
 

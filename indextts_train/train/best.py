@@ -17,6 +17,7 @@ of this carries across resumes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,9 @@ class BestTracker:
         A validation over the forgetting limit is not eligible: it never becomes best and counts as
         one without improvement.
         """
-        if eligible and (self.value is None or value < self.value):
+        # a non-finite value (a diverged validation) is never best: NaN would compare as no better and
+        # no worse, and best.pth would name a broken model
+        if eligible and math.isfinite(value) and (self.value is None or value < self.value):
             self.value, self.step, self.stale = value, step, 0
             return True
         self.stale += 1
