@@ -189,7 +189,8 @@ def test_export_reads_the_checkpoint_once(grown_run, tmp_path, monkeypatch) -> N
 
 
 @pytest.mark.parametrize("case", ["onto the checkpoint", "onto its hard link", "config onto gpt.pth",
-                                  "missing checkpoint", "unknown dtype"])
+                                  "missing checkpoint", "unknown dtype", "a checkpoint's name",
+                                  "a checkpoint's name for the config"])
 def test_export_refusals_change_nothing(grown_run, tmp_path, case) -> None:
     run, checkpoint = grown_run["run"], grown_run["checkpoint"]
     step_file = next(run.glob("model_step*.pth"))
@@ -201,6 +202,11 @@ def test_export_refusals_change_nothing(grown_run, tmp_path, case) -> None:
                                 ["--config-out and -o are the same file"]),
         "missing checkpoint": ([run / "nope.pth", "-o", tmp_path / "g.pth"], ["nope.pth", "no such checkpoint"]),
         "unknown dtype": ([checkpoint, "-o", tmp_path / "g.pth", "--dtype", "int8"], ["--dtype int8"]),
+        # a run in that folder would take it for one of its own, and refuse to save its step over it
+        "a checkpoint's name": ([checkpoint, "-o", tmp_path / "model_step8.pth"],
+                                ["-o", "model_step8.pth: a training checkpoint's name", "gpt.pth"]),
+        "a checkpoint's name for the config": ([checkpoint, "-o", tmp_path / "g.pth", "--config-out",
+                                               tmp_path / "best.pth"], ["--config-out", "best.pth"]),
     }[case]
     before = snapshot(run)
     result = cli("export", *args)

@@ -24,7 +24,7 @@ import yaml
 
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import BEST, LATEST, config_for, failure_reason
-from indextts_train.checkpoint.run_folder import same_file
+from indextts_train.checkpoint.run_folder import same_file, step_of
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
 from indextts_train.checkpoint.verify import is_training_checkpoint, load_verified
 from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
@@ -339,6 +339,7 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
     for flag, target in named:
         _check_place(flag, target)
         if not (target.exists() or target.is_symlink()) or (flag == "--tokenizer" and same_file(target, tokenizer)):
+            _check_name(flag, target)
             continue
         if any(same_file(target, source) for source in inputs):
             raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
@@ -346,12 +347,21 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
             other = target.with_name(f"{target.stem}_export{target.suffix}")
             raise UserError(f"{flag} {target} is a training checkpoint: export never replaces one, even with "
                             f"--force; choose another name (e.g. {other})")
+        _check_name(flag, target)
         if not force and target.absolute() not in replaceable:
             raise UserError(f"{flag} {target} already exists; pass --force to replace it, or choose another path")
     for i, (flag, target) in enumerate(named):
         twin = next((other for other, path in named[:i] if same_path(path, target)), None)
         if twin is not None:
             raise UserError(f"{target}: {flag} and {twin} are the same file; give each its own path")
+
+
+def _check_name(flag: str, target: Path) -> None:
+    """No export under a training checkpoint's name: a run in that folder, now or later, would take it for
+    one of its own (and refuse to save its step over it)."""
+    if target.name in (LATEST, BEST) or step_of(target) is not None:
+        raise UserError(f"{flag} {target}: a training checkpoint's name, which a run in that folder would take "
+                        f"for one of its own; name the export e.g. {target.with_name('gpt.pth')}")
 
 
 def _check_place(flag: str, target: Path) -> None:
