@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -203,6 +204,34 @@ def test_skipped_files_stay_byte_identical_while_the_run_goes_on(data, reference
     assert sorted(p.name for p in out.glob("*.pth")) == ["latest.pth", "model_step1.pth", "model_step4.pth",
                                                          "model_step8.pth"]
     assert_same_state(out / "latest.pth", reference / "latest.pth")
+
+
+def test_a_best_or_latest_name_that_is_not_ours_is_kept_and_never_claimed(data, reference, tmp_path) -> None:
+    """The user's own best.pth (a bare gpt.pth copied in) and a latest.pth cut short stay byte for byte, and
+    the run says so: no line claims it published them, the last one names the step files instead."""
+    out = run_at(reference, 4, tmp_path / "run")
+    (out / "latest.pth").unlink()  # a hard link of model_step4.pth: a file of its own now, cut short
+    (out / "latest.pth").write_bytes((out / "model_step4.pth").read_bytes()[:1000])
+    torch.save({"gpt.weight": torch.zeros(2)}, out / "best.pth")
+    kept = {name: (out / name).read_bytes() for name in ("latest.pth", "best.pth")}
+    code, stdout, stderr = cli(train_args(data, out))
+    assert code == 0, stdout + stderr
+    for name in kept:
+        assert f"{out / name} is not a checkpoint this run can use: kept as it is, so this run publishes no {name}" \
+            in stdout
+    assert f"(model_step{STEPS}.pth; latest.pth there is not this run's)" in stdout
+    fresh = tmp_path / "fresh"  # a new run with validation, in a folder holding the user's best.pth
+    fresh.mkdir()
+    shutil.copy(out / "best.pth", fresh / "best.pth")
+    code, stdout, stderr = cli(train_args(data, fresh, "--val-manifest", data / "val.jsonl", "--val-interval", 2,
+                                          steps=4))
+    assert code == 0, stdout + stderr
+    assert "kept as it is, so this run publishes no best.pth" in stdout
+    assert ", best.pth" not in stdout  # no save line claims it
+    assert re.search(r"the best is step \d \(loss [0-9.]+\): model_step\d.pth \(best.pth there is not this "
+                     r"run's\); checkpoints in .* \(latest.pth\)", stdout), stdout
+    assert (fresh / "best.pth").read_bytes() == kept["best.pth"]
+    assert {name: (out / name).read_bytes() for name in kept} == kept
 
 
 # ----------------------------------------------------------------------------- 2. divergence

@@ -85,6 +85,11 @@ def _replaceable(published: Path, protected: frozenset[str]) -> bool:
     return os.stat(published).st_nlink > 1  # its twin model_step file keeps the bytes (protected too)
 
 
+def kept_names(output_dir: Path, protected: frozenset[str]) -> frozenset[str]:
+    """The names (latest.pth, best.pth) that publish leaves as they are in `output_dir`: files not ours."""
+    return frozenset(name for name in (LATEST, BEST) if not _replaceable(Path(output_dir) / name, protected))
+
+
 def publish(output_dir: Path, target: Path, name: str, protected: frozenset[str] = frozenset()) -> None:
     """Atomically make `output_dir/name` (latest.pth, best.pth) the complete file `target`.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from indextts_train.checkpoint.files import kept_names
 from indextts_train.checkpoint.lineage import foreign_names, resume_order
 from indextts_train.checkpoint.resumed import Resumed, resumed_state
 from indextts_train.checkpoint.run_folder import check_no_earlier_run, survey
@@ -33,7 +34,7 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     folder = survey(output_dir)
     if resume is None:
         check_no_earlier_run(folder)  # refused before any file is read
-        return None, foreign_names(folder.files)  # a best.pth is all the folder may hold
+        return None, _said_kept(output_dir, foreign_names(folder.files), warn)  # a best.pth is all it may hold
     # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it
     # abandoned. The same cheap look at each file (cached by lineage.py) tells which are not ours.
     candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
@@ -41,9 +42,18 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
     for bad, reason in choice.skipped:
         warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
+    # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
+    protected = _said_kept(output_dir, foreign | {bad.name for bad, _ in choice.skipped}, warn)
     if choice.path is None:
         notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
-        return None, foreign
+        return None, protected
     notice(f"resuming from {choice.path}")
-    # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
-    return resumed_state(choice.state, choice.path, choice.unknown), foreign | {bad.name for bad, _ in choice.skipped}
+    return resumed_state(choice.state, choice.path, choice.unknown), protected
+
+
+def _said_kept(output_dir: Path, protected: frozenset[str], warn: Say) -> frozenset[str]:
+    """`protected`, once the names this run will not publish because of it are said."""
+    for name in sorted(kept_names(output_dir, protected)):
+        warn(f"{output_dir / name} is not a checkpoint this run can use: kept as it is, so this run publishes no "
+             f"{name}; its checkpoints stay as model_stepN.pth")
+    return protected

@@ -93,10 +93,15 @@ class BestTracker:
         tracker.load_state_dict(state)
         return tracker
 
-    def describe(self) -> str:
+    def describe(self, published: bool = True) -> str:
+        """The best so far, as the run's last line says it; `published` False: the folder's best.pth is not
+        this run's (kept as it was), so the step's own file is named."""
         if self.step is None:
             return f"no validation qualified as best, so there is no {BEST}"
         shown = -self.value if self.metric == "listen/speaker_sim" else self.value  # kept negated: higher is better
+        if not published:
+            return (f"the best is step {self.step} ({self.metric} {shown:.4f}): model_step{self.step}.pth "
+                    f"({BEST} there is not this run's)")
         return f"{BEST} is step {self.step} ({self.metric} {shown:.4f})"
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 
 from indextts_train.checkpoint.async_save import BackgroundSaver
+from indextts_train.checkpoint.files import BEST, LATEST, kept_names
 from indextts_train.data.sampling import epoch_length
 from indextts_train.data.workers import reap_workers
 from indextts_train.distributed import any_rank, setup_distributed, teardown_distributed
@@ -265,6 +266,9 @@ def finish(run: RunSpec, state: RunState, services: Services, exit_code: int) ->
     if exit_code == 0:
         if services.listener is not None:  # the checkpoints still waiting to be heard: heard after the run
             services.listener.hand_over()
-        best = state.best.describe() if state.best is not None else "no best.pth (no --val-manifest)"
-        log.done(progress.step, progress.epoch + 1, best, run.output_dir)
+        kept = kept_names(run.output_dir, run.protected)  # names this run left as they were: not its own
+        best = state.best.describe(BEST not in kept) if state.best is not None else "no best.pth (no --val-manifest)"
+        newest = state.last_saved.name if state.last_saved is not None else "none saved"
+        latest = LATEST if LATEST not in kept else f"{newest}; {LATEST} there is not this run's"
+        log.done(progress.step, progress.epoch + 1, best, run.output_dir, latest)
     log.close()

@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 
 from indextts_train.checkpoint.async_save import cpu_snapshot
-from indextts_train.checkpoint.files import BEST, NonFiniteStateError, protected_name_error, publish, save_checkpoint
+from indextts_train.checkpoint.files import (
+    BEST,
+    NonFiniteStateError,
+    kept_names,
+    protected_name_error,
+    publish,
+    save_checkpoint,
+)
 from indextts_train.checkpoint.lineage import describe_set_aside, owned_by, set_aside
 from indextts_train.checkpoint.state import nonfinite_problem
 from indextts_train.distributed import barrier
@@ -128,7 +135,8 @@ def _write(run: RunSpec, state: RunState, services: Services, saved: dict, *, at
     train, step = run.config.train, at["step"]
     written = save_checkpoint(saved, run.output_dir, step, keep=train.keep_checkpoints, keep_every=train.keep_every,
                               best=best, protected=run.protected, own=own)
-    services.log.saved(written, best=best, **at)
+    published = best and BEST not in kept_names(run.output_dir, run.protected)  # a best.pth not ours stays
+    services.log.saved(written, best=published, **at)
     state.last_saved, state.last_saved_step = written, step
     after_save(run, state, services, step)
 

@@ -96,9 +96,9 @@ class RunLogger:
         self.info(f"stopped by signal after step {step}; rerun the same command with --resume auto to continue "
                   f"(exit {exit_code})", "stop", step=step, exit_code=exit_code)
 
-    def done(self, step: int, epochs: int, best: str, output_dir: Path) -> None:
+    def done(self, step: int, epochs: int, best: str, output_dir: Path, latest: str = "latest.pth") -> None:
         logs = f", TensorBoard logs in {self.log_dir}" if self.log_dir else ""
-        self.info(f"done: {step} steps, {epochs} epoch(s), {best}; checkpoints in {output_dir} (latest.pth){logs}",
+        self.info(f"done: {step} steps, {epochs} epoch(s), {best}; checkpoints in {output_dir} ({latest}){logs}",
                   "done", step=step, epochs=epochs)
 
     def start(self, step: int) -> None:
