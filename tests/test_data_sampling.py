@@ -24,6 +24,7 @@ from indextts_train.data.sampling import (
     epoch_length,
     epoch_order,
     legacy_epoch_order,
+    mix_change,
     parse_manifest_spec,
     parse_manifest_specs,
     sampler_spec,
@@ -256,3 +257,20 @@ def test_a_rule_1_run_keeps_the_sort_window_it_started_with() -> None:
     assert stored_sort_window({"config": {}}) is None  # nothing stored: the flag
     nothing_stored = dataclasses.replace(resumed, sort_window=None)
     assert nothing_stored.legacy_window(TrainConfig(sort_window=64).sort_window) == 64
+
+
+def test_another_spelling_of_the_same_manifest_is_no_change_of_the_mix(tmp_path, monkeypatch) -> None:
+    """--from-run gives a recorded relative manifest back absolute: the same file is the same mix (the
+    warning said to start a new run)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.jsonl").write_text("{}\n")
+    (tmp_path / "other").mkdir()
+    saved = spec(Source("data/t.jsonl", 10, 1.0, "am"))
+    monkeypatch.chdir(tmp_path)
+    assert mix_change(saved, spec(Source(str(tmp_path / "data" / "t.jsonl"), 10, 1.0, "am"))) is None
+    monkeypatch.chdir(tmp_path / "other")
+    # from here the recorded name leads nowhere: the names differ, and that is said
+    moved = mix_change(saved, spec(Source("../data/t.jsonl", 10, 1.0, "am")))
+    assert "differ from the run's (data/t.jsonl::am@1)" in moved
+    monkeypatch.chdir(tmp_path)
+    assert mix_change(saved, spec(Source("data/t.jsonl", 10, 2.0, "am"))) is not None  # a new weight is a change

@@ -77,3 +77,16 @@ def test_rerun_from_run_yaml_gives_the_same_weights_bit_for_bit(tiny_data, tmp_p
     result = CliRunner().invoke(app, args)  # the same command again: nothing to do, one more start in the log
     assert result.exit_code == 0 and "nothing to do" in result.output
     assert (tmp_path / first / "train.log").read_text().count("=== start ") == 2
+
+
+def test_a_recorded_resume_path_is_taken_from_the_folder_the_run_was_started_in(tmp_path) -> None:
+    """Like every other recorded path: a relative `--resume RUN/model_step3.pth` rerun from another folder
+    named a file that was not there ("checkpoint not found; use --resume auto")."""
+    record = {"format": RECORD_FORMAT, "cwd": str(tmp_path / "start"), "config": {"train": {}},
+              "options": {"train_manifests": ["t.jsonl"], "output_dir": "run", "resume": "base/model_step3.pth"}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(record))
+    options = recorded_options(tmp_path / "run.yaml")
+    assert options["resume"] == str(tmp_path / "start" / "base" / "model_step3.pth")
+    record["options"]["resume"] = "auto"
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(record))
+    assert recorded_options(tmp_path / "run.yaml")["resume"] == "auto"

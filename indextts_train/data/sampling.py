@@ -200,13 +200,25 @@ def sampler_problem(record: object) -> str | None:
 def mix_change(saved: SamplerSpec, current: SamplerSpec) -> str | None:
     """What differs between the run's recorded sources and the flags of this invocation, or None."""
     def mix(spec: SamplerSpec) -> list[tuple]:
-        return [(s.name, s.lang, s.weight) for s in spec.sources]
-    if saved.rule == LEGACY_RULE or mix(saved) == mix(current):
+        return [(s.lang, s.weight) for s in spec.sources]
+    names = [(a.name, b.name) for a, b in zip(saved.sources, current.sources, strict=False)]
+    if saved.rule == LEGACY_RULE or (mix(saved) == mix(current) and all(_same_manifest(*pair) for pair in names)):
         return None
     shown = ", ".join(str(ManifestSpec(Path(s.name), s.lang, s.weight)) for s in saved.sources)
     return (f"the training manifests or their weights differ from the run's ({shown}); the data order keeps "
             "the run's mix so that no sample is skipped or repeated; to change the mix, start a new "
             "--output-dir with --base-checkpoint pointing at a checkpoint of this run")
+
+
+def _same_manifest(saved: str, current: str) -> bool:
+    """The same name, or two spellings of one file (`data/t.jsonl` and `/abs/data/t.jsonl`, as --from-run
+    gives it back): not a change of the mix."""
+    if saved == current:
+        return True
+    try:
+        return os.path.samefile(saved, current)
+    except OSError:  # the saved name does not lead to a file from here: say the difference
+        return False
 
 
 def _apportion(total: int, shares: np.ndarray) -> np.ndarray:

@@ -125,6 +125,8 @@ def recorded_options(path: Path) -> dict[str, Any]:
     cwd = Path(cwd)
     options = {name: _absolute(value, cwd) if name in PATH_OPTIONS else value
                for name, value in data["options"].items()}
+    if options.get("resume") not in (None, "auto"):  # a checkpoint's path, from the same folder as the others
+        options["resume"] = str(_absolute(options["resume"], cwd))
     return {**options, **train}
 
 
