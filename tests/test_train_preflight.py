@@ -281,3 +281,15 @@ def test_a_model_or_features_folder_as_output_dir_is_refused_unless_a_run_is_the
         (features / name).hardlink_to(tmp_path / "run" / name)
     code, output = start(tiny_data, features, "--resume", "auto")
     assert code == 0 and "nothing to do" in output, output
+
+
+def test_a_family_stated_by_the_config_is_blamed_on_the_config(tiny_data, tmp_path) -> None:
+    """An IndexTTS-2.5 config (version: 2.5) with IndexTTS2's base checkpoint and tokenizer: the line named
+    the base checkpoint as IndexTTS-2.5, and the one file that was wrong, the config, not at all."""
+    config = Path(tiny_data["config"]).parent / "tiny_v25.yaml"
+    spm = Path(__file__).parent / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model"
+    options = resolve_settings(output_dir=tmp_path / "run", train_manifests=[str(tiny_data["train"])],
+                               config=config, base_checkpoint=tiny_data["base"], tokenizer=spm)
+    with pytest.raises(UserError, match=rf"^--tokenizer {spm}: an IndexTTS2 .*, but --config {config} is "
+                                        r"IndexTTS-2.5"):
+        check_inputs(options, load_config(config))

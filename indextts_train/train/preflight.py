@@ -54,8 +54,10 @@ def check_inputs(options: RunSettings, config: Config) -> tuple[Tokenizer, BaseC
     by the base checkpoint's keys when the config states none."""
     output_corpus = check_paths(options)
     check_run_folder(options.output_dir, options.resume, output_corpus)
+    stated = config.gpt.stated_family is not None  # by the config's version:, else the base's keys settle it
     base = read_base(options.base_checkpoint, config.gpt)  # what is wrong with it is said below, in its turn
-    source = f"--base-checkpoint {options.base_checkpoint}" if options.base_checkpoint else "the config"
+    source = (f"--config {config.source}" if stated or not options.base_checkpoint
+              else f"--base-checkpoint {options.base_checkpoint}")
     check_family_settings(config.train, options.named, config.gpt.stated_family, source)
     tokenizer = read_tokenizer(options.tokenizer, config.gpt, source)
     if base is not None and base.problem is not None:
