@@ -1,11 +1,37 @@
-"""`python -m indextts_train`: the indextts-train commands, or train-gpt flags directly.
+"""The entry points: `indextts-train`, `train-gpt`, and `python -m indextts_train` (the commands, or
+train-gpt flags directly: `torchrun ... -m indextts_train --train-manifest ...` therefore trains).
 
-`torchrun ... -m indextts_train --train-manifest ...` therefore trains, like `train-gpt`.
+Kept light: the commands import torch and their own modules first (a second or two), and a Ctrl+C then
+ended in a Python traceback. Here it ends in one line and exit 130, as a Ctrl+C anywhere else does.
+What a command handles itself (the trainer saves at the next step, prepare keeps its finished clips) it
+still handles: only an interrupt that escapes it arrives here.
 """
+
+from __future__ import annotations
 
 import sys
 
-from indextts_train.cli import main, train_gpt_main
+EXIT_SIGINT = 130
+
+
+def _run(name: str) -> None:
+    try:
+        from indextts_train import cli  # torch and the commands: the slow part of a start
+
+        getattr(cli, name)()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted (Ctrl+C)\n")
+        sys.exit(EXIT_SIGINT)
+
+
+def main() -> None:
+    """`indextts-train`."""
+    _run("main")
+
+
+def train_gpt_main() -> None:
+    """`train-gpt`: the train command alone, with the community flag names."""
+    _run("train_gpt_main")
 
 
 def _is_subcommand(argv: list[str]) -> bool:

@@ -122,10 +122,6 @@ def prepare(
     from indextts_train.prepare.pairs import SplitRule
     from indextts_train.prepare.pipeline import PrepareOptions, run_prepare
 
-    if val_speakers and val_fraction not in (0.0, SplitRule.val_fraction):
-        fail(f"--val-fraction {val_fraction} and --val-speakers {val_speakers}: whole speakers are held out instead "
-             "of a share of the ids, so --val-fraction would change nothing; pass one of them")
-
     def build() -> PrepareOptions:
         return PrepareOptions(
             corpora=corpus, model_dir=model_dir, out=out, device=device,
@@ -239,17 +235,11 @@ def check_data(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check every line: fields, files, dtypes, shapes, id ranges, lengths, speakers. Exit 2 if any line is bad."""
-    from indextts_train.data.checkdata import check_manifests, prepared_with, render_check_report, write_clean_manifest
-    from indextts_train.text.inference_text import check_normalizer_choice
+    from indextts_train.data import checkdata
 
-    if force and write_clean is None:
-        fail("--force lets --write-clean replace an existing file, and no --write-clean is given: the flag would "
-             "change nothing; add --write-clean FILE, or leave --force out")
-    limits, vocabulary, notes = prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
-    run_guarded(check_normalizer_choice, normalizer)  # a typo first: it is said even where nothing is normalised
-    if normalizer != "auto" and vocabulary is None:
-        fail(f"--normalizer {normalizer} presents text for a tokenizer's encoding, and none is at hand (no --tokenizer, "
-             "no prepare.json beside the manifest naming one): the flag would change nothing; add --tokenizer")
+    limits, vocabulary, notes = checkdata.prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
+    run_guarded(checkdata.check_flags_read, force=force, write_clean=write_clean, normalizer=normalizer,
+                vocabulary=vocabulary)
 
     def run() -> dict:
         from indextts_train.config.settings import load_config
@@ -260,16 +250,17 @@ def check_data(
         borrowed = parse_borrowed(borrow_language)
         text_path = (TextPath.open(vocabulary, normalizer=normalizer, strict_language=strict_language,
                                    borrowed=borrowed) if vocabulary else None)
-        report = check_manifests(manifest, gpt_cfg=gpt_cfg, vocab_size=text_path.size if text_path else None,
-                                 base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
+        report = checkdata.check_manifests(manifest, gpt_cfg=gpt_cfg,
+                                           vocab_size=text_path.size if text_path else None,
+                                           base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:
-            write_clean_manifest(report, write_clean, force=force)
+            checkdata.write_clean_manifest(report, write_clean, force=force)
         return report
 
     report = run_guarded(run)  # a refusal is its one line; what was checked against comes with a report
     for note in notes:
         typer.echo(note, err=True)
-    typer.echo(json.dumps(report, indent=1, default=str) if as_json else render_check_report(report))
+    typer.echo(json.dumps(report, indent=1, default=str) if as_json else checkdata.render_check_report(report))
     if write_clean is not None and not as_json:
         typer.echo(f"clean manifest: {write_clean}")
     if report["text"] and not as_json:
@@ -299,10 +290,10 @@ def check_tokenizer(
     if language is not None and not tiktoken:
         fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 text has no language tag")
     run_guarded(check_normalizer_choice, normalizer)  # a typo first: it is said even where nothing is normalised
-    for flag, value, default in (("--normalizer", normalizer, "auto"), ("--language", language, None)):
-        if sample_text is None and value != default:
-            fail(f"{flag} {value} is read to present --sample-text, and none is given: the flag would change "
-                 "nothing; add --sample-text FILE, or leave it out")
+    unread = next((f"{flag} {value}" for flag, value, default in (("--normalizer", normalizer, "auto"),
+                   ("--language", language, None)) if sample_text is None and value != default), None)
+    if unread:
+        fail(f"{unread} is read to present --sample-text, and none is given: the flag would change nothing")
     if tiktoken:
         if base_vocab is not None:
             fail("--base-vocab is for SentencePiece models; for a .tiktoken file pass --base BASE.tiktoken")
@@ -505,6 +496,3 @@ def train_gpt_main() -> None:
     single.command()(train)
     sys.exit(run_app(single))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

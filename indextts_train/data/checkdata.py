@@ -27,7 +27,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import iter_lines, json_or_none
 from indextts_train.files.targets import check_new_file, make_output_folder
-from indextts_train.text.inference_text import TextPath
+from indextts_train.text.inference_text import TextPath, check_normalizer_choice
 
 
 @dataclass
@@ -335,6 +335,18 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
 
 
 PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
+
+
+def check_flags_read(*, force: bool, write_clean: Path | None, normalizer: str, vocabulary: Path | None) -> None:
+    """check-data's flags that are read only beside another one: typed without it, each would change nothing."""
+    if force and write_clean is None:
+        raise UserError("--force lets --write-clean replace an existing file, and no --write-clean is given: the "
+                        "flag would change nothing; add --write-clean FILE, or leave --force out")
+    check_normalizer_choice(normalizer)  # a typo first: it is said even where nothing is normalised
+    if normalizer != "auto" and vocabulary is None:
+        raise UserError(f"--normalizer {normalizer} presents text for a tokenizer's encoding, and none is at hand (no "
+                        "--tokenizer, no prepare.json beside the manifest naming one): the flag would change "
+                        "nothing; add --tokenizer")
 
 
 def prepared_with(manifests: Sequence[str | Path], config: Path | None,

@@ -40,6 +40,10 @@ class SplitRule:
             raise UserError(f"--val-fraction {self.val_fraction}: must be >= 0 and < 1")
         if self.val_speakers < 0:
             raise UserError(f"--val-speakers {self.val_speakers}: must be >= 0")
+        if self.val_speakers and self.val_fraction not in (0.0, SplitRule.val_fraction):
+            raise UserError(f"--val-fraction {self.val_fraction} and --val-speakers {self.val_speakers}: whole "
+                            "speakers are held out instead of a share of the ids, so --val-fraction would change "
+                            "nothing; pass one of them")
         if self.prompts_per_target < 1:
             raise UserError(f"--prompts-per-target {self.prompts_per_target}: must be >= 1")
         if not 0 <= self.seed < 2**64:  # numpy's generators take unsigned 64-bit seeds

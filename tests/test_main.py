@@ -1,0 +1,40 @@
+"""The entry points: a Ctrl+C while the commands still import is one line and exit 130, not a traceback."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from indextts_train import __main__ as entry
+from indextts_train import cli
+
+
+def test_an_interrupt_that_escapes_a_command_is_one_line(monkeypatch, capsys) -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        entry.main()
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl+C)\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.3, 0.6, 0.9])
+def test_ctrl_c_while_the_commands_import_is_one_line(tmp_path, after) -> None:
+    """A real process, interrupted while it imports torch and the commands (about the first second)."""
+    proc = subprocess.Popen([sys.executable, "-m", "indextts_train", "checkpoints", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    # before Python installs its handler the default one ends it (-2); then our line and 130; a run that
+    # finished first (a fast machine) exits 0
+    assert proc.returncode in (-signal.SIGINT, 130, 0), (proc.returncode, err)
+    assert proc.returncode != 130 or err == "interrupted (Ctrl+C)\n"
