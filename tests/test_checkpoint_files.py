@@ -86,6 +86,18 @@ def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
     assert names(tmp_path) == {"model_step4.pth", "model_step5.pth", "latest.pth"}
 
 
+def test_rotation_never_deletes_a_link(tmp_path: Path) -> None:
+    """model_step1.pth as a symbolic link to a checkpoint kept elsewhere is the user's: rotation took it for
+    one of its files and removed it."""
+    run = tmp_path / "run"
+    save_steps(tmp_path / "elsewhere", [1])
+    run.mkdir()
+    (run / "model_step1.pth").symlink_to(tmp_path / "elsewhere" / "model_step1.pth")
+    save_steps(run, [2, 3, 4], keep=1)
+    assert names(run) == {"model_step1.pth", "model_step4.pth", "latest.pth"}
+    assert (run / "model_step1.pth").is_symlink()
+
+
 def test_milestones_and_best_survive_rotation(tmp_path: Path) -> None:
     for step in range(1, 8):
         ckpt.save_checkpoint(make_state(step), tmp_path, step, keep=1, keep_every=3, best=step == 2)

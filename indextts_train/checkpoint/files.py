@@ -121,10 +121,12 @@ def _rotate(output_dir: Path, keep: int, newest: Path, keep_every: int = 0,
     Only files `own` accepts (the current branch's, lineage.owned_by; every file when None). Never
     `newest`, latest.pth's target, a milestone (kept aside: it does not count toward `keep` either),
     nor a `protected` name (a file the run could not verify or did not write: the user's, not ours to
-    rotate). best.pth is a name of its own (a hard link), so deleting its step file never removes it.
+    rotate), nor a symbolic link (this program writes files, never links: a link is the user's, even to
+    a checkpoint of this branch). best.pth is a name of its own (a hard link), so deleting its step file
+    never removes it.
     """
     steps = [p for p in list_checkpoints(output_dir) if p.name != LATEST and p.name not in protected
-             and not is_milestone(step_of(p), keep_every) and (own is None or own(p))]
+             and not p.is_symlink() and not is_milestone(step_of(p), keep_every) and (own is None or own(p))]
     spared = {newest, latest_target(output_dir)}
     for path in steps[:-keep]:
         if path not in spared:
