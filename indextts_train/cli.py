@@ -211,10 +211,10 @@ def repair(
     from indextts_train.checkpoint.verify import verify_checkpoint
     from indextts_train.config.settings import config_to_dict, load_config
 
+    config_dict = config_to_dict(run_guarded(load_config, config)) if config else None  # a typo said first
     if verify_checkpoint(checkpoint).status == "COMPLETE":
         typer.echo(f"{checkpoint}: already COMPLETE; nothing to repair, nothing written")
         raise typer.Exit(0)
-    config_dict = config_to_dict(run_guarded(load_config, config)) if config else None
     path, notes = run_guarded(repair_checkpoint, checkpoint, output, config=config_dict, base_vocab=base_vocab)
     typer.echo(f"repaired checkpoint written to {path}")
     for note in notes:

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import community_state, names, trained
+from typer.testing import CliRunner
 
 from indextts_train.checkpoint.files import CheckpointError, load_checkpoint
 from indextts_train.checkpoint.repair import repair_checkpoint
 from indextts_train.checkpoint.verify import verify_checkpoint
+from indextts_train.cli import app
 
 
 def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
@@ -36,6 +38,9 @@ def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
     assert any("restarts epoch 2" in n for n in notes)
     repair_checkpoint(path)  # already COMPLETE: nothing written, no second backup
     assert not (tmp_path / "model_step3.pth.bak.1").exists()
+    # a --config that does not exist is said, even for a file with nothing to repair
+    result = CliRunner().invoke(app, ["repair", str(path), "--config", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "missing.yaml: config not found" in result.output
 
 
 def test_repair_drops_an_unmatched_optimizer_set_together(tmp_path: Path) -> None:
