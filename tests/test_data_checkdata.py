@@ -205,6 +205,17 @@ def test_duplicate_ids_are_reported_with_both_lines(tmp_path: Path) -> None:
     assert check_manifests([manifest], gpt_cfg=GPT, max_lines=4)["duplicate_ids"] == 0  # only the head read
 
 
+def test_a_manifest_given_twice_is_refused(tmp_path: Path) -> None:
+    """The same file twice (spelled two ways, or a link): no line was a duplicate of another place, so nothing
+    was said, and --write-clean wrote every line twice."""
+    manifest = write_dataset(tmp_path, 3)
+    (tmp_path / "link.jsonl").symlink_to(manifest)
+    for twice in ([manifest, manifest], [manifest, tmp_path / "." / manifest.name],
+                  [manifest, tmp_path / "link.jsonl"]):
+        with pytest.raises(UserError, match=rf"^{twice[1]}: the same file as {manifest}, given before it"):
+            check_manifests(twice, gpt_cfg=GPT)
+
+
 def test_check_data_without_config_uses_the_model_folder_that_prepared_the_manifest_and_says_so(tmp_path) -> None:
     """prepare.json beside the manifest names the model folder's config.yaml: its limits are the ones used
     (a line says so); manifests that prepare did not write are checked without model limits, said too."""

@@ -175,8 +175,11 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
     limits = _limits_for(gpt_cfg, vocab_size, base_vocab, borrowed, text_path)
     files = [str(p) for p in paths]
-    for path in files:  # check-data's paths, once each: a corpus for prepare is said as such
+    for i, path in enumerate(files):  # check-data's paths, once each: a corpus for prepare is said as such
         refuse_corpus(path)
+        twin = next((other for other in files[:i] if _same_file(other, path)), None)
+        if twin is not None:  # its lines would count, and --write-clean write them, twice
+            raise UserError(f"{path}: the same file as {twin}, given before it; pass each manifest once")
     stats = _CheckStats()
     errors: list[str] = []
     bad_lines: list[list] = []
@@ -335,6 +338,13 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
 
 
 PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:  # one of them is no file: the reader says so
+        return False
 
 
 def check_flags_read(*, force: bool, write_clean: Path | None, normalizer: str, vocabulary: Path | None) -> None:
