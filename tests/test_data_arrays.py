@@ -57,7 +57,8 @@ def test_the_language_tag_is_checked_only_against_a_full_vocabulary() -> None:
     assert tag_base(len(SPECIAL_TOKENS)) is None  # a cut-down vocabulary: no tag rule
     check_text_ids(np.array([tag + 1, 50]), 1, full, "ids.npy", "m.jsonl:2")
     check_text_ids(np.array([50, 51]), 1, len(SPECIAL_TOKENS), "ids.npy", "m.jsonl:2")
-    refused = rf"m.jsonl:2: ids.npy starts with id 50, not the tag <\|[a-z]+\|> \({tag + 1}\)"
+    refused = (rf"m.jsonl:2: ids.npy starts with id 50, not the tag <\|[a-z]+\|> \({tag + 1}\) of lang_id 1 in a "
+               rf"vocabulary of {full} tokens .*made with another tokenizer .*pass that one as --tokenizer")
     with pytest.raises(UserError, match=refused):
         check_text_ids(np.array([50, 51]), 1, full, "ids.npy", "m.jsonl:2")
     with pytest.raises(UserError, match="holds id 1 at position 1"):

@@ -136,7 +136,9 @@ def check_text_ids(ids: np.ndarray, lang_id: int, text_vocab: int | None, path: 
     if not len(ids) or int(ids[0]) != tag:
         first = int(ids[0]) if len(ids) else None
         raise UserError(f"{where}: {path} starts with id {first}, not the tag <|{LANGUAGE_CODES[lang_id]}|> ({tag}) "
-                        f"of lang_id {lang_id}; encode '<|{LANGUAGE_CODES[lang_id]}|> ' + text, as inference does")
+                        f"of lang_id {lang_id} in a vocabulary of {text_vocab} tokens (the tags follow the ranks); "
+                        f"if the data was made with another tokenizer (grown, or not), pass that one as --tokenizer, "
+                        f"else encode '<|{LANGUAGE_CODES[lang_id]}|> ' + text, as inference does")
 
 
 
