@@ -274,6 +274,17 @@ def test_vocab_change_between_runs(tiny_data, grown, tmp_path, capsys, mode) -> 
         assert {name: (kept / name).read_bytes() for name in first_run} == first_run
 
 
+def test_a_changed_sort_window_on_resume_says_the_order_keeps_the_checkpoints(tiny_data, grown, tmp_path,
+                                                                              capsys) -> None:
+    out = tmp_path / "run"
+    assert train(options(tiny_data, grown, out, max_steps=6)) == 0
+    saved = load_checkpoint(out / "latest.pth")["sampler"]["sort_window"]
+    capsys.readouterr()
+    assert train(options(tiny_data, grown, out, max_steps=7, sort_window=2)) == 0
+    assert "the sort window changed: the data order keeps the checkpoint's" in capsys.readouterr().out
+    assert load_checkpoint(out / "latest.pth")["sampler"]["sort_window"] == saved != 2
+
+
 def test_a_changed_model_is_refused_on_resume(tiny_data, grown, tmp_path) -> None:
     """gpt.heads changes no tensor's shape, so the weights loaded, and the run went on training another
     model under them. Refused before any work, naming the key; the checkpoints stay as they were."""

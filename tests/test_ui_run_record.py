@@ -24,6 +24,8 @@ def test_a_run_yaml_that_is_not_ours_is_never_replaced(tmp_path) -> None:
     assert result.exit_code == 2 and "not a run record of this trainer" in result.output
     result = CliRunner().invoke(app, ["train", "--from-run", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "no such file" in result.output
+    result = CliRunner().invoke(app, ["train", "--from-run", str(tmp_path)])  # the run folder, not its run.yaml
+    assert result.exit_code == 2 and f"--from-run {tmp_path} is a folder; pass the run.yaml in it" in result.output
     result = CliRunner().invoke(app, ["train", "--output-dir", str(tmp_path / "x")])
     assert result.exit_code == 2 and "--train-manifest is required" in result.output
 

@@ -150,3 +150,14 @@ def test_a_typed_setting_of_a_mode_the_run_is_not_in_is_refused(tmp_path) -> Non
     assert result.exit_code == 2 and result.output.startswith("error: --lora-rank is read under") and \
         result.output.count("\n") == 1, result.output
     assert not (tmp_path / "cli").exists()
+
+
+def test_what_only_a_resume_reads_is_refused_for_a_new_run(tmp_path) -> None:
+    """--accept-data-change and --on-vocab-change reset, typed without --resume: accepted, and nothing read them."""
+    base = dict(train_manifests=["t.jsonl"], output_dir=tmp_path / "run")
+    for name, value, flag in (("accept_data_change", True, "--accept-data-change"),
+                              ("on_vocab_change", "reset", "--on-vocab-change")):
+        with pytest.raises(UserError, match=rf"^{flag} is read when a run resumes, and this start has no --resume"):
+            resolve_settings(**base, **{name: value})
+        assert getattr(resolve_settings(**base, **{name: value}, resume="auto"), name) == value
+    assert resolve_settings(**base, on_vocab_change="keep").on_vocab_change == "keep"  # the default, typed

@@ -70,6 +70,9 @@ def report_changed_hparams(saved: dict, current: dict, log: RunLogger) -> None:
         log.notice("  same effective batch: training continues from the same sample")
     if "learning_rate" in changed:
         log.warn("the learning rate changed: the schedule continues with the new peak value")
+    if "sort_window" in changed:
+        log.warn("the sort window changed: the data order keeps the checkpoint's so that no sample is skipped or "
+                 "repeated; a new window applies to a new run")
     if "seed" in changed:
         log.warn("the seed changed: the data order keeps the checkpoint's seed so no sample is skipped "
                  "or repeated; dropout continues from the saved RNG")

@@ -108,6 +108,8 @@ def recorded_options(path: Path) -> dict[str, Any]:
     resolved `train:` setting (so the config file's train: section no longer matters). Relative
     paths are taken from the folder the run was started in."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--from-run {path} is a folder; pass the run.yaml in it ({path / 'run.yaml'})")
     if not path.is_file():
         raise UserError(f"--from-run {path}: no such file; pass OUTPUT_DIR/run.yaml of an earlier run")
     data = _read(path)

@@ -70,6 +70,11 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     if unknown:
         raise TypeError(f"train-gpt got unknown option(s) {', '.join(unknown)}")
     inputs = TrainOptions(**{name: value for name, value in values.items() if name in INPUT_NAMES})
+    if inputs.resume is None:  # what a resume alone reads, typed for a new run, would change nothing
+        for name, flag in (("on_vocab_change", "--on-vocab-change"), ("accept_data_change", "--accept-data-change")):
+            if name in asked and values.get(name) not in (None, False, "keep"):
+                raise UserError(f"{flag} is read when a run resumes, and this start has no --resume: the flag "
+                                "would change nothing; add --resume auto, or leave it out")
     path, note = config_choice(inputs.config, inputs.base_checkpoint)
     config = load_config(path)
     config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
