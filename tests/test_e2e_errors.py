@@ -185,7 +185,7 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
         "train: base of another config": ([*train[:3], "--config", bad["other.yaml"], "--output-dir", out,
                                            "--base-checkpoint", base], "does not match"),
         "train: resume of another config": ([*train[:3], "--config", bad["deeper.yaml"], "--output-dir", out,
-                                             "--resume", checkpoint], "missing (e.g. gpt.h.2."),
+                                             "--resume", checkpoint], "changes the model"),
         "evaluate: checkpoint is a folder": (["evaluate", "--checkpoint", bad["adir"], "--manifest", manifest],
                                              "is a folder, not a checkpoint file"),
         "evaluate: manifest nested deep": (["evaluate", "--checkpoint", base, "--manifest", bad["deep.jsonl"],
