@@ -194,7 +194,7 @@ def matrix(bad: dict[str, Path], data: dict, checkpoint: Path, out: Path) -> dic
                                       bad["other.yaml"]], "mis-shaped"),
         "checkpoints: a file": (["checkpoints", bad["afile"]], "a file, not a run folder; pass the run's --output-dir"),
         "repair: a folder": (["repair", bad["adir"]], "is a folder, not a checkpoint file"),
-        "repair: config nested deep": (["repair", checkpoint, "--config", bad["deep.yaml"]], "already COMPLETE"),
+        "repair: config nested deep": (["repair", checkpoint, "--config", bad["deep.yaml"]], "too deeply"),
         "check-data: a folder": (["check-data", bad["adir"]], "is a folder; pass the manifest file in it"),
         "check-data: config nested deep": (["check-data", manifest, "--config", bad["deep.yaml"]], "too deeply"),
         "check-tokenizer: a plain file": (["check-tokenizer", bad["afile"]], "not a SentencePiece model"),
@@ -231,11 +231,10 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, tiny_data, traine
     out = tmp_path / "out"
     args, needle = matrix(bad, tiny_data, trained_tiny, out)[case]
     before, run_before = files_and_bytes(tmp_path), files_and_bytes(trained_tiny.parent)
-    code = 0 if case == "repair: config nested deep" else 2  # an already COMPLETE file is left alone: exit 0
-    assert run_app(app, [str(a) for a in args]) == code
+    assert run_app(app, [str(a) for a in args]) == 2
     captured = capsys.readouterr()
-    lines = [line for line in (captured.err if code else captured.out).splitlines() if line.strip()]
-    assert len(lines) == 1 and (lines[0].startswith("error: ") or not code), lines
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert needle in lines[0], lines[0]
     assert "Traceback" not in captured.err
     after = files_and_bytes(tmp_path)
