@@ -98,3 +98,49 @@ def test_unknown_forms_and_missing_libraries_say_what_to_do(tmp_path) -> None:
     (tmp_path / "cuts.jsonl.gz").write_bytes(b"")
     with pytest.raises(UserError, match="lhotse"):
         read_corpora([tmp_path / "cuts.jsonl.gz"], Defaults())
+
+
+def test_a_folder_transcript_saved_with_a_bom_is_read_without_it(tmp_path) -> None:
+    """Windows Notepad starts a UTF-8 file with EF BB BF: the BOM became text ('\\ufeffThe cat sat.')."""
+    (tmp_path / "folder" / "spkA").mkdir(parents=True)
+    (tmp_path / "folder" / "spkA" / "x0.wav").write_bytes(b"")
+    (tmp_path / "folder" / "spkA" / "x0.txt").write_bytes(b"\xef\xbb\xbfThe cat sat.\r\n")
+    [utt] = read_corpora([tmp_path / "folder"], Defaults())
+    assert utt.text == "The cat sat."
+
+
+def _speaker_folders(root) -> None:
+    for name in ("spkA/a1", "spkA/a2", "spkB/b1", "loose"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / f"{name}.wav").write_bytes(b"")
+        (root / f"{name}.txt").write_text("Hello", encoding="utf-8")
+
+
+def test_speaker_fills_only_the_folder_clips_no_sub_folder_names(tmp_path) -> None:
+    """--speaker turned every clip of spkA/ and spkB/ into one speaker; it is for what the layout lacks:
+    a clip directly in the corpus folder (else named after that folder)."""
+    _speaker_folders(tmp_path / "corpus")
+    speakers = {u.id: u.speaker for u in read_corpora([tmp_path / "corpus"], Defaults(speaker="bob"))}
+    assert speakers == {"loose": "bob", "spkA/a1": "spkA", "spkA/a2": "spkA", "spkB/b1": "spkB"}
+    assert read_corpora([tmp_path / "corpus"], Defaults())[0].speaker == "corpus"  # "loose", sorted first
+
+
+def test_speaker_or_language_that_would_change_nothing_is_refused(tmp_path) -> None:
+    """Every utterance names its own speaker (or language): the flag is a mistake, said in one line."""
+    _speaker_folders(tmp_path / "corpus")
+    (tmp_path / "corpus" / "loose.wav").unlink()
+    with pytest.raises(UserError) as caught:
+        read_corpora([tmp_path / "corpus"], Defaults(speaker="bob"))
+    assert str(caught.value) == ("--speaker bob: every CORPUS names its speakers (each line or clip has its own): "
+                                 "the flag would change nothing; leave it out")
+    _jsonl(tmp_path / "named.jsonl", [{"audio": "a.wav", "text": "a", "speaker": "s", "language": "am"}])
+    with pytest.raises(UserError, match=r"^--language en: every CORPUS names its languages \(each"):
+        read_corpora([tmp_path / "named.jsonl"], Defaults(language="en"))
+    with pytest.raises(UserError, match=r"^--speaker x: every CORPUS names its speakers"):
+        read_corpora([tmp_path / "named.jsonl"], Defaults(speaker="x", language="en"))  # speaker said first
+    # one source that lacks it is enough: the flag fills it in, the named ones keep theirs
+    _jsonl(tmp_path / "some.jsonl", [{"audio": "b.wav", "text": "b", "language": ""}])
+    utts = read_corpora([tmp_path / "named.jsonl", tmp_path / "some.jsonl"], Defaults(speaker="x", language="en"))
+    assert [(u.speaker, u.language) for u in utts] == [("s", "am"), ("x", "en")]
+    assert [u.speaker for u in read_corpora([tmp_path / "corpus", tmp_path / "some.jsonl"],
+                                            Defaults(speaker="x"))] == ["spkA", "spkA", "spkB", "x"]

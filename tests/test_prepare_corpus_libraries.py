@@ -243,6 +243,19 @@ def test_hf_save_to_disk_and_parquet_rows_read_lazily(tmp_path) -> None:
         _assert_same_clips(utts, ref)
 
 
+def test_lhotse_defaults_every_supervision_has_no_use_for_are_refused(tmp_path) -> None:
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    _recordings(tmp_path)
+    recording = Recording.from_file(tmp_path / "rec1.wav")
+    sup = SupervisionSegment("only", recording.id, 0.25, 1.0, text="hi", speaker="A", language="am")
+    CutSet.from_manifests(recordings=RecordingSet.from_recordings([recording]),
+                          supervisions=SupervisionSet.from_segments([sup])).to_file(tmp_path / "c.jsonl.gz")
+    for defaults, flag in ((Defaults(speaker="spk"), "--speaker spk"), (Defaults(language="en"), "--language en")):
+        with pytest.raises(UserError, match=f"^{flag}: every CORPUS names its .*would change nothing"):
+            read_corpora([tmp_path / "c.jsonl.gz"], defaults)
+
+
 def test_hf_audio_given_as_a_path_and_ids_from_rows(tmp_path, monkeypatch) -> None:
     samples = _samples(1.0, 3)
     (tmp_path / "pq" / "clips").mkdir(parents=True)

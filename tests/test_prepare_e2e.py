@@ -319,6 +319,27 @@ def test_a_model_file_flag_of_the_other_family_is_refused_not_ignored(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("is_v25", "tokenizer", "given"), [
+    (True, "bpe.model", "an IndexTTS2 SentencePiece model"),
+    (False, "grown.tiktoken", "an IndexTTS-2.5 .tiktoken vocabulary")])
+def test_a_tokenizer_of_the_other_family_is_refused_before_any_work(tmp_path, is_v25, tokenizer, given) -> None:
+    """An IndexTTS2 .model for an IndexTTS-2.5 folder ran the whole job and exited 0 with lines check-data
+    refuses (`lang_id -1`); the reverse was refused only by chance, after the models were hashed. Both are
+    one line naming the flag and the folder's family, before --out is made."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(TINY_V25 if is_v25 else TINY_V2, tmp_path / "models" / "config.yaml")
+    reference_corpus(tmp_path, is_v25=is_v25)
+    (tmp_path / tokenizer).write_bytes(b"a tokenizer")
+    result = CliRunner().invoke(app, ["prepare", str(tmp_path / "corpus.jsonl"), "--model-dir",
+                                      str(tmp_path / "models"), "--out", str(tmp_path / "out"), "--tokenizer",
+                                      str(tmp_path / tokenizer), *(["--language", "en"] if is_v25 else [])])
+    family = "IndexTTS-2.5" if is_v25 else "IndexTTS2"
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.output.startswith(f"error: --tokenizer {tmp_path / tokenizer}: {given}, but ")
+    assert f"config.yaml is {family}'s" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_train_gpt_reads_the_prepared_manifests_unchanged(tmp_path) -> None:
     """The public train-gpt, in its own process, on prepare's train.jsonl / val.jsonl as written."""

@@ -79,3 +79,19 @@ def test_overrides_win_and_a_missing_release_file_is_not_downloaded(tmp_path, mo
     (tmp_path / "models" / "gpt.pth").unlink()
     with pytest.raises(UserError, match=r"GPT gpt\.pth \(looked in .*models/gpt\.pth\)"):
         locate_models(tmp_path / "models", Overrides(semantic_codec=codec, w2v_bert=w2v), download=True)
+
+
+def test_an_indextts25_folder_reads_its_tiktoken_whatever_bpe_model_says(tmp_path) -> None:
+    """Inference of 2.5 opens multilingual_zh_ja_yue_char_del.tiktoken whatever dataset.bpe_model names; a
+    config still naming bpe.model must neither make prepare encode with that nor be refused for it."""
+    import yaml
+
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    raw = yaml.safe_load((ROOT / "configs" / "tiny_v25.yaml").read_text())
+    raw["dataset"] = {**(raw.get("dataset") or {}), "bpe_model": "bpe.model"}
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+    for name in ("gpt.pth", "wav2vec2bert_stats.pt", "bpe.model", "codec.pth"):
+        (model_dir / name).write_bytes(name.encode())
+    with pytest.raises(UserError, match=r"^model files missing: tokenizer multilingual_zh_ja_yue_char_del\.tiktoken"):
+        locate_models(model_dir, Overrides())

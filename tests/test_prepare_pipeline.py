@@ -240,3 +240,25 @@ def test_a_full_or_read_only_out_is_one_line_and_a_rerun_goes_on(tmp_path, model
             run_prepare(_options(tmp_path, corpus))
     assert run_prepare(_options(tmp_path, corpus)) == 1  # room again: the same command finishes
     assert not list((tmp_path / "out").rglob(".*.tmp-*"))
+
+
+def test_a_reason_naming_unknown_characters_is_bounded() -> None:
+    """A transcript of 100,000 CJK characters the tokenizer lacks made a 400 KB reason, printed whole in the
+    summary and written into rejected.jsonl: now the first 20 distinct characters and how many there are."""
+    import torch
+
+    from indextts_train.config.settings import load_config
+    from indextts_train.prepare.featurize import Featurizer
+    from indextts_train.prepare.utterance import Utterance
+    from indextts_train.text.inference_text import TextPath
+
+    ref = Path(__file__).parent / "data" / "reference"
+    featurizer = Featurizer(gpt_cfg=load_config(ref / "tiny" / "config.yaml").gpt,
+                            text=TextPath.open(ref / "prepare" / "text" / "bpe_tiny.model"), w2v=None, codec=None,
+                            encoders=None, campplus=None, device=torch.device("cpu"), allow_unk=False)
+    unknown = [chr(0x3400 + i) for i in range(2000)]  # CJK extension A: none in the tiny vocabulary
+    reason = featurizer.text_ids(Utterance("u", "/a.wav", "".join(unknown) * 50, "s", None, "c.jsonl:1"))
+    assert reason == (f"text: characters the tokenizer does not know: {' '.join(unknown[:20])}, 2000 distinct in "
+                      "all (--allow-unk keeps them)")
+    few = featurizer.text_ids(Utterance("v", "/a.wav", "Hello \u1240\u1241 world", "s", None, "c.jsonl:2"))
+    assert few == "text: characters the tokenizer does not know: \u1240 \u1241 (--allow-unk keeps them)"

@@ -108,6 +108,21 @@ def test_jsonl_corpus_gives_the_same_model_as_plain_text(setup):
     assert (setup["dir"] / "a.model").read_bytes() == (setup["dir"] / "b.model").read_bytes()
 
 
+def test_lines_longer_than_spm_s_default_limit_are_learned_from(setup):
+    """spm drops lines past max_sentence_length (4192 bytes) silently: a corpus of one long paragraph and
+    two short lines learned nothing from the paragraph, and one of long lines only failed in spm."""
+    paragraph = " ".join(AMHARIC * 6)
+    assert len(paragraph.encode("utf-8")) > 4192
+    base = spm.SentencePieceProcessor(model_file=str(setup["base"]))
+    for name, lines in (("mixed", [paragraph, *ENGLISH[:2]]), ("long_only", [paragraph, paragraph])):
+        corpus = setup["dir"] / f"{name}.txt"
+        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        out = setup["dir"] / f"{name}.model"
+        extend_tokenizer(setup["base"], [corpus], setup["target"], out)
+        ext = spm.SentencePieceProcessor(model_file=str(out))
+        assert ext.encode(paragraph).count(ext.unk_id()) < base.encode(paragraph).count(base.unk_id()) // 5, name
+
+
 def test_extend_is_deterministic(setup):
     extend_tokenizer(setup["base"], [setup["corpus"]], setup["target"], setup["dir"] / "a.model", seed=3)
     extend_tokenizer(setup["base"], [setup["corpus"]], setup["target"], setup["dir"] / "b.model", seed=3)

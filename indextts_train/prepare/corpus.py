@@ -28,7 +28,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular, open_regular, parse_json
 from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
 from indextts_train.prepare.corpus_lhotse import is_lhotse_corpus, read_lhotse
-from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utterance
+from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utterance, lacking
 
 MAX_LINE_BYTES = 1 << 20  # a transcript line longer than 1 MiB is not a transcript
 MAX_TRANSCRIPT_BYTES = 1 << 20
@@ -54,7 +54,19 @@ def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:
             utterances.append(utt)
     if not utterances:
         raise UserError(f"{', '.join(map(str, paths))}: no utterances found; check the corpus paths")
+    _refuse_unused_defaults(utterances, defaults)
     return utterances
+
+
+def _refuse_unused_defaults(utterances: list[Utterance], defaults: Defaults) -> None:
+    """--speaker / --language only fill in what a source lacks: when every utterance read names its own,
+    the flag would change nothing (a script written for another corpus, or a hope that it overrides),
+    so it is refused rather than ignored. Known from the corpus alone, before any model or audio."""
+    for flag, name, value in (("--speaker", "speaker", defaults.speaker),
+                              ("--language", "language", defaults.language)):
+        if value is not None and not any(name in utt.lacks for utt in utterances):
+            raise UserError(f"{flag} {value}: every CORPUS names its {name}s (each line or clip has its own): "
+                            "the flag would change nothing; leave it out")
 
 
 def read_corpus(path: Path, defaults: Defaults) -> list[Utterance]:
@@ -136,11 +148,12 @@ def read_jsonl(path: Path, defaults: Defaults) -> list[Utterance]:
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object with \"audio\" and \"text\"")
         audio = _string_field(obj, "audio", where, required=True)
-        speaker = _string_field(obj, "speaker", where, required=False) or defaults.speaker or path.stem
+        speaker = _string_field(obj, "speaker", where, required=False)
+        language = _string_field(obj, "language", where, required=False)
         uid = _string_field(obj, "id", where, required=False) or Path(audio).stem
         out.append(Utterance(uid, _absolute(path.parent, audio), _string_field(obj, "text", where, required=True),
-                             speaker, _string_field(obj, "language", where, required=False) or defaults.language,
-                             where))
+                             speaker or defaults.speaker or path.stem, language or defaults.language, where,
+                             lacks=lacking(speaker=speaker, language=language)))
     return out
 
 
@@ -155,7 +168,7 @@ def read_ljspeech(path: Path, defaults: Defaults) -> list[Utterance]:
         transcript = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
         uid = fields[0].strip()
         out.append(Utterance(uid, _absolute(path.parent / "wavs", f"{uid}.wav"), transcript, speaker,
-                             defaults.language, f"{path}:{line_no}"))
+                             defaults.language, f"{path}:{line_no}", lacks=lacking(speaker=None, language=None)))
     return out
 
 
@@ -176,17 +189,18 @@ def read_common_voice(path: Path, defaults: Defaults) -> list[Utterance]:
         clip = row.get("path", "")
         if not clip:
             raise UserError(f"{path}:{line_no}: no `path` value; every row names its clip")
-        speaker = row.get("client_id") or defaults.speaker or DEFAULT_SPEAKER
+        speaker, language = row.get("client_id"), row.get("locale")
         out.append(Utterance(Path(clip).stem, _absolute(path.parent / "clips", clip), row.get("sentence", ""),
-                             speaker, row.get("locale") or defaults.language, f"{path}:{line_no}"))
+                             speaker or defaults.speaker or DEFAULT_SPEAKER, language or defaults.language,
+                             f"{path}:{line_no}", lacks=lacking(speaker=speaker, language=language)))
     return out
 
 
 def _read_transcript(path: Path) -> str:
     if path.stat().st_size > MAX_TRANSCRIPT_BYTES:
         raise UserError(f"{path}: transcript larger than {MAX_TRANSCRIPT_BYTES} bytes; is this a transcript?")
-    try:
-        return path.read_text(encoding="utf-8").strip()
+    try:  # utf-8-sig: Windows Notepad starts a file with a BOM, which would become text tokens
+        return path.read_text(encoding="utf-8-sig").strip()
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; save the transcript as UTF-8") from None
 
@@ -206,9 +220,12 @@ def read_folder(root: Path, defaults: Defaults) -> list[Utterance]:
             untranscribed.append(audio)
             continue
         uid = audio.relative_to(root).with_suffix("").as_posix()
-        speaker = defaults.speaker or (audio.parent.name if audio.parent != root else root.name) or DEFAULT_SPEAKER
-        out.append(Utterance(uid, os.path.abspath(audio), _read_transcript(transcript), speaker, defaults.language,
-                             str(transcript)))
+        # A sub-folder names its clips' speaker (spkA/0001.wav); --speaker must not merge those speakers
+        # into one. A clip directly in the folder has no such name: --speaker, else the folder's name.
+        folder = audio.parent.name if audio.parent != root else None
+        out.append(Utterance(uid, os.path.abspath(audio), _read_transcript(transcript),
+                             folder or defaults.speaker or root.name or DEFAULT_SPEAKER, defaults.language,
+                             str(transcript), lacks=lacking(speaker=folder, language=None)))
     _say_untranscribed(root, untranscribed, kept=len(out))
     return out
 

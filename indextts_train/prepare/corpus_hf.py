@@ -24,7 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.prepare.utterance import Defaults, Utterance
+from indextts_train.prepare.utterance import Defaults, Utterance, lacking
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "normalized_text", "transcript")
 SPEAKER_COLUMNS = ("speaker_id", "speaker", "client_id")
@@ -224,7 +224,7 @@ def read_dataset(path: Path, defaults: Defaults) -> list[Utterance]:
     name, where = dataset_name(path), os.path.abspath(path)
     return [Utterance(ids[row] or f"{name}-{row}", where, texts[row] or "",
                       speakers[row] or defaults.speaker or name, languages[row] or defaults.language,
-                      f"{where}#{row}", row=row)
+                      f"{where}#{row}", row=row, lacks=lacking(speaker=speakers[row], language=languages[row]))
             for row in range(rows.num_rows)]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import iter_lines, parse_json
-from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Utterance
+from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Utterance, lacking
 
 MAX_GZIP_GROWTH = 100  # decompressed / compressed size of a manifest .jsonl.gz: JSON text compresses 5-10x
 
@@ -143,7 +143,8 @@ def _check_channels(channel, recording, where: str) -> None:
 
 def _utterance(sup, audio: str, offset: float, where: str, defaults: tuple) -> Utterance:
     return Utterance(sup.id, audio, sup.text or "", sup.speaker or defaults[0] or DEFAULT_SPEAKER,
-                     sup.language or defaults[1], where, offset=float(offset), duration=float(sup.duration))
+                     sup.language or defaults[1], where, offset=float(offset), duration=float(sup.duration),
+                     lacks=lacking(speaker=sup.speaker, language=sup.language))
 
 
 def _read_cuts(path: Path, defaults: tuple) -> list[Utterance]:

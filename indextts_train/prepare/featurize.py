@@ -114,6 +114,20 @@ def too_long_reason(codes: int, max_codes: int) -> str:
     return f"too long: {codes} codes > gpt.max_mel_tokens {max_codes}"
 
 
+SHOWN_UNKNOWN = 20  # characters a rejection reason names: enough to see the script, never a 400 KB line
+
+
+def unknown_reason(runs: list[str]) -> str:
+    """Why a text with characters the tokenizer lacks is rejected: its first SHOWN_UNKNOWN distinct unknown
+    characters and how many there are. The reason goes into rejected.jsonl, every record and the summary, so
+    it is bounded whatever the transcript (the runs themselves are unbounded: a whole paragraph of a script
+    the tokenizer lacks is one run)."""
+    chars = list(dict.fromkeys(char for run in runs for char in run))
+    more = f", {len(chars)} distinct in all" if len(chars) > SHOWN_UNKNOWN else ""
+    return (f"text: characters the tokenizer does not know: {' '.join(chars[:SHOWN_UNKNOWN])}{more} "
+            "(--allow-unk keeps them)")
+
+
 @dataclass
 class TextIds:
     ids: np.ndarray  # (N,) int32
@@ -159,7 +173,7 @@ class Featurizer:
             return "text: no language (IndexTTS-2.5 needs one; pass --language or a language field)"
         unknown = self.text.unknown(utt.text, utt.language)
         if unknown and not self.allow_unk:
-            return f"text: characters the tokenizer does not know: {' '.join(unknown)} (--allow-unk keeps them)"
+            return unknown_reason(unknown)
         ids = np.asarray(self.text.encode(utt.text, utt.language), dtype=np.int32)
         if ids.size == 0:
             return "text: no tokens"

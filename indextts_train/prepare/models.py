@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family
+from indextts_train.config.family import INDEXTTS2, INDEXTTS25, Family, family_of_tokenizer
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file, load_yaml, open_regular
@@ -177,6 +177,19 @@ def _check_family_flags(overrides: Overrides, family: Family, codec_flag: str, c
                         f"{flag} out, or pass the model folder of the family it belongs to")
 
 
+def _check_tokenizer_family(tokenizer: Path, overridden: bool, family: Family, config: Path) -> None:
+    """A tokenizer of the other family is refused before any work. Nothing later catches every such pair:
+    an IndexTTS2 .model for a 2.5 folder encoded every text without a language tag, and prepare wrote
+    lines (`lang_id -1`) that check-data and train-gpt refuse, after all the audio work."""
+    found = family_of_tokenizer(tokenizer)
+    if found is family:
+        return
+    named = f"--tokenizer {tokenizer}" if overridden else f"{tokenizer} (dataset.bpe_model of {config})"
+    raise UserError(f"{named}: an {found.name} {found.tokenizer_noun}, but {config} is {family.name}'s; pass "
+                    f"{family.name}'s {family.tokenizer_label} ({family.tokenizer_name} or its extension) as "
+                    "--tokenizer, or the model folder of the tokenizer's family as --model-dir")
+
+
 def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = False) -> ModelFiles:
     """Every model file of the family the config names, or one line listing what is missing and where to put it."""
     if not model_dir.is_dir():
@@ -188,7 +201,9 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
     family = load_config(config_path).gpt.family
     finder = _Finder(model_dir)
     dataset = raw.get("dataset") if isinstance(raw.get("dataset"), dict) else {}
-    tokenizer_name = dataset.get("bpe_model") or family.tokenizer_name
+    # IndexTTS-2.5 inference opens its .tiktoken whatever dataset.bpe_model says: so does prepare.
+    tokenizer_name = family.tokenizer_name if family.tokenizer_name_fixed else \
+        dataset.get("bpe_model") or family.tokenizer_name
     stats_name = raw.get("w2v_stat") or "wav2vec2bert_stats.pt"
     gpt_name = raw.get("gpt_checkpoint") or "gpt.pth"
     files = {
@@ -199,6 +214,7 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
     }
     what, flag, hub = CODEC_SOURCES[family]
     _check_family_flags(overrides, family, flag, config_path)
+    _check_tokenizer_family(files["tokenizer"], overrides.tokenizer is not None, family, config_path)
     files["codec"] = finder.file(what, overrides.semantic_codec if flag else None, flag, model_dir / family.codec_file,
                                  hub)
     if family.speaker_vector:  # from the prompt's waveform, through CAMPPlus

@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from indextts_train.errors import UserError, text_problem
 
@@ -27,6 +27,10 @@ class Utterance:
     offset: float = 0.0  # seconds into `audio` where the clip starts (a lhotse supervision)
     duration: float | None = None  # seconds from `offset`; None: to the end of the file
     row: int | None = None  # the clip is row `row` of the dataset at `audio` (its audio column, read lazily)
+    # Which of "speaker" / "language" the source itself does not name (filled from --speaker / --language,
+    # else a fallback such as the file's stem): read_corpora refuses a flag no utterance needed. Not part
+    # of what the arrays are computed from, so no record key or equality depends on it.
+    lacks: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
         """Every reader's utterance is checked here, once: a value that would stop the run later (a path
@@ -67,6 +71,12 @@ class Utterance:
         fields = [self.id, self.audio, self.offset, self.duration, self.row, self.text, self.speaker,
                   self.language, audio]
         return hashlib.sha256(json.dumps(fields, ensure_ascii=False).encode("utf-8")).hexdigest()[:32]
+
+
+def lacking(**named: str | None) -> frozenset[str]:
+    """Utterance.lacks: the names among `named` (speaker=..., language=...) whose source value is missing or
+    empty (the readers fill an empty one from the defaults as they fill a missing one)."""
+    return frozenset(name for name, value in named.items() if not value)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,25 +55,38 @@ _NORMALIZER_PASSTHROUGH = {3: ("add_dummy_prefix", bool), 4: ("remove_extra_whit
 # left out becomes <unk> at inference; 1.0 would also admit one-off junk characters from web text.
 _CHARACTER_COVERAGE = 0.9999
 _TRAIN_ATTEMPTS = 3
+SPM_MAX_SENTENCE_LENGTH = 4192  # spm's default max_sentence_length (bytes): kept when every line fits
 _SHOW = 10  # how many examples a report lists
 # A tokenizer made for a language leaves well under 1% of its characters unknown; past this share
 # the text of the sample cannot be spoken, so check-tokenizer warns and exits 1.
 UNK_CHAR_WARN = 0.05
 
 
-def _write_training_text(corpus: Sequence[Path], dest: Path, text_path: TextPath) -> tuple[int, int]:
+@dataclass
+class TrainingText:
+    """What _write_training_text wrote: its lines, their distinct characters, the longest line's bytes."""
+
+    lines: int = 0
+    chars: int = 0
+    longest: int = 0
+
+
+def _write_training_text(corpus: Sequence[Path], dest: Path, text_path: TextPath) -> TrainingText:
     """Write the corpus texts as inference presents them (normalised, CJK-split, upper case) into one
-    plain file for spm; returns (lines, distinct characters). Pieces learned from the raw text would
-    include lower-case pieces inference never produces."""
-    lines, chars = 0, set()
-    with dest.open("w", encoding="utf-8") as out:
+    plain file for spm. Pieces learned from the raw text would include lower-case pieces inference
+    never produces."""
+    written, chars = TrainingText(), set()
+    with dest.open("wb") as out:
         for path in corpus:
             for raw in iter_text_lines(path):
                 text = text_path.present(raw)
-                out.write(text.replace("\n", " ") + "\n")
+                line = (text.replace("\n", " ") + "\n").encode("utf-8")
+                out.write(line)
                 chars.update(text)
-                lines += 1
-    return lines, len(chars)
+                written.lines += 1
+                written.longest = max(written.longest, len(line) - 1)
+    written.chars = len(chars)
+    return written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,11 +114,11 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="spm-extend-") as tmp:
         text_file = Path(tmp) / "corpus.txt"
-        lines, n_chars = _write_training_text(corpus, text_file, text_path)
-        if lines == 0:
+        written = _write_training_text(corpus, text_file, text_path)
+        if written.lines == 0:
             raise UserError(f"{', '.join(map(str, corpus))}: the corpus has no text; give a file with one "
                             'sentence a line, or JSONL with a "text" field')
-        new = _learn_new_pieces(base_model, text_file, needed, n_chars, seed, warnings) if needed else []
+        new = _learn_new_pieces(base_model, text_file, needed, written, seed, warnings) if needed else []
     if len(new) < needed:
         raise UserError(
             f"{', '.join(map(str, corpus))}: the corpus yields only {len(new)} new pieces, {needed} are needed "
@@ -139,7 +153,7 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
         check_file(path, "corpus", missing="pass --corpus with a text or JSONL file")  # a FIFO: one line too
 
 
-def _learn_new_pieces(base: SpmModel, text_file: Path, needed: int, n_chars: int, seed: int,
+def _learn_new_pieces(base: SpmModel, text_file: Path, needed: int, written: TrainingText, seed: int,
                       warnings: list[str]) -> list[Piece]:
     """New pieces (learned scores) in append order; fewer than `needed` when the corpus runs out.
 
@@ -147,8 +161,14 @@ def _learn_new_pieces(base: SpmModel, text_file: Path, needed: int, n_chars: int
     already has; if that overlap was larger, train again with more room.
     """
     known = {p.text for p in base.pieces}
-    request = needed + n_chars + needed // 10 + 8
-    kwargs = _trainer_kwargs(base, warnings)
+    request = needed + written.chars + needed // 10 + 8
+    # spm skips every line longer than max_sentence_length (4192 bytes by default) without a word: an
+    # 18 KB paragraph taught nothing, and a corpus of only such lines failed. Raising the limit to the
+    # longest line written is simpler than splitting and exact: every line is learned from as it is,
+    # while a split would have to find cut points that change no piece (a space is no piece boundary
+    # under split_by_whitespace false, and CJK text has no spaces). The reader bounds a line (64 MiB;
+    # presented text grows a few times at most), far below spm's int32 limit.
+    kwargs = _trainer_kwargs(base, warnings) | {"max_sentence_length": max(SPM_MAX_SENTENCE_LENGTH, written.longest)}
     for _ in range(_TRAIN_ATTEMPTS):
         learned = _train_temporary(text_file, request, seed, kwargs)
         new = [p for p in learned.pieces if p.kind == NORMAL and p.text not in known]
