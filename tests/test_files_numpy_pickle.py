@@ -183,3 +183,29 @@ def test_an_old_format_file_past_the_pickle_bound_is_refused_unread(tmp_path: Pa
         handle.truncate(numpy_pickle.MAX_PICKLE_BYTES + 1)
     with pytest.raises(pickle.UnpicklingError, match="old-format"):
         load_weights_only(path)
+
+
+def test_a_zip_directory_past_its_member_bound_is_refused_from_the_tail(tmp_path: Path, monkeypatch) -> None:
+    """A checkpoint with a million empty members appended: zipfile parsed every entry first (25 s, 850 MB).
+    The end record's count (the zip64 one past 65,535 entries) is read from the file's tail and bounded."""
+    import zipfile
+
+    path = tmp_path / "many.pth"
+    torch.save({f"t{i}": torch.zeros(1) for i in range(3)}, path)
+    with zipfile.ZipFile(path) as archive:
+        own = len(archive.infolist())
+    assert numpy_pickle._member_count(path) == own
+    monkeypatch.setattr(numpy_pickle, "MAX_MEMBERS", own + 2)
+    assert load_weights_only(path)["t0"].shape == (1,)  # within the bound
+    with zipfile.ZipFile(path, "a") as archive:
+        for i in range(3):
+            archive.writestr(f"extra/{i}", b"")
+    with pytest.raises(CheckpointError, match=rf"zip directory lists {own + 3} members"):
+        ckpt.load_checkpoint(path)
+    # past 65,535 entries the count lives in the zip64 end record: its tail as zipfile writes it
+    zip64 = (b"PK\x06\x06" + (44).to_bytes(8, "little") + bytes(20) + (70_000).to_bytes(8, "little") * 2
+             + bytes(16))
+    locator = b"PK\x06\x07" + bytes(4) + (0).to_bytes(8, "little") + (1).to_bytes(4, "little")
+    end = b"PK\x05\x06" + bytes(4) + b"\xff\xff" * 2 + b"\xff" * 8 + bytes(2)
+    (tmp_path / "zip64.zip").write_bytes(zip64 + locator + end)
+    assert numpy_pickle._member_count(tmp_path / "zip64.zip") == 70_000

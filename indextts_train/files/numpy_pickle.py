@@ -43,6 +43,8 @@ MAX_BYTES = 1 << 30  # str/bytes/numpy payload, counted the same way
 # The pickle torch's weights-only unpickler reads op by op in Python (about a million ops a second, an op
 # per 1 to 10 bytes): the bound on its work. Our largest pickles (a long run's loss history) are far below.
 MAX_PICKLE_BYTES = 32 << 20
+MAX_MEMBERS = 100_000  # zip entries: one per tensor storage (a full IndexTTS2 state with AdamW: ~1,500)
+_EOCD_SEARCH = 22 + 0xFFFF  # the end record and the longest comment it may carry
 # Tensor data reachable through the file, counted as often as it is reachable, at most this many
 # times the bytes the file stores (tied weights share storage; nothing of ours comes near 2).
 TENSOR_BYTES_PER_FILE_BYTE = 4
@@ -231,6 +233,10 @@ def check_zip_bounds(path: Path, file_bytes: int) -> None:
     from the central directory alone, before anything is read or inflated. Every later read (the
     CRC pass, torch's own) then reads at most the file's own bytes: call this before any of them.
     """
+    count = _member_count(path)
+    if count is not None and count > MAX_MEMBERS:  # zipfile would parse every entry first (1M: 25 s, 850 MB)
+        raise _not_ours(f"its zip directory lists {count} members (a checkpoint of ours holds a few thousand; at "
+                        f"most {MAX_MEMBERS})")
     try:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
@@ -246,6 +252,26 @@ def check_zip_bounds(path: Path, file_bytes: int) -> None:
     size = sum(m.file_size for m in members if m.filename.endswith("/data.pkl") or m.filename == "data.pkl")
     if size > MAX_PICKLE_BYTES:
         raise _not_ours(f"its pickle holds {size >> 20} MiB of plain data (at most {MAX_PICKLE_BYTES >> 20} MiB)")
+
+
+def _member_count(path: Path) -> int | None:
+    """The number of entries a zip's end record declares (its zip64 record's when the count overflows 16
+    bits), read from the file's tail alone; None when there is no end record to read (the readers say why)."""
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        tail_start = max(0, size - _EOCD_SEARCH)
+        handle.seek(tail_start)
+        tail = handle.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + 22 > len(tail):
+            return None
+        count = int.from_bytes(tail[at + 10:at + 12], "little")
+        locator = at - 20  # the zip64 end-record locator sits right before the end record
+        if count != 0xFFFF or locator < 0 or tail[locator:locator + 4] != b"PK\x06\x07":
+            return count
+        handle.seek(int.from_bytes(tail[locator + 8:locator + 16], "little"))
+        record = handle.read(40)
+        return int.from_bytes(record[32:40], "little") if record[:4] == b"PK\x06\x06" else None
 
 
 def _first_line(exc: BaseException) -> str:
