@@ -40,6 +40,19 @@ def test_verify_knows_an_adapter_file(tmp_path) -> None:
     assert "cannot resume a run" in result.output
 
 
+def test_export_or_evaluate_of_an_adapter_file_says_what_it_is(tmp_path) -> None:
+    """It said "stores no config; pass --config", and with one, "not a gpt.pth state dict"."""
+    path = tmp_path / "lora.pth"
+    write_adapter_file(path)
+    for args in (["export", str(path), "-o", str(tmp_path / "out" / "gpt.pth")],
+                 ["evaluate", "--checkpoint", str(path), "--manifest", str(tmp_path / "m.jsonl")]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert f"{path} is an adapters file (export --adapters-out" in result.output
+        assert "pass the run's checkpoint" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_damaged_adapter_file_is_incomplete(tmp_path) -> None:
     path = tmp_path / "lora.pth"
     write_adapter_file(path, poison=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from indextts_train.checkpoint.adapter_file import is_adapter_file
 from indextts_train.checkpoint.kinds import Verdict, judge, kind_of, summary_of
 from indextts_train.checkpoint.reader import _read, read_unchecked
 from indextts_train.checkpoint.run_folder import BEST, LATEST, step_of
@@ -62,6 +63,9 @@ def load_verified(path: Path) -> dict:
     if verdict.status == "INCOMPLETE":
         reason = verdict.reasons[0]
         raise CheckpointError(reason if str(path) in reason else f"{path}: {reason}")
+    if is_adapter_file(obj):  # complete as what it is, but no model: the advice for a bare file would mislead
+        raise CheckpointError(f"{path} is an adapters file (export --adapters-out: the adapters alone, without the "
+                              "weights they apply to); pass the run's checkpoint, which holds both")
     return migrate(obj) if obj.get("format") == FORMAT else obj  # not INCOMPLETE: a dict
 
 
