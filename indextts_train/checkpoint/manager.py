@@ -33,27 +33,23 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     """
     folder = survey(output_dir)
     if resume is None:
-        check_no_earlier_run(folder)  # refused before any file is read
-        return None, _said_kept(output_dir, foreign_names(folder.files), warn)  # a best.pth is all it may hold
-    # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps it
-    # abandoned. The same cheap look at each file (cached by lineage.py) tells which are not ours.
-    candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
-    foreign = foreign_names(folder.files)
-    choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
-    for bad, reason in choice.skipped:
-        warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
+        check_no_earlier_run(folder)  # refused before any file is read: a best.pth is all it may hold
+        foreign, choice = foreign_names(folder.files), None
+    else:  # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps
+        # it abandoned. The same cheap look at each file (cached by lineage.py) tells which are not ours.
+        candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
+        foreign = foreign_names(folder.files)
+        choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
+        for bad, reason in choice.skipped:
+            warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
     # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
-    protected = _said_kept(output_dir, foreign | {bad.name for bad, _ in choice.skipped}, warn)
-    if choice.path is None:
-        notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
+    protected = foreign | {bad.name for bad, _ in (choice.skipped if choice else [])}
+    for name in sorted(kept_names(output_dir, protected)):  # so these names this run publishes not at all
+        warn(f"{output_dir / name} is not a checkpoint this run can use: kept as it is, so this run publishes no "
+             f"{name}; its checkpoints stay as model_stepN.pth")
+    if choice is None or choice.path is None:
+        if choice is not None:
+            notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
         return None, protected
     notice(f"resuming from {choice.path}")
     return resumed_state(choice.state, choice.path, choice.unknown), protected
-
-
-def _said_kept(output_dir: Path, protected: frozenset[str], warn: Say) -> frozenset[str]:
-    """`protected`, once the names this run will not publish because of it are said."""
-    for name in sorted(kept_names(output_dir, protected)):
-        warn(f"{output_dir / name} is not a checkpoint this run can use: kept as it is, so this run publishes no "
-             f"{name}; its checkpoints stay as model_stepN.pth")
-    return protected

@@ -17,6 +17,8 @@ or the user unfroze the base vocabulary. Frozen tensors get `requires_grad=False
 optimizer state, nothing AdamW's decay could move, so they stay bit-identical by construction. A
 trainable tensor is trained whole (its optimizer state covers every row); the row freezer keeps the
 base rows of the three text tensors as they were, for every scope.
+
+A resume keeps the model and the scope it was trained in (`check_resume_fits`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 
 from indextts_train.config.scope_settings import SCOPE_KEYS, ScopeSettings, scope_settings
-from indextts_train.config.settings import GPTConfig, TrainConfig
+from indextts_train.config.settings import Config, GPTConfig, TrainConfig, changed_gpt_keys
 from indextts_train.errors import UserError
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import LoraAdapters, adapted_layer_names, attach_lora
@@ -43,20 +45,27 @@ _BLOCK = re.compile(r"^gpt\.h\.(\d+)\.")
 
 
 
-def check_resume_scope(saved_train: dict, current: ScopeSettings, path: Path) -> None:
-    """Refuse a resume under another scope or other scope settings, naming both.
+def check_resume_fits(saved_gpt: dict, saved_train: dict, config: Config, path: Path) -> None:
+    """A run resumes the model and the scope it was trained in, or is refused, naming both.
 
-    Switching in place would change which tensors the optimizer holds (and, for lora, the model
-    itself); the supported way is export (merged) and a new run from it as --base-checkpoint.
+    Another scope would change which tensors the optimizer holds (and, for lora, the model itself): the
+    supported way is export (merged) and a new run from it as --base-checkpoint. Another gpt: section
+    (heads, say, which no tensor's shape shows) would go on training another model under the weights.
     """
     defaults = dataclasses.asdict(TrainConfig())
     saved = scope_settings(SimpleNamespace(**{k: saved_train.get(k, defaults[k]) for k in SCOPE_KEYS}))
-    if saved.to_dict() == current.to_dict():
-        return
-    raise UserError(f"{path} was trained with --train-scope {saved.describe()}; this run asks for "
-                    f"{current.describe()}; a scope cannot change on resume: resume with the checkpoint's "
-                    "settings, or `indextts-train export` it (adapters merged) and start a new --output-dir "
-                    "with the export as --base-checkpoint")
+    current = scope_settings(config.train)
+    if saved.to_dict() != current.to_dict():
+        raise UserError(f"{path} was trained with --train-scope {saved.describe()}; this run asks for "
+                        f"{current.describe()}; a scope cannot change on resume: resume with the checkpoint's "
+                        "settings, or `indextts-train export` it (adapters merged) and start a new --output-dir "
+                        "with the export as --base-checkpoint")
+    changed = changed_gpt_keys(saved_gpt, config.gpt)
+    if changed:
+        raise UserError(f"--config {config.source} changes the model {path} was trained as "
+                        f"({'; '.join(changed)}): a run resumes the model it trained; pass the config it was trained "
+                        "with (--from-run OUTPUT_DIR/run.yaml reruns its options), or train the changed model in a "
+                        "new --output-dir")
 
 
 def text_rows_trainable(new_rows: bool, freeze_base: bool) -> bool:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.rng import ProcessRng
-from indextts_train.config.settings import Config, TrainConfig, changed_gpt_keys
+from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.data.fingerprint import check_same_data
 from indextts_train.data.manifest import ManifestIndex
 from indextts_train.data.sampling import (
@@ -34,20 +33,9 @@ from indextts_train.ui.console import RunLogger
 from indextts_train.ui.run_settings import RunSettings
 
 
-def check_resume_model(saved_gpt: dict, config: Config, path: Path) -> None:
-    """A run resumes the model it trained: a gpt: section changed since (heads, say, which no tensor's
-    shape shows) would go on training another model under the checkpoint's weights; refused, naming the keys."""
-    changed = changed_gpt_keys(saved_gpt, config.gpt)
-    if changed:
-        raise UserError(f"--config {config.source} changes the model {path} was trained as "
-                        f"({'; '.join(changed)}): a run resumes the model it trained; pass the config it was trained "
-                        "with (--from-run OUTPUT_DIR/run.yaml reruns its options), or train the changed model in a "
-                        "new --output-dir")
-
-
 def checked_plan(resumed: Resumed | None, plan: HardwarePlan, config: Config, log: RunLogger) -> HardwarePlan:
     """The resumed run's OOM-reduced micro-batch is kept; a change of arithmetic said. (Its scope, which
-    must be today's, is checked before: model/scope.check_resume_scope.)"""
+    must be today's, is checked before: model/scope.check_resume_fits.)"""
     if resumed is None:
         return plan
     if config.train.batch_size == 0:

@@ -20,13 +20,12 @@ import copy
 from dataclasses import dataclass
 
 from indextts_train.checkpoint.manager import select_resume
-from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import config_to_dict
 from indextts_train.distributed import DistInfo
-from indextts_train.model.scope import check_resume_scope
+from indextts_train.model.scope import check_resume_fits
 from indextts_train.train.plan import run_plan
 from indextts_train.train.preflight import check_inputs
-from indextts_train.train.resume import check_resume_model, checked_plan, seed_everything
+from indextts_train.train.resume import checked_plan, seed_everything
 from indextts_train.train.run import RunSpec, RunState, build_spec
 from indextts_train.train.run_data import RunData
 from indextts_train.train.runlock import RunLock, claim_run
@@ -66,8 +65,7 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
         seed_everything(config.train.seed + dist.rank)
         resumed, protected = select_resume(options.output_dir, options.resume, warn=startup.warn, notice=startup.notice)
         if resumed is not None:  # a run resumes the model and the scope it was trained in, or is refused
-            check_resume_model(resumed.gpt_config, config, resumed.path)
-            check_resume_scope(resumed.train_config, scope_settings(config.train), resumed.path)
+            check_resume_fits(resumed.gpt_config, resumed.train_config, config, resumed.path)
         plan = checked_plan(resumed, plan, config, startup)
         weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
         data = RunData.read(options, config, startup)  # once the weights have settled the model's family
