@@ -332,7 +332,7 @@ class TextPath(ABC):
         for code, count in self.unknown_languages.items():
             notes.append(f"language {code!r} ({count} text(s)) is not in IndexTTS-2.5's table: encoded as "
                          f"'<|{code}|> ' + text on the `common` row ({COMMON_LANGUAGE}), as inference does; "
-                         "--strict-language refuses it")
+                         "`check-data` and `tokenize` refuse it with --strict-language")
         return notes
 
 
@@ -403,7 +403,8 @@ class TiktokenPath(TextPath):
     def lang_id(self, language: str | None) -> int:
         """The lang_embedding row of a code; unknown -> the `common` row (counted), or refused when strict."""
         if language is None or not language.strip():
-            raise UserError("IndexTTS-2.5 text needs a language code (the line's `language`, or --language)")
+            raise UserError("IndexTTS-2.5 text needs a language code: the line's `language` (prepare and "
+                            "check-tokenizer take --language for text that names none)")
         code = language.strip().lower()
         row = self.borrowed.get(code, language_id(code))
         if row is not None:
