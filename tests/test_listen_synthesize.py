@@ -38,6 +38,40 @@ def test_a_missing_interpreter_is_one_line(tmp_path) -> None:
         resolve_inference_python(INDEXTTS25, tmp_path / "nothing" / "python")
 
 
+def _fake_environment(folder: Path, api: str, marker: Path | None = None) -> Path:
+    """An interpreter (a script running this Python) whose path holds an `indextts25` package with `api`
+    as its api module; with `marker`, the script touches it first (which program ran is then known)."""
+    package = folder / "site" / "indextts25"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "api.py").write_text(api)
+    script = folder / "python"
+    touch = f"touch '{marker}'\n" if marker else ""
+    script.write_text(f"#!/bin/sh\n{touch}PYTHONPATH='{folder / 'site'}' exec '{sys.executable}' \"$@\"\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.slow  # starts the probe's process
+def test_an_installed_package_that_cannot_import_is_one_line_before_any_work(tmp_path) -> None:
+    """find_spec imports the parent package only: a broken api module (a torchaudio built for another torch)
+    passed, and every line failed after the ASR model loaded."""
+    python = _fake_environment(tmp_path, "raise ImportError(\"cannot import name 'IndexTTS25'\")\n")
+    with pytest.raises(UserError, match=r"cannot import indextts25.api.*ImportError: cannot import name 'IndexTTS25'"):
+        resolve_inference_python(INDEXTTS25, python)
+
+
+@pytest.mark.slow  # starts the probe's process
+def test_a_relative_interpreter_path_runs_that_very_file(tmp_path, monkeypatch) -> None:
+    """`--inference-python ./python` became "python", which the start looked up on PATH: another
+    interpreter ran, and the one named never did."""
+    marker = tmp_path / "ran"
+    _fake_environment(tmp_path, "", marker)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_inference_python(INDEXTTS25, Path("./python")) == tmp_path / "python"
+    assert marker.exists()
+
+
 def test_an_unknown_family_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown model family 'indextts3'"):
         family_named("indextts3")

@@ -28,9 +28,11 @@ TAIL_CHARS = 4000
 PROBE_BROKEN = 4  # the package is there but its import fails (e.g. a torchaudio built for another torch)
 # Imports the inference module for real (a package that is installed but broken must be refused too),
 # printing one line instead of a traceback.
-PROBE = """import importlib.util, sys
+PROBE = """import importlib, importlib.util, sys
 try:
     found = importlib.util.find_spec({module!r}) is not None
+    if found:  # find_spec imports the parent package only: the module itself may still fail
+        importlib.import_module({module!r})
 except Exception as exc:
     print(type(exc).__name__ + ": " + " ".join(str(exc).split())[:300])
     sys.exit(4)
@@ -81,7 +83,8 @@ def resolve_inference_python(family: Family, flag_value: Path | None) -> Path:
         python = Path(sys.executable)
         where = f"this Python ({python})"
     else:
-        python = flag_value.expanduser()
+        # absolute: Path("./python") is "python", which the child's start would look up on PATH instead
+        python = Path(os.path.abspath(flag_value.expanduser()))
         where = f"--inference-python {flag_value}"
         if not python.is_file() or not os.access(python, os.X_OK):
             raise UserError(f"{where}: not an executable file; pass the python of the environment where "
