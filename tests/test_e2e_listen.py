@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from indextts_train.errors import UserError
 from indextts_train.prepare.tiny_asr import write_tiny_asr
 from indextts_train.train.loop import resolve_settings, train
 
@@ -159,3 +161,16 @@ def test_a_scores_file_that_is_not_ours_to_append_to(run, tmp_path):
         _refused(run, args, f"{scores.parent / 'index.html'}: not a page listen wrote")
     finally:
         shutil.rmtree(scores.parent)
+
+
+def test_a_device_listen_cannot_use_is_one_line_before_any_model_loads(monkeypatch) -> None:
+    """--device foo, or cuda on a machine without one, ended in a traceback inside the ASR pipeline."""
+    from indextts_train.listen.run import resolve_device
+
+    for bad in ("foo", "cuda:x", "meta"):
+        with pytest.raises(UserError, match=rf"^--device {bad}: not a device the models run on"):
+            resolve_device(bad)
+    assert resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this project's CPU machines
+    with pytest.raises(UserError, match="^--device cuda:7: no CUDA GPU here; use --device cpu"):
+        resolve_device("cuda:7")

@@ -31,6 +31,7 @@ from indextts_train.checkpoint.scores import (
 )
 from indextts_train.config.family import Family
 from indextts_train.config.settings import load_config
+from indextts_train.distributed import DistInfo
 from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
@@ -73,11 +74,16 @@ class Plan:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
+    """auto: the first GPU when there is one, else the CPU. A named device is checked before any model loads
+    (a typo, or cuda on a machine without one, ended in a traceback inside the ASR pipeline)."""
     import torch
 
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    from indextts_train.prepare.pipeline import check_device_name, pick_device  # prepare's rule, its models'
+
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    check_device_name(device)
+    return str(pick_device(device, DistInfo()))
 
 
 def plan(options: ListenOptions) -> Plan:

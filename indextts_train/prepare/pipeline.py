@@ -317,7 +317,7 @@ def check_device_name(name: str | None) -> None:
     kind, colon, index = name.partition(":")
     if kind == "cpu" and not colon or kind == "cuda" and (not colon or index.isascii() and index.isdigit()):
         return
-    raise UserError(f"--device {name or repr(name)}: not a device prepare runs on; use cpu, cuda or cuda:N (N: a "
+    raise UserError(f"--device {name or repr(name)}: not a device the models run on; use cpu, cuda or cuda:N (N: a "
                     "GPU's index)")
 
 
