@@ -28,7 +28,7 @@ from indextts_train.ui.events import read_events
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.ui.text_log import TextLog
 from indextts_train.webui import form as forms
-from indextts_train.webui import is_loopback, records
+from indextts_train.webui import is_loopback, records, serve
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
 from indextts_train.webui.trainflags import FLAGS
@@ -350,3 +350,11 @@ def test_no_module_of_the_page_matches_log_wording() -> None:
 def test_the_tokenizer_box_names_both_kinds() -> None:
     source = (ROOT / "indextts_train" / "webui" / "page.py").read_text()
     assert 'label="Tokenizer (.model or .tiktoken)"' in source and "Tokenizer (.model)\"" not in source
+
+
+def test_an_ipv6_literal_host_is_one_line() -> None:
+    """`--host ::1` ended in Gradio's traceback (it builds "http://::1:7860"), and `[::1]` was said to be no
+    address of this machine."""
+    for host in ("::1", "[::1]", "::"):
+        with pytest.raises(UserError, match=rf"^--host {re.escape(host)}: the page serves on an IPv4 address"):
+            serve(host, 7860)

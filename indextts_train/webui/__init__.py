@@ -72,6 +72,9 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
 
     `roots`: the folders every path the page reads or writes must lie in (default: the current one).
     """
+    if ":" in host:  # an IPv6 literal: Gradio builds its own URL from it ("http://::1:7860") and fails
+        raise UserError(f"--host {host}: the page serves on an IPv4 address or a host name; use 127.0.0.1 "
+                        "(this machine only) or 0.0.0.0 (every interface)")
     allowed = Roots(roots or [Path.cwd()])
     credentials = parse_auth(auth, share)
     check_exposure(host, credentials, no_auth_on_network)
