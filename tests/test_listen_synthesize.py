@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25, family_named
 from indextts_train.errors import UserError
+from indextts_train.listen import synthesize as synthesize_module
 from indextts_train.listen.synthesize import SynthesisLine, line_seed, resolve_inference_python, synthesize
 
 
@@ -70,6 +72,56 @@ def test_a_relative_interpreter_path_runs_that_very_file(tmp_path, monkeypatch) 
     monkeypatch.chdir(tmp_path)
     assert resolve_inference_python(INDEXTTS25, Path("./python")) == tmp_path / "python"
     assert marker.exists()
+
+
+@pytest.mark.slow  # starts the probe's process
+def test_a_bare_name_with_no_such_file_here_is_looked_up_on_path(tmp_path, monkeypatch) -> None:
+    python = _fake_environment(tmp_path / "env", "")
+    monkeypatch.setenv("PATH", str(python.parent))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert resolve_inference_python(INDEXTTS25, Path("python")) == python
+
+
+def _program(folder: Path, name: str, text: str) -> Path:
+    script = folder / name
+    script.write_text(text)
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.slow  # starts the probe's process
+def test_the_probe_says_what_it_waits_for_and_how_long(tmp_path, monkeypatch) -> None:
+    """A program that never exits was waited for in silence, up to the probe's limit; `./quick.sh` was looked
+    up on PATH (FileNotFoundError, though the file is there). A program that exits at once shows the line."""
+    _program(tmp_path, "quick.sh", "#!/bin/sh\nexit 3\n")  # 3: the probe's "not installed"
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    with pytest.raises(UserError, match=r"^--inference-python quick.sh cannot import indextts25.api, the IndexTTS-2.5 "
+                                        r"inference code \(not installed\)"):
+        resolve_inference_python(INDEXTTS25, Path("./quick.sh"), say=said.append)
+    assert said == [f"checking that --inference-python quick.sh imports indextts25.api (waiting up to "
+                    f"{synthesize_module.PROBE_TIMEOUT_S} s)"]
+
+
+@pytest.mark.slow  # starts the probe's process and waits for its limit (1 s here)
+def test_a_program_that_never_answers_is_one_line_at_the_limit(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(synthesize_module, "PROBE_TIMEOUT_S", 1)
+    hang = _program(tmp_path, "hang.sh", "#!/bin/sh\nexec sleep 60\n")
+    started = time.monotonic()
+    with pytest.raises(UserError, match=rf"^--inference-python {hang}: did not finish importing indextts25.api in 1 s"):
+        resolve_inference_python(INDEXTTS25, hang)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow  # tries to start the probe's process
+def test_a_program_that_cannot_start_says_why(tmp_path) -> None:
+    """An existing file was said to be a FileNotFoundError when its #! line named a missing interpreter."""
+    missing = _program(tmp_path, "missing.sh", f"#!{tmp_path}/gone/python\n")
+    with pytest.raises(UserError, match=r"cannot run it \(its #! line names a program that is not there\); pip"):
+        resolve_inference_python(INDEXTTS25, missing)
+    with pytest.raises(UserError, match=r"cannot run it \(Exec format error\); pip"):
+        resolve_inference_python(INDEXTTS25, _program(tmp_path, "text.sh", "no #! line\n"))
 
 
 def test_an_unknown_family_is_refused() -> None:

@@ -28,7 +28,7 @@ from indextts_train.ui.events import read_events
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.ui.text_log import TextLog
 from indextts_train.webui import form as forms
-from indextts_train.webui import is_loopback, records, serve
+from indextts_train.webui import is_loopback, records, server_name
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import LOCK_NAME, RunRegistry, read_log, train_command
 from indextts_train.webui.trainflags import FLAGS
@@ -67,7 +67,7 @@ def test_a_public_link_needs_a_password(args, says) -> None:
 
 def test_a_page_other_machines_can_reach_needs_a_password() -> None:
     """Refused before anything is served: one line, exit 2 (the real command, in this process)."""
-    for args in (["--host", "0.0.0.0"], ["--host", "my-box.lan"], ["--host", "192.168.1.5"],
+    for args in (["--host", "0.0.0.0"], ["--host", "::"], ["--host", "my-box.lan"], ["--host", "192.168.1.5"],
                  ["--host", "0.0.0.0", "--share", "--no-auth-on-network"]):
         result = CliRunner().invoke(app, ["webui", *args])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, (args, result.output)
@@ -352,9 +352,11 @@ def test_the_tokenizer_box_names_both_kinds() -> None:
     assert 'label="Tokenizer (.model or .tiktoken)"' in source and "Tokenizer (.model)\"" not in source
 
 
-def test_an_ipv6_literal_host_is_one_line() -> None:
-    """`--host ::1` ended in Gradio's traceback (it builds "http://::1:7860"), and `[::1]` was said to be no
-    address of this machine."""
-    for host in ("::1", "[::1]", "::"):
-        with pytest.raises(UserError, match=rf"^--host {re.escape(host)}: the page serves on an IPv4 address"):
-            serve(host, 7860)
+def test_an_ipv6_literal_is_bound_bare_and_given_to_gradio_in_brackets() -> None:
+    """Gradio builds the page's URL as http://NAME:PORT/ (bare, `::1` made "http://::1:7860/": its traceback)
+    and strips the brackets to bind; a socket takes the address bare (`[::1]` was "not an address")."""
+    for host in ("::1", "[::1]", " ::1 "):
+        assert server_name(host) == ("::1", "[::1]"), host
+    assert server_name("::") == ("::", "[::]")
+    for host in ("127.0.0.1", "0.0.0.0", "localhost", "my-box.lan"):
+        assert server_name(host) == (host, host)

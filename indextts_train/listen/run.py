@@ -32,6 +32,7 @@ from indextts_train.checkpoint.scores import (
 from indextts_train.config.family import Family
 from indextts_train.config.settings import load_config
 from indextts_train.distributed import DistInfo
+from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
@@ -83,7 +84,11 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     check_device_name(device)
-    return str(pick_device(device, DistInfo()))
+    try:
+        return str(pick_device(device, DistInfo()))
+    except RuntimeError:  # digits torch will not parse (cuda:01, an index past 64 bits): its traceback
+        raise UserError(f"--device {device}: not a device the models run on; use cpu, cuda or cuda:N (N: a GPU's "
+                        "index, written as cuda:1)") from None
 
 
 def plan(options: ListenOptions) -> Plan:
@@ -100,7 +105,7 @@ def plan(options: ListenOptions) -> Plan:
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
     if todo:  # the inference environment first: a few seconds, where the ASR model may be gigabytes to fetch
-        work.python = resolve_inference_python(family, options.inference_python)
+        work.python = resolve_inference_python(family, options.inference_python, say=options.say)
         work.recogniser = load_recogniser(options.asr_model, work.device)
     return work
 

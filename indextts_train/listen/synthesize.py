@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,29 +77,50 @@ def _install_hint(family: Family) -> str:
             f"or pass --inference-python PATH of an environment that has it")
 
 
-def resolve_inference_python(family: Family, flag_value: Path | None) -> Path:
+def resolve_inference_python(family: Family, flag_value: Path | None,
+                             say: Callable[[str], object] | None = None) -> Path:
     """The interpreter that runs the official code: `--inference-python` or this one; one line when it
-    cannot import the family's inference package."""
+    cannot import the family's inference package, cannot be run, or does not answer in PROBE_TIMEOUT_S.
+    `say`: where the line announcing the probe goes (None: no line)."""
     module, name = family.inference_module, family.name
     if flag_value is None:
         python = Path(sys.executable)
         where = f"this Python ({python})"
     else:
-        # absolute: Path("./python") is "python", which the child's start would look up on PATH instead
-        python = Path(os.path.abspath(flag_value.expanduser()))
+        python = _interpreter_path(flag_value)
         where = f"--inference-python {flag_value}"
         if not python.is_file() or not os.access(python, os.X_OK):
             raise UserError(f"{where}: not an executable file; pass the python of the environment where "
                             f"{family.inference_package} is installed")
+    if say is not None:  # the import takes seconds to minutes, and a program that never exits is waited for
+        say(f"checking that {where} imports {module} (waiting up to {PROBE_TIMEOUT_S} s)")
     try:
         done = subprocess.run([str(python), "-c", PROBE.format(module=module)], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT_S, env=_child_env())
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"{where}: cannot run it ({type(exc).__name__}); {_install_hint(family)}") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{where}: did not finish importing {module} in {PROBE_TIMEOUT_S} s (is it a python?); "
+                        f"{_install_hint(family)}") from None
+    except OSError as exc:  # the file is there (checked above): its #! line names a missing program, or none
+        why = "its #! line names a program that is not there" if isinstance(exc, FileNotFoundError) else (
+            exc.strerror or type(exc).__name__)
+        raise UserError(f"{where}: cannot run it ({why}); {_install_hint(family)}") from None
     if done.returncode != 0:
         found = _tail_line(done.stdout) if done.returncode == PROBE_BROKEN else "not installed"
         raise UserError(f"{where} cannot import {module}, the {name} inference code ({found}): "
                         f"{_install_hint(family)}")
+    return python
+
+
+def _interpreter_path(flag_value: Path) -> Path:
+    """The very file --inference-python names, made absolute against the current folder: Path("./python") is
+    "python", which the start would look up on PATH (another interpreter ran, or FileNotFoundError). A bare
+    name with no such file here is looked up on PATH (`--inference-python python3.11`); the `./` a value was
+    typed with is gone by now, so a file of that name here comes first."""
+    python = Path(os.path.abspath(flag_value.expanduser()))
+    if os.sep not in str(flag_value) and not python.exists():
+        found = shutil.which(str(flag_value))
+        if found is not None:
+            return Path(os.path.abspath(found))
     return python
 
 

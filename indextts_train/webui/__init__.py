@@ -50,19 +50,33 @@ def check_exposure(host: str, credentials: tuple[str, str] | None, no_auth_on_ne
                         "--no-auth-on-network)")
 
 
-def _port_free(host: str, port: int) -> None:
+def server_name(host: str) -> tuple[str, str]:
+    """(the address to bind, the name Gradio is given) for --host. An IPv6 literal, typed bare (`::1`) or in
+    brackets (`[::1]`), is bound bare (a socket refuses the brackets) and given to Gradio in brackets: it
+    builds the page's URL as http://NAME:PORT/, and `http://::1:7860/` is no URL (its traceback)."""
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    try:
+        literal = ipaddress.ip_address(bare)
+    except ValueError:
+        return host, host  # an IPv4 address or a host name: as typed
+    return (bare, f"[{bare}]") if literal.version == 6 else (bare, bare)
+
+
+def _port_free(host: str, address: str, shown: str, port: int) -> None:
     """One line before Gradio's own error (a traceback) when the port is taken."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise UserError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
-    family, kind, proto, _, address = infos[0]
+    family, kind, proto, _, sockaddr = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(address)
+            probe.bind(sockaddr)
         except OSError as exc:
-            raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+            raise UserError(f"--port {port}: cannot listen on {shown}:{port} ({exc.strerror}); "
                             "is another webui running? pass another --port") from None
 
 
@@ -72,16 +86,14 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
 
     `roots`: the folders every path the page reads or writes must lie in (default: the current one).
     """
-    if ":" in host:  # an IPv6 literal: Gradio builds its own URL from it ("http://::1:7860") and fails
-        raise UserError(f"--host {host}: the page serves on an IPv4 address or a host name; use 127.0.0.1 "
-                        "(this machine only) or 0.0.0.0 (every interface)")
+    address, name = server_name(host)
     allowed = Roots(roots or [Path.cwd()])
     credentials = parse_auth(auth, share)
     check_exposure(host, credentials, no_auth_on_network)
     if credentials is None and not is_loopback(host):
         print(f"warning: --host {host} --no-auth-on-network: anyone who can reach this port can start runs "
               f"and read {', '.join(map(str, allowed.folders))}", flush=True)
-    _port_free(host, port)  # before Gradio's import (seconds): a taken port is said at once
+    _port_free(host, address, name, port)  # before Gradio's import (seconds): a taken port is said at once
     try:
         import gradio  # noqa: F401 - only to say how to install it when missing
     except ImportError:
@@ -90,10 +102,10 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
 
     page = build_page(Page(allowed))
     try:
-        _, local_url, share_url = page.queue().launch(server_name=host, server_port=port, share=share,
+        _, local_url, share_url = page.queue().launch(server_name=name, server_port=port, share=share,
                                                       auth=credentials, quiet=True, prevent_thread_lock=True)
     except OSError as exc:  # taken between the probe and the launch
-        raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc}); pass another --port") from None
+        raise UserError(f"--port {port}: cannot listen on {name}:{port} ({exc}); pass another --port") from None
     # One line once the page answers: users click it, the browser test waits for it.
     print(f"indextts-train webui: {local_url}" + (f" and {share_url}" if share_url else ""), flush=True)
     try:
