@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
@@ -295,3 +296,36 @@ def tree_state(folder: Path) -> dict[str, bytes | str]:
         state[key] = (f"link -> {os.readlink(path)}" if path.is_symlink() else
                       path.read_bytes() if path.is_file() else "folder")
     return state
+
+
+# ---- stand-ins for the official inference -------------------------------------------------------------
+
+def fake_inference_python(folder: Path, module: str, source: str, marker: Path | None = None) -> Path:
+    """An interpreter (a script running this Python) whose path holds the dotted `module` (e.g.
+    "indextts25.api") with `source` as its code; with `marker`, the script touches it first (which program
+    ran is then known)."""
+    package, _, name = module.rpartition(".")
+    folder_of = folder / "site" / package.replace(".", "/")
+    folder_of.mkdir(parents=True)
+    (folder_of / "__init__.py").write_text("")
+    (folder_of / f"{name}.py").write_text(source)
+    script = folder / "python"
+    touch = f"touch '{marker}'\n" if marker else ""
+    script.write_text(f"#!/bin/sh\n{touch}PYTHONPATH='{folder / 'site'}' exec '{sys.executable}' \"$@\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def stand_in_inference_folder(model_dir: Path, config: Path) -> Path:
+    """An IndexTTS2 model folder with every key and file the official inference reads (stand-in bytes):
+    what listen's folder check accepts. The GPT sizes are `config`'s."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    raw = yaml.safe_load(Path(config).read_text())
+    raw.update(s2mel={}, semantic_codec={}, w2v_stat="w2v_stats.pt", s2mel_checkpoint="s2mel.pth",
+               emo_matrix="feat2.pt", spk_matrix="feat1.pt", emo_num=[1], qwen_emo_path="qwen/",
+               vocoder={"name": "bigvgan"})
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+    for name in ("w2v_stats.pt", "s2mel.pth", "feat1.pt", "feat2.pt"):
+        (model_dir / name).write_bytes(b"stand-in")
+    (model_dir / "qwen").mkdir(exist_ok=True)
+    return model_dir

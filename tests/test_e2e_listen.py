@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import stand_in_inference_folder
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.tiny_asr import write_tiny_asr
@@ -42,16 +43,7 @@ def run(tiny_data, tmp_path_factory) -> dict:
                            val_interval=2, save_interval=2, tensorboard=False)
     assert train(options) == 0
     (out / "model_step7.pth").write_bytes(b"PK\x03\x04 not a checkpoint")  # someone's damaged file
-    model_dir = folder / "model"
-    model_dir.mkdir()
-    raw = yaml.safe_load(Path(tiny_data["config"]).read_text())  # with what the official inference reads too
-    raw.update(s2mel={}, semantic_codec={}, w2v_stat="w2v_stats.pt", s2mel_checkpoint="s2mel.pth",
-               emo_matrix="feat2.pt", spk_matrix="feat1.pt", emo_num=[1], qwen_emo_path="qwen/",
-               vocoder={"name": "bigvgan"})
-    (model_dir / "config.yaml").write_text(yaml.safe_dump(raw))
-    for name in ("w2v_stats.pt", "s2mel.pth", "feat1.pt", "feat2.pt"):
-        (model_dir / name).write_bytes(b"stand-in")
-    (model_dir / "qwen").mkdir()
+    model_dir = stand_in_inference_folder(folder / "model", tiny_data["config"])  # as the official inference reads
     prompt = folder / "prompt.wav"
     import numpy as np
     import soundfile

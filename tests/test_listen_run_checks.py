@@ -7,13 +7,11 @@ lines, the model folder and the run folder are real, and so is the probe of the 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from helpers import ROOT
+from helpers import ROOT, fake_inference_python, stand_in_inference_folder
 
 from indextts_train.errors import UserError
 from indextts_train.listen import run as listen_run
@@ -51,30 +49,8 @@ def inputs(tmp_path, monkeypatch) -> dict:
     (tmp_path / "prompt.wav").write_bytes(b"RIFF stand-in")
     lines = tmp_path / "lines.jsonl"
     lines.write_text(json.dumps({"text": "Hello there.", "prompt_audio": "prompt.wav"}) + "\n", encoding="utf-8")
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    raw = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
-    raw.update(s2mel={}, semantic_codec={}, w2v_stat="w2v_stats.pt", s2mel_checkpoint="s2mel.pth",
-               emo_matrix="feat2.pt", spk_matrix="feat1.pt", emo_num=[1], qwen_emo_path="qwen/",
-               vocoder={"name": "bigvgan"})
-    (model_dir / "config.yaml").write_text(yaml.safe_dump(raw))
-    for name in ("w2v_stats.pt", "s2mel.pth", "feat1.pt", "feat2.pt"):
-        (model_dir / name).write_bytes(b"stand-in")
-    (model_dir / "qwen").mkdir()
+    model_dir = stand_in_inference_folder(tmp_path / "model", ROOT / "configs" / "tiny.yaml")
     return {"run": run_dir, "lines": lines, "model_dir": model_dir, "said": said, "folder": tmp_path}
-
-
-def _environment(folder: Path, infer_v2: str) -> Path:
-    """An interpreter (a script running this Python) whose path holds an `indextts` package with `infer_v2`
-    as its inference module (IndexTTS2's: the model folder above has no version)."""
-    package = folder / "site" / "indextts"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "infer_v2.py").write_text(infer_v2)
-    script = folder / "python"
-    script.write_text(f"#!/bin/sh\nPYTHONPATH='{folder / 'site'}' exec '{sys.executable}' \"$@\"\n")
-    script.chmod(0o755)
-    return script
 
 
 def _options(inputs: dict, python: Path, device: str = "cpu") -> ListenOptions:
@@ -86,7 +62,7 @@ def _options(inputs: dict, python: Path, device: str = "cpu") -> ListenOptions:
 def test_the_probe_is_announced_and_comes_before_the_asr_model(inputs) -> None:
     """The probe may wait minutes (a cold import, or a program that never exits, up to its limit): listen said
     nothing meanwhile. Now one line says what is checked and for how long, and the ASR model loads after."""
-    python = _environment(inputs["folder"], "")
+    python = fake_inference_python(inputs["folder"], "indextts.infer_v2", "")
     work = plan(_options(inputs, python))
     assert work.python == python and work.device == "cpu"
     assert inputs["said"] == [f"checking that --inference-python {python} imports indextts.infer_v2 (waiting up to "
@@ -97,7 +73,8 @@ def test_the_probe_is_announced_and_comes_before_the_asr_model(inputs) -> None:
 def test_a_broken_inference_module_is_refused_before_the_asr_model(inputs) -> None:
     """Installed, but its module fails on import: one line before the ASR model loads (it was found by
     find_spec, and every line failed after the ASR model loaded and synthesis began)."""
-    python = _environment(inputs["folder"], "raise ImportError(\"cannot import name 'IndexTTS2'\")\n")
+    python = fake_inference_python(inputs["folder"], "indextts.infer_v2",
+                                   "raise ImportError(\"cannot import name 'IndexTTS2'\")\n")
     with pytest.raises(UserError, match=r"cannot import indextts.infer_v2, the IndexTTS2 inference code "
                                         r"\(ImportError: cannot import name 'IndexTTS2'\)"):
         plan(_options(inputs, python))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import fake_inference_python
 
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25, family_named
 from indextts_train.errors import UserError
@@ -40,25 +41,12 @@ def test_a_missing_interpreter_is_one_line(tmp_path) -> None:
         resolve_inference_python(INDEXTTS25, tmp_path / "nothing" / "python")
 
 
-def _fake_environment(folder: Path, api: str, marker: Path | None = None) -> Path:
-    """An interpreter (a script running this Python) whose path holds an `indextts25` package with `api`
-    as its api module; with `marker`, the script touches it first (which program ran is then known)."""
-    package = folder / "site" / "indextts25"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "api.py").write_text(api)
-    script = folder / "python"
-    touch = f"touch '{marker}'\n" if marker else ""
-    script.write_text(f"#!/bin/sh\n{touch}PYTHONPATH='{folder / 'site'}' exec '{sys.executable}' \"$@\"\n")
-    script.chmod(0o755)
-    return script
-
-
 @pytest.mark.slow  # starts the probe's process
 def test_an_installed_package_that_cannot_import_is_one_line_before_any_work(tmp_path) -> None:
     """find_spec imports the parent package only: a broken api module (a torchaudio built for another torch)
     passed, and every line failed after the ASR model loaded."""
-    python = _fake_environment(tmp_path, "raise ImportError(\"cannot import name 'IndexTTS25'\")\n")
+    python = fake_inference_python(tmp_path, "indextts25.api",
+                                   "raise ImportError(\"cannot import name 'IndexTTS25'\")\n")
     with pytest.raises(UserError, match=r"cannot import indextts25.api.*ImportError: cannot import name 'IndexTTS25'"):
         resolve_inference_python(INDEXTTS25, python)
 
@@ -68,7 +56,7 @@ def test_a_relative_interpreter_path_runs_that_very_file(tmp_path, monkeypatch) 
     """`--inference-python ./python` became "python", which the start looked up on PATH: another
     interpreter ran, and the one named never did."""
     marker = tmp_path / "ran"
-    _fake_environment(tmp_path, "", marker)
+    fake_inference_python(tmp_path, "indextts25.api", "", marker)
     monkeypatch.chdir(tmp_path)
     assert resolve_inference_python(INDEXTTS25, Path("./python")) == tmp_path / "python"
     assert marker.exists()
@@ -76,7 +64,7 @@ def test_a_relative_interpreter_path_runs_that_very_file(tmp_path, monkeypatch) 
 
 @pytest.mark.slow  # starts the probe's process
 def test_a_bare_name_with_no_such_file_here_is_looked_up_on_path(tmp_path, monkeypatch) -> None:
-    python = _fake_environment(tmp_path / "env", "")
+    python = fake_inference_python(tmp_path / "env", "indextts25.api", "")
     monkeypatch.setenv("PATH", str(python.parent))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
