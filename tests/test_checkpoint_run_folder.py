@@ -10,7 +10,7 @@ import torch
 from test_checkpoint_files import make_state
 
 from indextts_train.checkpoint.files import save_checkpoint
-from indextts_train.checkpoint.lineage import foreign_names
+from indextts_train.checkpoint.lineage import look
 from indextts_train.checkpoint.run_folder import check_no_earlier_run, check_run_folder, survey
 from indextts_train.errors import UserError
 
@@ -26,12 +26,12 @@ def test_one_listing_answers_every_question(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"already holds checkpoints \(latest.pth\); pass --resume auto"):
         check_no_earlier_run(folder)
     assert folder.files == [*folder.checkpoints, tmp_path / "best.pth"]
-    assert foreign_names(folder.files) == {"model_step9.pth"}
+    assert look(folder).foreign == {"model_step9.pth"}
     (tmp_path / "best.pth").unlink()
     torch.save({"w": torch.zeros(2)}, tmp_path / "best.pth")  # replaced by a file that is not ours
     (tmp_path / "model_step3.pth").unlink()  # latest.pth's twin, replaced by a file that cannot be read
     (tmp_path / "model_step3.pth").write_bytes(b"garbage")
-    assert foreign_names(folder.files) == {"model_step9.pth", "model_step3.pth", "best.pth"}
+    assert look(folder).foreign == {"model_step9.pth", "model_step3.pth", "best.pth"}
 
 
 def test_a_new_folder_is_checked_without_making_it(tmp_path: Path) -> None:

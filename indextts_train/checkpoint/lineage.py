@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from indextts_train.checkpoint.reader import read_unchecked
-from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
+from indextts_train.checkpoint.run_folder import BEST, LATEST, RunFolder, list_checkpoints, same_file
 from indextts_train.checkpoint.state import FORMAT, Lineage, is_branch_name
 from indextts_train.config.schema import is_int
 from indextts_train.errors import CheckpointError
@@ -83,11 +83,19 @@ def lineage_of(path: Path) -> FileLineage | None:
     return _cache[key]
 
 
-def foreign_names(paths: Iterable[Path]) -> frozenset[str]:
-    """The names among a run folder's checkpoint files (best.pth included) that are not checkpoints of
-    ours, or cannot be read: a run never replaces, moves or deletes them. The look is the one that
-    gives each file's lineage (cached), so a folder's files are read once to order and to judge them."""
-    return frozenset(path.name for path in paths if lineage_of(path) is None)
+@dataclass(frozen=True)
+class FolderLineage:
+    """One look at a run folder's files, each read once for its lineage, and what follows from it."""
+
+    order: list[Path]  # the checkpoints in the order --resume auto tries them (resume_order)
+    foreign: frozenset[str]  # the names (best.pth included) not checkpoints of ours, or unreadable: a run
+    # never replaces, moves or deletes them
+
+
+def look(folder: RunFolder) -> FolderLineage:
+    """The lineage of every checkpoint-named file in `folder`: the order to resume in, and the names not ours."""
+    return FolderLineage(resume_order(folder.checkpoints),
+                         frozenset(path.name for path in folder.files if lineage_of(path) is None))
 
 
 def new_branch(parent: Lineage | None = None, parent_step: int | None = None, *, continues: bool = False) -> Lineage:

@@ -2,12 +2,12 @@
 
 Saving is one call (`TrainingState.state_dict`, state.py); `select_resume` is its reverse. It resolves
 `--resume` (None, "auto" or a path), each step owned by one module and taken once, in order: the run
-folder listed (run_folder.survey); for auto its files in lineage order (lineage.resume_order), each
-candidate verified until one resumes, those that fail skipped and left untouched, a folder none of
-whose files resumes refused (verify.py: the chosen file is read once, in full, and migrated by its
-verification); the names this run must not touch: those skipped and those not ours (lineage's look);
-then the chosen file is split into a typed `Resumed` (resumed.py), whose parts the run's own parts load
-with their `load_state_dict`.
+folder listed (run_folder.survey); its files' lineage read once (lineage.look: the order --resume auto
+tries, the names not ours); each candidate verified until one resumes, those that fail skipped and
+left untouched, a folder none of whose files resumes refused (verify.py: the chosen file is read once,
+in full, and migrated by its verification); the names this run must not touch: those skipped and those
+not ours; then the chosen file is split into a typed `Resumed` (resumed.py), whose parts the run's own
+parts load with their `load_state_dict`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from indextts_train.checkpoint.files import kept_names
-from indextts_train.checkpoint.lineage import foreign_names, resume_order
+from indextts_train.checkpoint.lineage import look
 from indextts_train.checkpoint.resumed import Resumed, resumed_state
 from indextts_train.checkpoint.run_folder import check_no_earlier_run, survey
 from indextts_train.checkpoint.verify import choose_resume
@@ -34,16 +34,16 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     folder = survey(output_dir)
     if resume is None:
         check_no_earlier_run(folder)  # refused before any file is read: a best.pth is all it may hold
-        foreign, choice = foreign_names(folder.files), None
-    else:  # --resume auto: newest branch first (lineage.py): a rollback's branch wins over the higher steps
-        # it abandoned. The same cheap look at each file (cached by lineage.py) tells which are not ours.
-        candidates = resume_order(folder.checkpoints) if resume == "auto" else [Path(resume)]
-        foreign = foreign_names(folder.files)
+    # One look at each file's lineage (lineage.py): the order --resume auto tries them in (newest branch
+    # first: a rollback's branch wins over the higher steps it abandoned), and which are not ours.
+    seen, choice = look(folder), None
+    if resume is not None:
+        candidates = seen.order if resume == "auto" else [Path(resume)]
         choice = choose_resume(candidates, named=resume != "auto", folder=output_dir)
         for bad, reason in choice.skipped:
             warn(f"skipping {bad}: {reason} (left on disk, never overwritten or deleted by this run)")
     # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
-    protected = foreign | {bad.name for bad, _ in (choice.skipped if choice else [])}
+    protected = seen.foreign | {bad.name for bad, _ in (choice.skipped if choice else [])}
     for name in sorted(kept_names(output_dir, protected)):  # so these names this run publishes not at all
         warn(f"{output_dir / name} is not a checkpoint this run can use: kept as it is, so this run publishes no "
              f"{name}; its checkpoints stay as model_stepN.pth")

@@ -6,7 +6,7 @@ questions asked of the folder before a run writes into it: can it be made and wr
 else's work (a model folder, prepared features, a corpus the caller found it to be: a new run is not started
 among their files), and does
 it hold an earlier run's checkpoints (refused without --resume). Which of them are ours is lineage.py's
-look (`foreign_names`), the refusal of a folder none of whose files resumes verify.py's. Saving and
+look (`lineage.look`), the refusal of a folder none of whose files resumes verify.py's. Saving and
 rotation (files.py) and lineage use the same listing.
 """
 
