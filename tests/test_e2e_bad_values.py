@@ -224,7 +224,8 @@ def test_nan_times_and_a_damaged_parquet_page_are_one_line(corpus, tmp_path, cap
     prepare_refuses(library_corpora(corpus, tmp_path / "in"), tmp_path, capsys)
 
 
-@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cuda:x", "cuda:-1", "", "cpu:0", "CUDA"])
+@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cuda:x", "cuda:-1", "", "cpu:0", "CUDA", "cuda:01",
+                                    "cuda:99999999999999999999"])
 def test_prepare_refuses_devices_it_cannot_run_on(device, corpus, tmp_path, capsys) -> None:
     one_line(["prepare", corpus, "--model-dir", tmp_path / "models", "--out", tmp_path / "out", "--device", device],
              capsys, "--device")

@@ -32,7 +32,6 @@ from indextts_train.checkpoint.scores import (
 from indextts_train.config.family import Family
 from indextts_train.config.settings import load_config
 from indextts_train.distributed import DistInfo
-from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
@@ -84,11 +83,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     check_device_name(device)
-    try:
-        return str(pick_device(device, DistInfo()))
-    except RuntimeError:  # digits torch will not parse (cuda:01, an index past 64 bits): its traceback
-        raise UserError(f"--device {device}: not a device the models run on; use cpu, cuda or cuda:N (N: a GPU's "
-                        "index, written as cuda:1)") from None
+    return str(pick_device(device, DistInfo()))
 
 
 def plan(options: ListenOptions) -> Plan:

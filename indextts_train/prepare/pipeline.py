@@ -315,10 +315,12 @@ def check_device_name(name: str | None) -> None:
     if name is None:
         return
     kind, colon, index = name.partition(":")
-    if kind == "cpu" and not colon or kind == "cuda" and (not colon or index.isascii() and index.isdigit()):
+    # torch parses an index only as plain decimal that fits: cuda:01 or 20 digits end in its traceback
+    canonical = index.isascii() and index.isdigit() and str(int(index)) == index and len(index) <= 4
+    if kind == "cpu" and not colon or kind == "cuda" and (not colon or canonical):
         return
     raise UserError(f"--device {name or repr(name)}: not a device the models run on; use cpu, cuda or cuda:N (N: a "
-                    "GPU's index)")
+                    "GPU's index, written as cuda:1)")
 
 
 def pick_device(name: str | None, info: DistInfo) -> torch.device:
