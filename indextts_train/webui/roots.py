@@ -36,6 +36,10 @@ MAX_SCAN = 5000  # entries looked at in a folder for links that lead outside (a 
 # separators (they split lines too) and surrogates (not text; a lone one cannot even be a file name).
 _REFUSED = {"Cc": "a control character", "Zl": "a line separator", "Zp": "a paragraph separator",
             "Cs": "a lone surrogate (not valid text)"}
+# Bidirectional controls reorder what follows them on screen ("Trojan Source"): a value holding one shows
+# in the command-line box as another text than the one that runs. No path needs one (right-to-left
+# scripts are laid out without them); joiners and other format characters some scripts use are kept.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def checked_text(value: Any, what: str, *, may_start_with_dash: bool = False) -> str:
@@ -44,13 +48,39 @@ def checked_text(value: Any, what: str, *, may_start_with_dash: bool = False) ->
     if len(text) > MAX_TEXT:
         raise UserError(f"{what}: {len(text)} characters is not a path or a value; give at most {MAX_TEXT}")
     for char in text:
-        kind = "a NUL byte" if char == "\0" else _REFUSED.get(unicodedata.category(char))
+        kind = ("a NUL byte" if char == "\0" else "a bidirectional control (it reorders the text shown)"
+                if char in _BIDI_CONTROLS else _REFUSED.get(unicodedata.category(char)))
         if kind:
             raise UserError(f"{what}: holds {kind} (U+{ord(char):04X}); give one value without it")
     if text.startswith("-") and not may_start_with_dash:
         raise UserError(f"{what} {text!r}: starts with '-', which a command would read as an option; "
                         f"give a path or value (a file whose name starts with '-': ./{text})")
     return text
+
+
+def shown(text: str) -> str:
+    """`text` (a name the page found on disk) fit for one line of the page: what checked_text refuses in a
+    value (line breaks, escapes, bidirectional controls, surrogates) written as escapes, so a file's name
+    cannot forge a line or reorder the text around it."""
+    return "".join(ascii(char)[1:-1] if char in _BIDI_CONTROLS or unicodedata.category(char) in _REFUSED else char
+                   for char in text)
+
+
+def _resolved(text: str, what: str) -> Path:
+    """`text` with symlinks followed (relative to the server's folder); one line when they loop, and when the
+    path they lead to is not one checked_text would pass (a link to a name holding a line break): what
+    runs is that resolved path, so it is held to the same rule as what was typed."""
+    real = Path(os.path.realpath(Path(text).expanduser()))
+    try:
+        os.stat(real)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{what} {shown(text)}: its symbolic links loop (too many levels); "
+                            "give a path that resolves") from None
+    except ValueError:  # an embedded NUL: checked_text refused it already
+        pass
+    checked_text(str(real), f"{what} {shown(text)} (resolved to {shown(str(real))})")
+    return real
 
 
 def _is_hub_id(text: str) -> bool:
@@ -81,12 +111,28 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = Fa
     return os.fdopen(fd, mode)
 
 
+def _special_kind(path: str) -> str | None:
+    """What `path` is when it is, or a link there leads to, neither a regular file nor a folder (None: it is
+    one of those). A link that leads nowhere (dangling, a loop) is said too: a reader's stat of it fails."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return "a symbolic link that leads nowhere (dangling, or a loop)" if os.path.islink(path) else None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
 @dataclass(frozen=True)
 class LinkScan:
     """What a folder's scan for links leading outside the roots found (Roots.scan_links)."""
 
     links: tuple[str, ...]  # 'NAME -> TARGET', relative to the folder
     unchecked: str | None = None  # why part of it was not looked at (None: all of it was)
+    # 'NAME (a FIFO)': what is, or links to, neither a regular file nor a folder. A reader opening it would
+    # wait for a writer that never comes (a FIFO), read without end (a device) or fail (a link to nothing).
+    special: tuple[str, ...] = ()
 
 
 class Roots:
@@ -116,7 +162,7 @@ class Roots:
         text = checked_text(str(value).strip(), what)
         if not text:
             raise UserError(f"{what}: no path given")
-        real = Path(os.path.realpath(Path(text).expanduser()))
+        real = _resolved(text, what)
         if os.path.expandvars(text) != text and not os.path.lexists(real):  # typed as in a shell: $HOME/runs
             raise UserError(f"{what} {text}: the page expands no shell variable ($NAME); give the full path")
         if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" and not os.path.lexists(real):
@@ -135,7 +181,7 @@ class Roots:
         if not text:
             raise UserError(f"{what}: no path given")
         path = Path(os.path.abspath(Path(text).expanduser()))
-        folder = Path(os.path.realpath(path.parent))
+        folder = _resolved(str(path.parent), what)
         if path.name in ("", ".", "..") or not self.holds(folder):
             raise UserError(f"{what} {text}: not a program in the folders this page may touch "
                             f"({', '.join(map(str, self.folders))}); start webui with a --root that holds it")
@@ -169,13 +215,19 @@ class Roots:
         return real if self.holds(real) else None
 
     def scan_links(self, folder: Path, limit: int = MAX_SCAN) -> LinkScan:
-        """Every symlink under `folder` (links to folders not followed) that resolves outside the roots.
+        """Every symlink under `folder` (links to folders not followed) that resolves outside the roots,
+        and every entry that is, or links to, neither a regular file nor a folder (LinkScan.special).
 
         At most `limit` entries are looked at, each folder listed lazily: past the bound, or where a
         folder below cannot be listed, the scan is incomplete, and what it did not see is not vouched
         for (a link past the bound would otherwise pass). A folder that does not exist holds no link."""
         found: list[str] = []
+        special: list[str] = []
         pending, seen = [Path(folder)], 0
+
+        def scan(unchecked: str | None = None) -> LinkScan:
+            return LinkScan(tuple(found), unchecked, tuple(special))
+
         while pending:
             current = pending.pop()
             try:
@@ -183,22 +235,32 @@ class Roots:
                     for entry in entries:
                         seen += 1
                         if seen > limit:
-                            return LinkScan(tuple(found), f"holds more than {limit} entries")
+                            return scan(f"holds more than {limit} entries")
+                        name = shown(os.path.relpath(entry.path, folder))
                         if entry.is_symlink():
                             if self.found(Path(entry.path)) is None:
-                                found.append(f"{os.path.relpath(entry.path, folder)} -> {os.path.realpath(entry.path)}")
+                                found.append(f"{name} -> {shown(os.path.realpath(entry.path))}")
+                                continue
                         elif entry.is_dir(follow_symlinks=False):
                             pending.append(Path(entry.path))
+                            continue
+                        elif entry.is_file(follow_symlinks=False):
+                            continue  # a regular file (from the listing itself: no call per file)
+                        kind = _special_kind(entry.path)
+                        if kind is not None:
+                            special.append(f"{name} ({kind})")
             except (FileNotFoundError, NotADirectoryError):
                 continue  # nothing there holds a link
             except OSError as exc:  # a folder it cannot list may hold one
-                return LinkScan(tuple(found), f"{os.path.relpath(current, folder)} cannot be listed ({exc.strerror})")
-        return LinkScan(tuple(found))
+                return scan(f"{shown(os.path.relpath(current, folder))} cannot be listed ({exc.strerror})")
+        return scan()
 
     def leads_outside(self, folder: Path) -> bool:
-        """Whether `folder` holds a way out of the roots, or too much to tell (see scan_links)."""
+        """Whether `folder` holds a way out of the roots, a file no reader may open (a FIFO, a device, or a
+        link to one or to nothing: reading the folder's files would block or fail on it), or too much to tell
+        (see scan_links)."""
         scan = self.scan_links(folder)
-        return bool(scan.links) or scan.unchecked is not None
+        return bool(scan.links) or bool(scan.special) or scan.unchecked is not None
 
     def refuse_links_outside(self, folder: Path, what: str) -> None:
         """One line when a folder the page writes into holds a way out of the roots, or more than can be checked."""

@@ -26,6 +26,12 @@ CLI_TIMEOUT = 1800  # seconds a check or an export from the page may take (a big
 REPORT_CHARS = 20_000  # the end of a command's output shown in the page
 
 
+def _last(text: str, limit: int = REPORT_CHARS) -> str:
+    """The end of a text the run's records hold, at most `limit` characters: events.jsonl is read up to
+    8 MiB, and one line of it may be that long; the page shows the end, once a second, not all of it."""
+    return text if len(text) <= limit else f"[... {len(text) - limit} characters not shown ...]{text[-limit:]}"
+
+
 class PageServer:
     """What the page does, shared by every browser tab: the runs, and the folders every path must lie
     in (roots.py). Nothing a visitor typed is kept here: the form of the last run started goes back
@@ -134,10 +140,12 @@ class PageServer:
         mine = records.invocation_events(launch, events)
         scan = self.roots.scan_links(folder)
         outside = [f"not used (leads outside the folders this page may touch): {link}" for link in scan.links]
+        outside += [f"not read (neither a file nor a folder: a reader would block or fail on it): {name}"
+                    for name in scan.special]
         if scan.unchecked is not None:
             outside.append(f"not checked for links leading outside: {folder} {scan.unchecked}")
-        notices = "\n".join([*outside, records.notices(mine)]).strip()
-        return records.status_line(launch, events), command, tail, records.plan_text(mine), notices
+        notices = "\n".join([*outside, _last(records.notices(mine))]).strip()
+        return records.status_line(launch, events), command, tail, _last(records.plan_text(mine)), notices
 
     def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str, config: str = "") -> str:
         """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied
