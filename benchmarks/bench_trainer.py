@@ -120,7 +120,7 @@ def run_trainer(work: Path, name: str, steps: int, warmup: int, save_interval: i
     command = [sys.executable, "-m", "indextts_train", "--train-manifest", str(work / "data" / "train.jsonl"),
                "--output-dir", str(work / name), "--config", str(work / "config.yaml"),
                "--base-checkpoint", str(work / "base_gpt.pth"), "--max-steps", str(steps),
-               "--num-workers", "0", "--save-interval", str(save_interval), "--val-interval", str(10 * steps),
+               "--num-workers", "0", "--save-interval", str(save_interval),
                "--log-interval", str(LOG_INTERVAL)]
     marks = {"training": "training ", "first": f"step {warmup}/{steps} ", "last": f"step {steps}/{steps} "}
     at, stamped, process_seconds = run_timed(command, marks)

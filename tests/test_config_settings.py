@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 from pathlib import Path
 
@@ -16,8 +17,10 @@ from indextts_train.config.settings import (
     ConditionModuleConfig,
     GPTConfig,
     TrainConfig,
+    check_setting,
     config_to_dict,
     load_config,
+    train_flags,
 )
 from indextts_train.errors import UserError
 from indextts_train.ui.run_settings import resolve_settings
@@ -164,3 +167,48 @@ def test_every_model_size_has_its_range_on_its_field(tmp_path, section, cls) -> 
             with pytest.raises(UserError, match=f"{f.name} must be in {low}..{high:,}, got {value}"):
                 load_config(write(tmp_path, data))
 
+
+
+HELP_RANGE = re.compile(r"\[range: (?P<low>[\d.]+)(?P<low_op><=?)x(?:(?P<high_op><=?)(?P<high>[\d,.]+))?\]")
+
+
+def _beside(value: float, whole: bool) -> list[float]:
+    """`value` and the nearest number of its kind on either side."""
+    if whole:
+        return [value - 1, value, value + 1]
+    return [math.nextafter(value, -math.inf), value, math.nextafter(value, math.inf)]
+
+
+def _checked(name: str, value: float) -> bool:
+    try:
+        check_setting(name, value)
+    except UserError:
+        return False
+    return True
+
+
+def test_the_help_of_every_number_flag_says_exactly_the_range_its_check_enforces() -> None:
+    """`train-gpt --help` as rendered, read flag by flag: each number's range, probed at its ends (and one step
+    past them) against the check of the config file, the flags, --from-run and the page (check_setting)."""
+    import typer
+
+    from indextts_train.cli import app
+
+    command = typer.main.get_command(app).commands["train"]
+    context = command.make_context("train", [], resilient_parsing=True)
+    helps = {param.name: param.get_help_record(context)[1] for param in command.params}
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    ruled = [f.name for f in train_flags() if f.metadata.get("rule")]
+    assert set(ruled) == {f.name for f in train_flags() if types[f.name] in ("int", "float")}  # every number
+    for name in ruled:
+        shown = HELP_RANGE.findall(helps[name])
+        assert len(shown) == 1, (name, helps[name])
+        low_text, low_op, high_op, high_text = shown[0]
+        whole = types[name] == "int"
+        low = int(low_text) if whole else float(low_text)
+        high = (int if whole else float)(high_text.replace(",", "")) if high_text else None
+        probes = _beside(low, whole) + (_beside(high, whole) if high is not None else [10**9])
+        for value in probes:
+            said = (value > low if low_op == "<" else value >= low) and (
+                high is None or (value < high if high_op == "<" else value <= high))
+            assert _checked(name, value) == said, (name, value, helps[name])

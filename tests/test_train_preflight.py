@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch.distributed
 import yaml
 from helpers import CheckpointReads
 from typer.testing import CliRunner
@@ -52,7 +53,7 @@ def bad_ids_manifest(tiny_data: dict, folder: Path, line_no: int, *, repeat: int
 
 
 @pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids", "earlier_run", "family",
-                                  "speaker_proj", "borrow"])
+                                  "speaker_proj", "borrow", "val_interval", "listen_lines", "batch"])
 def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, tmp_path, what) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -76,6 +77,10 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
         extra = ["--tokenizer", str(inputs / "am.tiktoken")]
     elif what in ("speaker_proj", "borrow"):  # IndexTTS-2.5's settings for an IndexTTS2 model: they changed nothing
         extra = ["--train-speaker-proj"] if what == "speaker_proj" else ["--borrow-language", "kab=yo"]
+    elif what in ("val_interval", "listen_lines"):  # read at validations, and there is no --val-manifest
+        extra = [f"--{what.replace('_', '-')}", "5"]
+    elif what == "batch":  # 4 x 4 makes 16: the plan took them and dropped the 8 asked for, with a note
+        extra = ["--batch-size", "4", "--grad-accumulation", "4", "--effective-batch-size", "8"]
     else:
         manifest = bad_ids_manifest(tiny_data, inputs, line_no=3)
     before = snapshot(tmp_path)
@@ -90,7 +95,11 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
               "family": "am.tiktoken: an IndexTTS-2.5 .tiktoken vocabulary, but --base-checkpoint",
               "speaker_proj": "--train-speaker-proj is for an IndexTTS-2.5 model, and this run's is IndexTTS2 "
                               "(--base-checkpoint",
-              "borrow": "--borrow-language is for an IndexTTS-2.5 model, and this run's is IndexTTS2"}[what]
+              "borrow": "--borrow-language is for an IndexTTS-2.5 model, and this run's is IndexTTS2",
+              "val_interval": "--val-interval is read at validations only, and this start has no --val-manifest",
+              "listen_lines": "--listen-lines is read at validations only, and this start has no --val-manifest",
+              "batch": "--effective-batch-size 8 does not match --batch-size 4 x --grad-accumulation 4 x 1 "
+                       "process(es) = 16"}[what]
     assert needle in lines[0]
     assert snapshot(tmp_path) == before  # no runs/, no runs/am, no train.lock, no log
 
@@ -293,3 +302,24 @@ def test_a_family_stated_by_the_config_is_blamed_on_the_config(tiny_data, tmp_pa
     with pytest.raises(UserError, match=rf"^--tokenizer {spm}: an IndexTTS2 .*, but --config {config} is "
                                         r"IndexTTS-2.5"):
         check_inputs(options, load_config(config))
+
+
+def test_settings_not_typed_are_not_judged_and_the_batch_counts_every_process(tiny_data, tmp_path,
+                                                                               monkeypatch) -> None:
+    """--val-interval from a config file or a recorded run (not typed) passes without --val-manifest; the
+    effective batch is micro x accumulation x the processes of torchrun's group."""
+    base = {"train_manifests": [str(tiny_data["train"])], "output_dir": tmp_path / "run", "config": tiny_data["config"]}
+
+    def check(**values) -> None:
+        settings = resolve_settings(**base, **values)
+        check_inputs(settings, settings.config)
+
+    check(val_interval=7, listen_lines=2, typed=set(base))
+    with pytest.raises(UserError, match="--val-interval is read at validations only"):
+        check(val_interval=7)
+    batch = {"batch_size": 4, "grad_accumulation": 4, "effective_batch_size": 32}
+    with pytest.raises(UserError, match="--effective-batch-size 32 does not match .* x 1 process"):
+        check(**batch)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    check(**batch)  # 4 x 4 x 2 processes = 32

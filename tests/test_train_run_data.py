@@ -4,14 +4,20 @@ have settled by the time setup reads them."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from indextts_train.errors import UserError
+from indextts_train.text.languages import parse_borrowed
 from indextts_train.train.run_data import RunData
 from indextts_train.ui.run_settings import resolve_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+V25_TINY = ROOT / "tests" / "data" / "reference" / "v2_5" / "tiny"  # the reference's IndexTTS-2.5 lines
+V25_CONFIG = ROOT / "configs" / "tiny_v25.yaml"
 
 
 def mixed_manifest(tiny_data: dict, folder: Path) -> tuple[Path, int]:
@@ -85,3 +91,26 @@ def test_validation_lines_that_also_train_are_counted(tiny_data, tmp_path) -> No
                     "model trains on; hold them out (prepare's train.jsonl leaves out its val.jsonl, its "
                     "utterances.jsonl holds every line)"]
     assert list(data.val_index.lines_also_in(data.index)) == [len(held), len(held) + 1]
+
+
+def test_a_borrowed_language_no_training_line_is_in_is_refused(tmp_path) -> None:
+    """--borrow-language kab=yo where no line is in kab changed nothing, yet the log and the export said kab
+    was trained on yo's row: one line, from the flag or from the config; a line in kab lets it through."""
+    shutil.copytree(V25_TINY, tmp_path / "tiny", ignore=shutil.ignore_patterns("*.pth"))
+    manifest = tmp_path / "tiny" / "pairs.jsonl"  # en, ja, tr
+    log = SimpleNamespace(warn=lambda line: None)
+    base = {"train_manifests": [manifest], "output_dir": tmp_path / "run", "config": V25_CONFIG}
+    typed = resolve_settings(**base, borrow_languages=["kab=yo"])
+    with pytest.raises(UserError, match=r"^--borrow-language kab=yo: no --train-manifest line is in kab \(their "
+                                        r"languages: en, ja, tr\), so kab would not be trained on the row of yo"):
+        RunData.read(typed, typed.config, log)
+    from_config = resolve_settings(**base, borrow_languages=["kab=yo"], typed=set(base))
+    with pytest.raises(UserError, match=r"^train.borrow_languages 'kab=yo' \(the config's or the recorded run's\): "
+                                        "no --train-manifest line is in kab"):
+        RunData.read(from_config, from_config.config, log)
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    lines[2].pop("lang_id")
+    lines[2]["language"] = "Kab"  # as the index reads it: trimmed, any case
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    data = RunData.read(typed, typed.config, log)
+    assert data.index.lang_ids.tolist()[2] == parse_borrowed(["kab=yo"])["kab"]

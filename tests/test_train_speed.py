@@ -47,7 +47,7 @@ def test_the_loop_reads_metrics_once_per_log_interval(tiny_data, tmp_path, monke
     options = resolve_settings(train_manifests=[tiny_data["train"]], output_dir=tmp_path / "run",
                            config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=2,
                            grad_accumulation=2, effective_batch_size=4, num_workers=0, max_steps=8, epochs=100,
-                           log_interval=4, save_interval=100, val_interval=100, tensorboard=False)
+                           log_interval=4, save_interval=100, tensorboard=False)
     assert train(options) == 0
     assert calls == {"window.py:tolist": 2, "steps.py:item": 8, "saving.py:__bool__": 1}
     assert len(load_checkpoint(tmp_path / "run" / "latest.pth")["history"]["train"]) == 2

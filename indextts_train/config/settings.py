@@ -108,6 +108,24 @@ class GPTConfig:
         return self.number_text_tokens + 1
 
 
+# The allowed ranges of numbers (a field's `rule`); nan and inf are refused everywhere. An epochs of 0 or
+# a grad_clip of -1 is a typo, never a request. Upper ends (`most`) are far beyond any real run, so a typo
+# is one line; the seed's is a 64-bit unsigned integer (what torch and numpy accept). --num-workers has
+# none (above the CPU count it is lowered, with a warning: hardware.py), nor has --learning-rate (any
+# finite rate is a valid if diverging request; tests use 1e30).
+RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
+         "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
+# Each rule as the help shows it, with the value as x (the notation of the other commands' ranges); an upper
+# end (`most`) follows as `<=MOST`.
+SHOWN_RULES = {">0": "0<x", ">=0": "0<=x", "[0,1)": "0<=x<1", "[0,1]": "0<=x<=1"}
+
+
+def range_text(rule: str, most: float | None = None) -> str:
+    """What `_check_range` lets through, as the help shows it: `0<x<=65,536`, `0<=x`, `0<=x<1`; the upper end
+    written as the refusal writes it."""
+    return SHOWN_RULES[rule] + ("" if most is None else f"<={most:,}")
+
+
 def option(default: Any, help: str, *, flag: str | None = None, rule: str | None = None,
            most: float | None = None, names: str | None = None, needs: tuple[str, str | None] | None = None,
            family_needs: str | None = None) -> Any:
@@ -123,7 +141,8 @@ def option(default: Any, help: str, *, flag: str | None = None, rule: str | None
     the flag would change nothing. `family_needs`: the model family's capability (a Family property)
     without which the setting is not read (config/unread_settings.py says both).
     """
-    return field(default=default, metadata={"help": help, "flag": flag, "rule": rule, "most": most, "names": names,
+    shown = f"{help} [range: {range_text(rule, most)}]" if rule else help  # what the check lets through
+    return field(default=default, metadata={"help": shown, "flag": flag, "rule": rule, "most": most, "names": names,
                                             "needs": needs, "family_needs": family_needs})
 
 
@@ -249,13 +268,6 @@ class TrainConfig:
         return self.text_loss_weight * text_loss + self.mel_loss_weight * mel_loss
 
 
-# The allowed ranges of numbers (a field's `rule`); nan and inf are refused everywhere. An epochs of 0 or
-# a grad_clip of -1 is a typo, never a request. Upper ends (`most`) are far beyond any real run, so a typo
-# is one line; the seed's is a 64-bit unsigned integer (what torch and numpy accept). --num-workers has
-# none (above the CPU count it is lowered, with a warning: hardware.py), nor has --learning-rate (any
-# finite rate is a valid if diverging request; tests use 1e30).
-RULES = {">0": ("> 0", lambda v: v > 0), ">=0": (">= 0", lambda v: v >= 0),
-         "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1), "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 

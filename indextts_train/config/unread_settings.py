@@ -3,8 +3,10 @@
 A `train:` field says under which other setting it is read (`needs`: --lora-rank under --train-scope lora,
 --listen-device under --listen-every) and which model family's capability it needs (`family_needs`:
 --train-speaker-proj a speaker vector, --borrow-language language rows). Typed without it, the flag would
-change nothing and the run would not be the one meant (`--lora-rank 8` alone trained the whole model). Only
-what a start names is judged: a config file or a recorded run may keep every setting.
+change nothing and the run would not be the one meant (`--lora-rank 8` alone trained the whole model). The
+same for what only validations read (--val-interval, --listen-lines) in a start without --val-manifest, and
+for --effective-batch-size under a micro-batch and an accumulation that make another batch. Only what a
+start names is judged: a config file or a recorded run may keep every setting.
 """
 
 from __future__ import annotations
@@ -71,3 +73,40 @@ def check_family_settings(train: TrainConfig, named: frozenset[str], family: Fam
     none: its checkpoint settles it)."""
     if family is not None:
         _refuse_first(setting_of_other_family(train, family, name, source) for name in sorted(named))
+
+
+# Read at validations only: without a validation manifest there is none (`--early-stop-patience` and
+# `--forgetting-limit`, which would judge them, are refused from any source: train/run_data.py).
+VALIDATION_SETTINGS = ("val_interval", "listen_lines")
+
+
+def validation_unread(named: frozenset[str], has_validation: bool) -> str | None:
+    """Why a setting named for validations is not read by a start without --val-manifest, as its refusal;
+    None when there is validation data, or none is named."""
+    typed = [name for name in VALIDATION_SETTINGS if name in named]
+    if has_validation or not typed:
+        return None
+    flag = _flag(typed[0])
+    return (f"{flag} is read at validations only, and this start has no --val-manifest: the flag would change "
+            f"nothing; add --val-manifest PATH (prepare writes val.jsonl), or leave {flag} out")
+
+
+def batch_unread(train: TrainConfig, named: frozenset[str], world_size: int) -> str | None:
+    """Why --effective-batch-size, named, is not what the run would train with: the micro-batch and the
+    accumulation both in effect (typed, or the config's) set the batch themselves, and theirs differs (the
+    planner takes them as given: train/hardware.py). None when it agrees, or either is 0 (auto)."""
+    micro, accum, asked = train.batch_size, train.grad_accumulation, train.effective_batch_size
+    made = micro * accum * world_size
+    if "effective_batch_size" not in named or not (micro and accum) or made == asked:
+        return None
+    source = {name: _flag(name) if name in named else f"train.{name}" for name in ("batch_size", "grad_accumulation")}
+    return (f"--effective-batch-size {asked} does not match {source['batch_size']} {micro} x "
+            f"{source['grad_accumulation']} {accum} x {world_size} process(es) = {made}, the batch the run would "
+            f"train with: set --effective-batch-size {made}, or leave one of --batch-size and --grad-accumulation at 0 "
+            f"(auto), and it is chosen to reach {asked}")
+
+
+def check_start_settings(train: TrainConfig, named: frozenset[str], has_validation: bool, world_size: int) -> None:
+    """A setting named that this start would not read (validation settings without validation data) or that
+    the others override (--effective-batch-size under a micro-batch and an accumulation) is one line."""
+    _refuse_first((validation_unread(named, has_validation), batch_unread(train, named, world_size)))

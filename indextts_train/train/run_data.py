@@ -4,7 +4,9 @@ model reads, and the validation groups with what each validation is judged by.
 Setup reads them once the model's family is known, after the weights (a resumed checkpoint may be
 what settles it): `RunData.read` indexes the lines of the model's family (a line of the other is
 refused, or skipped with --skip-bad-lines, as the check of the first lines before anything was made
-treats it: train/preflight.py), `RunData.datasets` builds the datasets the run reads.
+treats it: train/preflight.py), `RunData.datasets` builds the datasets the run reads. A borrowed language
+(--borrow-language NEW=CODE) no training line is in is refused there: the run, its checkpoints and the
+export would say NEW was trained on CODE's row when nothing was.
 """
 
 from __future__ import annotations
@@ -32,6 +34,25 @@ def _index(manifests: list[ManifestSpec], options: RunSettings, config: Config) 
                                family=config.gpt.family, borrowed=parse_borrowed(config.train.borrow_languages))
 
 
+def _check_borrowed(index: ManifestIndex, options: RunSettings, config: Config) -> None:
+    """Refuse a borrowed language that no training line is in (its `language` field, as the index reads it):
+    the borrowing would change nothing, yet the training log and the export's notes would say the language
+    was trained on the row. Refused from a config file or a recorded run too, as those notes follow from it."""
+    if not config.gpt.family.language_rows:  # not read (typed, refused before: config/unread_settings.py)
+        return
+    languages = {name.strip().lower() for name in index.language_names}
+    for value in config.train.borrow_languages:
+        new, _, code = (part.strip().lower() for part in value.partition("="))
+        if new in languages:
+            continue
+        given = (f"--borrow-language {value}" if "borrow_languages" in options.named
+                 else f"train.borrow_languages {value!r} (the config's or the recorded run's)")
+        found = ", ".join(sorted(languages)) or "none stated"
+        raise UserError(f"{given}: no --train-manifest line is in {new} (their languages: {found}), so {new} "
+                        f"would not be trained on the row of {code}; give {new}'s lines \"language\": \"{new}\", "
+                        "or leave the borrowing out")
+
+
 @dataclass(frozen=True)
 class RunData:
     """The training manifests and their index; the validation manifests and theirs (None: no validation)."""
@@ -46,6 +67,7 @@ class RunData:
         """Index the manifests of the run; skipped bad lines are said, judged validations need validation data."""
         train_specs, val_specs = list(options.train_manifests), list(options.val_manifests)
         index = _index(train_specs, options, config)
+        _check_borrowed(index, options, config)
         if index.skipped:
             log.warn(f"skipped {index.skipped} bad manifest line(s), e.g. {index.skipped_examples[0]}")
         if not val_specs and (config.train.early_stop_patience or config.train.forgetting_limit):

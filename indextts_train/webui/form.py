@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from indextts_train.config.settings import Config, TrainConfig, check_setting, load_config
+from indextts_train.config.unread_settings import VALIDATION_SETTINGS, batch_unread
 from indextts_train.errors import UserError
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import train_command
@@ -113,10 +114,7 @@ def flags(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
         if value:
             out.append(f"{flag_name(name)}={roots.inside(value, label)}")
     out.append(f"--output-dir={roots.inside(form.output_dir, 'Output dir')}")
-    for name in MAIN_FIELDS:
-        value = form.hparams.get(name)
-        if value is not None:
-            out.append(f"{flag_name(name)}={number_text(name, value)}")
+    out += _number_flags(form)
     if form.amp not in AMP_CHOICES:
         raise UserError(f"Mixed precision: choose one of {', '.join(AMP_CHOICES)}, got {form.amp!r}")
     out += {"on": ["--amp"], "off": ["--no-amp"], "auto": []}[form.amp]
@@ -124,6 +122,22 @@ def flags(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
     if resume:
         out.append(f"--resume={checked_value('--resume', resume, roots, 'Resume from')}")
     return out
+
+
+def _number_flags(form: RunForm) -> list[str]:
+    """The main fields' flags. Without validation manifests the validation fields are left out (the run
+    refuses them typed, as they would change nothing); a batch the run would not train with is refused
+    here, as the run refuses it (one process: the page starts no torchrun)."""
+    validates = bool(lines_of(form.val_manifests))
+    given = {name: form.hparams.get(name) for name in MAIN_FIELDS if form.hparams.get(name) is not None
+             and (validates or name not in VALIDATION_SETTINGS)}
+    texts = {name: number_text(name, value) for name, value in given.items()}
+    batch = {name: int(texts[name]) for name in ("batch_size", "grad_accumulation", "effective_batch_size")
+             if name in texts}
+    problem = batch_unread(TrainConfig(**batch), frozenset(batch), world_size=1)
+    if problem is not None:
+        raise UserError(problem)
+    return [f"{flag_name(name)}={text}" for name, text in texts.items()]
 
 
 def command(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
