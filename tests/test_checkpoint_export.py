@@ -20,10 +20,11 @@ import pytest
 import torch
 import yaml
 from helpers import CheckpointReads, FaultyFolder, assert_refused, run_cli, tree_state
+from test_checkpoint_files import make_state
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint.export import _checked_tokenizer, _tokenizer_target
-from indextts_train.checkpoint.files import load_checkpoint
+from indextts_train.checkpoint.files import load_checkpoint, save_checkpoint
 from indextts_train.cli import app
 from indextts_train.config.family import INDEXTTS2, INDEXTTS25
 from indextts_train.config.settings import Config, GPTConfig, load_config
@@ -367,6 +368,40 @@ def test_an_export_killed_between_its_renames_is_finished_by_the_same_command(gr
     assert whole.returncode == 0, whole.stderr
     assert (out / "config.yaml").read_bytes() == (tmp_path / "whole" / "config.yaml").read_bytes()
     exported, reference = (torch.load(p / "gpt.pth", weights_only=True) for p in (out, tmp_path / "whole"))
+    assert list(exported) == list(reference) and all(torch.equal(exported[k], reference[k]) for k in reference)
+
+
+def test_an_export_over_a_killed_export_of_another_source_publishes_nothing_before_its_own_files(tmp_path) -> None:
+    """An export of another source, killed among its renames, left gpt.pth renamed into place, config.yaml's new
+    bytes in a temp file and the user's config.yaml (it had --force) still there. An export to the same outputs
+    that fails, or is refused, publishes none of the killed one's files; one that succeeds writes its own pair."""
+    good = save_checkpoint(make_state(2), tmp_path / "run", 2, keep=3)
+    state = load_checkpoint(good)
+    state["model"]["extra.weight"] = torch.zeros(3)  # read, then refused by the layout check
+    bad = tmp_path / "bad.pth"
+    torch.save(state, bad)
+    out = tmp_path / "out"
+    out.mkdir()
+    gpt, config = out / "gpt.pth", out / "config.yaml"
+    gpt.write_bytes(b"the killed export's gpt.pth")
+    config.write_text("the user's config.yaml\n")
+    (out / ".config.yaml.tmp-999999").write_text("the killed export's config.yaml\n")  # pid 999999: gone
+    (out / ".gpt.pth.publishing").write_text(json.dumps({"pid": 999999, "files": [str(gpt), str(config)]}))
+    before = tree_state(out)
+
+    failed = cli("export", bad, "-o", gpt, "--config-out", config, "--force")
+    assert failed.exit_code == 2 and "1 unexpected: extra.weight" in failed.stderr
+    assert tree_state(out) == before
+    unforced = cli("export", good, "-o", gpt, "--config-out", config)  # the user's config.yaml: --force needed
+    assert unforced.exit_code == 2 and f"--config-out {config} already exists; pass --force" in unforced.stderr
+    assert tree_state(out) == before
+    done = cli("export", good, "-o", gpt, "--config-out", config, "--force")
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "gpt.pth"]
+    whole = tmp_path / "whole"
+    assert cli("export", good, "-o", whole / "gpt.pth", "--config-out", whole / "config.yaml").exit_code == 0
+    assert config.read_bytes() == (whole / "config.yaml").read_bytes()
+    exported, reference = (torch.load(p / "gpt.pth", weights_only=True) for p in (out, whole))
     assert list(exported) == list(reference) and all(torch.equal(exported[k], reference[k]) for k in reference)
 
 

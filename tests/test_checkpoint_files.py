@@ -19,13 +19,32 @@ from indextts_train.checkpoint.rng import capture_rng, restore_rng
 from indextts_train.checkpoint.run_folder import list_checkpoints
 from indextts_train.checkpoint.state import History, Lineage
 from indextts_train.checkpoint.verify import choose_resume, verify_checkpoint
+from indextts_train.config.settings import config_from_dict
+from indextts_train.model.layout import official_shapes
+
+# The smallest GPT of the official layout: make_state's weights are the model its stored config describes,
+# as verify asks of a COMPLETE file (and export of the file it reads).
+MICRO_GPT = {"model_dim": 8, "max_mel_tokens": 8, "max_text_tokens": 8, "heads": 2, "layers": 1,
+             "number_text_tokens": 12, "number_mel_codes": 10, "start_mel_token": 8, "stop_mel_token": 9,
+             "condition_module": {"output_size": 8, "linear_units": 8, "attention_heads": 2, "num_blocks": 1,
+                                  "input_layer": "conv2d2", "perceiver_mult": 2},
+             "emo_condition_module": {"output_size": 8, "linear_units": 8, "attention_heads": 1, "num_blocks": 1,
+                                      "input_layer": "conv2d2", "perceiver_mult": 0.02}}
+
+
+def micro_weights(trained_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """MICRO_GPT's official keys: the trained tensors of helpers.TinyGPT where they fit, fixed random ones else."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = official_shapes(config_from_dict({"gpt": MICRO_GPT}).gpt)
+    return {key: trained_tensors[key] if key in trained_tensors and trained_tensors[key].shape == shape
+            else torch.randn(shape, generator=generator) for key, shape in shapes.items()}
 
 
 def make_state(step: int = 1) -> dict:
     model, optimizer, scheduler = trained(step)
     return {
         "format": ckpt.FORMAT, "format_version": ckpt.FORMAT_VERSION,
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "model": micro_weights(model.state_dict()), "optimizer": optimizer.state_dict(),
         "optimizer_param_names": [n for n, _ in model.named_parameters()],
         "scheduler": scheduler.state_dict(), "scaler": None,
         "progress": {"step": step, "epoch": 0, "samples_in_epoch": 4 * step, "samples_total": 4 * step,
@@ -35,7 +54,7 @@ def make_state(step: int = 1) -> dict:
         "lineage": Lineage().state_dict(),
         "rng": [capture_rng()],
         "history": {**History().state_dict(), "train": [{"step": step, "loss": 1.5}]},
-        "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": {}, "train": {}},
+        "hparams": {"learning_rate": 1e-2, "precision": "fp32"}, "config": {"gpt": MICRO_GPT, "train": {}},
         "vocab_plan": {"base_tokens": 10, "tokens": 12, "freeze_base": True},
         "hardware": {"device": "cpu"}, "created": "2025-01-01T00:00:00",
     }

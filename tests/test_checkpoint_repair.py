@@ -13,6 +13,7 @@ from indextts_train.checkpoint.files import CheckpointError, load_checkpoint
 from indextts_train.checkpoint.repair import repair_checkpoint
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.cli import app
+from indextts_train.config.settings import TrainConfig
 
 
 def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
@@ -20,7 +21,7 @@ def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
     source = community_state()
     torch.save(source, path)
     original = path.read_bytes()
-    written, notes = repair_checkpoint(path, config={"gpt": {}, "train": {"seed": 99}})
+    written, notes = repair_checkpoint(path)  # no --config: not known (test_checkpoint_model_fit: with one)
     assert written == path
     assert (tmp_path / "model_step3.pth.bak").read_bytes() == original
     verdict = verify_checkpoint(path)
@@ -31,8 +32,8 @@ def test_repair_community_checkpoint_in_place(tmp_path: Path) -> None:
     assert state["optimizer_param_names"] == [n for n, _ in model.named_parameters()]  # buffer excluded
     assert torch.equal(state["optimizer"]["state"][1]["exp_avg_sq"], source["optimizer"]["state"][1]["exp_avg_sq"])
     assert state["progress"]["step"] == 3 and state["progress"]["epoch"] == 2
-    assert state["progress"]["samples_in_epoch"] == 0 and state["progress"]["sampler_seed"] == 99
-    assert {"rng", "progress.samples_in_epoch", "history"} <= set(state["repaired"]["unknown"])
+    assert state["progress"]["samples_in_epoch"] == 0 and state["progress"]["sampler_seed"] == TrainConfig().seed
+    assert {"rng", "progress.samples_in_epoch", "history", "config"} <= set(state["repaired"]["unknown"])
     assert "optimizer" not in state["repaired"]["unknown"]
     assert state["vocab_plan"] == {"base_tokens": 12, "tokens": 12, "freeze_base": False, "insert_at": None}
     assert any("restarts epoch 2" in n for n in notes)

@@ -17,16 +17,11 @@ from torch import Tensor
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.checkpoint.kinds import ignored_by_base_checkpoint
-from indextts_train.config.family import Family, family_of_keys, settle_family
+from indextts_train.checkpoint.model_fit import fit_problem
+from indextts_train.config.family import Family, family_of_keys
 from indextts_train.config.settings import GPTConfig
 from indextts_train.errors import UserError
-from indextts_train.model.layout import (
-    clean_keys,
-    layout_problems,
-    official_shapes,
-    preview_names,
-    split_state_dict,
-)
+from indextts_train.model.layout import clean_keys, official_shapes, preview_names, split_state_dict
 from indextts_train.model.lora import merge_lora, record_spec
 
 
@@ -72,23 +67,17 @@ class BaseCheckpoint:
         return self.state["text_embedding.weight"].shape[0] - 1
 
     def official_state(self, cfg: GPTConfig) -> dict[str, Tensor]:
-        """Its tensors float32, in release order; refused when it has no rows for the start/stop text tokens."""
-        if self.text_tokens <= max(cfg.start_text_token, cfg.stop_text_token):
-            raise UserError(f"{self.path}: text_embedding.weight has only {self.text_tokens + 1} rows; "
-                            "it cannot hold the start/stop text tokens")
+        """Its tensors float32, in release order (its `problem`, rows for the start/stop text tokens included,
+        was None against `cfg`)."""
         return {k: self.state[k].to(torch.float32).contiguous() for k in official_shapes(cfg)}
 
 
-def _layout_problem(path: Path, state: dict[str, Tensor], cfg: GPTConfig) -> UserError | None:
-    """Keys and shapes other than the ones `cfg` describes, in one line (None: they are those)."""
-    problems = layout_problems(state, cfg)
-    if not problems:
-        return None
-    return UserError(
-        f"{path}: does not match the {cfg.family.name} GPT layout of the config (model_dim "
-        f"{cfg.model_dim}, layers {cfg.layers}): {'; '.join(problems)}; the expected keys come from the config's "
-        "gpt: section: pass the config.yaml that came with the checkpoint as --config"
-    )
+def _fit_problem(path: Path, state: dict[str, Tensor], cfg: GPTConfig) -> UserError | None:
+    """Another family, keys, shapes or too few text rows than `cfg` describes, in one line (None: it fits);
+    judged as `verify` judges a checkpoint against its stored config (model_fit.py)."""
+    problem = fit_problem(state, cfg, str(path), "; the expected keys come from the config's gpt: section: pass "
+                          "the config.yaml that came with the checkpoint as --config")
+    return UserError(problem) if problem is not None else None
 
 
 def _read(path: Path, cfg: GPTConfig, loaded: object | None, merge_adapters: bool) -> BaseCheckpoint:
@@ -97,10 +86,8 @@ def _read(path: Path, cfg: GPTConfig, loaded: object | None, merge_adapters: boo
     loaded = load_checkpoint(path, mmap=True) if loaded is None else loaded
     raw = _read_state(path, merge_adapters, loaded)
     state = clean_keys(raw).state
-    family = family_of_keys(state)
-    other = settle_family(cfg, family, path)
-    problem = UserError(other) if other is not None else _layout_problem(path, state, cfg)
-    return BaseCheckpoint(path, state, family, ignored_by_base_checkpoint(path, loaded), problem)
+    problem = _fit_problem(path, state, cfg)  # settles cfg's family from the keys when the config states none
+    return BaseCheckpoint(path, state, family_of_keys(state), ignored_by_base_checkpoint(path, loaded), problem)
 
 
 def read_base(path: Path | None, cfg: GPTConfig) -> BaseCheckpoint | None:

@@ -102,13 +102,12 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     copy_target = _tokenizer_target(output, tokenizer, tokenizer_name, config_out)
     targets = {"-o": output, "--config-out": config_out, "--adapters-out": adapters_out, "--tokenizer": copy_target}
     named = [path for path in targets.values() if path is not None]
-    interrupted = _interrupted(output, named)  # its files are this command's own, to finish and replace
-    replaceable = set(interrupted[1]) if interrupted is not None else set()
-    _check_targets(checkpoint, base_config, tokenizer, targets, force, replaceable)
+    interrupted = _interrupted(output, named)  # its files are among this command's, which replace them all
+    _check_targets(checkpoint, base_config, tokenizer, targets, force, _published_by(interrupted))
     # The one read of the checkpoint (several GB): missing/damaged/unsafe/unusable files are refused in
     # the checkpoint module's own words, and everything below uses what it read.
     loaded = load_verified(checkpoint)
-    finish_publishing(output, interrupted, named)
+    remove_stale_temps(output, named, interrupted)
     payload = _adapter_payload(checkpoint, loaded) if adapters_out is not None else None  # refused before writes
     config = config_for(checkpoint, base_config, loaded=loaded)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
@@ -130,20 +129,23 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
         files.append((config_out, lambda handle: handle.write(text.encode("utf-8"))))
     if payload is not None:
         files.append((adapters_out, lambda handle: torch.save(payload, handle)))
-    _publish(files)
+    _publish(files, interrupted)
     return {"tensors": len(state), "text_rows": tokens + 1, "dtype": dtype, "family": config.gpt.family.name,
             "numel": sum(t.numel() for t in state.values()), "tokenizer": copy_target if vocabulary else None,
             "notes": notes + config_notes, "provenance": provenance(loaded)}
 
 
-def _publish(files: list[tuple[Path, Writer]]) -> None:
+def _publish(files: list[tuple[Path, Writer]], interrupted: tuple[int, list[Path]] | None = None) -> None:
     """Write every file under its temp name, then rename them all into place.
 
     A failure (disk full, a read-only folder) removes the temp files and the folders made for them,
     and says which file could not be written; no final name was touched. Between the writes and the
     renames a marker beside the first file lists them (`publishing_marker`): a kill among the renames
-    leaves it, and the next export to the same -o finishes those renames first (finish_publishing),
-    so the files never stay a mix of two exports.
+    leaves it, and the next export to the same -o must write every file it lists (`_interrupted`). That
+    export renames none of the killed one's temp files, which may come from another source: its own,
+    complete, replace its marker, and only then are the killed export's temp files removed. So the files
+    never stay a mix of two exports, and an export refused or failed before this point leaves the killed
+    one's files, temp files and marker as they were.
     """
     made: list[Path] = []  # folders created here, outermost first
     temps: list[Path] = []
@@ -170,6 +172,9 @@ def _publish(files: list[tuple[Path, Writer]]) -> None:
         if not isinstance(exc, (OSError, RuntimeError)):  # torch.save wraps the OSError of a failed write
             raise
         raise UserError(f"could not write {final}: {failure_reason(exc)}; nothing was written") from None
+    if interrupted is not None and interrupted[0] != os.getpid():  # superseded by this export's marker: the
+        for temp in _temps_of(interrupted):  # killed one's temps are garbage now (its pid's, if not reused)
+            temp.unlink(missing_ok=True)
     for i, ((final, _), temp) in enumerate(zip(files, temps, strict=True)):
         os.replace(temp, final)
         crash_point("export_renamed", i + 1)
@@ -187,8 +192,8 @@ def publishing_marker(output: Path) -> Path:
 def _interrupted(output: Path, targets: list[Path]) -> tuple[int, list[Path]] | None:
     """(pid, files) of an export to `output` killed among its renames; None when there was none.
 
-    The marker is data: its files must be among this command's targets (the same command, rerun),
-    so it can never move anything else.
+    The marker is data: its files must be among this command's targets (it writes them all anew, whatever
+    its source), so no file outside them is ever replaced for it.
     """
     marker = publishing_marker(output)
     if not marker.is_file():
@@ -207,22 +212,34 @@ def _interrupted(output: Path, targets: list[Path]) -> tuple[int, list[Path]] | 
     return pid, files
 
 
-def finish_publishing(output: Path, interrupted: tuple[int, list[Path]] | None, targets: list[Path]) -> None:
-    """Finish the renames a killed export left (its temp files were complete before its marker was
-    written), then remove the temp files killed exports of these targets left."""
-    if interrupted is not None:
-        pid, files = interrupted
-        for final in files:
-            temp = final.with_name(f".{final.name}.tmp-{pid}")
-            if temp.is_file():
-                os.replace(temp, final)
-        for folder in {final.parent for final in files}:
-            fsync_dir(folder)
-        publishing_marker(output).unlink()
+def _temp_of(final: Path, pid: int) -> Path:
+    """The temp file an export of process `pid` writes `final` under (files.atomic.temp_name)."""
+    return final.with_name(f".{final.name}.tmp-{pid}")
+
+
+def _temps_of(interrupted: tuple[int, list[Path]]) -> list[Path]:
+    """The temp files a killed export had not renamed yet: complete, each the new bytes of its final name."""
+    pid, files = interrupted
+    return [temp for temp in (_temp_of(final, pid) for final in files) if temp.is_file()]
+
+
+def _published_by(interrupted: tuple[int, list[Path]] | None) -> set[Path]:
+    """The files a killed export had renamed into place (their temp file is gone): its own, which this export
+    may replace without --force. A file it had not reached yet is still what was there before it."""
+    if interrupted is None:
+        return set()
+    pid, files = interrupted
+    return {final.absolute() for final in files if not _temp_of(final, pid).is_file()}
+
+
+def remove_stale_temps(output: Path, targets: list[Path], interrupted: tuple[int, list[Path]] | None) -> None:
+    """Remove the temp files that exports of these targets killed while writing them left (their process is
+    gone). Those of an export killed among its renames (`interrupted`) stay until this one's are complete."""
+    keep = set(_temps_of(interrupted)) if interrupted is not None else set()
     for target in [*targets, publishing_marker(output)]:
         for temp in stale_temps(target):
             pid = temp.name.rsplit("-", 1)[1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not _alive(int(pid)) and temp not in keep:
                 temp.unlink(missing_ok=True)
 
 

@@ -3,7 +3,8 @@
 Ours (indextts-train), a community train_gpt_v2.py checkpoint, a bare gpt.pth, an adapter file
 (`export --adapters-out`), or something else. The verdict on a loaded file is decided by its kind:
 
-- COMPLETE: an exact resume is possible (our format, migrated and validated by state.py);
+- COMPLETE: an exact resume and an export are possible (our format, migrated and validated by state.py, its
+  weights the model its stored config describes by model_fit.py, which export asks too);
 - PARTIAL: the weights are usable but the resume state is missing (a community checkpoint, a bare
   gpt.pth, a partial file of ours), or an adapter file (judged by adapter_file.py);
 - INCOMPLETE: nothing usable, with the reason.
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from indextts_train.checkpoint.adapter_file import adapter_verdict, is_adapter_file
+from indextts_train.checkpoint.model_fit import stored_model_problems
 from indextts_train.checkpoint.state import (
     FORMAT,
     FORMAT_VERSION,
@@ -148,7 +150,7 @@ def _weights_verdict(obj: dict, kind: str, summary: dict) -> Verdict:
         return Verdict("PARTIAL", kind, ["bare gpt.pth weights: no optimizer, scheduler, RNG or progress; "
                                          "use it as --base-checkpoint to start a run"], summary)
     stored_version = obj.get("format_version")
-    problems = validate(migrate(obj))
+    problems = validate(migrate(obj)) or stored_model_problems(obj)  # the second as export judges it
     if problems:
         return Verdict("PARTIAL", kind, problems, summary)
     notes = [] if stored_version == FORMAT_VERSION else [

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from indextts_train.checkpoint.adapter_file import missing_reason
+from indextts_train.checkpoint.model_fit import stored_config
 from indextts_train.checkpoint.state import FORMAT, migrate
-from indextts_train.config.settings import Config, config_from_dict, load_config
+from indextts_train.config.settings import Config, load_config
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.bounded import check_regular
 from indextts_train.files.numpy_pickle import NOT_OURS, load_weights_only
@@ -141,9 +142,9 @@ def config_for(path: Path, explicit: Path | None, *, fallback: Path | None = Non
     if explicit is not None:
         return load_config(explicit)
     state = loaded if loaded is not None else load_checkpoint(path, mmap=True)
-    stored = state.get("config")
-    if isinstance(stored, dict) and "gpt" in stored:
-        return config_from_dict(stored, f"{path} (stored config)")
+    stored = stored_config(state, f"{path} (stored config)")  # read as verify reads it (model_fit.py)
+    if stored is not None:
+        return stored
     if fallback is not None:
         return load_config(fallback)
     raise UserError(f"{path} stores no config; pass --config with the IndexTTS2 config.yaml it was trained with")

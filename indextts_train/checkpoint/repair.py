@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from indextts_train.checkpoint.files import CheckpointError, failure_reason, load_checkpoint, write_state
+from indextts_train.checkpoint.model_fit import fit_problem, stored_model_problems
 from indextts_train.checkpoint.rng import rng_problem, seeded_rng
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.state import (
@@ -35,7 +36,7 @@ from indextts_train.checkpoint.state import (
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.config.family import family_of_keys
 from indextts_train.config.schema import field_types, is_int
-from indextts_train.config.settings import TrainConfig
+from indextts_train.config.settings import TrainConfig, config_from_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import link_or_copy
 from indextts_train.model.layout import clean_keys
@@ -146,7 +147,7 @@ def _repair_progress(state: dict, config: dict | None, unknown: list[str], notes
     state["progress"] = progress
 
 
-def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
+def _repair_rest(state: dict, unknown: list[str], notes: list[str]) -> None:
     progress = state["progress"]
     rng = state.get("rng")
     if not (isinstance(rng, list) and rng and not any(map(rng_problem, rng)) and len(rng) == progress["world_size"]):
@@ -158,13 +159,36 @@ def _repair_rest(state: dict, config: dict | None, unknown: list[str], notes: li
     if History.problems(state.get("history")):
         state["history"] = History().state_dict()
         unknown.append("history")
-    # hparams stay empty when unknown: the trainer then applies its current settings (LR, decay).
-    for key, derived in (("config", config), ("hparams", None)):
-        if not isinstance(state.get(key), dict):
-            state[key] = dict(derived or {})
-            unknown.append(key)
+    if not isinstance(state.get("hparams"), dict):  # empty: the trainer then applies its current settings
+        state["hparams"] = {}
+        unknown.append("hparams")
     state.setdefault("hardware", {})
     state.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def _repair_config(state: dict, config: dict | None, unknown: list[str], notes: list[str]) -> None:
+    """The file's own config when it describes the weights; else `config` (--config), else none (not known).
+
+    A given `config` must describe the weights whichever is kept: their family and layout, judged as verify
+    and export judge a stored one (model_fit.py). A stored config that does not describe them is replaced by
+    `config`; without one it stays, and the check after the repair says why the file cannot be repaired.
+    """
+    if config is not None:
+        given = config_from_dict(config, "--config")
+        problem = fit_problem(state["model"], given.gpt, "--config", "; pass the config.yaml it was trained with")
+        if problem is not None:
+            raise CheckpointError(problem)
+    stored = state.get("config")
+    stored_problems = stored_model_problems({"model": state["model"], "config": stored})
+    if not stored_problems or (config is None and isinstance(stored, dict) and stored):
+        return
+    if config is None:
+        state["config"] = {}
+        unknown.append("config")
+        return
+    state["config"] = {**config, "version": given.gpt.family.version}  # the family, settled from the keys
+    if isinstance(stored, dict) and stored:
+        notes.append(f"stored config replaced by --config ({stored_problems[0]})")
 
 
 def _repair_vocab_plan(state: dict, base_vocab: int | None, unknown: list[str], notes: list[str]) -> None:
@@ -219,9 +243,10 @@ def _repaired_state(raw: dict, kind: str, config: dict | None, base_vocab: int |
                      "first sample; so does this repair")
     state = {**source, "format": FORMAT, "format_version": FORMAT_VERSION}
     state["model"] = _official_weights(source["model"], notes)
+    _repair_config(state, config, unknown, notes)
     _repair_optimizer(state, unknown, notes)
     _repair_progress(state, config, unknown, notes)
-    _repair_rest(state, config, unknown, notes)
+    _repair_rest(state, unknown, notes)
     _repair_vocab_plan(state, base_vocab, unknown, notes)
     state["repaired"] = {"from": kind, "unknown": unknown, "notes": notes}
     return state, notes
@@ -240,7 +265,8 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
                       base_vocab: int | None = None) -> tuple[Path, list[str]]:
     """Convert a community or partial checkpoint into one that verifies COMPLETE (marked "repaired").
 
-    `config` (config_to_dict form) fills config/hparams/sampler seed when the file lacks them;
+    `config` (config_to_dict form) fills config and the sampler seed when the file lacks them (or replaces a
+    stored config that does not describe the weights), and is refused when it describes other weights;
     `base_vocab`, how many text rows are base rows (see _repair_vocab_plan). Without
     `out`, or with out == path, the original is first kept as PATH.bak (or PATH.bak.N) and then replaced
     atomically. Returns the written path and human notes on what was filled in.
@@ -258,11 +284,14 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
         raise CheckpointError(why)
     try:
         state, notes = _repaired_state(raw, verdict.kind, config, base_vocab)
-    except CheckpointError as exc:
+    except UserError as exc:  # a CheckpointError, or --config that does not read
         raise CheckpointError(f"cannot repair {path}: {exc}") from None
-    problems = validate(migrate(state))  # migrate adds the parts a community file never had (data)
-    if problems:
-        raise CheckpointError(f"cannot repair {path}: {'; '.join(problems)}")
+    # migrate adds the parts a community file never had (data); the second check is export's too
+    problems = validate(migrate(state))
+    fit = [] if problems else stored_model_problems(state)
+    if problems or fit:
+        advice = "; pass --config with the config.yaml it was trained with" if fit and config is None else ""
+        raise CheckpointError(f"cannot repair {path}: {'; '.join(problems + fit)}{advice}")
     target = Path(out) if out is not None else path
     if target.exists() and not same_file(target, path):
         raise CheckpointError(f"{target} already exists; pass another output path or remove it")

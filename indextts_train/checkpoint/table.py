@@ -9,7 +9,9 @@ modification time (checkpoints are renamed into place complete, so that is when 
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +27,12 @@ VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a his
 
 
 def _files(output_dir: Path, include: Callable[[Path], bool]) -> list[list[Path]]:
-    """The run's checkpoint files grouped by identity (hard links together), step files first."""
-    steps = sorted((p for p in output_dir.iterdir() if _STEP_FILE.match(p.name) and p.is_file() and include(p)),
+    """The run's checkpoint-named entries grouped by identity (hard links together), step files first: files,
+    and what is there under such a name but is none (a FIFO, a folder, a link to nothing), to be said as such."""
+    steps = sorted((p for p in output_dir.iterdir() if _STEP_FILE.match(p.name) and include(p)),
                    key=lambda p: int(_STEP_FILE.match(p.name).group(1)))
     named = [output_dir / name for name in (LATEST, BEST)
-             if (output_dir / name).is_file() and include(output_dir / name)]
+             if os.path.lexists(output_dir / name) and include(output_dir / name)]
     groups: list[list[Path]] = []
     for path in steps + named:
         twin = next((group for group in groups if same_file(group[0], path)), None)
@@ -88,9 +91,40 @@ def _lineage_columns(path: Path, abandoned: bool) -> dict:
             "abandoned": abandoned}
 
 
+_NOT_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_file(path: Path) -> str:
+    """What stands under a checkpoint's name that is no regular file, from its status alone (never opened:
+    a FIFO would block the reader)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # a link to nothing, or a loop of links
+        return f"a symbolic link to {os.readlink(path)}, which leads to no file"
+    return next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
+
+
+def _not_a_file_row(names: list[Path], output_dir: Path) -> dict:
+    """The row of an entry that is no checkpoint file: listed, not read."""
+    info = names[0].lstat()
+    all_names = {p.name for p in names}
+    return {"file": str(names[0].relative_to(output_dir)), "also": [p.name for p in names[1:]],
+            "status": "INCOMPLETE", "kind": "not a file",
+            "reason": f"not a file: {_not_a_file(names[0])}, so it was not read; a checkpoint is a regular file",
+            "bytes": 0, "step": None, "epoch": None, "val": None, "milestone": False,
+            "written": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.st_mtime)), "mtime": info.st_mtime,
+            "latest": LATEST in all_names, "best": BEST in all_names,
+            "branch": None, "parent": None, "parent_step": None, "born": None,
+            "abandoned": names[0].parent != output_dir}
+
+
 def _folder_rows(folder: Path, output_dir: Path, include: Callable[[Path], bool]) -> list[dict]:
     rows = []
     for names in _files(folder, include):
+        if not names[0].is_file():
+            rows.append(_not_a_file_row(names, output_dir))
+            continue
         verdict = verify_checkpoint(names[0])
         stat = names[0].stat()  # a checkpoint is renamed into place complete: its mtime is when it was written
         row = {"file": str(names[0].relative_to(output_dir)), "also": [p.name for p in names[1:]],

@@ -1,0 +1,55 @@
+"""`indextts-train checkpoints RUN` lists an entry under a checkpoint's name that is no file (a FIFO, a folder, a
+link to nothing) as such, and never opens it: a FIFO would block the reader."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+
+import pytest
+from test_checkpoint_files import make_state
+from typer.testing import CliRunner
+
+from indextts_train.checkpoint.files import save_checkpoint
+from indextts_train.checkpoint.table import checkpoint_rows
+from indextts_train.cli import app
+
+
+def test_entries_that_are_no_files_are_listed_as_such_and_never_opened(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    save_checkpoint(make_state(2), run, 2, keep=3)
+    os.mkfifo(run / "model_step5.pth")
+    (run / "model_step6.pth").mkdir()
+    (run / "model_step7.pth").symlink_to(tmp_path / "nowhere.pth")
+    entries = [str(run / f"model_step{n}.pth") for n in (5, 6, 7)]
+    opened: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def watched_open(file, *args, **kwargs):
+        opened.append(os.fspath(file) if isinstance(file, (str, os.PathLike)) else "")
+        return real_open(file, *args, **kwargs)
+
+    def watched_os_open(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", watched_open)
+    monkeypatch.setattr(os, "open", watched_os_open)
+    rows = {row["file"]: row for row in checkpoint_rows(run)}
+    monkeypatch.undo()
+    assert not set(opened) & set(entries)
+    assert set(rows) == {"model_step2.pth", "model_step5.pth", "model_step6.pth", "model_step7.pth"}
+    for name, what in (("model_step5.pth", "a FIFO (named pipe)"), ("model_step6.pth", "a folder"),
+                       ("model_step7.pth", f"a symbolic link to {tmp_path / 'nowhere.pth'}, which leads to no file")):
+        row = rows[name]
+        assert (row["status"], row["kind"], row["step"], row["born"]) == ("INCOMPLETE", "not a file", None, None)
+        assert row["reason"] == f"not a file: {what}, so it was not read; a checkpoint is a regular file"
+    assert rows["model_step2.pth"]["status"] == "COMPLETE"
+
+    result = CliRunner().invoke(app, ["checkpoints", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "not a file: a FIFO (named pipe), so it was not read" in result.stdout
+    assert [line.split()[0] for line in result.stdout.splitlines() if line.startswith("model_step")] == [
+        "model_step2.pth", "model_step5.pth", "model_step6.pth", "model_step7.pth"]
