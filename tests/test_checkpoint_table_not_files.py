@@ -53,3 +53,28 @@ def test_entries_that_are_no_files_are_listed_as_such_and_never_opened(tmp_path:
     assert "not a file: a FIFO (named pipe), so it was not read" in result.stdout
     assert [line.split()[0] for line in result.stdout.splitlines() if line.startswith("model_step")] == [
         "model_step2.pth", "model_step5.pth", "model_step6.pth", "model_step7.pth"]
+
+
+def test_a_linked_abandoned_folder_or_branch_is_not_followed(tmp_path: Path) -> None:
+    """A rollback makes abandoned/<branch>/ as folders; a symbolic link standing for either led the listing
+    (and the page's checkpoints panel) into another folder, naming its files."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    save_checkpoint(make_state(2), run, 2, keep=3)
+    save_checkpoint(make_state(4), elsewhere / "20260101-000000-abcdef", 4, keep=3)
+    (run / "abandoned").symlink_to(elsewhere)
+    assert [row["file"] for row in checkpoint_rows(run)] == ["model_step2.pth"]
+    (run / "abandoned").unlink()
+    (run / "abandoned").mkdir()
+    (run / "abandoned" / "20260101-000000-abcdef").symlink_to(elsewhere / "20260101-000000-abcdef")
+    assert [row["file"] for row in checkpoint_rows(run)] == ["model_step2.pth"]
+
+
+def test_scores_false_leaves_the_listen_scores_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    save_checkpoint(make_state(2), run, 2, keep=3)
+    read: list[Path] = []
+    monkeypatch.setattr("indextts_train.checkpoint.table.summary_by_step", lambda folder: read.append(folder) or {})
+    assert [row["listen"] for row in checkpoint_rows(run, scores=False)] == [None]
+    assert read == []
+    checkpoint_rows(run)
+    assert read == [run]

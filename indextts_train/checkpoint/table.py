@@ -69,16 +69,22 @@ def _metadata(path: Path) -> dict:
             "milestone": bool(step is not None and is_milestone(step, keep_every or 0))}
 
 
-def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda path: True) -> list[dict]:
+def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda path: True, *,
+                    scores: bool = True) -> list[dict]:
     """One JSON-ready dict per checkpoint file of `output_dir` and of its abandoned branches
     (abandoned/<branch>/, lineage.py), in step order within each folder. `include`: which files may be
     read at all (the web page passes only files inside its roots). `listen`: the mean CER and speaker
-    similarity `indextts-train listen` scored for that step, if any."""
+    similarity `indextts-train listen` scored for that step, if any; `scores` False: listen/scores.jsonl
+    is not read (the page, when it leads outside its roots), and `listen` is None.
+
+    Branch folders are the ones a rollback made (lineage.set_aside): a symbolic link standing for
+    abandoned/ or for a branch is not followed, so the listing names no file of another folder."""
     output_dir = run_folder_to_read(output_dir)
     abandoned = output_dir / ABANDONED
-    folders = sorted(p for p in abandoned.iterdir() if p.is_dir()) if abandoned.is_dir() else []
+    folders = (sorted(p for p in abandoned.iterdir() if p.is_dir() and not p.is_symlink())
+               if abandoned.is_dir() and not abandoned.is_symlink() else [])
     rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]
-    heard = summary_by_step(output_dir)  # what `listen` scored, by step (this branch's files only)
+    heard = summary_by_step(output_dir) if scores else {}  # what `listen` scored, by step (this branch's files)
     for row in rows:
         row["listen"] = heard.get(row["step"]) if not row["abandoned"] else None
     return rows

@@ -28,13 +28,17 @@ work: only the last MAX_READ_BYTES are read.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
 import stat
+import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from indextts_train.files.atomic import open_append
 from indextts_train.files.bounded import json_or_none
@@ -107,21 +111,82 @@ class EventFile(AppendOnlyFile):
 
 def read_events(output_dir: Path) -> list[dict]:
     """The run's events in order ([] when it has none); a cut or foreign line is skipped. Reads at most
-    the last MAX_READ_BYTES of a regular file (a link or a device is not a run's record)."""
+    the last MAX_READ_BYTES of a regular file (a link or a device is not a run's record).
+
+    Watch asks once a second: what was parsed is kept by file (device, inode), so a file unchanged since is
+    not read again, and a file that grew is read from where the last read stopped (it is appended to,
+    never rewritten). One that shrank, or whose bytes before that point changed, is read anew. The
+    dicts are shared between calls: read them, do not change them.
+    """
     try:
         fd = os.open(Path(output_dir) / EVENTS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return []
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return []
-        size = os.fstat(fd).st_size
-        file.seek(max(size - MAX_READ_BYTES, 0))
-        data = file.read(MAX_READ_BYTES)
-    lines = data.split(b"\n")
-    if size > MAX_READ_BYTES:
-        lines = lines[1:]  # the first line read may be the end of a longer one
-    return [record for record in map(_parse, lines) if record is not None]
+        with _reads_lock:
+            return list(_read(file, info))
+
+
+@dataclass
+class _Read:
+    """What was read of one events file: its whole lines' events, by the offset each line starts at."""
+
+    size: int = 0
+    mtime_ns: int = 0
+    starts: list[int] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+    end: int = 0  # where the last whole line read ends: the next read of a grown file starts here
+    before_end: bytes = b""  # the bytes just before `end`, compared again to tell a rewritten file
+    events: list[dict] = field(default_factory=list)  # what the last read returned
+
+
+# Events kept across files, the last file read always kept: a run's 8 MiB holds some 40,000 events, and
+# a crafted file of 12-byte lines 700,000 (about 200 MB of dicts), so at most two such files are kept.
+_EVENTS_KEPT = 1_000_000
+_CHECKED = 64  # bytes before where the last read stopped, compared on the next read
+_reads: OrderedDict[tuple[int, int], _Read] = OrderedDict()
+_reads_lock = threading.Lock()
+
+
+def _read(file: BinaryIO, info: os.stat_result) -> list[dict]:
+    key, size = (info.st_dev, info.st_ino), info.st_size
+    window = max(size - MAX_READ_BYTES, 0)  # a line starting here or before it is not read whole
+    kept = _reads.pop(key, None)
+    if kept is not None and (kept.size, kept.mtime_ns) == (size, info.st_mtime_ns):
+        _reads[key] = kept
+        return kept.events
+    if kept is None or size <= kept.size or kept.end < window or not _same_before(file, kept):  # not appended to
+        kept = _Read(end=window)
+    file.seek(kept.end)
+    data = file.read(size - kept.end)
+    *lines, tail = data.split(b"\n")  # tail: a line still being written, or cut by a kill
+    offset = kept.end
+    for line in lines:
+        record = _parse(line)
+        if record is not None:
+            kept.starts.append(offset)
+            kept.records.append(record)
+        offset += len(line) + 1
+    kept.before_end = (kept.before_end + data[:offset - kept.end])[-_CHECKED:]
+    kept.end, kept.size, kept.mtime_ns = offset, kept.end + len(data), info.st_mtime_ns
+    if kept.size > MAX_READ_BYTES:  # the first line read may be the end of a longer one
+        first = bisect.bisect_right(kept.starts, kept.size - MAX_READ_BYTES)
+        del kept.starts[:first], kept.records[:first]
+    last = _parse(tail) if tail and (kept.size <= MAX_READ_BYTES or offset > kept.size - MAX_READ_BYTES) else None
+    kept.events = kept.records if last is None else [*kept.records, last]
+    _reads[key] = kept
+    while len(_reads) > 1 and sum(len(read.events) for read in _reads.values()) > _EVENTS_KEPT:
+        _reads.popitem(last=False)  # the file read longest ago
+    return kept.events
+
+
+def _same_before(file: BinaryIO, kept: _Read) -> bool:
+    """Whether the bytes before where the last read stopped are still those it read."""
+    file.seek(kept.end - len(kept.before_end))
+    return file.read(len(kept.before_end)) == kept.before_end
 
 
 def _parse(line: bytes) -> dict | None:

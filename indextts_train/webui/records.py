@@ -10,18 +10,27 @@ here computes what the trainer computes. No module here imports Gradio.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from indextts_train.checkpoint.lineage import lineage_of
 from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
-from indextts_train.checkpoint.scores import SUMMARY_KEYS
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, scores_path
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
 from indextts_train.ui import events as ev
 from indextts_train.ui.run_record import RECORD_NAME, read_record
-from indextts_train.webui.roots import Roots
+from indextts_train.webui.roots import MAX_SCAN, Roots
 from indextts_train.webui.runs import Launch
+
+MAX_CURVE_BYTES = 32 << 20  # TensorBoard bytes read for one run's curves (a point takes about 50)
+MAX_POINTS = 1000  # points kept per curve; a longer curve is sampled (the plot is about that many pixels wide)
+MAX_CURVES = 32  # loss series read per folder: the trainer writes a handful (train/, val/, per val group)
+MAX_FOLDERS = 32  # TensorBoard folders read, the newest (before logs/run, a run wrote one per invocation)
+_RECORD_FRAME = 16  # a TFRecord's bytes besides its data
 
 progress = ev.progress
 last_saved = ev.last_saved
@@ -90,34 +99,116 @@ def status_line(launch: Launch | None, events: list[dict]) -> str:
 
 
 def loss_curves(output_dir: Path, roots: Roots) -> list[tuple[str, int, float]]:
-    """(series, step, value) for every loss scalar in the run's TensorBoard files.
+    """(series, step, value) of the loss scalars in the run's TensorBoard files, read with bounded work.
 
     A run writes logs/run (one folder across resumes, TensorBoard's purge step hiding what a killed
     process logged past its checkpoint); runs begun before that wrote a run_* folder per invocation,
     and where a killed run logged steps that the resumed one logged again, the later folder wins.
     A folder outside the roots, or holding a symlink that leads out of them, is not read (Watch
-    lists such links).
+    lists such links). Only the newest files within MAX_CURVE_BYTES are read (_event_files), and a
+    curve keeps at most MAX_POINTS points, sampled past that as TensorBoard samples them.
     """
     points: dict[tuple[str, int], float] = {}
-    for folder in sorted((Path(output_dir) / "logs").glob("run*")):
-        real = roots.found(folder)
-        if real is None or not real.is_dir() or roots.leads_outside(real):
-            continue
-        files = sorted(real.glob("events.out.tfevents.*"))
-        version = tuple((f.name, f.stat().st_size) for f in files)
-        points.update(_folder_losses(str(real), version))
+    for files in _event_files(Path(output_dir), roots):
+        points.update(_folder_losses(files))
     return sorted(((tag, step, value) for (tag, step), value in points.items()), key=lambda row: (row[0], row[1]))
 
 
-@functools.lru_cache(maxsize=64)
-def _folder_losses(folder: str, version: tuple) -> dict[tuple[str, int], float]:
-    """One folder's loss points; `version` (file names and sizes) makes a grown file a cache miss."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def _event_files(output_dir: Path, roots: Roots) -> list[tuple[tuple[str, int, int], ...]]:
+    """The event files to read of each TensorBoard folder of the run, oldest folder first, each folder's
+    in order: (resolved path, size, mtime). The newest files whose sizes add up to MAX_CURVE_BYTES, among the
+    MAX_FOLDERS newest folders; older ones are not read (a real run logs about 50 bytes a point, so
+    the budget holds some 600,000 points: a run of millions of steps shows its latest invocations)."""
+    logs = output_dir / "logs"
+    try:
+        with os.scandir(logs) as entries:  # a listing bounded as the folder scans are
+            names = sorted(entry.name for entry in itertools.islice(entries, MAX_SCAN)
+                           if entry.name.startswith("run"))
+    except OSError:
+        return []
+    chosen, budget = [], MAX_CURVE_BYTES
+    for name in reversed(names[-MAX_FOLDERS:]):
+        real = roots.found(logs / name)
+        if real is None or not real.is_dir() or roots.leads_outside(real):
+            continue
+        files = []
+        for path in sorted(real.glob("events.out.tfevents.*"), reverse=True):  # newest first: names start with a time
+            file = _event_file(path, roots)
+            if file is not None and file[1] > budget:
+                budget = -1  # this file and every older one: over the budget
+                break
+            if file is not None:
+                budget -= file[1]
+                files.append(file)
+        if files:
+            chosen.append(tuple(reversed(files)))
+        if budget < 0:
+            break
+    return chosen[::-1]
 
-    accumulator = EventAccumulator(folder, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {(tag, event.step): event.value for tag in accumulator.Tags().get("scalars", [])
-            if tag.endswith("loss") for event in accumulator.Scalars(tag)}
+
+def _event_file(path: Path, roots: Roots) -> tuple[str, int, int] | None:
+    """(resolved path, size, mtime) of an event file that resolves inside the roots to a regular file."""
+    found = roots.found(path)
+    try:
+        info = os.stat(found) if found is not None else None
+    except OSError:
+        return None  # gone since the folder was looked at
+    return (str(found), info.st_size, info.st_mtime_ns) if info is not None and stat.S_ISREG(info.st_mode) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _folder_losses(files: tuple[tuple[str, int, int], ...]) -> dict[tuple[str, int], float]:
+    """One folder's loss points from `files` (path, size, mtime: a grown file is a cache miss), read in
+    order as TensorBoard reads a folder: a resume's purge step (a SessionLog START at that step) drops
+    the points logged from it on. At most MAX_CURVES loss series, each a reservoir of MAX_POINTS."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.backend.event_processing.reservoir import Reservoir
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    kept = Reservoir(MAX_POINTS)  # TensorBoard's own sampling: uniform, always keeping the last point
+    tags: set[str] = set()
+    for path, size, _ in files:
+        for data in _tfrecords(path, size):
+            try:
+                event = Event.FromString(data)
+            except DecodeError:
+                continue  # a damaged record (CRCs are not checked)
+            if event.session_log.status == SessionLog.START:
+                kept.FilterItems(lambda point, start=event.step: point[0] < start)
+            for value in event.summary.value:
+                if value.tag.endswith("loss") and value.WhichOneof("value") == "simple_value" and (
+                        value.tag in tags or len(tags) < MAX_CURVES):
+                    tags.add(value.tag)
+                    kept.AddItem(value.tag, (event.step, value.simple_value))
+    return {(tag, step): value for tag in tags for step, value in kept.Items(tag)}
+
+
+def _tfrecords(path: str, size: int) -> Iterator[bytes]:
+    """The records of a TFRecord file (length: 8 bytes, its CRC: 4, the data, the data's CRC: 4) within
+    its first `size` bytes, the ones budgeted: a file that grew since is read no further. Opened only
+    if it is a regular file (a FIFO swapped in would block) and not through a symlink; a torn last
+    record ends it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        left = size
+        while left >= _RECORD_FRAME:
+            head = file.read(12)
+            if len(head) < 12:
+                return
+            length = int.from_bytes(head[:8], "little")
+            if length > left - _RECORD_FRAME:
+                return
+            data = file.read(length)
+            if len(data) < length or len(file.read(4)) < 4:
+                return
+            left -= length + _RECORD_FRAME
+            yield data
 
 
 REFUSED = "REFUSED"  # the status of a checkpoint the page does not read: it lies outside the roots
@@ -131,8 +222,9 @@ def _refused_row(path: Path) -> dict:
 
 def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
     """The rows of `indextts-train checkpoints OUTPUT_DIR` (abandoned branches included), with the
-    page's columns: file, status, step, epoch, val loss at its step, marks, size. A checkpoint whose
-    resolved path lies outside the roots is a REFUSED row, neither read nor verified."""
+    page's columns: file, status, step, epoch, val loss at its step, marks, size, what `listen` heard. A
+    checkpoint whose resolved path lies outside the roots is a REFUSED row, neither read nor verified;
+    a listen/scores.jsonl that does is not read (Watch names the link)."""
     refused: list[Path] = []
 
     def inside(path: Path) -> bool:
@@ -142,7 +234,8 @@ def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
         return True
 
     rows = []
-    for row in run_checkpoint_rows(Path(output_dir), inside):
+    scores = roots.found(scores_path(output_dir)) is not None  # a scores file leading outside is not opened
+    for row in run_checkpoint_rows(Path(output_dir), inside, scores=scores):
         marks = [name for name, flag in (("latest.pth", row["latest"]), ("best.pth", row["best"])) if flag]
         if row["abandoned"]:
             marks.append(f"abandoned branch {row['branch']}")

@@ -15,15 +15,18 @@ signals it. No module here imports Gradio.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
@@ -146,17 +149,17 @@ class RunRegistry:
             return launch
 
     def start(self, argv: list[str], output_dir: Path) -> Launch:
-        """Start argv as a child in its own session, its output appended to OUTPUT_DIR/train.log."""
+        """Start argv as a child in its own session, its output appended to OUTPUT_DIR/train.log.
+
+        `output_dir` is the folder as the page checked it (resolved): it is made and opened one part at a
+        time without following a symlink, and train.log is opened in that open folder, so a part swapped for
+        a link to elsewhere after the check is refused, never written through."""
+        path = Path(os.path.abspath(output_dir))
         output_dir = Path(output_dir).resolve()
         current = self.find(output_dir)
         if current is not None and current.running():
             raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
-        try:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            # Never through a symlink or into a file with other hard links: only a log of its own.
-            log = open_regular(output_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, single_link=True)
-        except OSError as exc:
-            raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
+        log = _open_log(path)
         with log:
             offset = log.seek(0, os.SEEK_END)
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -187,6 +190,57 @@ class RunRegistry:
         except ProcessLookupError:
             pass  # ended in between: its exit code says how
         return launch
+
+
+_DIRECTORY = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _open_folder(path: Path) -> int:
+    """A descriptor of the folder `path` (absolute), each missing part made, reached one part at a time
+    from / without following a symbolic link (O_NOFOLLOW on every part, not only the last)."""
+    fd = os.open("/", _DIRECTORY)
+    try:
+        for part in path.parts[1:]:
+            try:
+                child = os.open(part, _DIRECTORY, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(part, dir_fd=fd)
+                child = os.open(part, _DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_log(output_dir: Path) -> BinaryIO:
+    """OUTPUT_DIR/train.log opened to append, in the folder opened by _open_folder: only a regular file of
+    its own (never through a symlink, never a FIFO, never a file with other hard links)."""
+    path = output_dir / LOG_NAME
+    try:
+        folder = _open_folder(output_dir)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+            raise UserError(f"--output-dir {output_dir}: a part of it is a symbolic link or a file, not a folder "
+                            "(made so since the page checked it?); nothing was written there") from None
+        raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
+    try:
+        fd = os.open(LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{path}: a symbolic link; the page reads and writes only files of its own") from None
+        raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
+    finally:
+        os.close(folder)
+    info = os.fstat(fd)
+    why = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
+           "has other hard links (writing would change them too)" if info.st_nlink > 1 else None)
+    if why:
+        os.close(fd)
+        raise UserError(f"{path}: {why}; the page does not use it")
+    return os.fdopen(fd, "ab")
 
 
 def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024) -> str:
