@@ -29,8 +29,14 @@ class DistInfo:
         return self.rank == 0
 
 
+def launched_processes() -> int:
+    """How many processes torchrun started to train together (1 without torchrun), known before the group
+    is set up: the settings are checked against it at the edge (ui/run_settings.py)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def setup_distributed() -> DistInfo:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = launched_processes()
     if world_size <= 1:
         return DistInfo()
     rank = int(os.environ["RANK"])

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.distributed
 import yaml
 from helpers import CheckpointReads
 from typer.testing import CliRunner
@@ -307,7 +306,8 @@ def test_a_family_stated_by_the_config_is_blamed_on_the_config(tiny_data, tmp_pa
 def test_settings_not_typed_are_not_judged_and_the_batch_counts_every_process(tiny_data, tmp_path,
                                                                                monkeypatch) -> None:
     """--val-interval from a config file or a recorded run (not typed) passes without --val-manifest; the
-    effective batch is micro x accumulation x the processes of torchrun's group."""
+    effective batch is micro x accumulation x the processes torchrun started. Refused as the settings are
+    resolved, before the inputs are read."""
     base = {"train_manifests": [str(tiny_data["train"])], "output_dir": tmp_path / "run", "config": tiny_data["config"]}
 
     def check(**values) -> None:
@@ -320,6 +320,5 @@ def test_settings_not_typed_are_not_judged_and_the_batch_counts_every_process(ti
     batch = {"batch_size": 4, "grad_accumulation": 4, "effective_batch_size": 32}
     with pytest.raises(UserError, match="--effective-batch-size 32 does not match .* x 1 process"):
         check(**batch)
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun starts each process, before the group is set up
     check(**batch)  # 4 x 4 x 2 processes = 32

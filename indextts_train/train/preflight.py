@@ -2,9 +2,7 @@
 
 `check_inputs` runs after the config is read and before the hardware plan is printed or the output
 folder is created. It checks the paths itself and asks each input's owner for the rest, cheapest
-first, each refusal one line: a setting typed that the start would not read or that others override
-(--val-interval without --val-manifest, --effective-batch-size against --batch-size x --grad-accumulation:
-config/unread_settings.py); the output folder and an earlier run's checkpoints in it without
+first, each refusal one line: the output folder and an earlier run's checkpoints in it without
 --resume (checkpoint/run_folder.py); then the base checkpoint is read, once (checkpoint/base.read_base:
 its keys settle the model family when the config states none, and a whole file's CRC pass comes
 only after the checks that cost a stat); a setting typed for the other family's model
@@ -18,12 +16,10 @@ from __future__ import annotations
 
 import os
 
-from torch import distributed
-
 from indextts_train.checkpoint.base import BaseCheckpoint, read_base
 from indextts_train.checkpoint.run_folder import check_run_folder
 from indextts_train.config.settings import Config
-from indextts_train.config.unread_settings import check_family_settings, check_start_settings
+from indextts_train.config.unread_settings import check_family_settings
 from indextts_train.data.checkdata import check_manifest_sample
 from indextts_train.data.corpus_forms import corpus_form, refuse_corpus
 from indextts_train.files.bounded import check_file
@@ -56,7 +52,6 @@ def check_inputs(options: RunSettings, config: Config) -> tuple[Tokenizer, BaseC
     it (its owner, data/checkdata.py), cheapest first; returns the tokenizer and the base checkpoint
     the run will use, each read once (None: no --base-checkpoint). `config.gpt`'s family is settled
     by the base checkpoint's keys when the config states none."""
-    check_start_settings(config.train, options.named, bool(options.val_manifests), _world_size())
     output_corpus = check_paths(options)
     check_run_folder(options.output_dir, options.resume, output_corpus)
     stated = config.gpt.stated_family is not None  # by the config's version:, else the base's keys settle it
@@ -71,8 +66,3 @@ def check_inputs(options: RunSettings, config: Config) -> tuple[Tokenizer, BaseC
                           tokenizer.size if options.tokenizer else None, parse_borrowed(config.train.borrow_languages),
                           skip_bad=options.skip_bad_lines)
     return tokenizer, base
-
-
-def _world_size() -> int:
-    """The processes that train together: torchrun's group, set up before the checks (1 without one)."""
-    return distributed.get_world_size() if distributed.is_available() and distributed.is_initialized() else 1

@@ -5,7 +5,9 @@ Everything a start reads from its inputs is decided here, in this order (the ord
 refusals): the recorded run under the flags typed beside it, the required inputs, the config file
 (--config, else the official one beside --base-checkpoint, else ours) with the `train:` settings given
 as flags applied over it (each checked against its field's range), and the manifest values parsed into
-specs. The run, the `hardware` command and the web page read these parts; none parses them again.
+specs; a setting named that this start would not read (--lora-rank without --train-scope lora,
+--val-interval without --val-manifest) or that others override (--effective-batch-size against
+--batch-size x --grad-accumulation) is refused (config/unread_settings.py). The run, the `hardware` command and the web page read these parts; none parses them again.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from indextts_train.config.settings import (
     config_choice,
     load_config,
 )
-from indextts_train.config.unread_settings import check_modes
+from indextts_train.config.unread_settings import check_modes, check_start_settings
 from indextts_train.data.sampling import ManifestSpec, parse_manifest_specs
+from indextts_train.distributed import launched_processes
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import recorded_options
 
@@ -82,6 +85,8 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     check_modes(config.train, named)
     train = parse_manifest_specs(inputs.train_manifests, "--train-manifest", weights=True)
     val = parse_manifest_specs(inputs.val_manifests or [], "--val-manifest", weights=False)
+    # named but not read without validation data (--val-interval), or overridden (--effective-batch-size)
+    check_start_settings(config.train, named, bool(val), launched_processes())
     return RunSettings(inputs, config, tuple(train), tuple(val), output_dir=Path(inputs.output_dir),
                        tokenizer=_path(inputs.tokenizer), base_checkpoint=_path(inputs.base_checkpoint),
                        resume=None if inputs.resume is None else str(inputs.resume),
