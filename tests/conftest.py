@@ -89,9 +89,46 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
 
 
+# scripts/test.sh sends whole files to the workers (--dist loadfile), in collection order
+# (--no-loadscope-reorder). Ordered longest first, no long file is the one left running alone at the end
+# while the other workers idle (the longest-processing-time-first rule); xdist's own order, by number of
+# tests, started a file of one 150 s test last. durations.json holds each file's seconds as last measured
+# (`pytest -n 2 --dist loadfile --record-durations`); a file it does not name counts as the median one.
+DURATIONS = Path(__file__).with_name("durations.json")
+_FILE_SECONDS: dict[str, float] = {}  # this session's seconds per test file (--record-durations)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test file's seconds in this session to {DURATIONS.name} (for the order)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    usual = sorted(known.values())[len(known) // 2] if known else 0.0
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(_file_of(item.nodeid), index)
+    # Stable: a file's tests keep their order (its module fixtures are built once, in that order).
+    items.sort(key=lambda item: (-known.get(_file_of(item.nodeid), usual), first[_file_of(item.nodeid)]))
+
+
+def _file_of(nodeid: str) -> str:
+    return Path(nodeid.partition("::")[0]).name
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and report.duration > SLOW_SECONDS and "slow" not in report.keywords:
         _LONG_FAST_TESTS.append((report.duration, report.nodeid))
+    file = _file_of(report.nodeid)
+    _FILE_SECONDS[file] = _FILE_SECONDS.get(file, 0.0) + report.duration  # setup, call and teardown
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if config.getoption("--record-durations") and not hasattr(config, "workerinput"):  # the controller: all files
+        DURATIONS.write_text(json.dumps({file: round(seconds, 1) for file, seconds in sorted(_FILE_SECONDS.items())},
+                                        indent=0) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

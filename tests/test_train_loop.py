@@ -26,6 +26,8 @@ def options(data: dict, out: Path, **overrides) -> RunSettings:
                   effective_batch_size=4, num_workers=0, max_steps=12, epochs=100, learning_rate=3e-3,
                   warmup_steps=2, log_interval=2, val_interval=6, save_interval=6, tensorboard=False)
     values.update(overrides)
+    if not values["val_manifests"]:
+        del values["val_interval"]  # read at validations only: named without them, it is refused
     return resolve_settings(**values)
 
 
