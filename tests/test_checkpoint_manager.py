@@ -7,6 +7,7 @@ chooses the file (falling back past broken ones), migrates an older format and s
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import torch
 from test_checkpoint_files import make_state, save_steps
 
+from indextts_train.checkpoint.files import protected_name_error
 from indextts_train.checkpoint.manager import select_resume
 from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.rng import ProcessRng
@@ -193,7 +195,27 @@ def test_files_that_are_not_ours_are_never_touched_however_the_run_starts(tmp_pa
     (tmp_path / "model_step7.pth").write_bytes(b"garbage")
     resumed, protected, said = select(tmp_path, str(tmp_path / "model_step1.pth"))
     assert resumed.step == 1 and protected == frozenset({"model_step9.pth", "model_step7.pth"})
-    assert said.warnings == []  # a named file: the others are not tried, only looked at
+    # a named file: the others are not tried, only looked at; the steps they would stop are said at the start
+    assert said.warnings == [f"{tmp_path / f'model_step{n}.pth'} is not a checkpoint of this run: kept as it is; the "
+                             f"run stops before it would save step {n} under that name: move it out of {tmp_path} "
+                             "before then" for n in (7, 9)]
+
+
+def test_what_is_no_file_under_a_checkpoint_name_is_never_replaced(tmp_path: Path) -> None:
+    """A save of step 4 replaced a user's FIFO named model_step4.pth: the listing saw regular files only."""
+    save_steps(tmp_path, [1, 2])
+    os.mkfifo(tmp_path / "model_step4.pth")  # never opened: a reader would wait for a writer
+    (tmp_path / "model_step6.pth").mkdir()
+    (tmp_path / "model_step8.pth").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "best.pth")
+    resumed, protected, said = select(tmp_path, "auto")
+    assert resumed.step == 2
+    assert protected == {"model_step4.pth", "model_step6.pth", "model_step8.pth", "best.pth"}
+    assert [w.split(" is not ")[0] for w in said.warnings] == [
+        *(str(tmp_path / f"model_step{n}.pth") for n in (4, 6, 8)), str(tmp_path / "best.pth")]
+    for step in (4, 6, 8):
+        assert protected_name_error(tmp_path, step, protected) is not None
+    assert (tmp_path / "model_step4.pth").is_fifo() and (tmp_path / "best.pth").is_fifo()
 
 
 def test_a_named_file_is_verified_and_split_into_its_typed_parts(tmp_path: Path) -> None:

@@ -76,18 +76,33 @@ class RunFolder:
     path: Path
     checkpoints: tuple[Path, ...]  # model_step*.pth oldest step first, then latest.pth if present
     best: Path | None  # best.pth, when it is a file
+    # What stands under a checkpoint's name but is no regular file (a FIFO, a folder, a link to nothing):
+    # never a checkpoint, never ours, so never replaced (a save of that step once replaced a user's FIFO)
+    not_files: tuple[Path, ...] = ()
 
     @property
     def files(self) -> list[Path]:
-        """Every checkpoint-named file in it: the steps, latest.pth and best.pth."""
-        return [*self.checkpoints, *([self.best] if self.best is not None else [])]
+        """Every checkpoint-named entry in it: the steps, latest.pth and best.pth, and the names no file holds."""
+        return [*self.checkpoints, *([self.best] if self.best is not None else []), *self.not_files]
 
 
 def survey(output_dir: Path) -> RunFolder:
     """What `output_dir` holds now (nothing when it does not exist yet)."""
     output_dir = Path(output_dir)
     best = output_dir / BEST
-    return RunFolder(output_dir, tuple(list_checkpoints(output_dir)), best if best.is_file() else None)
+    return RunFolder(output_dir, tuple(list_checkpoints(output_dir)), best if best.is_file() else None,
+                     tuple(_not_files(output_dir)))
+
+
+def _not_files(output_dir: Path) -> list[Path]:
+    """The checkpoint-named entries of `output_dir` that are no regular file (from the listing, nothing opened)."""
+    try:
+        with os.scandir(output_dir) as entries:
+            return sorted(Path(entry.path) for entry in entries
+                          if (step_of(Path(entry.name)) is not None or entry.name in (LATEST, BEST))
+                          and not entry.is_file())  # follows a link: one to a file is a file
+    except OSError:  # not there yet, or not a folder (checked elsewhere)
+        return []
 
 
 def check_output_dir(output_dir: Path) -> None:

@@ -7,7 +7,8 @@ refusals): the recorded run under the flags typed beside it, the required inputs
 as flags applied over it (each checked against its field's range), and the manifest values parsed into
 specs; a setting named that this start would not read (--lora-rank without --train-scope lora,
 --val-interval without --val-manifest) or that others override (--effective-batch-size against
---batch-size x --grad-accumulation) is refused (config/unread_settings.py). The run, the `hardware` command and the web page read these parts; none parses them again.
+--batch-size x --grad-accumulation) is refused (config/unread_settings.py). The run, the `hardware`
+command and the web page read these parts; none parses them again.
 """
 
 from __future__ import annotations
