@@ -206,7 +206,7 @@ def test_check_data_cli_refuses_nan_features_and_empty_manifests(tiny_data, tmp_
     (folder / "empty.jsonl").write_text("")
     result = CliRunner().invoke(app, ["check-data", str(folder / "empty.jsonl")])
     assert result.exit_code == 2
-    assert result.output == f"error: {folder / 'empty.jsonl'}: manifest is empty; nothing to train on " \
+    assert result.output == f"error: {folder / 'empty.jsonl'}: manifest is empty: it holds no line " \
                             "(pass a manifest with at least one line)\n"
 
 

@@ -146,7 +146,11 @@ def test_the_heads_of_every_manifest_are_read_before_the_first_bad_line_is_refus
     empty.write_text("")
     options = resolve_settings(output_dir=tmp_path / "run",
                                train_manifests=[str(bad_ids_manifest(tiny_data, tmp_path, 1)), str(empty)])
-    with pytest.raises(UserError, match=f"^{empty}: manifest is empty; nothing to train on"):
+    with pytest.raises(UserError, match=f"^{empty}: manifest is empty: it holds no line"):
+        check_inputs(options, config)
+    good = str(tiny_data["train"])
+    options = resolve_settings(output_dir=tmp_path / "run", train_manifests=[good], val_manifests=[str(empty)])
+    with pytest.raises(UserError, match=f"^{empty}: manifest is empty: it holds no line \\(pass"):  # no "train on"
         check_inputs(options, config)
 
 

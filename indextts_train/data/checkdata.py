@@ -140,7 +140,7 @@ def check_lines(paths: Sequence[str | Path], limits: LineLimits,
                 max_lines: int | None = None) -> Iterator[tuple[str, int, CheckedLine | UserError]]:
     """(file, line number, the line checked or its refusal) for every line of the manifests, or for the first
     `max_lines` of each: each line read (files/bounded.py), then checked (lines.check_line); an empty manifest
-    is refused at once (there is nothing to train on)."""
+    is refused at once (a training or validation manifest with nothing to read is a mistake)."""
     for path in paths:
         manifest_dir = os.path.dirname(os.path.abspath(path))
         seen_lines = 0
@@ -154,7 +154,7 @@ def check_lines(paths: Sequence[str | Path], limits: LineLimits,
                 checked = exc
             yield path, line_no, checked
         if not seen_lines:
-            raise UserError(f"{path}: manifest is empty; nothing to train on (pass a manifest with at least one line)")
+            raise UserError(f"{path}: manifest is empty: it holds no line (pass a manifest with at least one line)")
 
 
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
