@@ -304,6 +304,10 @@ def test_bad_text_flags_are_refused_before_any_work(tiny_data, corpus, tmp_path,
             "--text-column s names a column of a Hugging Face dataset, and no CORPUS is one",
         ("prepare", corpus, "--model-dir", tmp_path / "models", "--out", tmp_path / "p", "--val-speakers", "1",
          "--val-fraction", "0.3"): "--val-fraction 0.3 and --val-speakers 1: whole speakers are held out instead",
+        # more speakers held out than the corpus names: refused before any model or audio is read (no model
+        # folder here), where it was said only after every clip's features were computed
+        ("prepare", corpus, "--model-dir", tmp_path / "models", "--out", tmp_path / "p", "--val-speakers", "5"):
+            "--val-speakers 5: the corpus has only 1 speakers with two or more utterances",
         # a train: setting typed as a flag is named as the range checks name it: key, then flag
         ("train", "--train-manifest", tiny_data["train"], "--output-dir", tmp_path / "run", "--lora-targets",
          "foo"): "error: train.lora_targets (--lora-targets) foo: choose one or more of",

@@ -12,6 +12,8 @@ utterance cannot make a pair: they are counted and left out.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +57,14 @@ class Pairs:
     train: list[tuple[dict, dict]] = field(default_factory=list)  # (target, prompt) utterance lines
     val: list[tuple[dict, dict]] = field(default_factory=list)
     lone_speakers: list[str] = field(default_factory=list)  # one utterance: no pair possible
+
+
+def check_val_speakers(speakers: Iterable[str], count: int) -> None:
+    """--val-speakers refused before any audio is read when the corpus itself names too few speakers with two
+    or more utterances: the clips rejected later can only lower that count (val_speaker_set's check)."""
+    if count:
+        seen = Counter(speakers)
+        val_speaker_set([s for s, n in seen.items() if n > 1], count, 0)
 
 
 def val_speaker_set(speakers: list[str], count: int, seed: int) -> set[str]:

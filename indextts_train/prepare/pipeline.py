@@ -40,7 +40,7 @@ from indextts_train.prepare.featurize import (
 )
 from indextts_train.prepare.models import ModelFiles, Overrides, locate_models, model_hashes
 from indextts_train.prepare.outputs import OutputFolder, file_stem
-from indextts_train.prepare.pairs import Pairs, SplitRule, make_pairs, paired_line
+from indextts_train.prepare.pairs import Pairs, SplitRule, check_val_speakers, make_pairs, paired_line
 from indextts_train.prepare.progress import PrepareProgress, print_summary, top_rejections
 from indextts_train.prepare.utterance import MAX_SECONDS
 
@@ -382,6 +382,7 @@ def _run(options: PrepareOptions, info: DistInfo) -> int:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
     # The corpus first: a bad line is named in a second, not after the models' GBs were hashed.
     utterances = read_corpora(options.corpora, options.defaults)
+    check_val_speakers((utt.speaker for utt in utterances), options.split.val_speakers)
     models = locate_models(options.model_dir, options.overrides, download=options.download)
     hashes = model_hashes(models) if info.is_main else {}  # only rank 0 records them (GBs to read)
     _on_main(lambda: folder.guard_settings({"models": hashes} | options.feature_settings(),
