@@ -65,3 +65,20 @@ def test_paired_line_has_the_fields_train_gpt_reads() -> None:
     assert (v2["target_text_len"], v2["target_code_len"], v2["id"]) == (3, 9, "t__p")
     v25 = paired_line(target, prompt, INDEXTTS25)
     assert v25["prompt_spk_emb_path"] == "spk_emb/p.npy" and v25["lang_id"] == 177
+
+
+def test_targets_with_fewer_prompts_than_asked_are_counted_and_said(tmp_path, capsys) -> None:
+    """--prompts-per-target 5 on speakers of 3 clips gave 2 prompts a target, silently."""
+    from indextts_train.prepare.progress import print_summary
+
+    utts = _utts({"a": 3, "b": 7})
+    pairs = make_pairs(utts, SplitRule(val_fraction=0.0, prompts_per_target=5))
+    assert pairs.fewer_prompts == 3  # a's three targets have 2 other clips each; b's have 6
+    assert make_pairs(utts, SplitRule(val_fraction=0.0, prompts_per_target=2)).fewer_prompts == 0
+    counts = {"kept": 10, "utterances": 10, "speakers": 2, "rejected": 0, "rejected_by_reason": {},
+              "rejected_top": [], "languages": {}, "train_pairs": len(pairs.train), "val_pairs": 1,
+              "single_utterance_speakers": 0, "targets_with_fewer_prompts": pairs.fewer_prompts, "text_tokens": 20,
+              "distinct_text_tokens": 9, "extended_pieces": 0}
+    print_summary({"counts": counts, "hours": 0.001, "settings": {"prompts_per_target": 5}}, tmp_path)
+    assert ("note: 3 target(s) have fewer than --prompts-per-target 5 prompts: their speakers have fewer other "
+            "clips") in capsys.readouterr().out

@@ -57,6 +57,7 @@ class Pairs:
     train: list[tuple[dict, dict]] = field(default_factory=list)  # (target, prompt) utterance lines
     val: list[tuple[dict, dict]] = field(default_factory=list)
     lone_speakers: list[str] = field(default_factory=list)  # one utterance: no pair possible
+    fewer_prompts: int = 0  # targets whose speaker has fewer other clips than --prompts-per-target asks
 
 
 def check_val_speakers(speakers: Iterable[str], count: int) -> None:
@@ -106,7 +107,9 @@ def make_pairs(kept: list[dict], rule: SplitRule) -> Pairs:
         speaker_utts = by_speaker[target["speaker"]]
         val = is_val(target)
         candidates = speaker_utts if val else [u for u in speaker_utts if not is_val(u)]
-        for prompt in _choose(target, candidates, rule.prompts_per_target, rule.seed):
+        chosen = _choose(target, candidates, rule.prompts_per_target, rule.seed)
+        pairs.fewer_prompts += len(chosen) < rule.prompts_per_target
+        for prompt in chosen:
             (pairs.val if val else pairs.train).append((target, prompt))
     return pairs
 

@@ -303,6 +303,7 @@ def _report(kept: list[dict], rejected: list[dict], tokens: TokenCount, pairs: P
                    "train_pairs": len(pairs.train), "val_pairs": len(pairs.val),
                    "speakers": len({line["speaker"] for line in kept}),
                    "single_utterance_speakers": len(pairs.lone_speakers),
+                   "targets_with_fewer_prompts": pairs.fewer_prompts,
                    "languages": dict(sorted(Counter(line["language"] or "unspecified" for line in kept).items())),
                    } | tokens.counts(),
         "hours": round(sum(line["duration"] for line in kept) / 3600, 4),

@@ -110,6 +110,10 @@ def print_summary(report: dict, out: Path) -> None:
         print(f"  {top['count']} x {top['reason']}, e.g. {json.dumps(top['example'], ensure_ascii=False)}")
     print(f"languages: {languages}; pairs: {counts['train_pairs']} train, {counts['val_pairs']} val "
           f"({counts['single_utterance_speakers']} single-utterance speakers left out)")
+    fewer, asked = counts.get("targets_with_fewer_prompts"), report.get("settings", {}).get("prompts_per_target")
+    if fewer:  # the speaker's other clips are all it can pair with: said, as the pair count alone hides it
+        print(f"note: {fewer} target(s) have fewer than --prompts-per-target {asked} prompts: their speakers have "
+              "fewer other clips (a prompt is another clip of the target's speaker)")
     if counts["kept"] and not counts["val_pairs"]:
         print(no_validation_warning(report))
     print(text_coverage(counts))
