@@ -192,3 +192,17 @@ def test_check_file_says_what_stands_where_a_file_belongs(tmp_path) -> None:
     with pytest.raises(UserError, match="manifest is a FIFO"):
         check_file(tmp_path / "fifo.jsonl", "manifest")
     check_file(tmp_path / "train.jsonl", "manifest")  # a regular file passes, unread
+
+
+def test_a_prepared_folder_given_for_a_manifest_suggests_the_manifests_for_that_flag(tmp_path: Path) -> None:
+    """rejected.jsonl came first by name and led a newcomer to an empty manifest: it is never suggested, and
+    the file each flag takes is named first."""
+    for name in ("rejected.jsonl", "utterances.jsonl", "train.jsonl", "val.jsonl", "prepare.json"):
+        (tmp_path / name).write_text("{}\n")
+    expected = {"--train-manifest": ("train", "val", "utterances"), "--val-manifest": ("val", "train", "utterances"),
+                None: ("train", "val", "utterances")}
+    for flag, names in expected.items():
+        with pytest.raises(UserError) as refused:
+            check_file(tmp_path, "manifest", flag=flag)
+        shown = " or ".join(str(tmp_path / f"{name}.jsonl") for name in names)
+        assert str(refused.value).endswith(f"is a folder; pass the manifest file in it (e.g. {shown})")

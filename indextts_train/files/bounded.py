@@ -47,6 +47,10 @@ PSEUDO_FILE_SYSTEMS = ("/proc/", "/sys/", "/dev/")  # files whose stat size is n
 LOOKED_AT = 1000  # entries of a folder given for a file that are looked at for the files meant
 _MEANT = {"manifest": (".jsonl",), "corpus": (".txt", ".jsonl"), "tokenizer": (".model", ".tiktoken"),  # what a
           "tokenizer model": (".model",), "checkpoint": (".pth",), "config": (".yaml",)}  # folder there may hold
+# Of those, what prepare's output folder holds for each flag, named first; rejected.jsonl lists the clips it
+# left out, never a manifest (suggested first by name order, it led a newcomer to "manifest is empty").
+_FIRST = {"--train-manifest": ("train.jsonl", "val.jsonl"), "--val-manifest": ("val.jsonl", "train.jsonl")}
+_NEVER = {"manifest": ("rejected.jsonl",)}
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -97,9 +101,11 @@ def check_file(path: Path | str, what: str, *, flag: str | None = None,
         found: list[str] = []
         with contextlib.suppress(OSError), os.scandir(path) as entries:  # one it may not list: no example
             for entry in itertools.islice(entries, LOOKED_AT):
-                if entry.name.endswith(_MEANT.get(what, ())) and len(found) < 3:
+                if entry.name.endswith(_MEANT.get(what, ())) and entry.name not in _NEVER.get(what, ()):
                     found.append(entry.name)
-        meant = f" (e.g. {' or '.join(str(Path(path) / name) for name in sorted(found))})" if found else ""
+        first = _FIRST.get(flag or "", ("train.jsonl", "val.jsonl") if what == "manifest" else ())
+        found = sorted(found, key=lambda name: (first.index(name) if name in first else len(first), name))[:3]
+        meant = f" (e.g. {' or '.join(str(Path(path) / name) for name in found)})" if found else ""
         raise UserError(f"{named} is a folder; pass the {what} file in it{meant}")
     if not os.path.exists(path):
         raise UserError(f"{named}: {what} not found; {missing}")
