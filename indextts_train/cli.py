@@ -464,14 +464,14 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     if bad:
         typer.echo(error_line(bad), err=True)
         return 2
-    from indextts_train.cli_flags import empty_output, folder_for_a_file, plain_help, plain_usage_error
+    from indextts_train.cli_flags import empty_output, folder_for_a_file, plain_help, refused_usage
     given = sys.argv[1:] if args is None else args  # plain help and refusals, in one line each
     if empty_output(given) or folder_for_a_file(given):
         return 2
     try:
         code = plain_help(command)(args=args, standalone_mode=False)
     except ClickException as exc:
-        typer.echo(error_line(f"{plain_usage_error(exc, sys.argv[1:] if args is None else args)} (see --help)"), err=True)
+        typer.echo(refused_usage(exc, given), err=True)
         return exc.exit_code
     except typer.Abort:  # Ctrl+C outside a command's own handling
         typer.echo("Aborted!", err=True)

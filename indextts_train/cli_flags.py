@@ -184,6 +184,14 @@ def _no_such_option(exc: NoSuchOption) -> str:
     return f"no such flag {exc.option_name}" + (f"; did you mean {' or '.join(near)}?" if near else "")
 
 
+def refused_usage(exc: ClickException, args: list[str]) -> str:
+    """What the parser's refusal is said as: one `error:` line; the command alone (no arguments) shows its help,
+    whose lines would read as one line of literal "\\n"."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # click's: `indextts-train` typed alone
+        return exc.format_message()
+    return error_line(f"{plain_usage_error(exc, args)} (see --help)")
+
+
 def plain_usage_error(exc: ClickException, args: list[str]) -> str:
     """One line for a value the parser refused: the flag, the value typed, and what it should be."""
     if isinstance(exc, NoSuchOption):  # click's own guess offers --help for --lr

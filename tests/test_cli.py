@@ -753,6 +753,10 @@ def test_a_refused_value_is_said_in_plain_words(capsys) -> None:
         assert run_app(app, args) == 2
         err = capsys.readouterr().err
         assert err.strip() == f"{said} (see --help)", err
+    # the command alone: its help as --help shows it, a line each (it was one error line of literal "\n")
+    assert run_app(app, []) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Usage: ") and "\\n" not in err and "\n  train " in err, err
     # a flag that does not exist: the ones meant, by words, initials or spelling (never click's "--help")
     mistyped = {"--lr": "did you mean --learning-rate", "--learning_rate": "did you mean --learning-rate?",
                 "--steps": "--max-steps", "--outdir": "did you mean --output-dir?", "--xyz": "no such flag --xyz"}
