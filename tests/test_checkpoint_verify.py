@@ -159,6 +159,10 @@ def test_verify_statuses_and_exit_codes(tmp_path: Path) -> None:
         "gpt.pth": ("PARTIAL", "gpt.pth", 1),
         "garbage.pth": ("INCOMPLETE", "unknown", 2),
     }
+    # a folder, or no file: not a damaged checkpoint of unknown kind, nothing there to judge
+    for path in (tmp_path, tmp_path / "missing.pth"):
+        verdict = verify_checkpoint(path)
+        assert (verdict.status, verdict.kind, verdict.exit_code) == ("INCOMPLETE", "not a file", 2)
     summary = got["model_step2.pth"].to_dict()["summary"]
     assert (summary["step"], summary["samples_in_epoch"], summary["precision"]) == (2, 8, "fp32")
     weights = load_checkpoint(complete)["model"]  # the official keys of MICRO_GPT (test_checkpoint_files)

@@ -218,7 +218,7 @@ def test_verify_incomplete(files, kind, reason) -> None:
     result = cli("verify", files[kind])
     assert result.exit_code == 2 and "Traceback" not in result.output
     first, *reasons = result.stdout.splitlines()
-    assert first == f"{files[kind]}: INCOMPLETE (unknown)"
+    assert first == f"{files[kind]}: INCOMPLETE ({'not a file' if kind == 'missing' else 'unknown'})"
     assert len(reasons) == 1 and reason in reasons[0] and str(files[kind]) in reasons[0]
     assert json.loads(cli("verify", files[kind], "--json").stdout)["status"] == "INCOMPLETE"
     assert snapshot(files["folder"]) == before

@@ -309,7 +309,7 @@ def test_a_path_with_a_line_break_or_a_control_character_is_one_line(command, ti
     captured = capsys.readouterr()
     if command == "verify":  # its report, on stdout: INCOMPLETE and why, a line each
         lines = captured.out.splitlines()
-        assert len(lines) == 2 and lines[0].endswith("INCOMPLETE (unknown)") and captured.err == "", lines
+        assert len(lines) == 2 and lines[0].endswith("INCOMPLETE (not a file)") and captured.err == "", lines
     else:
         lines = [line for line in captured.err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: "), lines

@@ -40,8 +40,8 @@ def verify_checkpoint(path: Path) -> Verdict:
     path = Path(path)
     try:
         obj = _read(path, mmap=True)  # mmap: shapes and types are enough, tensor data stays on disk
-    except CheckpointError as exc:
-        return Verdict("INCOMPLETE", "unknown", [str(exc)])
+    except CheckpointError as exc:  # a folder or no file at all is said as such, not as a damaged checkpoint
+        return Verdict("INCOMPLETE", "unknown" if path.is_file() else "not a file", [str(exc)])
     # The summary first: judging a file of our format migrates its dict in place.
     return judge(obj, path, summary_of(obj, kind_of(obj), path))
 
