@@ -32,7 +32,7 @@ from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import Writer, atomic_write_text, fsync_dir, stale_temps, temp_name
+from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import json_or_none, load_yaml
 from indextts_train.files.faults import crash_point
 from indextts_train.files.targets import check_parent, same_path
@@ -150,6 +150,8 @@ def _publish(files: list[tuple[Path, Writer]], interrupted: tuple[int, list[Path
     made: list[Path] = []  # folders created here, outermost first
     temps: list[Path] = []
     final = files[0][0]
+    marker = publishing_marker(final)
+    previous = _marker_bytes(marker) if interrupted is not None else None  # the killed export's, put back on failure
     try:
         for final, write in files:
             for folder in [p for p in final.parents if not p.exists()][::-1]:
@@ -160,9 +162,10 @@ def _publish(files: list[tuple[Path, Writer]], interrupted: tuple[int, list[Path
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())
-        marker = publishing_marker(files[0][0])
         atomic_write_text(marker, json.dumps({"pid": os.getpid(), "files": [str(f.absolute()) for f, _ in files]}))
-    except BaseException as exc:  # a signal too: no temp file or new folder stays behind
+    except BaseException as exc:  # a signal too: no temp file, new folder or marker of this export stays behind
+        with contextlib.suppress(OSError):
+            _withdraw_marker(marker, previous)
         for temp in temps:
             with contextlib.suppress(OSError):  # a read-only disk refuses the unlink too (EROFS)
                 temp.unlink(missing_ok=True)
@@ -182,6 +185,27 @@ def _publish(files: list[tuple[Path, Writer]], interrupted: tuple[int, list[Path
         fsync_dir(folder)
     marker.unlink()
     fsync_dir(marker.parent)
+
+
+def _marker_bytes(marker: Path) -> bytes:
+    with open(marker, "rb") as handle:
+        return handle.read(MAX_MARKER_BYTES)  # _interrupted read no more of it
+
+
+def _withdraw_marker(marker: Path, previous: bytes | None) -> None:
+    """Undo this export's marker when a failure or a Ctrl+C cut `_publish` short after writing it (inside its
+    atomic write, once renamed): its temp files are gone, and a marker whose temp files are gone says its
+    files were published, so a later export would replace them without --force. The killed export's marker
+    it replaced (`previous`) is put back, as that export left it."""
+    if not marker.is_file():
+        return
+    record = json_or_none(_marker_bytes(marker))
+    if not isinstance(record, dict) or record.get("pid") != os.getpid():  # not this export's: left as it is
+        return
+    if previous is None:
+        marker.unlink()
+    else:
+        atomic_write_bytes(marker, previous)
 
 
 def publishing_marker(output: Path) -> Path:

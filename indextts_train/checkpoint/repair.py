@@ -12,12 +12,14 @@ kept as a backup before it is replaced.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from indextts_train.checkpoint.export import remove_stale_temps
 from indextts_train.checkpoint.files import CheckpointError, failure_reason, load_checkpoint, write_state
 from indextts_train.checkpoint.model_fit import fit_problem, stored_model_problems
 from indextts_train.checkpoint.rng import rng_problem, seeded_rng
@@ -253,9 +255,14 @@ def _repaired_state(raw: dict, kind: str, config: dict | None, base_vocab: int |
 
 
 def _backup_path(path: Path) -> Path:
+    """PATH.bak, else PATH.bak.N: the first name that is free (a link to nothing holds its name too), or that
+    is already a hard link of the original itself: the backup a repair made before it was killed, reused so
+    that a rerun adds no second one. Any other file under such a name is someone's, never written."""
     candidate = path.with_name(path.name + ".bak")
     n = 1
-    while candidate.exists():
+    while os.path.lexists(candidate):
+        if not candidate.is_symlink() and same_file(candidate, path):
+            return candidate
         candidate = path.with_name(f"{path.name}.bak.{n}")
         n += 1
     return candidate
@@ -295,10 +302,12 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
     target = Path(out) if out is not None else path
     if target.exists() and not same_file(target, path):
         raise CheckpointError(f"{target} already exists; pass another output path or remove it")
+    remove_stale_temps(target, [target], None)  # a killed repair's half-written file (a checkpoint's size)
     try:
         if target.exists():
             backup = _backup_path(path)
-            link_or_copy(path, backup)  # the original inode keeps its bytes: the rename below makes a new one
+            if not backup.exists():  # else a killed repair's link of the original: it holds the original already
+                link_or_copy(path, backup)  # the original inode keeps its bytes: the rename below makes a new one
             notes.append(f"original kept as {backup}")
         write_state(state, target, step=-1)
     except (OSError, RuntimeError) as exc:

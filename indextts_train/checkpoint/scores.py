@@ -92,12 +92,19 @@ _RANGES = {"cer": (0.0, math.inf), "speaker_sim": (-1.0, 1.0)}  # what a score o
 
 def _score(record: dict, key: str) -> float | None:
     """The record's `key` when it is a score that can be: a number (not a bool), finite and in range. A crafted
-    or damaged line (NaN, -5, true) would otherwise rank first in `export --pick`."""
+    or damaged line (NaN, -5, true) would otherwise rank first in `export --pick`; an integer of 400 digits
+    does not fit a float, and is none either."""
     value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    if not math.isfinite(value):
         return None
     low, high = _RANGES[key]
-    return float(value) if low <= value <= high else None
+    return value if low <= value <= high else None
 
 
 def _mean(values: list[float]) -> float | None:

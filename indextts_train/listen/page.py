@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from indextts_train.checkpoint.scores import LISTEN_DIR, latest_records, read_records, scores_path
+from indextts_train.config.schema import is_int
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
 from indextts_train.files.bounded import open_regular
@@ -64,9 +65,30 @@ def marked_transcript(text: str, transcript: str) -> str:
     return "".join(out)
 
 
-def _number(record: dict, key: str, label: str, fmt: str = "{:.3f}") -> str | None:
+# scores.jsonl is a text file a user may edit: a field of another type than listen writes is shown as absent.
+def _text(record: dict, key: str) -> str:
     value = record.get(key)
-    return f"{label} {fmt.format(value)}" if isinstance(value, (int, float)) else None
+    return value if isinstance(value, str) else ""
+
+
+def _section(record: dict, key: str) -> dict:
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _value(value: object) -> float | None:
+    """A number a score can be (not a bool, not an integer too large for a float), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def _number(record: dict, key: str, label: str, fmt: str = "{:.3f}") -> str | None:
+    value = _value(record.get(key))
+    return f"{label} {fmt.format(value)}" if value is not None else None
 
 
 def _cell(record: dict | None) -> str:
@@ -77,40 +99,40 @@ def _cell(record: dict | None) -> str:
     scores = [_number(record, "cer", "CER"), _number(record, "wer", "WER"),
               _number(record, "speaker_sim", "similarity"), _number(record, "seconds", "", "{:.2f} s"),
               _number(record, "length_ratio", "x reference", "{:.2f}")]
-    said = marked_transcript(record.get("text", ""), record.get("transcript", ""))
+    said = marked_transcript(_text(record, "text"), _text(record, "transcript"))
     return (f"<td>{_audio(quote(str(record.get('wav', ''))))}<div>{said}</div>"
             f'<div class="scores">{_e(" · ".join(s.strip() for s in scores if s))}</div></td>')
 
 
 def _line_head(record: dict, listen_dir: Path) -> str:
-    parts = [f"<b>{_e(record.get('line_id'))}</b>", f"<div>{_e(record.get('text', ''))}</div>"]
+    parts = [f"<b>{_e(record.get('line_id'))}</b>", f"<div>{_e(_text(record, 'text'))}</div>"]
     if record.get("language"):
         parts.append(f'<div class="scores">language {_e(record["language"])}</div>')
     for key, name in (("prompt_audio", "prompt"), ("reference_audio", "reference")):
-        link = _link(record.get(key), listen_dir)
+        link = _link(_text(record, key), listen_dir)
         if link:
             parts.append(f'<div class="scores">{name}</div>{_audio(link)}')
     return f"<td>{''.join(parts)}</td>"
 
 
 def _is_tiny(records: list[dict]) -> bool:
-    widths = [r.get("gpt_model_dim") for r in records if isinstance(r.get("gpt_model_dim"), int)]
-    asr = [(r.get("asr") or {}).get("parameters") for r in records]
-    return any(w < TINY_GPT_WIDTH for w in widths) or any(isinstance(n, int) and n < TINY_ASR_PARAMETERS for n in asr)
+    widths = [r.get("gpt_model_dim") for r in records if is_int(r.get("gpt_model_dim"))]
+    asr = [_section(r, "asr").get("parameters") for r in records]
+    return any(w < TINY_GPT_WIDTH for w in widths) or any(is_int(n) and n < TINY_ASR_PARAMETERS for n in asr)
 
 
 def _means(records: list[dict], step: int) -> str:
     ok = [r for r in records if r["step"] == step and r.get("ok")]
     parts = []
     for key, name in (("cer", "CER"), ("speaker_sim", "similarity")):
-        values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+        values = [v for r in ok if (v := _value(r.get(key))) is not None]
         if values:
             parts.append(f"{name} {sum(values) / len(values):.3f}")
     return " · ".join(parts + [f"{len(ok)} line(s)"])
 
 
 def _models(records: list[dict]) -> str:
-    asr = sorted({str((r.get("asr") or {}).get("model")) for r in records if r.get("asr")})
+    asr = sorted({str(_section(r, "asr").get("model")) for r in records if _section(r, "asr")})
     voice = sorted({f"{v.get('file')} sha256 {str(v.get('sha256'))[:12]}" for r in records
                     if isinstance(v := r.get("speaker_model"), dict)})
     return (f"ASR: {', '.join(asr) or '-'}; speaker similarity: CAMPPlus {', '.join(voice) or '(not found)'}; "

@@ -32,6 +32,7 @@ from indextts_train.checkpoint.scores import (
 from indextts_train.config.family import Family
 from indextts_train.config.settings import load_config
 from indextts_train.distributed import DistInfo
+from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
@@ -86,6 +87,18 @@ def resolve_device(device: str) -> str:
     return str(pick_device(device, DistInfo()))
 
 
+def check_folders(run_dir: Path, steps: list[int]) -> None:
+    """RUN/listen and the step{N} folders the WAVs go into: none yet, or folders of their own. A file there (a
+    traceback once, after the checkpoint was heard) or a link (the WAVs would replace files elsewhere) is refused."""
+    listen_dir = run_dir / LISTEN_DIR
+    for folder in [listen_dir, *(listen_dir / f"step{step}" for step in steps)]:
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise UserError(f"{folder}: is {'a link' if folder.is_symlink() else 'not a folder'}, and listen writes "
+                            "only into folders of its own there; move it aside and rerun")
+        if folder == listen_dir and not folder.exists():
+            return  # none of its step folders either
+
+
 def plan(options: ListenOptions) -> Plan:
     """Every input checked, the ASR model loaded (one UserError line for the first problem); nothing written."""
     run_dir = options.run_dir
@@ -94,6 +107,7 @@ def plan(options: ListenOptions) -> Plan:
     model_dir = model_dir_of(run_dir, options.model_dir)
     family = load_config(model_dir / "config.yaml").gpt.family  # no version: IndexTTS2
     check_inference_folder(model_dir, family)
+    check_folders(run_dir, [c.step for c in chosen])
     check_scores_file(scores_path(run_dir))
     check_page(run_dir)
     done = scored_keys(read_records(scores_path(run_dir)))
