@@ -104,6 +104,9 @@ def unusable_argument(args: list[str]) -> str | None:
     return None
 
 
+INTERRUPTED = "interrupted (Ctrl+C)"  # the line of a Ctrl+C no command handles (__main__ says it too)
+
+
 class _PlainArgument(TyperArgument):
     """An argument as the usage line names it: CHECKPOINT, CORPUS... (repeatable), [OUT_DIR] (optional)."""
 
@@ -141,6 +144,15 @@ class PlainCommand(TyperCommand):
                 param.__class__ = _PlainArgument
             elif type(param) is TyperOption:
                 param.__class__ = _PlainOption
+
+    def invoke(self, ctx: Context) -> Any:
+        """The command; a Ctrl+C it does not handle itself (the trainer does: it saves, then says so) is said
+        in one line with exit 130, where Typer ended the command silently with that code."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo(INTERRUPTED, err=True)
+            raise typer.Exit(130) from None
 
 
 def plain_help(app: typer.Typer) -> typer.Typer:

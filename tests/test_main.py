@@ -38,3 +38,15 @@ def test_ctrl_c_while_the_commands_import_is_one_line(tmp_path, after) -> None:
     # finished first (a fast machine) exits 0
     assert proc.returncode in (-signal.SIGINT, 130, 0), (proc.returncode, err)
     assert proc.returncode != 130 or err == "interrupted (Ctrl+C)\n"
+
+
+def test_an_interrupt_inside_a_command_is_one_line(monkeypatch, capsys) -> None:
+    """Past the imports, Typer caught the Ctrl+C itself and ended the command with 130 and no word."""
+    from indextts_train.checkpoint import verify
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify, "verify_checkpoint", interrupted)
+    assert cli.run_app(cli.app, ["verify", "/nowhere/x.pth"]) == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl+C)\n"
