@@ -146,8 +146,8 @@ def test_resume_auto_on_finished_run_does_nothing(tiny_data, tmp_path, capsys) -
     out = tmp_path / "run"
     assert train(options(tiny_data, out, max_steps=6)) == 0
     assert train(options(tiny_data, out, max_steps=6, resume="auto")) == 0
-    assert (f"nothing to do: the run in {out} already reached step 6 of 6; pass a larger --max-steps (or --epochs) "
-            "to train on") in capsys.readouterr().out  # what to do, too
+    assert (f"nothing to do: the run in {out} already reached step 6 of 6: --max-steps 6 ends it (its --epochs 100 "
+            "end at step 600); pass a larger --max-steps to train on") in capsys.readouterr().out  # what to do, too
 
 
 def test_out_of_vocabulary_ids_name_the_manifest_line(tiny_data, tmp_path) -> None:

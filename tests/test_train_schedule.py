@@ -41,12 +41,12 @@ def test_too_few_steps_for_the_data_are_said_and_a_learning_schedule_is_not(tiny
     lines = start(tiny_data, tmp_path / "short", "--epochs", "2", "--warmup-steps", "1", "--log-interval", "1")
     said = warnings_before_training(lines)
     assert len(said) == 1 and "6 optimizer steps (2 epochs of 3 at an effective batch of 8) are too few" in said[0]
-    assert "pass --epochs 34 or --max-steps 100" in said[0]
+    assert "pass --epochs 34 (a smaller --effective-batch-size" in said[0]
     # Both at once (the defaults on a small corpus): one line with both remedies.
     lines = start(tiny_data, tmp_path / "both", "--epochs", "2", "--warmup-steps", "1000", "--log-interval", "1")
     said = warnings_before_training(lines)
     assert len(said) == 1 and "--warmup-steps 1000 is not shorter than the run's 6 optimizer steps" in said[0]
-    assert "pass --warmup-steps 10 (a tenth of the run) and --epochs 34 or --max-steps 100" in said[0]
+    assert "pass --warmup-steps 10 (a tenth of the run) and --epochs 34 (a smaller" in said[0]
     # The length asked for with --max-steps, a warmup shorter than it: nothing to say.
     lines = start(tiny_data, tmp_path / "capped", "--max-steps", "3", "--warmup-steps", "1", "--log-interval", "1")
     assert warnings_before_training(lines) == []

@@ -186,6 +186,23 @@ def _move_keeping(src: Path, folder: Path) -> Path:
     raise OSError(errno.EEXIST, f"no free name for {src.name} in {folder}")
 
 
+def not_ancestors(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> list[tuple[Path, FileLineage]]:
+    """The checkpoints of ours in `output_dir` (best.pth included) that are not ancestors of `lineage`, each
+    with its lineage: what `set_aside` moves, step files first."""
+    best = output_dir / BEST
+    paths = [p for p in [*reversed(list_checkpoints(output_dir)), *([best] if best.is_file() else [])]
+             if p.name not in protected]
+    paths.sort(key=lambda p: p.name in (LATEST, BEST))  # step files first: the names' twins are moved by then
+    return [(path, info) for path in paths
+            if (info := lineage_of(path)) is not None and not is_ancestor(info, lineage)]
+
+
+def count_set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> int:
+    """How many files `set_aside` would move now (a hard-link twin of one it moves is only unlinked)."""
+    paths = [path for path, _ in not_ancestors(output_dir, lineage, protected)]
+    return sum(1 for i, path in enumerate(paths) if not any(same_file(other, path) for other in paths[:i]))
+
+
 def set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> list[tuple[Path, Path]]:
     """Move every checkpoint of ours in `output_dir` that is not an ancestor of `lineage` under
     abandoned/<its branch>/. Returns (from, to) pairs.
@@ -194,15 +211,8 @@ def set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> 
     the bytes, and an abandoned folder holds no name that looks current); one that is a file of its
     own is moved like the step files.
     """
-    best = output_dir / BEST
-    paths = [p for p in [*reversed(list_checkpoints(output_dir)), *([best] if best.is_file() else [])]
-             if p.name not in protected]
-    paths.sort(key=lambda p: p.name in (LATEST, BEST))  # step files first: the names' twins are moved by then
     moved: list[tuple[Path, Path]] = []
-    for path in paths:
-        info = lineage_of(path)
-        if info is None or is_ancestor(info, lineage):
-            continue
+    for path, info in not_ancestors(output_dir, lineage, protected):
         twin = next((dest for _, dest in moved if same_file(dest, path)), None)
         if twin is not None:
             path.unlink()

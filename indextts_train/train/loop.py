@@ -227,7 +227,7 @@ def begin(run: RunSpec, state: RunState, services: Services, rng: list[dict] | N
     progress, plan, log = state.progress, run.plan, services.log
     if progress.step >= run.total_steps:
         log.info(f"nothing to do: the run in {run.output_dir} already reached step {progress.step} "
-                 f"of {run.total_steps}; pass a larger --max-steps (or --epochs) to train on")
+                 f"of {run.total_steps}: {run.schedule.to_train_on(progress, state.layout.effective_batch)}")
         log.close()
         return False
     # Last: model building and data setup may draw random numbers.

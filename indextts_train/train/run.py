@@ -136,7 +136,8 @@ def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: tor
     """The frozen run: the model as the loop calls it (its frozen rows, DDP under torchrun) and its data
     (`dataset`: the training samples as the model reads them, run_data.RunData.datasets).
 
-    Before the first step of a new run, a schedule that cannot learn is said, with the flags to pass."""
+    Before the first step, a new run's schedule that cannot learn is said, with the flags to pass, and so
+    is a --max-steps the epochs end the run before."""
     weights, train, index = state.weights, config.train, dataset.index
     orders = EpochOrders(schedule.sampler, index.total_lengths)
     log.info(weights.vocab_plan.describe())
@@ -149,6 +150,8 @@ def build_spec(options: RunSettings, dist: DistInfo, config: Config, device: tor
             wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     if steps.warning:
         log.warn(steps.warning)
+    if steps.cap_note:
+        log.warn(steps.cap_note)
     return RunSpec(options, config, dist, device, state.layout, schedule, steps.total, steps.per_epoch,
                    SkippingDataset(dataset) if options.skip_bad_lines else dataset, orders, val, wrapped, freezer,
                    protected)
