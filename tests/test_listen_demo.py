@@ -20,9 +20,11 @@ def test_without_the_inference_package_the_demo_says_how_to_listen(tmp_path, mon
     assert python is None
     assert listen_to_demo(tmp_path / "demo", INDEXTTS25, python, why_not, wide=False) == 0
     said = capsys.readouterr().out.strip().splitlines()
-    assert len(said) == 1 and said[0].startswith(f"listening skipped: --inference-python {venv / 'bin' / 'python'} "
+    # the demo has no --inference-python: the line names the variable it reads (it named the flag)
+    assert len(said) == 1 and said[0].startswith(f"listening skipped: {PYTHON_VARIABLE}={venv / 'bin' / 'python'} "
                                                  "cannot import indextts25.api")
     assert "pip install indextts25-inference" in said[0] and not (tmp_path / "demo").exists()
+    assert f"or set {PYTHON_VARIABLE}=VENV/bin/python of an environment" in said[0] and "--inference" not in said[0]
 
 
 def test_the_indextts2_demo_says_why_it_is_not_heard(tmp_path, capsys) -> None:

@@ -31,10 +31,10 @@ def demo_listener(family: Family) -> tuple[Path | None, str]:
                       "--family 2.5` ends by listening")
     named = os.environ.get(PYTHON_VARIABLE)
     try:
-        return resolve_inference_python(family, Path(named) if named else None), ""
+        return resolve_inference_python(family, Path(named) if named else None,
+                                        named_by=f"{PYTHON_VARIABLE}={{}}"), ""
     except UserError as exc:
-        return None, (f"listening skipped: {exc}; then run the demo into a new OUT_DIR (or set "
-                      f"{PYTHON_VARIABLE}=VENV/bin/python) to hear its checkpoints")
+        return None, (f"listening skipped: {exc}; then run the demo into a new OUT_DIR to hear its checkpoints")
 
 
 def listen_to_demo(out_dir: Path, family: Family, python: Path | None, why_not: str, *, wide: bool) -> int:

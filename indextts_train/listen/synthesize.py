@@ -72,23 +72,28 @@ def line_seed(seed: int, line_id: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def _install_hint(family: Family) -> str:
+FLAG = "--inference-python {}"  # how `listen` is told the interpreter (the demo: an environment variable)
+
+
+def _install_hint(family: Family, named_by: str) -> str:
     return (f"pip install {family.inference_package} (or: bash scripts/install_inference.sh {family.key} VENV), "
-            f"or pass --inference-python PATH of an environment that has it")
+            f"or {'pass' if named_by.startswith('-') else 'set'} {named_by.format('VENV/bin/python')} of an "
+            "environment that has it")
 
 
 def resolve_inference_python(family: Family, flag_value: Path | None,
-                             say: Callable[[str], object] | None = None) -> Path:
+                             say: Callable[[str], object] | None = None, named_by: str = FLAG) -> Path:
     """The interpreter that runs the official code: `--inference-python` or this one; one line when it
     cannot import the family's inference package, cannot be run, or does not answer in PROBE_TIMEOUT_S.
-    `say`: where the line announcing the probe goes (None: no line)."""
+    `say`: where the line announcing the probe goes (None: no line). `named_by`: how the user names the
+    interpreter, as the lines say it (the demo has no --inference-python: `INDEXTTS_INFERENCE_PYTHON={}`)."""
     module, name = family.inference_module, family.name
     if flag_value is None:
         python = Path(sys.executable)
         where = f"this Python ({python})"
     else:
         python = _interpreter_path(flag_value)
-        where = f"--inference-python {flag_value}"
+        where = named_by.format(flag_value)
         if not python.is_file() or not os.access(python, os.X_OK):
             raise UserError(f"{where}: not an executable file; pass the python of the environment where "
                             f"{family.inference_package} is installed")
@@ -99,15 +104,15 @@ def resolve_inference_python(family: Family, flag_value: Path | None,
                               timeout=PROBE_TIMEOUT_S, env=_child_env())
     except subprocess.TimeoutExpired:
         raise UserError(f"{where}: did not finish importing {module} in {PROBE_TIMEOUT_S} s (is it a python?); "
-                        f"{_install_hint(family)}") from None
+                        f"{_install_hint(family, named_by)}") from None
     except OSError as exc:  # the file is there (checked above): its #! line names a missing program, or none
         why = "its #! line names a program that is not there" if isinstance(exc, FileNotFoundError) else (
             exc.strerror or type(exc).__name__)
-        raise UserError(f"{where}: cannot run it ({why}); {_install_hint(family)}") from None
+        raise UserError(f"{where}: cannot run it ({why}); {_install_hint(family, named_by)}") from None
     if done.returncode != 0:
         found = _tail_line(done.stdout) if done.returncode == PROBE_BROKEN else "not installed"
         raise UserError(f"{where} cannot import {module}, the {name} inference code ({found}): "
-                        f"{_install_hint(family)}")
+                        f"{_install_hint(family, named_by)}")
     return python
 
 
