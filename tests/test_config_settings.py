@@ -13,6 +13,7 @@ import yaml
 
 from indextts_train.config.family import INDEXTTS2
 from indextts_train.config.settings import (
+    BUNDLED_CONFIGS,
     OFFICIAL_SECTIONS,
     ConditionModuleConfig,
     GPTConfig,
@@ -71,8 +72,12 @@ def test_bad_files_give_one_clear_line(tmp_path) -> None:
     broken.write_text("gpt:\n  model_dim: [1,\n")
     with pytest.raises(UserError, match=r"broken\.yaml line \d+: not valid YAML"):
         load_config(broken)
-    with pytest.raises(UserError, match="no 'gpt:' section"):
+    with pytest.raises(UserError, match="no 'gpt:' section") as refused:
         load_config(write(tmp_path, {"train": {}}))
+    assert f"{BUNDLED_CONFIGS}/*.yaml" in str(refused.value) and "--from-run" not in str(refused.value)  # a path
+    # the user has, not `configs/` of no folder of theirs; a run's run.yaml given as --config points to --from-run
+    with pytest.raises(UserError, match="; a run's run.yaml reruns its options with --from-run$"):
+        load_config(write(tmp_path, {"command_line": "train-gpt ...", "argv": [], "options": {}}))
     with pytest.raises(UserError, match="not divisible"):
         load_config(write(tmp_path, {"gpt": {"model_dim": 65, "heads": 4}}))
     with pytest.raises(UserError, match=r"train\.learning_rate \(--learning-rate\) must be > 0"):

@@ -323,7 +323,10 @@ OUR_SECTIONS = ("gpt", "train", "version")
 
 def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     if "gpt" not in data:
-        raise UserError(f"{source}: no 'gpt:' section; pass IndexTTS2's checkpoints/config.yaml or configs/*.yaml")
+        run_record = "options" in data and "argv" in data  # a run's run.yaml: what --from-run reads
+        raise UserError(f"{source}: no 'gpt:' section; pass the model's checkpoints/config.yaml or one of "
+                        f"{BUNDLED_CONFIGS}/*.yaml" + ("; a run's run.yaml reruns its options with --from-run"
+                                                      if run_record else ""))
     unknown = [str(k) for k in data if k not in OUR_SECTIONS + OFFICIAL_SECTIONS]
     if unknown:
         raise UserError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; ours are "
