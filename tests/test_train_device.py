@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from indextts_train.errors import UserError
@@ -14,6 +17,15 @@ def test_known_gpus_report_less_than_the_size_on_the_box():
     assert KNOWN_GPUS["A100-80GB"].total_memory < 80 * GIB
     assert KNOWN_GPUS["H100-80GB"].total_memory < 80 * GIB
     assert KNOWN_GPUS["A100-40GB"].total_memory < 40 * GIB
+    assert KNOWN_GPUS["H200"].total_memory < 141 * GIB  # "141 GB" on the box; torch reported 139.8 GiB
+
+
+def test_the_gpu_the_benchmarks_ran_on_can_be_assumed():
+    """The README quotes H200 figures; `hardware --assume H200` answered "unknown GPU"."""
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "gpu-NVIDIA-H200.json").read_text())
+    device = assume_device("h200")
+    assert device.name == measured["device"] and round(device.total_memory / GIB, 1) == measured["total_memory_gib"]
+    assert device.capability == tuple(measured["capability"]) and device.bf16
 
 
 def test_assume_device_is_case_insensitive_and_copies():
