@@ -91,12 +91,18 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
           f"{paths['model_dir']}: base tokenizer {paths['base_tokenizer']}, extended tokenizer {paths['tokenizer']}, "
           f"base checkpoint {base}; text presented as official inference does, normaliser: {paths['normalizer']}")
     run_dir = out_dir / "run"
-    code = train(resolve_settings(
-        train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],
-        output_dir=run_dir, config=config_path, tokenizer=Path(paths["tokenizer"]), base_checkpoint=base,
-        resume=resume, max_steps=max_steps, epochs=10_000, val_interval=50, save_interval=50, log_interval=10,
-        train_scope=train_scope,
-    ))
+    try:
+        code = train(resolve_settings(
+            train_manifests=[Path(paths["train_manifest"])], val_manifests=[Path(paths["val_manifest"])],
+            output_dir=run_dir, config=config_path, tokenizer=Path(paths["tokenizer"]), base_checkpoint=base,
+            resume=resume, max_steps=max_steps, epochs=10_000, val_interval=50, save_interval=50, log_interval=10,
+            train_scope=train_scope,
+        ))
+    except UserError as exc:  # the trainer's advice names its --output-dir, which the demo's user never typed
+        if "--output-dir" not in str(exc):
+            raise
+        raise UserError(f"{exc} (the demo trains in OUT_DIR/run: for --output-dir read OUT_DIR, and run the demo "
+                        "into another OUT_DIR)") from None
     if code != 0:
         return code
     summary = export_checkpoint(run_dir / "latest.pth", out_dir / "export" / "gpt.pth",

@@ -12,6 +12,7 @@ import yaml
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import config_beside
 from indextts_train.demo import run_demo
+from indextts_train.errors import UserError
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
 
@@ -56,6 +57,10 @@ def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys) -> No
     assert run_demo(tmp_path, max_steps=70) == 0  # the same command again continues the run
     printed = capsys.readouterr().out
     assert "resuming from" in printed and "starting at step 60" in printed
+    # another scope on the same folder: the trainer's advice names --output-dir, which the demo reads as OUT_DIR
+    with pytest.raises(UserError, match=r"a scope cannot change on resume.*\(the demo trains in OUT_DIR/run: for "
+                                        r"--output-dir read OUT_DIR, and run the demo into another OUT_DIR\)$"):
+        run_demo(tmp_path, max_steps=80, train_scope="lora")
 
 
 @pytest.mark.slow
