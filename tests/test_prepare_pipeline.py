@@ -144,7 +144,7 @@ def test_other_settings_or_models_refuse_to_mix(tmp_path, models) -> None:
     models.unlink()
     shutil.copytree(shared, models)  # this test's own copy, with other GPT weights
     write_tiny_gpt(models / "config.yaml", models / "gpt.pth", TINY_W2V_WIDTH, seed=2)
-    with pytest.raises(UserError, match="prepared with other models"):
+    with pytest.raises(UserError, match=r"prepared with other models \(gpt\); rerun"):  # which model file changed
         run_prepare(_options(tmp_path, corpus))
     (tmp_path / "out" / "mine.txt").write_text("user file")
     assert run_prepare(_options(tmp_path, corpus, restart=True)) == 1

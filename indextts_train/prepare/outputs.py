@@ -60,6 +60,15 @@ def dumps(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+def _changed(key: str, now: object, before: object) -> str:
+    """A setting that changed since the folder was prepared, as said: `models (bpe.model)` names the model
+    files whose hashes differ (a rerun with another --tokenizer read as "other models")."""
+    if isinstance(now, dict) and isinstance(before, dict):
+        parts = sorted(str(k) for k in now.keys() | before.keys() if now.get(k) != before.get(k))
+        return f"{key} ({', '.join(parts[:4])}{', ...' if len(parts) > 4 else ''})"
+    return key
+
+
 class OutputFolder:
     """What one prepare run writes under --out."""
 
@@ -135,7 +144,8 @@ class OutputFolder:
             self.remove_own_files(owned)
         elif owned:
             previous = self._previous_settings(path)
-            changed = sorted(k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k))
+            changed = [_changed(key, settings.get(key), previous.get(key))
+                       for key in sorted(settings.keys() | previous.keys()) if settings.get(key) != previous.get(key)]
             if changed:
                 raise UserError(f"{self.root}: prepared with other {', '.join(changed)}; rerun with --restart "
                                 "to start over (it removes prepare's files there), or use another --out")
