@@ -18,7 +18,7 @@ from pathlib import Path
 from indextts_train.checkpoint.files import kept_names
 from indextts_train.checkpoint.lineage import look
 from indextts_train.checkpoint.resumed import Resumed, resumed_state
-from indextts_train.checkpoint.run_folder import check_no_earlier_run, step_of, survey
+from indextts_train.checkpoint.run_folder import check_no_earlier_run, survey
 from indextts_train.checkpoint.verify import choose_resume
 
 Say = Callable[[str], None]
@@ -45,10 +45,10 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
     # never replaced, moved or deleted by this run: the files not ours, and those that failed to resume
     skipped = {bad.name for bad, _ in (choice.skipped if choice else [])}
     protected = seen.foreign | skipped
-    for name in sorted(seen.foreign - skipped, key=lambda name: step_of(Path(name)) or 0):
-        if step_of(Path(name)) is not None:  # said now, not only when that step's save is refused
+    for name in sorted(seen.foreign - skipped, key=lambda name: folder.steps.get(name, 0)):
+        if name in folder.steps:  # said now, not only when that step's save is refused
             warn(f"{output_dir / name} is not a checkpoint of this run: kept as it is; the run stops before it "
-                 f"would save step {step_of(Path(name))} under that name: move it out of {output_dir} before then")
+                 f"would save step {folder.steps[name]} under that name: move it out of {output_dir} before then")
     for name in sorted(kept_names(output_dir, protected)):  # so these names this run publishes not at all
         warn(f"{output_dir / name} is not a checkpoint this run can use: kept as it is, so this run publishes no "
              f"{name}; its checkpoints stay as model_stepN.pth")

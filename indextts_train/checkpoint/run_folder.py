@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from indextts_train.data.corpus_forms import PREPARE_RECORD
@@ -79,6 +80,7 @@ class RunFolder:
     # What stands under a checkpoint's name but is no regular file (a FIFO, a folder, a link to nothing):
     # never a checkpoint, never ours, so never replaced (a save of that step once replaced a user's FIFO)
     not_files: tuple[Path, ...] = ()
+    steps: Mapping[str, int] = field(default_factory=dict)  # the step of each model_step{N}.pth name listed
 
     @property
     def files(self) -> list[Path]:
@@ -90,8 +92,9 @@ def survey(output_dir: Path) -> RunFolder:
     """What `output_dir` holds now (nothing when it does not exist yet)."""
     output_dir = Path(output_dir)
     best = output_dir / BEST
-    return RunFolder(output_dir, tuple(list_checkpoints(output_dir)), best if best.is_file() else None,
-                     tuple(_not_files(output_dir)))
+    checkpoints, not_files = tuple(list_checkpoints(output_dir)), tuple(_not_files(output_dir))
+    steps = {path.name: step for path in (*checkpoints, *not_files) if (step := step_of(path)) is not None}
+    return RunFolder(output_dir, checkpoints, best if best.is_file() else None, not_files, steps)
 
 
 def _not_files(output_dir: Path) -> list[Path]:
