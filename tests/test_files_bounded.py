@@ -194,6 +194,15 @@ def test_check_file_says_what_stands_where_a_file_belongs(tmp_path) -> None:
     check_file(tmp_path / "train.jsonl", "manifest")  # a regular file passes, unread
 
 
+def test_a_relative_path_not_found_names_the_folder_it_was_looked_for_from(tmp_path, monkeypatch) -> None:
+    """From another folder a newcomer's relative path is not there: the line says where it was looked for."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as refused:
+        check_file("data/am/train.jsonl", "manifest", flag="--train-manifest")
+    assert str(refused.value) == (f"--train-manifest data/am/train.jsonl: manifest not found (looked for from "
+                                  f"{tmp_path}); check the path you passed")
+
+
 def test_a_prepared_folder_given_for_a_manifest_suggests_the_manifests_for_that_flag(tmp_path: Path) -> None:
     """rejected.jsonl came first by name and led a newcomer to an empty manifest: it is never suggested, and
     the file each flag takes is named first."""

@@ -107,8 +107,9 @@ def check_file(path: Path | str, what: str, *, flag: str | None = None,
         found = sorted(found, key=lambda name: (first.index(name) if name in first else len(first), name))[:3]
         meant = f" (e.g. {' or '.join(str(Path(path) / name) for name in found)})" if found else ""
         raise UserError(f"{named} is a folder; pass the {what} file in it{meant}")
-    if not os.path.exists(path):
-        raise UserError(f"{named}: {what} not found; {missing}")
+    if not os.path.exists(path):  # a relative path is said with the folder it was looked for from
+        where = "" if os.path.isabs(path) else f" (looked for from {os.getcwd()})"
+        raise UserError(f"{named}: {what} not found{where}; {missing}")
     try:
         check_regular(path, what)
     except UserError as exc:  # a FIFO, a device, a /proc file: said with the flag that named it

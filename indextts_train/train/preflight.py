@@ -36,7 +36,8 @@ def check_paths(options: RunSettings) -> str | None:
     for flag, specs in (("--train-manifest", options.train_manifests), ("--val-manifest", options.val_manifests)):
         for spec in specs:  # a FIFO would block the first read: one line instead, as for a folder or no file
             refuse_corpus(spec.path, flag)  # clips and transcripts: the line says to run prepare first
-            check_file(spec.path, "manifest", flag=flag)
+            check_file(spec.path, "manifest", flag=flag, missing="check the path, or make the manifests first: "
+                       "`indextts-train prepare` writes train.jsonl and val.jsonl")
     for flag, value, what in (("--tokenizer", options.tokenizer, "tokenizer"),
                               ("--base-checkpoint", options.base_checkpoint, "checkpoint")):
         if value is not None:
