@@ -259,6 +259,7 @@ def test_a_reason_naming_unknown_characters_is_bounded() -> None:
     unknown = [chr(0x3400 + i) for i in range(2000)]  # CJK extension A: none in the tiny vocabulary
     reason = featurizer.text_ids(Utterance("u", "/a.wav", "".join(unknown) * 50, "s", None, "c.jsonl:1"))
     assert reason == (f"text: characters the tokenizer does not know: {' '.join(unknown[:20])}, 2000 distinct in "
-                      "all (--allow-unk keeps them)")
+                      "all (pass the extended --tokenizer that has them; --allow-unk keeps them as unknown)")
     few = featurizer.text_ids(Utterance("v", "/a.wav", "Hello \u1240\u1241 world", "s", None, "c.jsonl:2"))
-    assert few == "text: characters the tokenizer does not know: \u1240 \u1241 (--allow-unk keeps them)"
+    assert few == ("text: characters the tokenizer does not know: \u1240 \u1241 (pass the extended --tokenizer "
+                   "that has them; --allow-unk keeps them as unknown)")

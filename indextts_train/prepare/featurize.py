@@ -125,7 +125,7 @@ def unknown_reason(runs: list[str]) -> str:
     chars = list(dict.fromkeys(char for run in runs for char in run))
     more = f", {len(chars)} distinct in all" if len(chars) > SHOWN_UNKNOWN else ""
     return (f"text: characters the tokenizer does not know: {' '.join(chars[:SHOWN_UNKNOWN])}{more} "
-            "(--allow-unk keeps them)")
+            "(pass the extended --tokenizer that has them; --allow-unk keeps them as unknown)")
 
 
 @dataclass
