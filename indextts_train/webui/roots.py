@@ -92,11 +92,14 @@ def _is_hub_id(text: str) -> bool:
         and all(c.isascii() and (c.isalnum() or c in "_-.") for c in part) for part in parts)
 
 
-def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = False) -> BinaryIO:
+def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = False,
+                 dir_fd: int | None = None) -> BinaryIO:
     """`path` opened without following a symlink in its last part, only if it is a regular file
-    (`single_link`: and has no other hard link, for a file the page writes to)."""
+    (`single_link`: and has no other hard link, for a file the page writes to). `dir_fd`: the folder
+    `path` lies in, already open: its name is opened there, so the folder's path is not walked again."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path.name if dir_fd is not None else path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # the last part is a symlink
             raise UserError(f"{path}: a symbolic link; the page reads and writes only files of its own") from None

@@ -19,7 +19,6 @@ import errno
 import os
 import shlex
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -216,7 +215,7 @@ def _open_folder(path: Path) -> int:
 
 def _open_log(output_dir: Path) -> BinaryIO:
     """OUTPUT_DIR/train.log opened to append, in the folder opened by _open_folder: only a regular file of
-    its own (never through a symlink, never a FIFO, never a file with other hard links)."""
+    its own (roots.open_regular: never through a symlink, never a FIFO, never a file with other hard links)."""
     path = output_dir / LOG_NAME
     try:
         folder = _open_folder(output_dir)
@@ -226,21 +225,11 @@ def _open_log(output_dir: Path) -> BinaryIO:
                             "(made so since the page checked it?); nothing was written there") from None
         raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
     try:
-        fd = os.open(LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o644, dir_fd=folder)
+        return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, single_link=True, dir_fd=folder)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(f"{path}: a symbolic link; the page reads and writes only files of its own") from None
         raise UserError(f"--output-dir {output_dir}: cannot write there ({exc.strerror})") from None
     finally:
         os.close(folder)
-    info = os.fstat(fd)
-    why = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
-           "has other hard links (writing would change them too)" if info.st_nlink > 1 else None)
-    if why:
-        os.close(fd)
-        raise UserError(f"{path}: {why}; the page does not use it")
-    return os.fdopen(fd, "ab")
 
 
 def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024) -> str:
