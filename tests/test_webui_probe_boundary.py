@@ -97,7 +97,7 @@ def test_a_fifo_in_a_tensorboard_folder_is_not_read_it_blocked_the_page(root) ->
         blocked, curves = _read_unblocking(fifo, lambda run=run: records.loss_curves(run, roots))
         assert not blocked and curves == []
         assert roots.leads_outside(run / "logs" / "run")
-        assert "logs/run/events.out.tfevents.1 (a FIFO)" in PageServer(roots).watch(str(run))[4]
+        assert "logs/run/events.out.tfevents.1 (a FIFO (named pipe))" in PageServer(roots).watch(str(run))[4]
 
 
 def test_a_link_to_nothing_in_a_tensorboard_folder_is_skipped_not_an_exception(root) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
 from indextts_train.checkpoint.run_folder import run_folder_to_read, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
 from indextts_train.checkpoint.verify import verify_checkpoint
+from indextts_train.files.bounded import kind_of_mode
 
 _STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second abandoned file of one name
 VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
@@ -97,10 +97,6 @@ def _lineage_columns(path: Path, abandoned: bool) -> dict:
             "abandoned": abandoned}
 
 
-_NOT_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
-              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
 def _not_a_file(path: Path) -> str:
     """What stands under a checkpoint's name that is no regular file, from its status alone (never opened:
     a FIFO would block the reader)."""
@@ -108,7 +104,7 @@ def _not_a_file(path: Path) -> str:
         mode = path.stat().st_mode
     except OSError:  # a link to nothing, or a loop of links
         return f"a symbolic link to {os.readlink(path)}, which leads to no file"
-    return next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
+    return kind_of_mode(mode)
 
 
 def _not_a_file_row(names: list[Path], output_dir: Path) -> dict:

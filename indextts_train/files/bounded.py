@@ -56,7 +56,8 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (s
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def _kind(mode: int) -> str:
+def kind_of_mode(mode: int) -> str:
+    """What a file's mode (os.stat) says it is, in words: "a folder", "a FIFO (named pipe)", ..."""
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
@@ -81,7 +82,7 @@ def open_regular(path: Path | str, what: str = "file") -> IO[bytes]:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise UserError(f"{path}: {what} is {_kind(mode)}, not a regular file; pass a file")
+        raise UserError(f"{path}: {what} is {kind_of_mode(mode)}, not a regular file; pass a file")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 

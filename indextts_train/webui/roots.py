@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import kind_of_mode
 
 MAX_TEXT = 4096  # longer than any path a user types (PATH_MAX)
 MAX_SCAN = 5000  # entries looked at in a folder for links that lead outside (a run folder has a few dozen)
@@ -121,10 +122,7 @@ def _special_kind(path: str) -> str | None:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return "a symbolic link that leads nowhere (dangling, or a loop)" if os.path.islink(path) else None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
-            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else kind_of_mode(mode)
 
 
 @dataclass(frozen=True)
