@@ -236,15 +236,10 @@ def _interrupted(output: Path, targets: list[Path]) -> tuple[int, list[Path]] | 
     return pid, files
 
 
-def _temp_of(final: Path, pid: int) -> Path:
-    """The temp file an export of process `pid` writes `final` under (files.atomic.temp_name)."""
-    return final.with_name(f".{final.name}.tmp-{pid}")
-
-
 def _temps_of(interrupted: tuple[int, list[Path]]) -> list[Path]:
     """The temp files a killed export had not renamed yet: complete, each the new bytes of its final name."""
     pid, files = interrupted
-    return [temp for temp in (_temp_of(final, pid) for final in files) if temp.is_file()]
+    return [temp for temp in (temp_name(final, pid) for final in files) if temp.is_file()]
 
 
 def _published_by(interrupted: tuple[int, list[Path]] | None) -> set[Path]:
@@ -253,7 +248,7 @@ def _published_by(interrupted: tuple[int, list[Path]] | None) -> set[Path]:
     if interrupted is None:
         return set()
     pid, files = interrupted
-    return {final.absolute() for final in files if not _temp_of(final, pid).is_file()}
+    return {final.absolute() for final in files if not temp_name(final, pid).is_file()}
 
 
 def remove_stale_temps(output: Path, targets: list[Path], interrupted: tuple[int, list[Path]] | None) -> None:

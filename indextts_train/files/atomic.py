@@ -22,9 +22,10 @@ from indextts_train.errors import NotOwnFile
 Writer = Callable[[BinaryIO], None]
 
 
-def temp_name(final: Path) -> Path:
-    """`.NAME.tmp-PID` beside `final`: hidden, and never mistaken for a finished file."""
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+def temp_name(final: Path, pid: int | None = None) -> Path:
+    """`.NAME.tmp-PID` beside `final` (this process's, or `pid`'s): hidden, and never mistaken for a finished
+    file."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid() if pid is None else pid}")
 
 
 def stale_temps(final: Path) -> list[Path]:
