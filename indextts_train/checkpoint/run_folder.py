@@ -89,23 +89,33 @@ class RunFolder:
 
 
 def survey(output_dir: Path) -> RunFolder:
-    """What `output_dir` holds now (nothing when it does not exist yet)."""
+    """What `output_dir` holds now (nothing when it does not exist yet), from one listing of it: the files
+    list_checkpoints would give, best.pth, and the checkpoint names no regular file holds (nothing opened)."""
     output_dir = Path(output_dir)
-    best = output_dir / BEST
-    checkpoints, not_files = tuple(list_checkpoints(output_dir)), tuple(_not_files(output_dir))
-    steps = {path.name: step for path in (*checkpoints, *not_files) if (step := step_of(path)) is not None}
-    return RunFolder(output_dir, checkpoints, best if best.is_file() else None, not_files, steps)
+    files, not_files = _checkpoint_entries(output_dir)
+    steps = sorted((path for path in files if step_of(path) is not None), key=step_of)
+    latest, best = output_dir / LATEST, output_dir / BEST
+    checkpoints = (*steps, *([latest] if latest in files else []))
+    named = {path.name: step for path in (*steps, *not_files) if (step := step_of(path)) is not None}
+    return RunFolder(output_dir, checkpoints, best if best in files else None, tuple(not_files), named)
 
 
-def _not_files(output_dir: Path) -> list[Path]:
-    """The checkpoint-named entries of `output_dir` that are no regular file (from the listing, nothing opened)."""
+def _checkpoint_entries(output_dir: Path) -> tuple[set[Path], list[Path]]:
+    """The checkpoint-named entries of `output_dir`: regular files (a link to one counts), and the others."""
+    files: set[Path] = set()
+    others: list[Path] = []
     try:
         with os.scandir(output_dir) as entries:
-            return sorted(Path(entry.path) for entry in entries
-                          if (step_of(Path(entry.name)) is not None or entry.name in (LATEST, BEST))
-                          and not entry.is_file())  # follows a link: one to a file is a file
+            for entry in entries:
+                if step_of(Path(entry.name)) is None and entry.name not in (LATEST, BEST):
+                    continue
+                if entry.is_file():
+                    files.add(Path(entry.path))
+                else:
+                    others.append(Path(entry.path))
     except OSError:  # not there yet, or not a folder (checked elsewhere)
-        return []
+        pass
+    return files, sorted(others)
 
 
 def check_output_dir(output_dir: Path) -> None:
