@@ -16,7 +16,7 @@ EXIT_SIGINT = 130
 
 def _run(name: str) -> None:
     try:
-        from indextts_train import cli  # torch and the commands: the slow part of a start
+        from indextts_train import cli  # the commands (each loads torch when it runs: seconds)
 
         getattr(cli, name)()
     except KeyboardInterrupt:

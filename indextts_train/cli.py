@@ -48,14 +48,15 @@ def run_guarded(fn, *args, **kwargs):
 def train(**values: Any) -> None:
     """Train the IndexTTS2 / IndexTTS-2.5 GPT. Exit 0 done, 2 bad input, 3 diverged, 130/143/129 stopped by
     Ctrl+C/SIGTERM/SIGHUP after a safe save."""
-    from indextts_train.train.loop import train as run_train
     from indextts_train.ui.run_settings import resolve_settings
 
     ctx = values.pop("ctx")
     # By name: Typer may carry its own copy of click, whose ParameterSource is another enum.
     typed = {name for name in values if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
     plain = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
-    settings = run_guarded(resolve_settings, typed=typed, **plain)
+    settings = run_guarded(resolve_settings, typed=typed, **plain)  # refusals come before torch is loaded
+    from indextts_train.train.loop import train as run_train
+
     raise typer.Exit(run_guarded(run_train, settings) or 0)
 
 

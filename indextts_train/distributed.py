@@ -2,16 +2,20 @@
 
 Launched by `torchrun`, every process gets RANK / WORLD_SIZE / LOCAL_RANK in its environment; a plain
 `train-gpt` run has none and is world size 1, where every helper here is a cheap no-op.
+
+torch is imported by the calls that use it, not by the module: the CLI checks its settings against
+`launched_processes` before any command runs, and its help and flag refusals should not wait seconds
+for torch to load.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -39,6 +43,9 @@ def setup_distributed() -> DistInfo:
     world_size = launched_processes()
     if world_size <= 1:
         return DistInfo()
+    import torch
+    import torch.distributed as dist
+
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if torch.cuda.is_available():
@@ -51,6 +58,8 @@ def setup_distributed() -> DistInfo:
 
 
 def teardown_distributed(info: DistInfo) -> None:
+    import torch.distributed as dist
+
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -59,6 +68,9 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     """True when the flag is set on any rank, so every rank stops at the same optimizer step."""
     if not info.enabled:
         return flag
+    import torch
+    import torch.distributed as dist
+
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
@@ -67,6 +79,9 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
 def sum_across_ranks(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
     if not info.enabled:
         return values
+    import torch
+    import torch.distributed as dist
+
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
@@ -75,6 +90,8 @@ def sum_across_ranks(values: list[float], info: DistInfo, device: torch.device) 
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """`tensor` summed over ranks, on the device and without a host sync (in place; returned)."""
     if info.enabled:
+        import torch.distributed as dist
+
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
@@ -83,6 +100,8 @@ def gather_to_main(obj: Any, info: DistInfo) -> list[Any]:
     """Every rank's object, in rank order, on every rank (rank 0 writes the checkpoint)."""
     if not info.enabled:
         return [obj]
+    import torch.distributed as dist
+
     gathered: list[Any] = [None] * info.world_size
     dist.all_gather_object(gathered, obj)
     return gathered
@@ -90,6 +109,8 @@ def gather_to_main(obj: Any, info: DistInfo) -> list[Any]:
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
+        import torch.distributed as dist
+
         dist.barrier()
 
 
@@ -97,6 +118,8 @@ def broadcast_from_main(value: str | None, info: DistInfo) -> str | None:
     """Rank 0's value on every rank (a setup error, so that all ranks stop with the same line)."""
     if not info.enabled:
         return value
+    import torch.distributed as dist
+
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]

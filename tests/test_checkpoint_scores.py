@@ -71,6 +71,17 @@ def test_foreign_lines_are_ignored(tmp_path):
     assert read_records(path) == [] and summary_by_step(tmp_path) == {}
 
 
+def test_a_step_that_is_no_count_is_no_record(tmp_path):
+    """`"step": true` is an int to Python: it counted as step 1 (and a negative step as a step before the run),
+    so a crafted line put a score on a checkpoint that was never heard."""
+    path = scores_path(tmp_path)
+    for step in (True, -1, 2.0, "3"):
+        append_record(path, _record(step, "a", cer=0.0))
+    append_record(path, _record(4, "a", cer=0.5))
+    assert [r["step"] for r in read_records(path)] == [4]
+    assert summary_by_step(tmp_path) == {4: {"lines": 1, "cer": 0.5, "speaker_sim": None}}
+
+
 def test_a_scores_file_that_is_no_regular_file_is_read_as_none_and_never_appended_to(tmp_path):
     """A FIFO in its place: readers (the table, the page, export --pick) see no records at once instead of
     blocking on it, and listen refuses before any work. A reader still blocked after 10 s fails the test

@@ -937,3 +937,33 @@ def test_every_command_help_shows_only_values_a_user_can_type() -> None:
     assert "[default: train.borrow_languages from --config, else not set]" in train_help
     assert "[default: train.forgetting_limit from --config, else not set]" in train_help
     assert "--borrow-language NEW=CODE" in train_help
+
+
+_NO_TORCH = """
+import importlib.abc, runpy, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("torch was imported")
+sys.meta_path.insert(0, NoTorch())
+sys.argv = ["indextts-train", *sys.argv[1:]]
+runpy.run_module("indextts_train", run_name="__main__")
+"""
+
+
+@pytest.mark.slow  # fresh interpreters
+def test_help_and_refused_settings_do_not_load_torch(tiny_data, tmp_path) -> None:
+    """torch takes seconds to import: the help and a refusal of the settings come before it (a command loads it
+    when it runs). An interpreter where torch cannot be imported shows the help and refuses with the one line."""
+    def run(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _NO_TORCH, *map(str, args)], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+
+    for args in (["--help"], ["train", "--help"], ["prepare", "--help"]):
+        shown = run(*args)
+        assert shown.returncode == 0 and "Usage" in shown.stdout, (args, shown.stderr)
+    refused = run("train", "--train-manifest", tiny_data["train"], "--val-interval", "5", "--output-dir", "o")
+    assert refused.returncode == 2
+    assert error_line(refused.stderr, "--val-interval", "--val-manifest")
+    started = run("train", "--train-manifest", tiny_data["train"], "--output-dir", "o")  # this one trains: torch
+    assert started.returncode == 1 and "torch was imported" in started.stderr

@@ -278,6 +278,9 @@ def test_a_cut_or_foreign_event_line_is_skipped(tmp_path) -> None:
     with open(tmp_path / "events.jsonl", "ab") as file:
         file.write(b'[1, 2]\n{"kind": 7}\n{"t": 1.0, "kind": "step", "step": 9, "to')  # a kill mid-line
     assert records.progress(read_events(tmp_path)) == (3, 20)
+    with open(tmp_path / "events.jsonl", "ab") as file:  # `true` is an int to Python: no step of a run
+        file.write(b'\n{"t": 2.0, "kind": "step", "step": true, "total": 20}\n')
+    assert records.progress(read_events(tmp_path)) is None
 
 
 def test_loss_curves_join_the_runs_tensorboard_files_by_step(tmp_path) -> None:

@@ -73,7 +73,7 @@ def export_source(checkpoint: Path, pick: str | None) -> Path:
 def provenance(state: dict) -> str:
     """'step N, val loss X' for one of our checkpoints (`state`: what load_verified read), '' for other files."""
     progress, history = state.get("progress"), state.get("history")
-    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
+    if not isinstance(progress, dict) or not is_int(progress.get("step")):
         return ""
     step = progress["step"]
     rows = history.get("val", []) if isinstance(history, dict) else []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
+from indextts_train.config.schema import is_int
 from indextts_train.errors import CheckpointError, UserError
 from indextts_train.files.atomic import open_append, own_file_problem
 from indextts_train.files.bounded import json_or_none, read_bounded
@@ -68,7 +69,8 @@ def read_records(path: Path) -> list[dict]:
     records = []
     for line in raw.splitlines():
         obj = json_or_none(line)  # a torn line, or one nested 100,000 deep (a crafted file), is skipped
-        if isinstance(obj, dict) and obj.get("format") == RECORD_FORMAT and isinstance(obj.get("step"), int):
+        if isinstance(obj, dict) and obj.get("format") == RECORD_FORMAT and is_int(obj.get("step")) \
+                and obj["step"] >= 0:  # a step is a count: `true` or -1 is no step of a run
             records.append(obj)
     return records
 
@@ -135,7 +137,7 @@ def _files_by_step(run_dir: Path) -> dict[int, Path]:
                 step = load_checkpoint(path, mmap=True).get("progress", {}).get("step")
             except (CheckpointError, AttributeError):
                 continue
-            if isinstance(step, int):
+            if is_int(step):
                 files.setdefault(step, path)
     return files
 

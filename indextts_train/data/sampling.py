@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from torch.utils.data import Sampler
 
 from indextts_train.errors import UserError
 
@@ -327,8 +326,10 @@ def epoch_order(spec: SamplerSpec, lengths: np.ndarray, epoch: int) -> np.ndarra
     return _bucketed(np.concatenate(drawn).astype(np.int64), lengths, spec, epoch)
 
 
-class ResumableBatchSampler(Sampler[list[int]]):
-    """Micro-batches of dataset indices from an epoch order, starting anywhere in it.
+class ResumableBatchSampler:
+    """Micro-batches of dataset indices from an epoch order, starting anywhere in it (a DataLoader's
+    `batch_sampler`, which may be any iterable of index lists with a length: no torch base class, so that
+    the CLI, which reads the manifest specs here, starts without importing torch).
 
     Each micro-step consumes `micro_batch * world_size` consecutive samples of `order`; rank r
     takes the r-th slice of `micro_batch`. `start_sample` is a position in that order, so resuming

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from indextts_train.config.schema import is_int
 from indextts_train.files.atomic import open_append
 from indextts_train.files.bounded import json_or_none
 
@@ -207,7 +208,7 @@ def last_of(events: list[dict], *kinds: str) -> dict | None:
 def progress(events: list[dict]) -> tuple[int, int] | None:
     """(step, total steps) the run last reported, None before its first step."""
     found = last_of(events, "step", "save", "begin")
-    if found is None or not isinstance(found.get("step"), int) or not isinstance(found.get("total"), int):
+    if found is None or not is_int(found.get("step")) or not is_int(found.get("total")):
         return None
     return found["step"], found["total"]
 
