@@ -236,6 +236,21 @@ def test_a_named_file_is_verified_and_split_into_its_typed_parts(tmp_path: Path)
         select(tmp_path, str(tmp_path / "model_step9.pth"))
 
 
+def test_the_manager_says_whether_the_chosen_file_goes_on_with_its_branch(tmp_path: Path) -> None:
+    """From its one look at the folder: --resume auto, or the newest branch's head named (here or as a copy in
+    another folder), goes on with the branch; an earlier step named is a rollback (a new branch)."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    save_steps(run, [3, 5])
+    elsewhere.mkdir()
+    for step in (3, 5):
+        shutil.copyfile(run / f"model_step{step}.pth", elsewhere / f"model_step{step}.pth")
+    for resume, continues in (("auto", True), (run / "model_step5.pth", True), (run / "latest.pth", True),
+                              (run / "model_step3.pth", False), (elsewhere / "model_step5.pth", True),
+                              (elsewhere / "model_step3.pth", False)):
+        resumed, _, _ = select(run, str(resume))
+        assert resumed.continues is continues, resume
+
+
 def test_an_old_format_file_is_migrated_through_the_manager(tmp_path: Path) -> None:
     """format 1 (the fixture an early version wrote): best_val_step filled in, the parts newer than it
     created empty, and no sampler record, so the run keeps data order rule 1 with its stored window."""

@@ -92,6 +92,15 @@ class FolderLineage:
     # never replaces, moves or deletes them
 
 
+    def continues(self, path: Path) -> bool:
+        """Whether resuming `path` goes on with the folder's newest branch where it stands: `path` is (a copy of)
+        the newest checkpoint of the newest branch, so the run starts no new branch."""
+        here = lineage_of(path)
+        head = next((info for p in self.order if (info := lineage_of(p)) is not None), None)
+        return here is not None and head is not None and (here.branch, here.step, here.born) == (
+            head.branch, head.step, head.born)
+
+
 def look(folder: RunFolder) -> FolderLineage:
     """The lineage of every checkpoint-named file in `folder`: the order to resume in, and the names not ours."""
     return FolderLineage(resume_order(folder.checkpoints),
@@ -125,23 +134,15 @@ def resume_order(checkpoints: Iterable[Path]) -> list[Path]:
     return sorted(checkpoints, key=_order_key, reverse=True)
 
 
-def continues_head(output_dir: Path, path: Path) -> bool:
-    """Whether `path` is the newest checkpoint of the newest branch in `output_dir` (no new branch then)."""
-    here = lineage_of(path)
-    head = next((info for p in resume_order(list_checkpoints(output_dir)) if (info := lineage_of(p)) is not None), None)
-    return here is not None and head is not None and (here.branch, here.step, here.born) == (
-        head.branch, head.step, head.born)
-
-
-def run_lineage(saved: Lineage | None, step: int, path: Path | None, output_dir: Path, *, auto: bool,
-                reset: bool) -> tuple[Lineage, bool]:
+def run_lineage(saved: Lineage | None, step: int, *, continues: bool, reset: bool) -> tuple[Lineage, bool]:
     """The lineage this run's checkpoints carry, and whether it is a new branch (set_aside before its
-    first save). `saved` is the lineage of the checkpoint resumed from (at `step`), None for a fresh run."""
+    first save). `saved` is the lineage of the checkpoint resumed from (at `step`), None for a fresh run;
+    `continues`: the manager found that resuming it goes on with its branch (Resumed.continues)."""
     if saved is None:
         return new_branch(), True
     if reset:
         return new_branch(saved, step), True
-    if auto or continues_head(output_dir, path):
+    if continues:
         return Lineage(**saved.state_dict()), False
     return new_branch(saved, step, continues=True), True
 

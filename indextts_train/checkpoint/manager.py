@@ -7,7 +7,7 @@ tries, the names not ours); each candidate verified until one resumes, those tha
 left untouched, a folder none of whose files resumes refused (verify.py: the chosen file is read once,
 in full, and migrated by its verification); the names this run must not touch: those skipped and those
 not ours; then the chosen file is split into a typed `Resumed` (resumed.py), whose parts the run's own
-parts load with their `load_state_dict`.
+parts load with their `load_state_dict`, with whether it goes on with its branch (the same look).
 """
 
 from __future__ import annotations
@@ -57,4 +57,6 @@ def select_resume(output_dir: Path, resume: str | None, *, warn: Say,
             notice(f"--resume auto: no checkpoint in {output_dir}; starting fresh")
         return None, protected
     notice(f"resuming from {choice.path}")
-    return resumed_state(choice.state, choice.path, choice.unknown), protected
+    # --resume auto goes on with what it found; a named file, only when it is the newest branch's head
+    continues = resume == "auto" or seen.continues(choice.path)
+    return resumed_state(choice.state, choice.path, choice.unknown, continues=continues), protected

@@ -46,6 +46,9 @@ class Resumed:
     sort_window: int | None  # the window of a rule-1 run's stored config, when it has a usable one
     repaired: bool  # made by `indextts-train repair` (a community file or a partial one of ours)
     samples_unknown: bool  # a repair could not tell progress.samples_total
+    # Goes on with its branch (--resume auto, or the folder's newest checkpoint named): no new branch unless
+    # the run starts over. Decided by the manager from its one look at the folder's lineage.
+    continues: bool = True
 
     @property
     def step(self) -> int:
@@ -74,9 +77,9 @@ def stored_sort_window(ckpt: dict) -> int | None:
     return stored if is_int(stored) and stored > 0 else None
 
 
-def resumed_state(ckpt: dict, path: Path, unknown: list[str]) -> Resumed:
+def resumed_state(ckpt: dict, path: Path, unknown: list[str], *, continues: bool = True) -> Resumed:
     """A loaded (migrated, verified) checkpoint dict as its typed parts; `unknown` is what its verdict
-    says a repair could not tell (kinds.Verdict.unknown)."""
+    says a repair could not tell (kinds.Verdict.unknown); `continues`: see Resumed.continues."""
     sampler = ckpt.get("sampler", {})
     legacy = sampler.get("rule", LEGACY_RULE) == LEGACY_RULE  # no record: written before order rules
     sort_window = stored_sort_window(ckpt) if legacy else None
@@ -89,4 +92,5 @@ def resumed_state(ckpt: dict, path: Path, unknown: list[str]) -> Resumed:
         hparams=ckpt["hparams"], train_config=ckpt["config"].get("train") or {},
         gpt_config=ckpt["config"].get("gpt") or {}, hardware=ckpt.get("hardware") or {},
         sampler=None if legacy else SamplerSpec.from_state_dict(sampler),
-        sort_window=sort_window, repaired=bool(ckpt.get("repaired")), samples_unknown=samples_unknown)
+        sort_window=sort_window, repaired=bool(ckpt.get("repaired")), samples_unknown=samples_unknown,
+        continues=continues)

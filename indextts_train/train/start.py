@@ -53,8 +53,8 @@ def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth
     state = RunState(weights, optim, progress, History(), plan, DivergenceGuard(progress, train.max_bad_steps))
     state.data.fingerprint = fingerprint
     state.lineage, state.new_branch = run_lineage(
-        resumed and resumed.lineage, resumed.step if resumed is not None else 0, resumed and resumed.path,
-        options.output_dir, auto=options.resume == "auto", reset=reset)
+        resumed and resumed.lineage, resumed.step if resumed is not None else 0,
+        continues=resumed is not None and resumed.continues, reset=reset)
     if resumed is not None and state.new_branch and dist.is_main:
         warn_foreign_resume(resumed.path, state, options.output_dir, protected, log)
     if resumed is not None:
