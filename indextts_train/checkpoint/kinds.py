@@ -87,7 +87,21 @@ def ignored_by_base_checkpoint(path: Path, obj: Any) -> str | None:
     at = f" at step {step}" if is_int(step) else ""
     return (f"--base-checkpoint {path} is a training checkpoint{at}: only its weights are used; its optimizer "
             "state and position are ignored and this run starts at step 0 (to continue that run instead, "
-            "pass it as --resume)")
+            f"pass it as --resume){_grown_note(obj) if kind == 'indextts-train' else ''}")
+
+
+def _grown_note(obj: dict) -> str:
+    """A grown run's frozen base rows are not carried over: all its rows are this run's base. Said, since with
+    the same tokenizer nothing is new, so nothing is frozen, and the first run's frozen rows now train."""
+    plan = obj.get("vocab_plan")
+    if not isinstance(plan, dict) or not plan.get("freeze_base"):
+        return ""
+    base, tokens = plan.get("base_tokens"), plan.get("tokens")
+    if not (is_int(base) and is_int(tokens) and 0 < base < tokens):
+        return ""
+    return (f"; nor is its vocabulary plan: its run grew {base} base text tokens to {tokens} and kept the {base} "
+            "base rows frozen, but here all its rows are the base, so only the rows a larger tokenizer adds are new "
+            "and, with none, every row trains (--resume keeps the first run's frozen rows)")
 
 
 def _weights(obj: dict, kind: str) -> Any:
