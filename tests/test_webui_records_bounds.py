@@ -156,3 +156,23 @@ def test_a_folder_swapped_for_a_link_after_the_check_is_not_written_through(fold
     with runs._open_log(checked) as log:  # no link: the folder is made, its log opened to append
         log.write(b"mine\n")
     assert (checked / "train.log").read_text() == "mine\n" and list((outside / "run").iterdir()) == []
+
+
+def test_watch_says_when_the_curves_leave_tensorboard_logs_out(folders, monkeypatch) -> None:
+    """Past the byte budget the plot was silent: older logs left out looked like a run that began later, and a
+    newest file alone over the budget (a long run logging every step) showed no curve with no word why."""
+    run = folders["root"] / "run"
+    roots = Roots([folders["root"]])
+    assert records.curves_left_out(run, roots) is None  # no logs yet
+    old_file = _write_losses(run / "logs" / "run_1", range(1, 201), value=100.0)
+    new_file = _write_losses(run / "logs" / "run_2", range(150, 161))
+    assert records.curves_left_out(run, roots) is None  # everything is read
+    monkeypatch.setattr(records, "MAX_CURVE_BYTES", new_file.stat().st_size + old_file.stat().st_size - 1)
+    said = records.curves_left_out(run, roots)
+    assert said.startswith("loss curves: older TensorBoard logs are left out") and f"--logdir {run / 'logs'}" in said
+    monkeypatch.setattr(records, "MAX_CURVE_BYTES", new_file.stat().st_size - 1)
+    said = records.curves_left_out(run, roots)
+    assert said.startswith(f"no loss curve: {run / 'logs' / 'run_2' / new_file.name} is ")
+    assert "MiB, more than the 0 MiB of TensorBoard logs this page reads" in said
+    notices = PageServer(roots).watch(str(run))[4]  # Watch's box of warnings
+    assert said in notices.splitlines()

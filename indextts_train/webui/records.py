@@ -16,6 +16,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from indextts_train.checkpoint.lineage import lineage_of
 from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
@@ -23,7 +24,7 @@ from indextts_train.checkpoint.scores import SUMMARY_KEYS, scores_path
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
 from indextts_train.ui import events as ev
 from indextts_train.ui.run_record import RECORD_NAME, read_record
-from indextts_train.webui.roots import MAX_SCAN, Roots
+from indextts_train.webui.roots import MAX_SCAN, Roots, shown
 from indextts_train.webui.runs import Launch
 
 MAX_CURVE_BYTES = 32 << 20  # TensorBoard bytes read for one run's curves (a point takes about 50)
@@ -109,24 +110,30 @@ def loss_curves(output_dir: Path, roots: Roots) -> list[tuple[str, int, float]]:
     curve keeps at most MAX_POINTS points, sampled past that as TensorBoard samples them.
     """
     points: dict[tuple[str, int], float] = {}
-    for files in _event_files(Path(output_dir), roots):
+    for files in _event_files(Path(output_dir), roots).chosen:
         points.update(_folder_losses(files))
     return sorted(((tag, step, value) for (tag, step), value in points.items()), key=lambda row: (row[0], row[1]))
 
 
-def _event_files(output_dir: Path, roots: Roots) -> list[tuple[tuple[str, int, int], ...]]:
+class _CurveFiles(NamedTuple):
+    chosen: list[tuple[tuple[str, int, int], ...]]  # each folder's files to read, oldest folder first
+    left_out: bool  # older files or folders past the byte budget, not read
+    newest: tuple[str, int] | None  # (path, size) of the newest file when it alone is over the budget
+
+
+def _event_files(output_dir: Path, roots: Roots) -> _CurveFiles:
     """The event files to read of each TensorBoard folder of the run, oldest folder first, each folder's
     in order: (resolved path, size, mtime). The newest files whose sizes add up to MAX_CURVE_BYTES, among the
-    MAX_FOLDERS newest folders; older ones are not read (a real run logs about 50 bytes a point, so
-    the budget holds some 600,000 points: a run of millions of steps shows its latest invocations)."""
+    MAX_FOLDERS newest folders; older ones are not read (a run logs about 400 bytes a logged step, so
+    the budget holds some 80,000 of them: a longer run shows its latest logs, and Watch says so)."""
     logs = output_dir / "logs"
     try:
         with os.scandir(logs) as entries:  # a listing bounded as the folder scans are
             names = sorted(entry.name for entry in itertools.islice(entries, MAX_SCAN)
                            if entry.name.startswith("run"))
     except OSError:
-        return []
-    chosen, budget = [], MAX_CURVE_BYTES
+        return _CurveFiles([], False, None)
+    chosen, budget, newest = [], MAX_CURVE_BYTES, None
     for name in reversed(names[-MAX_FOLDERS:]):
         real = roots.found(logs / name)
         if real is None or not real.is_dir() or roots.leads_outside(real):
@@ -136,6 +143,7 @@ def _event_files(output_dir: Path, roots: Roots) -> list[tuple[tuple[str, int, i
             file = _event_file(path, roots)
             if file is not None and file[1] > budget:
                 budget = -1  # this file and every older one: over the budget
+                newest = None if chosen or files else (str(logs / name / path.name), file[1])
                 break
             if file is not None:
                 budget -= file[1]
@@ -144,7 +152,21 @@ def _event_files(output_dir: Path, roots: Roots) -> list[tuple[tuple[str, int, i
             chosen.append(tuple(reversed(files)))
         if budget < 0:
             break
-    return chosen[::-1]
+    return _CurveFiles(chosen[::-1], budget < 0 or len(names) > MAX_FOLDERS, newest)
+
+
+def curves_left_out(output_dir: Path, roots: Roots) -> str | None:
+    """Watch's line when the loss curves leave TensorBoard logs out (over the bytes the page reads), else None."""
+    found = _event_files(Path(output_dir), roots)
+    see = f"`tensorboard --logdir {shown(str(Path(output_dir) / 'logs'))}` shows them all"
+    if found.newest is not None:
+        path, size = found.newest
+        return (f"no loss curve: {shown(path)} is {size / (1 << 20):.1f} MiB, more than the "
+                f"{MAX_CURVE_BYTES >> 20} MiB of TensorBoard logs this page reads; {see}")
+    if found.left_out:
+        return (f"loss curves: older TensorBoard logs are left out (the page reads the newest "
+                f"{MAX_CURVE_BYTES >> 20} MiB); {see}")
+    return None
 
 
 def _event_file(path: Path, roots: Roots) -> tuple[str, int, int] | None:

@@ -144,6 +144,7 @@ class PageServer:
                     for name in scan.special]
         if scan.unchecked is not None:
             outside.append(f"not checked for links leading outside: {folder} {scan.unchecked}")
+        outside += [line for line in [records.curves_left_out(folder, self.roots)] if line]
         notices = "\n".join([*outside, _last(records.notices(mine))]).strip()
         return records.status_line(launch, events), command, tail, _last(records.plan_text(mine)), notices
 
