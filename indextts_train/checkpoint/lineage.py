@@ -91,7 +91,6 @@ class FolderLineage:
     foreign: frozenset[str]  # the names (best.pth included) not checkpoints of ours, or unreadable: a run
     # never replaces, moves or deletes them
 
-
     def continues(self, path: Path) -> bool:
         """Whether resuming `path` goes on with the folder's newest branch where it stands: `path` is (a copy of)
         the newest checkpoint of the newest branch, so the run starts no new branch."""
