@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,7 @@ from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import iter_lines, json_or_none
 from indextts_train.files.targets import check_new_file, make_output_folder
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
+from indextts_train.text.tiktoken_vocab import SPECIAL_TOKENS
 
 
 @dataclass
@@ -46,6 +48,7 @@ class _CheckStats:
     first_line_of: dict[str, str] = field(default_factory=dict)  # id -> FILE:LINE where it first appeared
     duplicates: list[str] = field(default_factory=list)  # the first REPORT_ERRORS, both places named
     duplicate_count: int = 0
+    extended_ids: tuple[int, int | None] | None = None  # ids counted as the extension's (--base-vocab): from, to
 
     def add(self, line: CheckedLine, where: str, limits: _Limits) -> str | None:
         """A line checked by lines.check_line: counted as compared with its text or not; its refusal when its ids are
@@ -69,7 +72,9 @@ class _CheckStats:
         self.text_tokens += line.text_len
         self.note_id(obj.get("id"), where)
         if limits.base_vocab is not None:
-            self.extended_tokens += int(np.count_nonzero(text_ids >= limits.base_vocab))
+            start, stop = self.extended_ids = limits.extended_ids(two_five="spk_emb" in line.fields)
+            new = text_ids >= start if stop is None else (text_ids >= start) & (text_ids < stop)
+            self.extended_tokens += int(np.count_nonzero(new))
         return None
 
     def note_id(self, sample_id: object, where: str) -> None:
@@ -89,7 +94,24 @@ class _Limits:
     """What a line is checked against: the checks of every line (lines.py), and check-data's own."""
 
     line: LineLimits
-    base_vocab: int | None  # ids from here on are the extension's (the report's share of them)
+    base_vocab: int | None  # the base vocabulary's size: the ids it lacks are the extension's (the report's share)
+
+    def extended_ids(self, *, two_five: bool) -> tuple[int, int | None]:
+        """(first, end) of the ids a tokenizer grown from `base_vocab` tokens added (end None: all after).
+        SentencePiece appends: every id from base_vocab on. A tiktoken vocabulary inserts its new ranks before
+        the 1,673 specials, which move up: ids base_vocab - 1673 .. text_vocab - 1673 (an id >= base_vocab there
+        is a special, such as the language tag every line starts with)."""
+        base, text_vocab, specials = self.base_vocab, self.line.text_vocab, len(SPECIAL_TOKENS)
+        if not two_five:
+            return base, None
+        if text_vocab is None:
+            raise UserError(f"--base-vocab {base}: IndexTTS-2.5 lines put the grown ranks before the special "
+                            "tokens, and the vocabulary's size is not known here: add --tokenizer (or --config)")
+        if base <= specials:
+            raise UserError(f"--base-vocab {base}: an IndexTTS-2.5 vocabulary has {specials} special tokens after "
+                            "its ranks; pass the base model's gpt.number_text_tokens (its ranks + "
+                            f"{specials})")
+        return base - specials, text_vocab - specials
 
     def checked_against(self) -> dict:
         """The report's account of these limits."""
@@ -121,6 +143,9 @@ def _limits_for(gpt_cfg: GPTConfig | None, vocab_size: int | None, base_vocab: i
     """What every line is checked against: the config's sizes, the tokenizer's id range, the family."""
     text_vocab = vocab_size if vocab_size is not None else (gpt_cfg.number_text_tokens if gpt_cfg else None)
     text_source = _text_vocab_source(vocab_size is not None)
+    if base_vocab is not None and text_vocab is not None and base_vocab > text_vocab:  # no id would count
+        raise UserError(f"--base-vocab {base_vocab} is above the {text_vocab} tokens of the vocabulary checked "
+                        f"against ({text_source[0]}); pass the base tokenizer's size")
     line = LineLimits(
         max_text=gpt_cfg.max_text_tokens if gpt_cfg else None,
         max_mel=gpt_cfg.max_mel_tokens if gpt_cfg else None,
@@ -157,6 +182,16 @@ def check_lines(paths: Sequence[str | Path], limits: LineLimits,
             raise UserError(f"{path}: manifest is empty: it holds no line (pass a manifest with at least one line)")
 
 
+def _refuse_other_family(gpt_cfg: GPTConfig | None, text_path: TextPath | None) -> None:
+    """A tokenizer of another family than the config states: one line, not every line refused for a reason of
+    the other family's (a missing language tag, ids past the vocabulary)."""
+    stated = gpt_cfg.stated_family if gpt_cfg else None
+    if text_path is not None and stated is not None and text_path.family is not stated:
+        raise UserError(f"--tokenizer {text_path.tokenizer} is an {text_path.family.name} "
+                        f"{text_path.family.tokenizer_noun}, but the config is {stated.name}'s; pass the "
+                        f"tokenizer the data was made with ({stated.tokenizer_label})")
+
+
 def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = None,
                     vocab_size: int | None = None, base_vocab: int | None = None,
                     borrowed: dict[str, int] | None = None, text_path: TextPath | None = None,
@@ -173,6 +208,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     """
     if vocab_size is None and text_path is not None:
         vocab_size = text_path.size  # the tokenizer the text is checked with bounds the ids too
+    _refuse_other_family(gpt_cfg, text_path)
     limits = _limits_for(gpt_cfg, vocab_size, base_vocab, borrowed, text_path)
     files = [str(p) for p in paths]
     for i, path in enumerate(files):  # check-data's paths, once each: a corpus for prepare is said as such
@@ -204,6 +240,7 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
         "durations_s": {name: round(total, 3) for name, total in stats.durations.items()},
         "extended_token_share": (stats.extended_tokens / stats.text_tokens
                                  if base_vocab is not None and stats.text_tokens else None),
+        "extended_ids": None if stats.extended_ids is None else list(stats.extended_ids),
         "text": None if text_path is None else {
             "normalizer": text_path.normalizer_name, "compared": stats.text_compared,
             "not_compared": stats.text_not_compared, "notes": text_path.notes()},
@@ -253,10 +290,11 @@ def render_check_report(report: dict) -> str:
         lines.append("languages: " + ", ".join(f"{k} {v}" for k, v in report["languages"].items()))
     for name, seconds in report["durations_s"].items():
         lines.append(f"{name}: {seconds / 3600:.2f} h total ({seconds:.0f} s)")
-    share = report["extended_token_share"]
+    share, ids = report["extended_token_share"], report.get("extended_ids")
     if share is not None:
-        lines.append(f"extended-vocabulary tokens (id >= {report['checked_against']['base_vocab']}): "
-                     f"{100 * share:.1f}% of text tokens")
+        first, end = ids or (report["checked_against"]["base_vocab"], None)
+        counted = f"id >= {first}" if end is None else f"ids {first}..{end - 1}, the ranks added before the specials"
+        lines.append(f"extended-vocabulary tokens ({counted}): {100 * share:.1f}% of text tokens")
     text = report.get("text")
     if text:
         lines.append(f"text ids compared with the text as official inference encodes it: {text['compared']} line(s) "
@@ -323,7 +361,7 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
     out = os.path.realpath(out_path)
     if any(os.path.realpath(path) == out for path in report["files"]):
         raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
-    check_new_file("--write-clean", Path(out_path), force=force)
+    check_clean_target(Path(out_path), force=force)
     bad = {(path, line) for path, line in report["bad_lines"]}
     out_dir = os.path.dirname(os.path.abspath(out_path))
     lines = _good_lines(report, bad, out_dir)
@@ -347,11 +385,51 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+# How much of an existing --write-clean file is read to see that it is a manifest: a line is a few KiB.
+MANIFEST_HEAD_BYTES = 1 << 20
+
+
+def check_clean_target(path: Path, *, force: bool) -> None:
+    """--write-clean may be written: new, or (--force) a link, which is replaced itself, or a manifest. Any other
+    file is refused even with --force: the config, the tokenizer or an array the lines name (inputs all) is
+    easily typed there, and a JSONL manifest is the only thing a clean manifest replaces on purpose."""
+    check_new_file("--write-clean", path, force=force)
+    try:
+        info = path.lstat()
+    except OSError:
+        return  # nothing there: nothing to lose
+    if stat.S_ISLNK(info.st_mode) or (stat.S_ISREG(info.st_mode) and _reads_as_manifest(path)):
+        return
+    raise UserError(f"--write-clean {path} exists and is not a manifest (its first line is no JSON object), so "
+                    "--force does not replace it: it may be the config, the tokenizer or a file the lines name; "
+                    "choose another path")
+
+
+def _reads_as_manifest(path: Path) -> bool:
+    """Empty, or its first line a JSON object (read within MANIFEST_HEAD_BYTES)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(MANIFEST_HEAD_BYTES)
+    except OSError:
+        return False
+    head = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head:
+        return True
+    first, newline, _ = head.partition(b"\n")
+    if not newline and len(head) >= MANIFEST_HEAD_BYTES - 3:
+        return False  # a first line past the head: no manifest line is that long
+    return isinstance(json_or_none(first), dict)
+
+
 def check_flags_read(*, force: bool, write_clean: Path | None, normalizer: str, vocabulary: Path | None) -> None:
-    """check-data's flags that are read only beside another one: typed without it, each would change nothing."""
+    """check-data's flags that are read only beside another one: typed without it, each would change nothing.
+    A --write-clean that --force may not replace is said here, before the lines are checked (an input manifest
+    given there is said by write_clean_manifest, which knows the manifests)."""
     if force and write_clean is None:
         raise UserError("--force lets --write-clean replace an existing file, and no --write-clean is given: the "
                         "flag would change nothing; add --write-clean FILE, or leave --force out")
+    if force and write_clean is not None:
+        check_clean_target(write_clean, force=True)
     check_normalizer_choice(normalizer)  # a typo first: it is said even where nothing is normalised
     if normalizer != "auto" and vocabulary is None:
         raise UserError(f"--normalizer {normalizer} presents text for a tokenizer's encoding, and none is at hand (no "

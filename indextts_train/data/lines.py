@@ -195,7 +195,9 @@ def language_code(lang_id: int) -> str:
 
 
 def _load_npy(path: str, what: str, where: str) -> np.ndarray:
-    if not os.path.exists(path) or os.path.isdir(path):
+    if os.path.isdir(path):  # "not found" would send the user looking for a file that is there, as a folder
+        raise UserError(f"{where}: {what} {path} is a folder, not a .npy file; fix the path to name the array")
+    if not os.path.exists(path):
         raise UserError(
             f"{where}: {what} {path} not found; re-run preprocessing or fix the path "
             "(relative paths resolve against the manifest's folder)"

@@ -425,11 +425,17 @@ class TiktokenPath(TextPath):
 
     def present(self, text: str, language: str | None = None) -> str:
         self.lang_id(language)  # refuses or counts an unknown code
-        return language_prefix(self._inference_code(language)) + self.present_body(text, language)
+        return language_prefix(self._inference_code(language)) + self._body(text, language)
 
     def present_body(self, text: str, language: str | None = None) -> str:
         """A text without a language gets the character map and keeps its case, as inference does for
-        every language without a case rule."""
+        every language without a case rule. A language named is looked up as present() does: a code the
+        table lacks (a typo such as `eng` keeps the case `en` lowers) is counted for notes(), or refused."""
+        if language is not None:
+            self.lang_id(language)
+        return self._body(text, language)
+
+    def _body(self, text: str, language: str | None) -> str:
         code = self._inference_code(language)
         text = character_map(text)
         if code in V25_NORMALISED:

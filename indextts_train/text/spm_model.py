@@ -193,6 +193,11 @@ def parse_model(data: bytes, source: str = "<bytes>") -> SpmModel:
                 pieces.append(_decode_piece(value))
             elif number in (TRAINER_SPEC, NORMALIZER_SPEC) and wire != _LEN:
                 raise _WireError(f"field {number} has wire type {wire}")
+            elif number in (TRAINER_SPEC, NORMALIZER_SPEC):
+                # SpmModel.spec decodes these later, outside this try: a malformed one is said here, as one line
+                rest.append(raw)
+                for _ in _iter_fields(value):
+                    pass
             else:
                 rest.append(raw)
     except (_WireError, UnicodeDecodeError) as exc:

@@ -30,7 +30,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 from indextts_train.files.targets import check_new_file, same_path
-from indextts_train.text.corpus_lines import iter_text_lines
+from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
 
@@ -149,17 +149,41 @@ def bpe_parts(table: dict[bytes, int], piece: bytes) -> list[bytes]:
 
 
 def merged_parts(table: dict[bytes, int], piece: bytes) -> list[bytes]:
-    """The merge loop alone, from single bytes (no whole-piece lookup)."""
-    parts = [piece[i:i + 1] for i in range(len(piece))]
-    while len(parts) > 1:
-        best, at = None, -1
-        for i in range(len(parts) - 1):
-            rank = table.get(parts[i] + parts[i + 1])
-            if rank is not None and (best is None or rank < best):
-                best, at = rank, i
-        if best is None:
-            break
-        parts[at:at + 2] = [parts[at] + parts[at + 1]]
+    """The merge loop alone, from single bytes (no whole-piece lookup).
+
+    The same parts as rescanning every adjacent pair after each merge, but the pairs wait in a heap keyed
+    by (rank, start), which is the loop's own choice (lowest rank, leftmost on ties): a rescan is quadratic
+    in the piece's length: over two minutes for a 64 KB piece (a crafted rank, a corpus line without spaces)."""
+    size = len(piece)
+    if size <= 1:
+        return [piece] if size else []
+    following = list(range(1, size + 1))  # start of the part after the part that starts here (size: none)
+    before = list(range(-1, size - 1))  # start of the part before it (-1: none)
+
+    def pair(start: int) -> tuple[int, int, int, int] | None:
+        middle = following[start]
+        if middle >= size:
+            return None  # the last part: no pair starts here
+        rank = table.get(piece[start:following[middle]])
+        return None if rank is None else (rank, start, middle, following[middle])
+
+    heap = [found for found in map(pair, range(size - 1)) if found is not None]
+    heapq.heapify(heap)
+    while heap:
+        _, start, middle, end = heapq.heappop(heap)
+        if before[middle] != start or following[middle] != end or following[start] != middle:
+            continue  # one of its parts has merged with another since the pair was pushed
+        following[start], before[middle] = end, -2  # -2: no longer the start of a part
+        if end < size:
+            before[end] = start
+        for left in (before[start], start):  # the two pairs the merged part now forms
+            found = pair(left) if left >= 0 else None
+            if found is not None:
+                heapq.heappush(heap, found)
+    parts, start = [], 0
+    while start < size:
+        parts.append(piece[start:following[start]])
+        start = following[start]
     return parts
 
 
@@ -172,14 +196,22 @@ def reachable(table: dict[bytes, int], token: bytes) -> bool:
 # extend
 
 
+# Merges are learned on regex pieces of at most this many characters: each merge re-splits every piece that
+# holds its pair, so one long piece (a line without spaces or punctuation) would be re-split thousands of
+# times; a word is far shorter, and a longer piece is learned from in slices of this length.
+LEARN_PIECE_CHARS = 256
+
+
 def corpus_pieces(texts: Iterable[str]) -> Counter:
-    """Regex pieces (as bytes) of the corpus with their counts; special-token text is not split out."""
+    """Regex pieces (as bytes, longer ones in LEARN_PIECE_CHARS slices) of the corpus with their counts;
+    special-token text is not split out."""
     import regex  # tiktoken's own dependency; the official split pattern needs \p{L}
 
     pattern = regex.compile(PAT_STR)
     counts: Counter = Counter()
     for text in texts:
-        counts.update(match.encode("utf-8") for match in pattern.findall(text))
+        counts.update(match[at:at + LEARN_PIECE_CHARS].encode("utf-8") for match in pattern.findall(text)
+                      for at in range(0, len(match), LEARN_PIECE_CHARS))
     return counts
 
 
@@ -246,6 +278,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
                         f"({vocab.n_ranks} ranks + {len(SPECIAL_TOKENS)} specials); a vocabulary can only grow")
     if same_path(out, base):
         raise UserError(f"{out}: is the base tokenizer; write the extended one to a new file")
+    refuse_corpus_outputs(map(Path, corpus), {f"--output {out}": Path(out)})
     present = present or (lambda text: text)
     texts = [present(text) for path in corpus for text in iter_text_lines(Path(path))]
     if not texts:
@@ -332,12 +365,18 @@ def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None,
             piece = encoding.decode_single_token_bytes(token)
             if len(piece) == 1 and piece[0] >= 0x80:
                 byte_chars += 1
+    refuse_empty_sample(path, lines)
     result = {"path": str(path), "lines": lines, "tokens": tokens, "characters": chars,
               "tokens_per_line": tokens / max(lines, 1), "tokens_per_character": tokens / max(chars, 1),
               "single_byte_token_share": byte_chars / max(tokens, 1)}
     if base_ranks is not None:
         result["extended_token_share"] = new_tokens / max(tokens, 1)
     return result
+
+
+def _shown_piece(piece: str, most: int = 40) -> str:
+    """A rank's text as a report line shows it: a crafted rank can be megabytes long."""
+    return repr(piece) if len(piece) <= most else f"{piece[:most]!r}... ({len(piece)} characters)"
 
 
 def render_tiktoken_report(report: dict) -> str:
@@ -349,7 +388,7 @@ def render_tiktoken_report(report: dict) -> str:
         kept = "kept" if report["base_ids_kept"] else "NOT kept"
         lines.append(f"  base {report['base']}: {report['base_ranks']} ranks, ids {kept}, "
                      f"{report['added_ranks']} added (specials move up by {report['added_ranks']})")
-    shown = ", ".join(f"{u['id']}:{u['piece']!r}" for u in report["unreachable"])
+    shown = ", ".join(f"{u['id']}:{_shown_piece(u['piece'])}" for u in report["unreachable"])
     lines.append(f"  not built by merges: {report['n_unreachable']}" + (f" e.g. {shown}" if shown else ""))
     if "sample" in report:
         s = report["sample"]

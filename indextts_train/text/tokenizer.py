@@ -24,7 +24,7 @@ import sentencepiece as spm
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file
 from indextts_train.files.targets import check_new_file, same_path
-from indextts_train.text.corpus_lines import iter_text_lines
+from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
 from indextts_train.text.spm_model import (
     BPE,
@@ -151,6 +151,9 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
         raise UserError("no corpus given; pass --corpus with a text or JSONL file")
     for path in corpus:
         check_file(path, "corpus", missing="pass --corpus with a text or JSONL file")  # a FIFO: one line too
+    vocab = out.with_suffix(".vocab")
+    refuse_corpus_outputs(corpus, {f"--output {out}": out,
+                                   f"the .vocab written beside --output {out}, {vocab},": vocab})
 
 
 def _learn_new_pieces(base: SpmModel, text_file: Path, needed: int, written: TrainingText, seed: int,
@@ -422,6 +425,7 @@ def _sample_coverage(processor: spm.SentencePieceProcessor, path: Path, base_siz
         if len(batch) == 1000:
             flush()
     flush()
+    refuse_empty_sample(path, lines)
     result = {"path": str(path), "lines": lines, "tokens": tokens, "characters": chars,
               "unk_token_rate": unk_tokens / max(tokens, 1), "unk_char_rate": unk_chars / max(chars, 1),
               "tokens_per_line": tokens / max(lines, 1), "unknown_characters": unknown.most_common(_SHOW)}
