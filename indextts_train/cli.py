@@ -255,7 +255,7 @@ def check_data(
                                            vocab_size=text_path.size if text_path else None,
                                            base_vocab=base_vocab, borrowed=borrowed, text_path=text_path)
         if write_clean is not None:
-            checkdata.write_clean_manifest(report, write_clean, force=force)
+            report["clean_lines"] = checkdata.write_clean_manifest(report, write_clean, force=force)
         return report
 
     report = run_guarded(run)  # a refusal is its one line; what was checked against comes with a report
@@ -263,7 +263,7 @@ def check_data(
         typer.echo(note, err=True)
     typer.echo(json.dumps(report, indent=1, default=str) if as_json else checkdata.render_check_report(report))
     if write_clean is not None and not as_json:
-        typer.echo(f"clean manifest: {write_clean}")
+        typer.echo(checkdata.clean_line(write_clean, report["clean_lines"]))
     if report["text"] and not as_json:
         for note in report["text"]["notes"]:
             typer.echo(f"warning: {note}", err=True)
@@ -301,7 +301,7 @@ def check_tokenizer(
         text_path = run_guarded(TextPath.open, model, normalizer=normalizer)
 
         def present(text: str) -> str:
-            return text_path.present(text, language) if language else text_path.present_body(text)
+            return text_path.present(text, language) if language is not None else text_path.present_body(text)
 
         report = run_guarded(check_tiktoken, model, base=base, sample_text=sample_text, present=present)
         if sample_text is not None:

@@ -19,7 +19,13 @@ from indextts_train.cli import app, run_app
 from indextts_train.cli_flags import plain_help
 from indextts_train.config.family import INDEXTTS2
 from indextts_train.config.settings import GPTConfig
-from indextts_train.data.checkdata import check_flags_read, check_manifests, render_check_report, write_clean_manifest
+from indextts_train.data.checkdata import (
+    check_flags_read,
+    check_manifests,
+    clean_line,
+    render_check_report,
+    write_clean_manifest,
+)
 from indextts_train.errors import UserError
 from indextts_train.text.corpus_lines import iter_text_lines
 from indextts_train.text.inference_text import TextPath
@@ -214,3 +220,32 @@ def test_an_array_path_that_names_a_folder_says_so(tmp_path) -> None:
     manifest.write_text(json.dumps({**json.loads(lines[0]), "target_codes_path": "codes"}) + "\n")
     (error,) = check_manifests([manifest], vocab_size=1773)["errors"]
     assert f"target_codes_path {tmp_path / 'tiny' / 'codes'} is a folder, not a .npy file" in error
+
+
+def test_a_borrowed_language_that_no_line_is_in_is_said() -> None:
+    """`--borrow-language xx=am` where no line is in xx (a typo of the code the lines carry) changed nothing,
+    silently."""
+    assert not any("--borrow-language" in line for line in render_check_report(
+        check_manifests([PAIRS], vocab_size=1773)).splitlines())
+    report = check_manifests([PAIRS], vocab_size=1773, borrowed={"xx": 5})
+    assert report["languages"] == {"en": 1, "ja": 1, "tr": 1}
+    shown = render_check_report(report).splitlines()
+    assert "note: --borrow-language xx: no line is in that language, so the flag changed nothing here" in shown
+
+
+def test_write_clean_with_no_good_line_writes_no_empty_manifest(tmp_path) -> None:
+    """Every line bad: it wrote an empty manifest (which training refuses) and said "clean manifest: X"."""
+    report = check_manifests([PAIRS], vocab_size=50)  # every line holds ids past 50
+    assert report["lines_ok"] == 0
+    clean = tmp_path / "clean.jsonl"
+    assert write_clean_manifest(report, clean) == 0 and not clean.exists()
+    assert clean_line(clean, 0) == f"no clean manifest written to {clean}: no line is good (an empty manifest " \
+                                   "trains nothing)"
+    assert clean_line(clean, 3) == f"clean manifest: {clean} (3 good lines)"
+
+
+def test_check_tokenizer_with_an_empty_language_is_refused(tmp_path, capsys) -> None:
+    """`--language ''` measured the sample with no language tag at all, silently (494 tokens against 520)."""
+    sample = tmp_path / "sample.txt"
+    sample.write_text("hello there\n")
+    one_line(["check-tokenizer", TOY, "--sample-text", sample, "--language", ""], capsys, "needs a language code")

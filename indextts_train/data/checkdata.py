@@ -119,7 +119,7 @@ class _Limits:
         return {"max_text_tokens": line.max_text, "max_mel_tokens": line.max_mel, "model_dim": line.model_dim,
                 "text_vocab": line.text_vocab, "number_mel_codes": line.mel_codes, "base_vocab": self.base_vocab,
                 "family": None if line.family is None else line.family.key,
-                "language_tag_base": tag_base(line.text_vocab)}
+                "language_tag_base": tag_base(line.text_vocab), "borrowed": dict(line.borrowed)}
 
 
 def _text_vocab_source(from_tokenizer: bool) -> tuple[str, str]:
@@ -288,6 +288,11 @@ def render_check_report(report: dict) -> str:
         lines.append(f"speakers: {speakers['count']} (top: {top})")
     if report["languages"]:
         lines.append("languages: " + ", ".join(f"{k} {v}" for k, v in report["languages"].items()))
+    seen = {str(code).strip().lower() for code in report["languages"]}
+    unused = sorted(set(report["checked_against"].get("borrowed") or {}) - seen)
+    if unused:  # a typo of the code the lines carry, or lines of another manifest: said, as it changed nothing
+        lines.append(f"note: --borrow-language {', '.join(unused)}: no line is in that language, so the flag "
+                     "changed nothing here")
     for name, seconds in report["durations_s"].items():
         lines.append(f"{name}: {seconds / 3600:.2f} h total ({seconds:.0f} s)")
     share, ids = report["extended_token_share"], report.get("extended_ids")
@@ -353,7 +358,8 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
     """Write only the good lines of a check report (or of `check_manifests(source, ...)`) to `out_path`.
 
     Lines stay byte-for-byte when `out_path` sits in the manifest's folder; elsewhere relative
-    paths are rewritten to stay valid from the new folder. Returns the number of lines written.
+    paths are rewritten to stay valid from the new folder. Returns the number of lines written (0: no line is
+    good, and nothing is written).
     An existing `out_path` (a link too: it is replaced, never its target) is replaced only with `force`.
     """
     report = source if isinstance(source, dict) else check_manifests(source, gpt_cfg=gpt_cfg,
@@ -365,6 +371,8 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
     bad = {(path, line) for path, line in report["bad_lines"]}
     out_dir = os.path.dirname(os.path.abspath(out_path))
     lines = _good_lines(report, bad, out_dir)
+    if not lines:  # an empty manifest trains nothing (train refuses it): none is written
+        return 0
     make_output_folder("--write-clean", Path(out_dir))  # as export does for its outputs
     try:
         # the name itself, never a link's target (an existing name was refused above without force)
@@ -373,6 +381,12 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
         raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
     return len(lines)
 
+
+def clean_line(path: Path, written: int) -> str:
+    """What check-data says of its --write-clean file."""
+    if not written:
+        return f"no clean manifest written to {path}: no line is good (an empty manifest trains nothing)"
+    return f"clean manifest: {path} ({written} good line{'s' if written != 1 else ''})"
 
 
 PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
