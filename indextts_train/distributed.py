@@ -10,9 +10,13 @@ for torch to load.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from indextts_train.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +40,16 @@ class DistInfo:
 def launched_processes() -> int:
     """How many processes torchrun started to train together (1 without torchrun), known before the group
     is set up: the settings are checked against it at the edge (ui/run_settings.py)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    text = os.environ.get("WORLD_SIZE", "1")
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UserError(f"WORLD_SIZE={text!r} in the environment is not a number of processes; unset it, or start "
+                        "several processes with torchrun (it sets WORLD_SIZE, RANK and the address of rank 0)")
+    world_size = int(text)
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if world_size > 1 and name not in os.environ]
+    if missing:
+        raise UserError(f"WORLD_SIZE={world_size} is set but {', '.join(missing)} is not: this process was not started "
+                        "by torchrun; unset WORLD_SIZE for one process, or start them with torchrun --nproc-per-node N")
+    return world_size
 
 
 def setup_distributed() -> DistInfo:
@@ -64,6 +77,23 @@ def teardown_distributed(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
+PEER_LOST = ("another process of this torchrun job stopped (its own message, if any, is above; a rank "
+             "killed by a signal says nothing); the checkpoints on disk are intact: rerun the same command "
+             "with --resume auto to continue")
+
+
+@contextlib.contextmanager
+def _collective() -> Iterator[None]:
+    """A collective whose peer is gone (it refused, crashed or was killed; gloo: "Connection closed by
+    peer") ends this rank with one line instead of a traceback from every surviving rank."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch.distributed.DistError and gloo's plain RuntimeError
+        # what torch said stays in the line: a collective can also fail for a cause of its own (NCCL, memory)
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"{PEER_LOST} (torch.distributed: {said})") from exc
+
+
 def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     """True when the flag is set on any rank, so every rank stops at the same optimizer step."""
     if not info.enabled:
@@ -72,7 +102,8 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     import torch.distributed as dist
 
     value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    with _collective():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
 
 
@@ -83,7 +114,8 @@ def sum_across_ranks(values: list[float], info: DistInfo, device: torch.device) 
     import torch.distributed as dist
 
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    with _collective():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
 
 
@@ -92,7 +124,8 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         import torch.distributed as dist
 
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        with _collective():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
@@ -103,7 +136,8 @@ def gather_to_main(obj: Any, info: DistInfo) -> list[Any]:
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * info.world_size
-    dist.all_gather_object(gathered, obj)
+    with _collective():
+        dist.all_gather_object(gathered, obj)
     return gathered
 
 
@@ -111,7 +145,8 @@ def barrier(info: DistInfo) -> None:
     if info.enabled:
         import torch.distributed as dist
 
-        dist.barrier()
+        with _collective():
+            dist.barrier()
 
 
 def broadcast_from_main(value: str | None, info: DistInfo) -> str | None:
@@ -121,5 +156,6 @@ def broadcast_from_main(value: str | None, info: DistInfo) -> str | None:
     import torch.distributed as dist
 
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    with _collective():
+        dist.broadcast_object_list(box, src=0)
     return box[0]

@@ -247,10 +247,13 @@ def preflight_output_dir(output_dir: str | Path) -> Path:
     return path
 
 
-def claim_output_dir(output_dir: Path, dist_info: DistInfo, device: torch.device) -> RunLock | None:
+def claim_output_dir(output_dir: Path, dist_info: DistInfo, device: torch.device, made: Path | None = None,
+                     created: tuple[str, ...] = ()) -> RunLock | None:
     """Preflight and lock OUTPUT_DIR on rank 0; every rank stops (exit 2) when rank 0 could not.
 
-    Returns the held lock on rank 0, None on the other ranks.
+    Returns the held lock on rank 0, None on the other ranks. When another rank is gone by then (it refused
+    its own input before this first collective), rank 0 takes back what it made (`made`, `created`) and
+    releases the lock before it stops.
     """
     error, lock = None, None
     if dist_info.is_main:
@@ -259,7 +262,14 @@ def claim_output_dir(output_dir: Path, dist_info: DistInfo, device: torch.device
             lock = RunLock(output_dir).acquire()
         except UserError as exc:
             error = exc
-    if any_rank(error is not None, dist_info, device):
+    try:
+        stop = any_rank(error is not None, dist_info, device)
+    except UserError:
+        if lock is not None:  # while the lock is held: no other start can take a lock file about to be removed
+            take_back(output_dir, made, list(created))
+            lock.release()
+        raise
+    if stop:
         raise error or UserError(f"rank 0 could not claim --output-dir {output_dir} (see its message)")
     return lock
 
@@ -321,7 +331,7 @@ def claim_run(output_dir: Path, dist_info: DistInfo, device: torch.device, text_
     """
     made = first_missing(output_dir)
     created = [name for name in (LOCK_NAME, LOG_NAME, EVENTS_NAME) if not (output_dir / name).exists()]
-    claim = Claim(output_dir, claim_output_dir(output_dir, dist_info, device), made, created)
+    claim = Claim(output_dir, claim_output_dir(output_dir, dist_info, device, made, tuple(created)), made, created)
     try:
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
         if dist_info.is_main:

@@ -1,0 +1,109 @@
+"""torchrun probes: a rank whose peer is gone (it refused its own input, crashed or was killed) stops with
+one line, and a start refused that way leaves nothing behind in the output dir."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from indextts_train import distributed
+from indextts_train.distributed import PEER_LOST, DistInfo
+from indextts_train.errors import UserError
+from indextts_train.train import runlock
+from indextts_train.train.runlock import LOCK_NAME, claim_run, holder_pid
+from indextts_train.ui.text_log import TextLog
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO = DistInfo(rank=0, world_size=2, local_rank=0)
+
+
+def _peer_gone(*args, **kwargs):
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:45273. GLHF!")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: distributed.any_rank(True, TWO, torch.device("cpu")),
+    lambda: distributed.sum_across_ranks([1.0], TWO, torch.device("cpu")),
+    lambda: distributed.all_reduce_sum(torch.zeros(1), TWO),
+    lambda: distributed.gather_to_main({"a": 1}, TWO),
+    lambda: distributed.barrier(TWO),
+    lambda: distributed.broadcast_from_main("x", TWO),
+])
+def test_a_collective_whose_peer_is_gone_is_one_line(monkeypatch, call) -> None:
+    for name in ("all_reduce", "all_gather_object", "barrier", "broadcast_object_list"):
+        monkeypatch.setattr(dist, name, _peer_gone)
+    with pytest.raises(UserError) as caught:
+        call()
+    said = str(caught.value)  # what torch said comes along: a collective may also fail for a cause of its own
+    assert said == f"{PEER_LOST} (torch.distributed: [gloo/transport/tcp/pair.cc:553] Connection closed by peer " \
+                   "[127.0.0.1]:45273. GLHF!)" and "\n" not in said
+
+
+def test_rank0_whose_peer_left_before_the_claim_leaves_nothing(monkeypatch, tmp_path) -> None:
+    def gone(*args, **kwargs):
+        raise UserError(PEER_LOST)
+
+    monkeypatch.setattr(runlock, "any_rank", gone)
+    out = tmp_path / "new" / "run"
+    with pytest.raises(UserError, match="another process"):
+        claim_run(out, TWO, torch.device("cpu"), TextLog())
+    assert not (tmp_path / "new").exists()  # the folders it made, and the lock in them, are taken back
+
+    out.mkdir(parents=True)
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="another process"):
+        claim_run(out, TWO, torch.device("cpu"), TextLog())
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and holder_pid(out) is None
+    assert not (out / LOCK_NAME).exists()
+
+
+RANK1_MANIFEST = textwrap.dedent("""\
+    import os, runpy, sys
+    if os.environ.get("RANK") == "1":  # this rank alone is given a manifest that is not there
+        sys.argv = [a if a != os.environ["PROBE_TRAIN"] else a + ".missing" for a in sys.argv]
+    runpy.run_module("indextts_train", run_name="__main__", alter_sys=True)
+    """)
+
+
+@pytest.mark.slow
+def test_one_rank_refusing_its_input_gives_no_traceback_and_no_folder(tiny_data, tmp_path) -> None:
+    wrapper = tmp_path / "rank1_missing.py"
+    wrapper.write_text(RANK1_MANIFEST)
+    out = tmp_path / "run"
+    port = str(random.Random(str(out)).randint(20000, 40000))
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+            str(wrapper), "--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
+            "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(out), "--batch-size", "2",
+            "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", "2"]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PROBE_TRAIN": str(tiny_data["train"])})
+    printed = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "manifest not found" in printed
+    assert "[rank0]" not in printed and "[rank1]" not in printed, printed  # no rank's traceback
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"WORLD_SIZE": "2"}, "RANK, MASTER_ADDR, MASTER_PORT is not"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "MASTER_ADDR is not"),
+    ({"WORLD_SIZE": "two"}, "not a number of processes"),
+    ({"WORLD_SIZE": "0"}, "not a number of processes"),
+])
+def test_a_world_size_left_in_the_environment_is_one_line(monkeypatch, env, said) -> None:
+    for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=said):
+        distributed.launched_processes()
+    with pytest.raises(UserError, match=said):
+        distributed.setup_distributed()
