@@ -110,3 +110,77 @@ def test_a_scores_file_that_is_no_regular_file_is_read_as_none_and_never_appende
     with pytest.raises(UserError, match="is a file with another hard link"):
         check_scores_file(path)
     check_scores_file(tmp_path / "nothing" / "scores.jsonl")  # none yet: listen makes its own
+
+
+def _checkpoint(path, step, branch):
+    """A file lineage_of reads as one of ours: its step and branch (nothing else of a checkpoint is read)."""
+    import torch
+
+    from indextts_train.checkpoint.state import FORMAT
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": FORMAT, "progress": {"step": step},
+                "lineage": {"branch": branch, "parent": None, "parent_step": None, "born": 1, "forks": []}}, path)
+
+
+def test_a_rollback_s_new_files_do_not_take_the_abandoned_files_scores(tmp_path):
+    """After a rollback the new branch writes model_step4.pth again: the scores listen recorded for the
+    abandoned step-4 file were shown for the new one, `export --pick` ranked it by them and listen skipped it
+    as heard. A record names its file's branch; one written before records did stands for any file."""
+    from indextts_train.checkpoint.scores import pick_scored
+
+    _checkpoint(tmp_path / "model_step2.pth", 2, "old")  # the ancestor both branches share
+    _checkpoint(tmp_path / "model_step4.pth", 4, "new")  # the rollback's file of step 4
+    path = scores_path(tmp_path)
+    append_record(path, _record(2, "a", cer=0.5, branch="old"))
+    append_record(path, _record(4, "a", cer=0.1, branch="old"))  # the abandoned step-4 file's: the best
+    assert summary_by_step(tmp_path) == {2: {"lines": 1, "cer": 0.5, "speaker_sim": None}}
+    assert pick_scored(tmp_path, "cer")[0] == tmp_path / "model_step2.pth"
+    assert scored_keys(read_records(path), {4: "new"}) == set()  # listen hears the new file
+    assert scored_keys(read_records(path), {4: "old"}) == {(4, "a")}
+    append_record(path, _record(4, "b", cer=0.3))  # written before records named a branch: any file of step 4
+    append_record(path, _record(4, "a", cer=0.7, branch="new"))
+    assert summary_by_step(tmp_path)[4] == {"lines": 2, "cer": (0.7 + 0.3) / 2, "speaker_sim": None}
+    assert scored_keys(read_records(path), {4: "new"}) == {(4, "a"), (4, "b")}
+    (tmp_path / "model_step4.pth").unlink()  # gone: its step's history is every record of it
+    assert summary_by_step(tmp_path)[4]["lines"] == 2
+
+
+def test_pick_takes_no_file_that_cannot_be_read_and_says_why(tmp_path):
+    """A step file cut short (or a FIFO under its name): `checkpoints` shows no step and no scores for it, but
+    `export --pick cer` picked it by its name, and the export then failed."""
+    from indextts_train.checkpoint.scores import pick_scored
+
+    _checkpoint(tmp_path / "model_step8.pth", 8, "b")
+    (tmp_path / "model_step2.pth").write_bytes(b"PK\x03\x04 cut short")
+    os.mkfifo(tmp_path / "model_step3.pth")
+    path = scores_path(tmp_path)
+    for step, cer in ((2, 0.0), (3, 0.0), (8, 0.9)):
+        append_record(path, _record(step, "a", cer=cer, branch="b"))
+    _checkpoint(tmp_path / "elsewhere" / "model.pth", 9, "b")  # a link leads out of the run: never read
+    (tmp_path / "model_step9.pth").symlink_to(tmp_path / "elsewhere" / "model.pth")
+    append_record(path, _record(9, "a", cer=0.0, branch="b"))
+    assert pick_scored(tmp_path, "cer") == (tmp_path / "model_step8.pth",
+                                            "step 8: best cer 0.9000 of 1 scored checkpoints")
+    (tmp_path / "model_step8.pth").unlink()
+    with pytest.raises(UserError, match=r"steps 2, 3, 8, 9 were scored, but those files are gone, unreadable, or were "
+                                        r"written again since by a rollback\); no checkpoint of ours is there to hear "
+                                        r"\(`indextts-train checkpoints"):  # `listen` first: it has nothing to hear
+        pick_scored(tmp_path, "cer")
+    _checkpoint(tmp_path / "model_step10.pth", 10, "b")
+    with pytest.raises(UserError, match=r"; run `indextts-train listen .*` first$"):
+        pick_scored(tmp_path, "cer")
+
+
+def test_only_ok_true_is_scored_and_an_overflowing_mean_is_none(tmp_path):
+    """`"ok": "false"` (a hand edit) is a truthy string: it counted as scored. Two CERs of 1e308 (each in range)
+    made a mean of inf."""
+    path = scores_path(tmp_path)
+    append_record(path, _record(5, "a", ok="false", cer=0.0))
+    append_record(path, _record(5, "b", ok=1, cer=0.0))
+    assert summary_by_step(tmp_path) == {} and scored_keys(read_records(path)) == set()
+    append_record(path, _record(6, "a", cer=1e308))
+    append_record(path, _record(6, "b", cer=1e308))
+    assert summary_by_step(tmp_path)[6] == {"lines": 2, "cer": None, "speaker_sim": None}
+    append_record(path, _record(7, "a", cer=0.5, branch=5))  # a branch is a name: a crafted line is no record
+    assert 7 not in summary_by_step(tmp_path)

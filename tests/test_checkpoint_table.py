@@ -120,3 +120,33 @@ def test_each_row_says_when_its_file_was_written(tmp_path) -> None:
     (line,) = [line for line in table.splitlines() if line.startswith("model_step5.pth")]
     assert line.split()[-1] == "3h"  # age: no marks on this row
     assert [age_text(s) for s in (0, 59, 60, 7199, 86400 * 3)] == ["0s", "59s", "1m", "1h", "3d"]
+
+
+def test_a_file_shows_its_own_scores_after_a_rollback(tiny_data, tmp_path) -> None:
+    """Records name their checkpoint's branch: a step's scores from an abandoned branch are not the new file's
+    (the table showed them on it); an abandoned file shows its own; records that name no branch (written
+    before they did) stand for the run folder's file of their step. A CER of 1e308 keeps its column."""
+    from indextts_train.checkpoint.lineage import lineage_of
+
+    out = tmp_path / "run"
+    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
+                               config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
+                               grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=4, epochs=100,
+                               val_interval=2, save_interval=2, tensorboard=False)
+    assert train(options) == 0
+    branch = lineage_of(out / "model_step4.pth").branch
+    abandoned = out / "abandoned" / "before-rollback" / "model_step4.pth"
+    abandoned.parent.mkdir(parents=True)
+    os.link(out / "model_step2.pth", abandoned.parent / "model_step2.pth")  # an abandoned file: its own branch
+    for step, cer, who in ((4, 0.01, "someone-else"), (2, 0.5, None), (2, 0.25, branch), (4, 1e308, branch)):
+        record = {"format": RECORD_FORMAT, "step": step, "line_id": f"l{cer}", "ok": True, "cer": cer}
+        append_record(scores_path(out), record if who is None else {**record, "branch": who})
+    rows = {row["file"]: row for row in checkpoint_rows(out)}
+    assert rows["model_step2.pth"]["listen"] == {"lines": 2, "cer": 0.375, "speaker_sim": None}
+    assert rows["model_step4.pth"]["listen"] == {"lines": 1, "cer": 1e308, "speaker_sim": None}
+    assert rows["abandoned/before-rollback/model_step2.pth"]["listen"] == {"lines": 1, "cer": 0.25,
+                                                                           "speaker_sim": None}
+    table = render_table(list(rows.values()), out)
+    (line,) = [line for line in table.splitlines() if line.startswith("model_step4.pth")]
+    (other,) = [line for line in table.splitlines() if line.startswith("model_step2.pth")]
+    assert line.split()[4] == "1e+308" and line.index(" COMPLETE") == other.index(" COMPLETE")  # the columns hold

@@ -40,3 +40,16 @@ def test_a_manifest_or_a_corpus_given_as_lines_is_said_as_such(tmp_path) -> None
             read_lines_file(tmp_path / name)
     (tmp_path / "both.jsonl").write_text(json.dumps({"audio": "x.wav", "text": "hi", "prompt_audio": "a.wav"}) + "\n")
     assert [line.text for line in read_lines_file(tmp_path / "both.jsonl")] == ["hi"]  # a lines file with more keys
+
+
+def test_a_lines_path_that_is_no_file_says_what_it_is(tmp_path) -> None:
+    """A FIFO, a folder or a device given as --lines was "no such file"."""
+    import os
+
+    from indextts_train.listen.lines import read_lines_file
+
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    for path, said in ((tmp_path / "fifo.jsonl", "a FIFO (named pipe), not a file"), (tmp_path, "a folder, not a file"),
+                       (tmp_path / "none.jsonl", "no such file")):
+        with pytest.raises(UserError, match=re.escape(f"--lines {path}: {said}; pass a JSONL file")):
+            read_lines_file(path)

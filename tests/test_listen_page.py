@@ -78,3 +78,41 @@ def test_only_a_page_of_ours_is_replaced(tmp_path):
     with pytest.raises(UserError, match="not a page listen wrote"):
         check_page(tmp_path)
     assert someone.read_text(encoding="utf-8") == "<html>my own notes</html>"
+
+
+def test_the_page_shows_the_scores_checkpoints_shows(tmp_path):
+    """A NaN, a CER of -5 or `"ok": "false"` in a hand-edited scores.jsonl: `checkpoints` and `export --pick`
+    count none of them, the page's column head averaged them (CER 26.1 against the table's 57.3, similarity
+    nan) and showed the line as scored."""
+    path = scores_path(tmp_path)
+    append_record(path, _record(8, "a", "good day", "good day", cer=0.5, speaker_sim=0.9))
+    append_record(path, _record(8, "b", "good day", "good day", cer=-5, speaker_sim=float("nan")))
+    append_record(path, _record(8, "c", "good day", "good day", ok="false", error="stand-in failure"))
+    page = render_page(tmp_path)
+    assert "CER 0.500 · similarity 0.900 · 2 line(s)" in page
+    assert "CER -5" not in page and "nan" not in page and "failed: stand-in failure" in page
+
+
+def test_a_lone_surrogate_in_the_scores_does_not_end_listen(tmp_path):
+    """`"line_id": "\\ud800"` is valid JSON but no UTF-8: writing the page ended listen in a traceback."""
+    path = scores_path(tmp_path)
+    path.parent.mkdir()
+    line = '{"format": "%s", "step": 2, "line_id": "\\ud800", "ok": true, "cer": 0.5, "text": "x\\udfff"}\n'
+    path.write_text(line % RECORD_FORMAT, encoding="utf-8")
+    assert "CER 0.500" in write_page(tmp_path).read_text(encoding="utf-8")
+
+
+def test_after_a_rollback_the_page_shows_the_file_on_disk(tmp_path):
+    """The step-4 file of a rollback's new branch has no scores yet: the page showed the abandoned step-4
+    file's (as if the new one had been heard), while `checkpoints` showed none."""
+    import torch
+
+    from indextts_train.checkpoint.state import FORMAT
+
+    torch.save({"format": FORMAT, "progress": {"step": 4},
+                "lineage": {"branch": "new", "parent": "old", "parent_step": 2, "born": 2, "forks": []}},
+               tmp_path / "model_step4.pth")
+    append_record(scores_path(tmp_path), _record(4, "a", "good day", "good day", branch="old"))
+    assert "No checkpoint has been heard yet" in render_page(tmp_path)
+    append_record(scores_path(tmp_path), _record(4, "a", "good day", "god day", branch="new"))
+    assert "<th>step 4" in render_page(tmp_path) and '<del title="missing">o</del>' in render_page(tmp_path)

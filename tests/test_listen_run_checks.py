@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import torch
 from helpers import ROOT, fake_inference_python, stand_in_inference_folder
 
@@ -46,7 +48,7 @@ def inputs(tmp_path, monkeypatch) -> dict:
                         lambda run, which: ([Chosen(2, run / "model_step2.pth")], []))
     said: list[str] = []
     monkeypatch.setattr(listen_run, "load_recogniser", lambda model, device: said.append("ASR loaded"))
-    (tmp_path / "prompt.wav").write_bytes(b"RIFF stand-in")
+    soundfile.write(tmp_path / "prompt.wav", np.zeros(1600, dtype=np.float32), 16_000)  # its header is read
     lines = tmp_path / "lines.jsonl"
     lines.write_text(json.dumps({"text": "Hello there.", "prompt_audio": "prompt.wav"}) + "\n", encoding="utf-8")
     model_dir = stand_in_inference_folder(tmp_path / "model", ROOT / "configs" / "tiny.yaml")
@@ -86,3 +88,124 @@ def test_a_bad_device_is_refused_before_the_probe_and_the_asr_model(inputs) -> N
     with pytest.raises(UserError, match=r"^--device foo: not a device the models run on"):
         plan(_options(inputs, inputs["folder"] / "no-python", device="foo"))
     assert inputs["said"] == []
+
+
+def test_a_checkpoint_of_the_other_family_is_refused_before_any_work(inputs, monkeypatch) -> None:
+    """An IndexTTS-2.5 run heard through an IndexTTS2 model folder: the export refused it only once the work had
+    begun (RUN/listen/.model-PID and TensorBoard's folder left behind), advising a --config listen has not."""
+    monkeypatch.setattr(listen_run, "choose_checkpoints", lambda run, which: (
+        [Chosen(2, run / "model_step2.pth", "b", "IndexTTS-2.5")], []))
+    with pytest.raises(UserError, match=r"model_step2.pth is an IndexTTS-2.5 checkpoint, but the model folder .* is "
+                                        r"IndexTTS2 \(its config.yaml\); pass --model-dir with the IndexTTS-2.5 model "
+                                        "folder the run was trained from$"):
+        plan(_options(inputs, inputs["folder"] / "no-python"))
+    assert not (inputs["run"] / "listen").exists() and inputs["said"] == []
+
+
+def test_a_tokenizer_the_run_record_names_that_is_gone_is_refused_before_any_work(inputs) -> None:
+    """The export fell back to the model folder's base vocabulary, failed after the work began, and advised
+    `--tokenizer`, a flag listen does not have."""
+    from indextts_train.ui.run_record import write_run_record
+
+    write_run_record(inputs["run"], {"tokenizer": str(inputs["folder"] / "gone.tiktoken")}, {}, {}, 0.0)
+    with pytest.raises(UserError, match=r"run.yaml: the run trained with the tokenizer .*gone.tiktoken, which is not "
+                                        "there any more .*; put it back at that path$"):
+        plan(_options(inputs, inputs["folder"] / "no-python"))
+    assert not (inputs["run"] / "listen").exists()
+
+
+def test_a_tokenizer_with_other_tokens_than_the_checkpoint_is_refused_before_any_work(inputs, monkeypatch) -> None:
+    """Another file at the path run.yaml names (the base vocabulary copied over the grown one): the export failed
+    once the work had begun, advising --tokenizer."""
+    import base64
+
+    from indextts_train.ui.run_record import write_run_record
+
+    tokenizer = inputs["folder"] / "grown.tiktoken"  # 256 ranks: 1929 tokens with the specials
+    tokenizer.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
+    write_run_record(inputs["run"], {"tokenizer": str(tokenizer)}, {}, {}, 0.0)
+    monkeypatch.setattr(listen_run, "choose_checkpoints", lambda run, which: (
+        [Chosen(2, run / "model_step2.pth", None, None, 1979)], []))
+    with pytest.raises(UserError, match=r"grown.tiktoken, which has 1929 tokens now, but .*model_step2.pth has 1979; "
+                                        "put the tokenizer the run trained with back at that path$"):
+        plan(_options(inputs, inputs["folder"] / "no-python"))
+    assert not (inputs["run"] / "listen").exists()
+
+
+def test_a_line_id_heard_with_another_text_is_refused(inputs) -> None:
+    """A second --lines file numbers its lines line001, ... too: a line whose id was heard with another text was
+    taken as heard ("every chosen checkpoint was already heard; nothing to do") and never spoken."""
+    from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
+
+    record = {"format": RECORD_FORMAT, "step": 2, "line_id": "line001", "ok": True, "branch": None,
+              "text": "Another line.", "language": None, "prompt_audio": "prompt.wav"}
+    append_record(scores_path(inputs["run"]), record)
+    with pytest.raises(UserError, match=r"line id 'line001' was heard before with another text, language or prompt "
+                                        r"\('Another line.', .*scores.jsonl\); give this line an 'id' of its own"):
+        plan(_options(inputs, inputs["folder"] / "no-python"))
+    scores_path(inputs["run"]).unlink()  # the same line, its prompt named from another folder: heard
+    append_record(scores_path(inputs["run"]), {**record, "text": "Hello there.",
+                                                "prompt_audio": str(inputs["folder"] / "elsewhere" / "prompt.wav")})
+    assert plan(_options(inputs, inputs["folder"] / "no-python")).todo == []
+
+
+def test_a_rollback_s_new_file_is_heard_again(inputs, monkeypatch) -> None:
+    """The scores of an abandoned file of step 2 made the new branch's step-2 file count as heard."""
+    from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
+
+    append_record(scores_path(inputs["run"]), {"format": RECORD_FORMAT, "step": 2, "line_id": "line001", "ok": True,
+                                               "branch": "old", "text": "Hello there.", "language": None,
+                                               "prompt_audio": "prompt.wav"})
+    monkeypatch.setattr(listen_run, "resolve_inference_python", lambda *args, **kwargs: Path("python"))
+    for branch, todo in (("old", 0), ("new", 1)):
+        monkeypatch.setattr(listen_run, "choose_checkpoints", lambda run, which, b=branch: (
+            [Chosen(2, run / "model_step2.pth", b, "IndexTTS2")], []))
+        assert len(plan(_options(inputs, inputs["folder"] / "no-python")).todo) == todo
+
+
+def test_a_failed_export_leaves_no_temporary_folder(inputs, monkeypatch) -> None:
+    """An export refused inside listen left RUN/listen/.model-PID for a later listen to clear."""
+    def refuse(checkpoint, model_dir, folder, tokenizer):
+        folder.mkdir(parents=True)
+        (folder / listen_run.MARKER).write_text("ours")
+        raise UserError("refused")
+
+    monkeypatch.setattr(listen_run, "make_model_folder", refuse)
+    work = listen_run.Plan([], [], inputs["model_dir"], None, "cpu")
+    with pytest.raises(UserError, match="refused"):
+        listen_run._speak(_options(inputs, Path("python")), work, Chosen(2, inputs["run"] / "model_step2.pth"), [])
+    assert list((inputs["run"] / "listen").iterdir()) == []
+
+
+def test_a_prompt_that_is_no_audio_is_refused_before_any_work(inputs) -> None:
+    """A text file named .wav as the prompt: each line failed in scoring, after every checkpoint's export and
+    synthesis (exit 1), instead of one line before any work."""
+    (inputs["folder"] / "prompt.wav").write_text("not audio\n")
+    with pytest.raises(UserError, match=r"^--lines .*lines.jsonl: line 'line001': prompt_audio .*prompt.wav is no "
+                                        r"audio file this reads \(.*\); give a WAV, FLAC or OGG clip$"):
+        plan(_options(inputs, inputs["folder"] / "no-python"))
+    soundfile.write(inputs["folder"] / "prompt.wav", np.zeros(0, dtype=np.float32), 16_000)
+    with pytest.raises(UserError, match=r"prompt.wav holds 0.0 s of audio; give a clip of a few seconds"):
+        plan(_options(inputs, inputs["folder"] / "no-python"))
+    assert not (inputs["run"] / "listen").exists() and inputs["said"] == []
+
+
+def test_a_record_names_its_checkpoint_s_branch(inputs, monkeypatch) -> None:
+    """What a record stands for after a rollback (scores.py): the branch of the file that was heard."""
+    from types import SimpleNamespace
+
+    from indextts_train.checkpoint.scores import read_records, scores_path
+    from indextts_train.listen.lines import read_lines_file
+    from indextts_train.listen.synthesize import SynthesisResult
+
+    lines = read_lines_file(inputs["lines"])
+    chosen = Chosen(2, inputs["run"] / "model_step2.pth", "20260101-000000-abcdef", "IndexTTS2")
+    monkeypatch.setattr(listen_run, "_speak", lambda options, work, c, todo: (
+        [SynthesisResult(line.line_id, inputs["run"] / "x.wav", 0.0, False, "stand-in") for line in todo], 32))
+    from indextts_train.config.family import INDEXTTS2
+
+    work = listen_run.Plan(lines, [], inputs["model_dir"], INDEXTTS2, "cpu", recogniser=SimpleNamespace(label={}))
+    board = SimpleNamespace(line=lambda record, wav: None, checkpoint=lambda step, records: None)
+    listen_run._hear(_options(inputs, Path("python")), work, chosen, lines, board)
+    (record,) = read_records(scores_path(inputs["run"]))
+    assert record["branch"] == "20260101-000000-abcdef" and record["step"] == 2 and record["ok"] is False

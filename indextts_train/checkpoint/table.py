@@ -18,7 +18,7 @@ from pathlib import Path
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
 from indextts_train.checkpoint.run_folder import run_folder_to_read, same_file
-from indextts_train.checkpoint.scores import SUMMARY_KEYS, summary_by_step
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, Heard, read_records, scores_path, summary_by_step
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.files.bounded import kind_of_mode
 
@@ -84,9 +84,15 @@ def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda p
     folders = (sorted(p for p in abandoned.iterdir() if p.is_dir() and not p.is_symlink())
                if abandoned.is_dir() and not abandoned.is_symlink() else [])
     rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]
-    heard = summary_by_step(output_dir) if scores else {}  # what `listen` scored, by step (this branch's files)
+    # What `listen` scored: each file's own records (scores.py: by its branch, since a rollback writes its steps
+    # again), as export --pick ranks them; an abandoned file's own records only (those naming no branch stand
+    # for the run folder's file of their step)
+    heard = summary_by_step(output_dir) if scores else {}
+    aside = Heard(read_records(scores_path(output_dir))) if scores and any(r["abandoned"] for r in rows) else None
     for row in rows:
-        row["listen"] = heard.get(row["step"]) if not row["abandoned"] else None
+        ours = row["kind"] == "indextts-train" and row["born"] is not None and row["step"] is not None
+        row["listen"] = (None if not ours else heard.get(row["step"]) if not row["abandoned"] else
+                         aside.summary(row["step"], row["branch"], unnamed=False) if aside else None)
     return rows
 
 
@@ -178,9 +184,17 @@ def _branch_heading(row: dict) -> str:
     return f"{'abandoned ' if row['abandoned'] else ''}branch {name}{origin}:"
 
 
+def _score_text(value: object) -> str:
+    """A mean score in its 6-wide column: 3 decimals, or 3 significant digits once that would not fit (a CER of
+    1e308 in a hand-edited scores.jsonl printed 300 digits)."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.3f}" if abs(value) < 100 else f"{value:.3g}"
+
+
 def _heard(row: dict) -> str:
     scores = row.get("listen") or {}
-    cells = [f"{scores[key]:.3f}" if isinstance(scores.get(key), (int, float)) else "-" for key in SUMMARY_KEYS]
+    cells = [_score_text(scores.get(key)) for key in SUMMARY_KEYS]
     return f"{cells[0]:>6} {cells[1]:>6}  "
 
 

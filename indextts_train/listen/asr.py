@@ -10,6 +10,8 @@ the two-letter code of a few common languages, mapped below).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,8 +59,22 @@ class Recogniser:
 def _missing(model: str, exc: BaseException) -> UserError:
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     where = "not in the Hugging Face cache (HF_HUB_OFFLINE is set)" if offline else "could not be loaded"
+    # `hf`: huggingface_hub 1.0 removed the `huggingface-cli` command (0.34 and later have `hf`)
     return UserError(f"--asr-model {model}: not a local folder and {where} ({type(exc).__name__}); pass a "
-                     f"folder holding the model, or download it first: huggingface-cli download {model}")
+                     f"folder holding the model, or download it first: hf download {model}")
+
+
+@contextlib.contextmanager
+def _hub_quiet():
+    """huggingface_hub's own warnings off while the model loads: with no network, each of its retries said two
+    lines (`... thrown while requesting HEAD ...`, `Retrying in 8s`) before listen's one line of what to do."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def load_recogniser(model: str, device: str) -> Recogniser:
@@ -71,11 +87,15 @@ def load_recogniser(model: str, device: str) -> Recogniser:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # one line per checkpoint is the output, not bars
     local = Path(model).expanduser()
+    if local.exists() and not local.is_dir():  # "no config.json in that folder" said of a file misled
+        raise UserError(f"--asr-model {model}: not a folder; pass a transformers ASR model folder (or a "
+                        "Hugging Face id)")
     if local.exists() and not (local / "config.json").is_file():
         raise UserError(f"--asr-model {model}: no config.json in that folder; pass a transformers ASR model folder")
     try:
-        pipe = pipeline("automatic-speech-recognition", model=str(local) if local.exists() else model,
-                        device=device)
+        with _hub_quiet():
+            pipe = pipeline("automatic-speech-recognition", model=str(local) if local.exists() else model,
+                            device=device)
     except (OSError, ValueError, KeyError) as exc:
         if local.exists():
             raise UserError(f"--asr-model {model}: not a transformers ASR model ({type(exc).__name__}: "

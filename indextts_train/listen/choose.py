@@ -9,16 +9,19 @@ heard once.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST
+from indextts_train.checkpoint.lineage import lineage_of
 from indextts_train.checkpoint.run_folder import list_checkpoints, run_folder_to_read, same_file
 from indextts_train.checkpoint.verify import verify_checkpoint
+from indextts_train.config.schema import is_int
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import parse_json, read_bounded
+from indextts_train.files.bounded import kind_of_mode, parse_json, read_bounded
 from indextts_train.ui.run_record import RECORD_NAME, read_record
 
 MAX_PREPARE_JSON_BYTES = 16 << 20
@@ -26,27 +29,40 @@ MAX_PREPARE_JSON_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class Chosen:
-    """A checkpoint to hear: its step and file."""
+    """A checkpoint to hear: its step and file, its lineage branch (scores.py: a record names it), family
+    (IndexTTS2 / IndexTTS-2.5, as verify says it) and text tokens (None: not known)."""
 
     step: int
     path: Path
+    branch: str | None = None
+    family: str | None = None
+    tokens: int | None = None  # its text tokens (number_text_tokens), as its vocabulary plan says
+
+
+def _existing(word: str, path: Path, run_dir: Path) -> list[Path]:
+    """[path] when it is a file; else one line saying what is there (a FIFO under the name is no file that
+    "does not exist": `checkpoints` lists it)."""
+    if path.is_file():
+        return [path]
+    what = f"is {_kind(path)}, not a file" if os.path.lexists(path) else "does not exist"
+    raise UserError(f"--checkpoints {word}: {path} {what}; `indextts-train checkpoints {run_dir}` lists what there is")
+
+
+def _kind(path: Path) -> str:
+    try:
+        return kind_of_mode(path.stat().st_mode)
+    except OSError:  # a link to nothing, or a loop of links
+        return "a symbolic link that leads to no file"
 
 
 def _named(run_dir: Path, word: str) -> list[Path]:
     if word in ("best", "latest"):
-        path = run_dir / (BEST if word == "best" else LATEST)
-        if not path.is_file():
-            raise UserError(f"--checkpoints {word}: {path} does not exist; `indextts-train checkpoints {run_dir}` "
-                            "lists what there is")
-        return [path]
+        return _existing(word, run_dir / (BEST if word == "best" else LATEST), run_dir)
     if word == "all":
         return list_checkpoints(run_dir) + ([run_dir / BEST] if (run_dir / BEST).is_file() else [])
-    if word.startswith("step") and word[4:].isdigit():
-        path = run_dir / f"model_step{int(word[4:])}.pth"
-        if not path.is_file():
-            raise UserError(f"--checkpoints {word}: {path} does not exist; `indextts-train checkpoints {run_dir}` "
-                            "lists what there is")
-        return [path]
+    digits = word[4:]
+    if word.startswith("step") and digits.isascii() and digits.isdigit():  # `step²` is a digit to str.isdigit
+        return _existing(word, run_dir / f"model_step{int(digits)}.pth", run_dir)
     raise UserError(f"--checkpoints {word}: expected best, latest, stepN (e.g. step500) or all, comma-separated")
 
 
@@ -70,7 +86,10 @@ def choose_checkpoints(run_dir: Path, spec: str) -> tuple[list[Chosen], list[str
                     continue
                 raise UserError(f"--checkpoints {word}: {path} is {verdict.status}, not a COMPLETE checkpoint of "
                                 f"this trainer ({reason}); `indextts-train verify {path}` says more")
-            by_step.setdefault(step, Chosen(step, path))
+            info, plan = lineage_of(path), verdict.summary.get("vocab_plan")
+            tokens = plan.get("tokens") if isinstance(plan, dict) and is_int(plan.get("tokens")) else None
+            by_step.setdefault(step, Chosen(step, path, info.branch if info else None, verdict.summary.get("family"),
+                                            tokens))
     if not by_step:
         raise UserError(f"{run_dir}: no COMPLETE checkpoint to hear; `indextts-train checkpoints {run_dir}` lists them")
     return [by_step[step] for step in sorted(by_step)], notes

@@ -36,6 +36,15 @@ def listen(
         raise typer.Exit(2) from None
     typer.echo(f"wrote {page}")
     if failed:  # exit 1: --listen-every turns it into a warning in train.log
-        typer.echo(f"{failed} line(s) failed (why: {page.parent / 'scores.jsonl'}, {page.parent / 'synthesis.log'}); "
-                   "a rerun tries them again", err=True)
+        typer.echo(f"{failed} line(s) failed (why: {', '.join(map(str, _why(page.parent)))}); a rerun tries them "
+                   "again", err=True)
         raise typer.Exit(1)
+
+
+def _why(listen_dir: Path) -> list[Path]:
+    """Where a failure is told: scores.jsonl, and synthesis.log when listen could write it (a link or a FIFO
+    in its place is left as it is, and holds nothing of this run: naming it sent the user to a file without it)."""
+    from indextts_train.files.atomic import own_file_problem
+
+    log = listen_dir / "synthesis.log"
+    return [listen_dir / "scores.jsonl"] + ([log] if log.is_file() and own_file_problem(log) is None else [])

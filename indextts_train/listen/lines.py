@@ -14,14 +14,16 @@ on every rerun and does not depend on the manifest's order. The real target audi
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import iter_lines, parse_json
+from indextts_train.files.bounded import iter_lines, kind_of_mode, parse_json
 from indextts_train.listen.choose import run_inputs
 from indextts_train.listen.text_score import normalise
+from indextts_train.prepare.audio import MAX_LOAD_SECONDS
 from indextts_train.prepare.outputs import file_stem
 from indextts_train.ui.run_record import RECORD_NAME
 
@@ -69,6 +71,32 @@ def _audio(obj: dict, key: str, base: Path, where: str, *, required: bool) -> Pa
     return path
 
 
+def check_audio(lines: list[Line], lines_file: Path | None) -> None:
+    """Each line's clips read as audio (their headers), before any work: a prompt that is no audio (or an
+    empty or hour-long one, which scoring refuses) failed each line only after every checkpoint's export
+    and synthesis."""
+    for line in lines:
+        where = f"--lines {lines_file}" if lines_file else "the run's validation lines"
+        for key, path in (("prompt_audio", line.prompt_audio), ("reference_audio", line.reference_audio)):
+            if path is not None:
+                _check_audio(path, key, f"{where}: line {line.line_id!r}")
+
+
+def _check_audio(path: Path, key: str, where: str) -> None:
+    import soundfile
+
+    try:
+        info = soundfile.info(str(path))
+    except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, TypeError, ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{where}: {key} {path} is no audio file this reads ({first[:200]}); give a WAV, FLAC or "
+                        "OGG clip") from None
+    seconds = info.frames / info.samplerate if info.samplerate else 0.0
+    if not 0 < seconds <= MAX_LOAD_SECONDS:
+        raise UserError(f"{where}: {key} {path} holds {seconds:.1f} s of audio; give a clip of a few seconds "
+                        f"(at most {MAX_LOAD_SECONDS:g} s)")
+
+
 # Lines of the two other JSONL files a run has at hand, given as --lines: what each is, and what to do.
 _OTHER_LINES = (("target_text", "a manifest line (target_text, prompt_audio_path); leave --lines out to hear lines "
                                 "the run's validation manifests hold, or write {'text', 'prompt_audio'} lines"),
@@ -91,10 +119,18 @@ def _line(obj: object, base: Path, where: str, number: int) -> Line:
                 _audio(obj, "reference_audio", base, where, required=False))
 
 
+def _kind(path: Path) -> str:
+    try:
+        return kind_of_mode(path.stat().st_mode)
+    except OSError:  # a link to nothing, or a loop of links
+        return "a symbolic link that leads to no file"
+
+
 def read_lines_file(path: Path) -> list[Line]:
     """Every line of a `--lines` file, checked; one message for the first bad one."""
-    if not path.is_file():
-        raise UserError(f"--lines {path}: no such file; pass a JSONL file of {{'text', 'prompt_audio'}} lines")
+    if not path.is_file():  # a FIFO or a folder is there, but no file to read: "no such file" misled
+        what = f"{_kind(path)}, not a file" if os.path.lexists(path) else "no such file"
+        raise UserError(f"--lines {path}: {what}; pass a JSONL file of {{'text', 'prompt_audio'}} lines")
     if path.stat().st_size > MAX_LINES_FILE_BYTES:
         raise UserError(f"--lines {path}: larger than {MAX_LINES_FILE_BYTES >> 20} MiB; a listening set is a few lines")
     lines: list[Line] = []

@@ -14,7 +14,17 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from indextts_train.checkpoint.scores import LISTEN_DIR, latest_records, read_records, scores_path
+from indextts_train.checkpoint.scores import (
+    ANY,
+    LISTEN_DIR,
+    Heard,
+    files_by_step,
+    is_scored,
+    latest_records,
+    read_records,
+    score_value,
+    scores_path,
+)
 from indextts_train.config.schema import is_int
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
@@ -87,14 +97,18 @@ def _value(value: object) -> float | None:
 
 
 def _number(record: dict, key: str, label: str, fmt: str = "{:.3f}") -> str | None:
-    value = _value(record.get(key))
+    # CER and similarity as `checkpoints` and `export --pick` take them (a NaN or a CER of -5 is no score)
+    value = score_value(record, key) if key in SCORES else _value(record.get(key))
     return f"{label} {fmt.format(value)}" if value is not None else None
+
+
+SCORES = ("cer", "speaker_sim")
 
 
 def _cell(record: dict | None) -> str:
     if record is None:
         return "<td>-</td>"
-    if not record.get("ok"):
+    if not is_scored(record):
         return f'<td class="failed">failed: {_e(record.get("error") or "unknown")}</td>'
     scores = [_number(record, "cer", "CER"), _number(record, "wer", "WER"),
               _number(record, "speaker_sim", "similarity"), _number(record, "seconds", "", "{:.2f} s"),
@@ -122,10 +136,10 @@ def _is_tiny(records: list[dict]) -> bool:
 
 
 def _means(records: list[dict], step: int) -> str:
-    ok = [r for r in records if r["step"] == step and r.get("ok")]
+    ok = [r for r in records if r["step"] == step and is_scored(r)]
     parts = []
     for key, name in (("cer", "CER"), ("speaker_sim", "similarity")):
-        values = [v for r in ok if (v := _value(r.get(key))) is not None]
+        values = [v for r in ok if (v := score_value(r, key)) is not None]
         if values:
             parts.append(f"{name} {sum(values) / len(values):.3f}")
     return " · ".join(parts + [f"{len(ok)} line(s)"])
@@ -139,13 +153,25 @@ def _models(records: list[dict]) -> str:
             "CER/WER on text normalised by NFKC, casefold, punctuation removed, whitespace collapsed")
 
 
+def _shown(run_dir: Path) -> dict[tuple[int, str], dict]:
+    """(step, line id) -> the record the page shows: of the checkpoint file on disk, as `checkpoints` shows its
+    scores (after a rollback, the new file's, not the abandoned one's of that step), else the step's last."""
+    records = read_records(scores_path(run_dir))
+    heard = Heard(records)
+    branches = {step: branch for step, (_, branch) in files_by_step(run_dir).items()}
+    shown = {(step, line): record for step in heard.by_step
+             for line, record in heard.lines(step, branches.get(step, ANY)).items()}
+    order = {key: i for i, key in enumerate(latest_records(records))}  # rows in the order lines were first heard
+    return dict(sorted(shown.items(), key=lambda item: order[item[0]]))
+
+
 def render_page(run_dir: Path) -> str:
     """The page's HTML from the run's scores.jsonl."""
     listen_dir = Path(run_dir) / LISTEN_DIR
-    records = list(latest_records(read_records(scores_path(run_dir))).values())
+    cells = _shown(run_dir)
+    records = list(cells.values())
     steps = sorted({r["step"] for r in records})
     line_ids = list(dict.fromkeys(str(r.get("line_id")) for r in records))
-    cells = {(r["step"], str(r.get("line_id"))): r for r in records}
     warn = ('<p class="warn">These are tiny random test models: they speak noise, and the numbers below mean '
             "nothing at this size.</p>") if _is_tiny(records) else ""
     head = "".join(f"<th>step {s}<div class='scores'>{_e(_means(records, s))}</div></th>" for s in steps)
@@ -183,5 +209,6 @@ def write_page(run_dir: Path) -> Path:
     """Write RUN/listen/index.html (atomically) and return its path (check_page said it may)."""
     path = Path(run_dir) / LISTEN_DIR / PAGE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, render_page(run_dir))
+    # a lone surrogate (`"\ud800"` in a hand-edited scores.jsonl) is no UTF-8: it ended listen in a traceback
+    atomic_write_text(path, render_page(run_dir).encode("utf-8", "replace").decode("utf-8"))
     return path

@@ -25,11 +25,12 @@ from indextts_train.checkpoint.scores import (
     RECORD_FORMAT,
     append_record,
     check_scores_file,
+    is_scored,
     read_records,
     scored_keys,
     scores_path,
 )
-from indextts_train.config.family import Family
+from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.settings import load_config
 from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
@@ -37,11 +38,14 @@ from indextts_train.files.bounded import load_yaml
 from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogniser
 from indextts_train.listen.board import ListenBoard
 from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
-from indextts_train.listen.lines import Line, default_lines, read_lines_file
+from indextts_train.listen.lines import Line, check_audio, default_lines, read_lines_file
 from indextts_train.listen.model_folder import MARKER, check_inference_folder, make_model_folder
 from indextts_train.listen.page import check_page, write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
 from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
+from indextts_train.text.tiktoken_vocab import read_tiktoken
+from indextts_train.text.vocab import tokenizer_size
+from indextts_train.ui.run_record import RECORD_NAME
 
 MODEL_FOLDER = ".model-"  # RUN/listen/.model-PID: each process's temporary official folder (links + the export)
 
@@ -99,6 +103,68 @@ def check_folders(run_dir: Path, steps: list[int]) -> None:
             return  # none of its step folders either
 
 
+def check_families(chosen: list[Chosen], family: Family, model_dir: Path) -> None:
+    """Each checkpoint is of the model folder's family: the export into that folder refused it only after the
+    work began (a temporary folder left behind), advising a --config that listen does not have."""
+    for c in chosen:
+        if c.family is not None and c.family != family.name:
+            raise UserError(f"{c.path} is an {c.family} checkpoint, but the model folder {model_dir} is "
+                            f"{family.name} (its config.yaml); pass --model-dir with the {c.family} model folder "
+                            "the run was trained from")
+
+
+def check_tokenizer(run_dir: Path, chosen: list[Chosen]) -> None:
+    """The tokenizer run.yaml names (each checkpoint is exported with it) is there and has each checkpoint's
+    tokens: otherwise the export fell back to the model folder's base vocabulary (or read another), failed
+    after the work began, and advised a --tokenizer that listen does not have."""
+    tokenizer = run_inputs(run_dir)["tokenizer"]
+    if tokenizer is None:
+        return
+    where = f"{run_dir / RECORD_NAME}: the run trained with the tokenizer {tokenizer}"
+    if not tokenizer.is_file():
+        raise UserError(f"{where}, which is not there any more (listen exports each checkpoint with it); put it back "
+                        "at that path")
+    size = _tokenizer_tokens(tokenizer)
+    odd = next((c for c in chosen if None not in (size, c.tokens) and c.tokens != size), None)
+    if odd is not None:
+        raise UserError(f"{where}, which has {size} tokens now, but {odd.path} has {odd.tokens}; put the tokenizer "
+                        "the run trained with back at that path")
+
+
+def _tokenizer_tokens(path: Path) -> int | None:
+    """How many tokens a tokenizer file holds; None when it cannot be read (the export then says why)."""
+    try:
+        if family_of_tokenizer(path).tokenizer_kind == TIKTOKEN:
+            return read_tiktoken(path).n_vocab
+        return tokenizer_size(path)
+    except (UserError, OSError, ValueError):
+        return None
+
+
+def check_line_ids(run_dir: Path, lines: list[Line], records: list[dict], lines_file: Path | None) -> None:
+    """A line id names a line's WAVs and scores in every checkpoint: one heard before with another text, language
+    or prompt was taken as heard, so the new line was never spoken (--lines files number their lines line001,
+    ... alike), and its scores were compared with the old line's."""
+    heard: dict[str, dict] = {}
+    for record in records:
+        if is_scored(record):
+            heard.setdefault(str(record.get("line_id")), record)
+    for line in lines:
+        before = heard.get(line.line_id)
+        if before is None or _same_line(before, line):
+            continue
+        where = f"--lines {lines_file}" if lines_file else "the run's validation lines"
+        raise UserError(f"{where}: line id {line.line_id!r} was heard before with another text, language or prompt "
+                        f"({str(before.get('text'))[:60]!r}, {scores_path(run_dir)}); give this line an 'id' of its "
+                        f"own in a --lines file, or move {run_dir / LISTEN_DIR} aside to start over")
+
+
+def _same_line(record: dict, line: Line) -> bool:
+    prompt = record.get("prompt_audio")  # a path as typed then: the same file may be named from another folder
+    return (record.get("text") == line.text and record.get("language") == line.language
+            and isinstance(prompt, str) and Path(prompt).name == line.prompt_audio.name)
+
+
 def plan(options: ListenOptions) -> Plan:
     """Every input checked, the ASR model loaded (one UserError line for the first problem); nothing written."""
     run_dir = options.run_dir
@@ -107,10 +173,15 @@ def plan(options: ListenOptions) -> Plan:
     model_dir = model_dir_of(run_dir, options.model_dir)
     family = load_config(model_dir / "config.yaml").gpt.family  # no version: IndexTTS2
     check_inference_folder(model_dir, family)
+    check_families(chosen, family, model_dir)
+    check_tokenizer(run_dir, chosen)
     check_folders(run_dir, [c.step for c in chosen])
     check_scores_file(scores_path(run_dir))
     check_page(run_dir)
-    done = scored_keys(read_records(scores_path(run_dir)))
+    check_audio(lines, options.lines)
+    records = read_records(scores_path(run_dir))
+    check_line_ids(run_dir, lines, records, options.lines)
+    done = scored_keys(records, {c.step: c.branch for c in chosen})  # a rollback's new files are not heard yet
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
     if todo:  # the inference environment first: a few seconds, where the ASR model may be gigabytes to fetch
@@ -151,13 +222,13 @@ def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
     """Synthesize `lines` from one checkpoint: (the results, the GPT's width, from the exported config)."""
     listen_dir = options.run_dir / LISTEN_DIR
     folder = listen_dir / f"{MODEL_FOLDER}{os.getpid()}"
-    make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
-    try:
+    try:  # a failed export is removed too: only a killed listen leaves the folder (for the next one to remove)
+        make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
         width = (load_yaml(folder / "config.yaml", "the exported config.yaml").get("gpt") or {}).get("model_dim")
         results = synthesize(folder, work.family, _synthesis_lines(listen_dir, chosen.step, lines), seed=options.seed,
                              device=work.device, inference_python=work.python, log_path=listen_dir / "synthesis.log")
     finally:
-        if (folder / MARKER).is_file():
+        if not folder.is_symlink() and (folder / MARKER).is_file():  # a link is never ours (model_folder._clear)
             shutil.rmtree(folder)
     return results, width
 
@@ -194,7 +265,8 @@ def _hear(options: ListenOptions, work: Plan, chosen: Chosen, lines: list[Line],
     results, width = _speak(options, work, chosen, lines)
     synthesis_s = time.monotonic() - started
     voice = _voice(work)
-    common = {"format": RECORD_FORMAT, "step": chosen.step, "checkpoint": chosen.path.name, "seed": options.seed,
+    common = {"format": RECORD_FORMAT, "step": chosen.step, "checkpoint": chosen.path.name, "branch": chosen.branch,
+              "seed": options.seed,
               "family": work.family.key, "device": work.device, "gpt_model_dim": width,
               "asr": recogniser.label, "speaker_model": voice.label if voice else None,
               "indextts_train": __version__}

@@ -21,6 +21,7 @@ import yaml
 
 from indextts_train.config.family import Family
 from indextts_train.config.settings import load_config
+from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text
 from indextts_train.files.bounded import load_yaml
 from indextts_train.prepare.tiny import write_tiny_model_dir
@@ -111,13 +112,32 @@ def add_inference_parts(model_dir: Path, *, inference_python: Path, seed: int = 
     vocoder = model_dir / "hf_cache" / "bigvgan"
     vocoder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(vocoder / "config.json", json.dumps(bigvgan_config(real_size), indent=2) + "\n")
-    subprocess.run([str(inference_python), str(CHILD_PARTS), family.key, str(model_dir), str(seed + 4)], check=True,
-                   timeout=PARTS_TIMEOUT_S)
+    _make_parts(inference_python, family, model_dir, seed + 4)
     if family.hub_parts:
         from indextts_train.listen.tiny_qwen import write_tiny_qwen
 
         write_tiny_qwen(model_dir / QWEN_DIR, seed + 5)
     return model_dir
+
+
+def _make_parts(inference_python: Path, family: Family, model_dir: Path, seed: int) -> None:
+    """s2mel.pth and BigVGAN by the official classes (child_parts.py), or one line: an environment that imports
+    the package's API but not its s2mel / BigVGAN modules (or omegaconf) ended the demo in two tracebacks."""
+    command = [str(inference_python), str(CHILD_PARTS), family.key, str(model_dir), str(seed)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PARTS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        why = f"it did not finish in {PARTS_TIMEOUT_S} s"
+    except OSError as exc:
+        why = f"it could not be started ({exc.strerror or type(exc).__name__})"
+    else:
+        if done.returncode == 0:
+            return
+        tail = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        why = f"exit {done.returncode}: {tail[-1][:300] if tail else 'no output'}"
+    raise UserError(f"{inference_python} could not make the s2mel and BigVGAN weights of {model_dir} with the "
+                    f"official {family.name} classes ({why}); install {family.inference_package} whole into "
+                    f"that environment (bash scripts/install_inference.sh {family.key} VENV), or use another one")
 
 
 def tiny_gpt_config(family: Family, folder: Path) -> Path:
