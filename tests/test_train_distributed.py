@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,3 +134,27 @@ def test_sigterm_to_the_launcher_saves_once_and_every_rank_exits_143(tiny_data, 
     assert len(ranks) == 2
     step = final(out)["progress"]["step"]
     assert 0 < step < 1000 and len(list(out.glob("model_step*.pth"))) == 1
+
+
+def test_a_bad_sample_found_mid_run_ends_every_rank_with_its_line_and_one_save(tiny_data, configs, tmp_path) -> None:
+    """Every step saved (--save-interval 1), then a sample's codes are damaged mid-run: both ranks stop at the same
+    step, the line names the bad file, and the step is saved once. Rank 1 did not know that rank 0 had saved the
+    step, so it saved it again alone: it waited in a collective rank 0 never entered."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data["folder"], data, ignore=shutil.ignore_patterns("*.pth"))
+    out = tmp_path / "run"
+    args = command({**tiny_data, "train": data / "train.jsonl"}, configs["no_dropout"], out, nproc=2, max_steps=2000)
+    args[args.index("--save-interval") + 1] = "1"
+    proc = start(args)
+    assert wait_for_training(proc)
+    time.sleep(1.0)
+    victim = data / "train5_codes.npy"
+    victim.write_bytes(b"not an array")  # read again each epoch (6 steps): met within the next few steps
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode != 0
+    lines = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 2 and any(str(victim) in line for line in lines), output[-3000:]  # one line a rank
+    saved = {re.search(r"step (\d+), the last completed one, is saved in (\S+);", line).groups() for line in lines}
+    (step, path), = saved  # the same step on both ranks, saved once
+    assert Path(path) == out / f"model_step{step}.pth" and Path(path).is_file(), lines
+    assert "another process of this torchrun job stopped" not in output, output[-3000:]

@@ -91,7 +91,7 @@ def nonfinite_now(state: RunState) -> str | None:
 
 def save(run: RunSpec, state: RunState, services: Services, *, must: bool = True, best: bool = False) -> Path | None:
     """Checkpoint at this step boundary (rank 0 writes; every rank contributes its RNG); `best` publishes
-    best.pth. Returns the file it writes (None on other ranks, or when it was skipped).
+    best.pth. Returns the file it writes (on other ranks, the file rank 0 writes; None when it was skipped).
 
     With `services.saver` (--async-save) the state is snapshotted to CPU memory here and written by a
     background thread while training goes on (async_save.py); best.pth is published by that write too.
@@ -126,6 +126,9 @@ def save(run: RunSpec, state: RunState, services: Services, *, must: bool = True
             wait_for_save(state, services)
             services.saver.start(functools.partial(write, cpu_snapshot(saved)))
     barrier(run.dist)
+    if not run.dist.is_main:  # rank 0 writes it: every rank knows this step is saved, so a stop that follows (a
+        # bad sample found by any rank) saves it no second time, where only rank 0 would skip the collectives
+        state.last_saved, state.last_saved_step = output_dir / f"model_step{step}.pth", step
     return path
 
 
