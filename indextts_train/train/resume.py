@@ -75,10 +75,13 @@ def note_changed_arithmetic(plan: HardwarePlan, saved: dict, log: RunLogger) -> 
     if plan.device == "cpu" and saved.get("device") == "cpu" and saved.get("cpu_threads") \
             and saved["cpu_threads"] != plan.cpu_threads:
         changes.append(f"torch threads {saved['cpu_threads']} -> {plan.cpu_threads}")
-    if changes:
+    if changes:  # the effective batch is the same only when the processes and the split still multiply to it
+        same = saved.get("effective_batch") in (None, plan.effective_batch)
+        batch = "with the same effective batch" if same else (f"with an effective batch of {plan.effective_batch} "
+                                                              f"(it was {saved['effective_batch']})")
         log.warn(f"resuming on another setup ({', '.join(changes)}): training continues from the same sample "
-                 "with the same effective batch, but rounds differently, so the weights will not match bit for "
-                 "bit a run that never stopped (they follow the same course)")
+                 f"{batch}, but rounds differently, so the weights will not match bit for bit a run that never "
+                 "stopped" + (" (they follow the same course)" if same else ""))
 
 
 def seed_everything(seed: int) -> None:
@@ -99,7 +102,7 @@ def restore_rng_for_rank(rng: list[dict] | None, step: int, dist_info: DistInfo,
         seed_everything(seed + dist_info.rank + 7919 * step)
     if len(rng) != dist_info.world_size:
         log.warn(f"the checkpoint was written by {len(rng)} process(es), this run has {dist_info.world_size}: "
-                 "training continues from the same global sample with the same effective batch; "
+                 "training continues from the same global sample (the plan says the effective batch); "
                  "dropout streams of new ranks are freshly seeded")
 
 
