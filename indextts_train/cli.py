@@ -154,7 +154,7 @@ def evaluate(
     # The one read; a missing, damaged or unsafe file stops here, in the checkpoint module's words
     # (loaders further down only know "a base checkpoint", so their wording would mislead).
     loaded = run_guarded(load_verified, checkpoint)
-    specs = run_guarded(parse_manifest_specs, manifest, "--manifest", weights=False)
+    specs = run_guarded(parse_manifest_specs, manifest, "--manifest", weights=False, labels=False)
     for spec in specs:  # a corpus for prepare is said as such
         run_guarded(refuse_corpus, spec.path, "--manifest")
     result = run_guarded(evaluate_checkpoint, checkpoint, [s.path for s in specs], config, batch_size=batch_size,

@@ -87,6 +87,13 @@ def test_weights_must_leave_a_share_and_mean_nothing_for_validation() -> None:
         parse_manifest_specs(["b.jsonl@0.6"], "--val-manifest", weights=False)
 
 
+def test_a_language_label_where_it_means_nothing_is_refused() -> None:
+    """evaluate reports one loss over all its manifests: `--manifest m.jsonl::am` was taken and the label ignored."""
+    assert parse_manifest_specs(["v.jsonl::am"], "--val-manifest", weights=False)[0].lang == "am"  # groups there
+    with pytest.raises(UserError, match=r"--manifest v.jsonl::am: a language label has no meaning .*drop the ::am"):
+        parse_manifest_specs(["a.jsonl", "v.jsonl::am"], "--manifest", weights=False, labels=False)
+
+
 # --------------------------------------------------------------------------------------------- epoch length
 
 

@@ -102,9 +102,14 @@ def parse_manifest_spec(value: str, flag: str = "--train-manifest") -> ManifestS
     return ManifestSpec(Path(path).expanduser(), lang, weight)
 
 
-def parse_manifest_specs(values: Sequence[str], flag: str, *, weights: bool) -> list[ManifestSpec]:
-    """Parse every value of a repeated flag; weights must leave a share for unweighted manifests."""
+def parse_manifest_specs(values: Sequence[str], flag: str, *, weights: bool, labels: bool = True) -> list[ManifestSpec]:
+    """Parse every value of a repeated flag; weights must leave a share for unweighted manifests. `labels` False:
+    a `::lang` label would change nothing (evaluate's one loss over all manifests), so it is refused."""
     specs = [parse_manifest_spec(value, flag) for value in values]
+    labelled = next((spec for spec in specs if spec.lang is not None), None)
+    if labelled is not None and not labels:
+        raise UserError(f"{flag} {labelled}: a language label has no meaning here (one loss over all manifests); "
+                        f"drop the ::{labelled.lang}")
     weighted = [spec for spec in specs if spec.weight is not None]
     if weighted and not weights:
         raise UserError(f"{flag} {weighted[0]}: a weight has no meaning here; drop the @{weighted[0].weight:g}")
