@@ -396,12 +396,12 @@ def export(
     """Write the gpt.pth IndexTTS2 / IndexTTS-2.5 inference loads (full official key set, extended text rows, LoRA merged)."""
     from indextts_train.checkpoint.export import export_checkpoint, export_source
 
-    source = run_guarded(export_source, checkpoint, pick.value if pick else None)
+    source, why = run_guarded(export_source, checkpoint, pick.value if pick else None)
     summary = run_guarded(export_checkpoint, source, output, config_out=config_out, base_config=config,
                           tokenizer_name=tokenizer_name, dtype=dtype, tokenizer=tokenizer,
                           adapters_out=adapters_out, force=force)
     origin = summary["provenance"]
-    typer.echo(f"exported {source}{f' ({origin})' if origin else ''}")
+    typer.echo(f"exported {source}{f' ({origin})' if origin else ''}{f'; --pick: {why}' if why else ''}")
     family = f" ({summary['family']} layout)" if summary["family"] != "IndexTTS2" else ""
     typer.echo(f"wrote {output}: {summary['tensors']} tensors, text rows {summary['text_rows']} "
                f"(number_text_tokens {summary['text_rows'] - 1}), {summary['dtype']}{family}")

@@ -429,3 +429,31 @@ def test_a_crafted_publishing_marker_is_one_line(tmp_path) -> None:
         with pytest.raises(UserError, match=r"\.gpt\.pth\.publishing: not a marker export wrote; remove it and rerun"):
             _interrupted(tmp_path / "gpt.pth", [tmp_path / "gpt.pth"])
         assert marker.read_text() == text
+
+
+def test_what_export_source_says_of_a_path_that_is_no_checkpoint(tmp_path) -> None:
+    """`export nothere --pick cer` said "nothere is a file"; a FIFO latest.pth with --pick latest said there was
+    no latest.pth in the folder."""
+    import os
+
+    from indextts_train.checkpoint.export import export_source
+    from indextts_train.errors import UserError
+
+    with pytest.raises(UserError, match=f"--pick cer chooses a checkpoint inside a run folder, but {tmp_path / 'no'} "
+                                        "does not exist"):
+        export_source(tmp_path / "no", "cer")
+    os.mkfifo(tmp_path / "latest.pth")
+    with pytest.raises(UserError, match=f"{tmp_path / 'latest.pth'} is a FIFO \\(named pipe\\), not a file"):
+        export_source(tmp_path, "latest")
+    with pytest.raises(UserError, match="no best.pth in this folder"):
+        export_source(tmp_path, "best")
+
+
+def test_export_never_replaces_listens_scores(grown_run, tmp_path) -> None:
+    """`export RUN --pick cer -o RUN/listen/scores.jsonl --force` replaced the history of what was heard."""
+    scores = tmp_path / "listen" / "scores.jsonl"
+    scores.parent.mkdir()
+    scores.write_text('{"step": 2}\n')
+    result = cli("export", grown_run["checkpoint"], "-o", scores, "--force")
+    assert result.exit_code == 2 and "listen's scores of the run, which export never replaces" in result.output
+    assert scores.read_text() == '{"step": 2}\n'

@@ -96,6 +96,7 @@ def _listened_columns_and_pick(out: Path, tmp_path: Path) -> None:
                                 cwd=ROOT, timeout=300)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"exported {out / name} (step {step}")
+        assert f"; --pick: step {step}: best {metric} " in result.stdout.splitlines()[0]  # why it was picked
     page = {Path(row["file"]).name: row for row in page_rows(out, Roots([out]))}  # the web page shows them too
     assert (page["model_step6.pth"]["cer"], page["model_step6.pth"]["speaker_sim"]) == (0.1, 0.4)
 

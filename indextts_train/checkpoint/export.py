@@ -25,7 +25,7 @@ import yaml
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import BEST, LATEST, config_for, failure_reason
 from indextts_train.checkpoint.run_folder import same_file, step_of
-from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
+from indextts_train.checkpoint.scores import LISTEN_DIR, SCORES_NAME, SUMMARY_KEYS, pick_scored
 from indextts_train.checkpoint.verify import is_training_checkpoint, load_verified
 from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.schema import is_int
@@ -33,7 +33,7 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
-from indextts_train.files.bounded import json_or_none, load_yaml
+from indextts_train.files.bounded import json_or_none, kind_of_mode, load_yaml
 from indextts_train.files.faults import crash_point
 from indextts_train.files.targets import check_parent, same_path
 from indextts_train.model.layout import official_shapes, trained_keys
@@ -49,25 +49,29 @@ INFERENCE_SECTIONS = ("semantic_codec", "s2mel")
 MAX_MARKER_BYTES = 1 << 16  # a publishing marker lists a few paths
 
 
-def export_source(checkpoint: Path, pick: str | None) -> Path:
+def export_source(checkpoint: Path, pick: str | None) -> tuple[Path, str | None]:
     """The file to export: `checkpoint` itself, or in a run folder best.pth or latest.pth (`pick`), or the
-    model_step file that scored best in `listen` (`pick` cer or speaker_sim).
+    model_step file that scored best in `listen` (`pick` cer or speaker_sim); with why it was picked (None: asked
+    for by name).
 
     A folder without `pick` gives best.pth, or latest.pth when the run had no validation (no best.pth).
     """
     if not checkpoint.is_dir():
         if pick is not None:
-            raise UserError(f"--pick {pick} chooses best.pth or latest.pth inside a run folder, but {checkpoint} "
-                            "is a file; drop --pick, or pass the run's --output-dir")
-        return checkpoint
+            what = "is a file" if os.path.lexists(checkpoint) else "does not exist"
+            raise UserError(f"--pick {pick} chooses a checkpoint inside a run folder, but {checkpoint} {what}; "
+                            "drop --pick, or pass the run's --output-dir")
+        return checkpoint, None
     if pick in SUMMARY_KEYS:  # what `listen` heard: RUN/listen/scores.jsonl
-        return pick_scored(checkpoint, pick)[0]
+        return pick_scored(checkpoint, pick)
     names = {"best": [BEST], "latest": [LATEST], None: [BEST, LATEST]}[pick]
     found = next((checkpoint / name for name in names if (checkpoint / name).is_file()), None)
     if found is None:
-        raise UserError(f"{checkpoint}: no {' or '.join(names)} in this folder; pass a checkpoint file "
-                        "(`indextts-train checkpoints DIR` lists them)")
-    return found
+        there = [name for name in names if os.path.lexists(checkpoint / name)]  # a FIFO, a folder, a dead link
+        what = (f"{checkpoint / there[0]} is {kind_of_mode(os.lstat(checkpoint / there[0]).st_mode)}, not a file"
+                if there else f"no {' or '.join(names)} in this folder")
+        raise UserError(f"{checkpoint}: {what}; pass a checkpoint file (`indextts-train checkpoints DIR` lists them)")
+    return found, None
 
 
 def provenance(state: dict) -> str:
@@ -394,10 +398,14 @@ def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path |
 
 def _check_name(flag: str, target: Path) -> None:
     """No export under a training checkpoint's name: a run in that folder, now or later, would take it for
-    one of its own (and refuse to save its step over it)."""
+    one of its own (and refuse to save its step over it). Nor over listen's scores, the history of what was
+    heard, which --force would have replaced."""
     if target.name in (LATEST, BEST) or step_of(target) is not None:
         raise UserError(f"{flag} {target}: a training checkpoint's name, which a run in that folder would take "
                         f"for one of its own; name the export e.g. {target.with_name('gpt.pth')}")
+    if target.name == SCORES_NAME and target.parent.name == LISTEN_DIR:
+        raise UserError(f"{flag} {target}: listen's scores of the run, which export never replaces, even with "
+                        "--force; choose another path")
 
 
 def _check_place(flag: str, target: Path) -> None:
