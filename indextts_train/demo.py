@@ -98,7 +98,9 @@ def run_demo(out_dir: Path, *, max_steps: int = 150, resume: str | None = "auto"
             resume=resume, max_steps=max_steps, epochs=10_000, val_interval=50, save_interval=50, log_interval=10,
             train_scope=train_scope,
         ))
-    except UserError as exc:  # the trainer's advice names its --output-dir, which the demo's user never typed
+    except UserError as exc:  # the trainer's advice names its flags, which the demo's user never typed
+        if "--accept-data-change" in str(exc):  # a demo folder moved or edited since its run began
+            raise UserError(f"{exc} (the demo has no --accept-data-change: run the demo into a new OUT_DIR)") from None
         if "--output-dir" not in str(exc):
             raise
         raise UserError(f"{exc} (the demo trains in OUT_DIR/run: for --output-dir read OUT_DIR, and run the demo "

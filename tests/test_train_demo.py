@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from indextts_train import demo
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.config.settings import config_beside
 from indextts_train.demo import run_demo
@@ -35,7 +36,7 @@ def assert_extended_share(prepared, grown: range, printed: str) -> None:
 
 
 @pytest.mark.slow
-def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys) -> None:
+def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys, monkeypatch) -> None:
     assert run_demo(tmp_path, max_steps=60) == 0
     printed = capsys.readouterr().out
     assert "100 base tokens -> 150 tokens" in printed and "exported" in printed
@@ -61,6 +62,15 @@ def test_demo_trains_with_a_grown_vocabulary_and_exports(tmp_path, capsys) -> No
     with pytest.raises(UserError, match=r"a scope cannot change on resume.*\(the demo trains in OUT_DIR/run: for "
                                         r"--output-dir read OUT_DIR, and run the demo into another OUT_DIR\)$"):
         run_demo(tmp_path, max_steps=80, train_scope="lora")
+
+    def data_changed(settings):  # what the trainer says of data that changed since the checkpoint
+        raise UserError("the training data changed since the checkpoint; restore the data, or pass "
+                        "--accept-data-change to go on with it")
+
+    monkeypatch.setattr(demo, "train", data_changed)
+    with pytest.raises(UserError, match=r"--accept-data-change to go on with it \(the demo has no "
+                                        r"--accept-data-change: run the demo into a new OUT_DIR\)$"):
+        run_demo(tmp_path, max_steps=80)
 
 
 @pytest.mark.slow
