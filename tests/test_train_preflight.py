@@ -324,5 +324,6 @@ def test_settings_not_typed_are_not_judged_and_the_batch_counts_every_process(ti
     batch = {"batch_size": 4, "grad_accumulation": 4, "effective_batch_size": 32}
     with pytest.raises(UserError, match="--effective-batch-size 32 does not match .* x 1 process"):
         check(**batch)
-    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun starts each process, before the group is set up
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)  # as torchrun starts each process, before the group is set up
     check(**batch)  # 4 x 4 x 2 processes = 32
