@@ -61,6 +61,14 @@ def kind_of_mode(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def kind_of_path(path: Path | str) -> str:
+    """What stands at `path` (links followed), in words; a link that leads to no file says so."""
+    try:
+        return kind_of_mode(os.stat(path).st_mode)
+    except OSError:  # a link to nothing, or a loop of links
+        return "a symbolic link that leads to no file"
+
+
 def open_regular(path: Path | str, what: str = "file") -> IO[bytes]:
     """`path` opened for binary reading, refused in one line unless it is a regular file.
 

@@ -21,7 +21,7 @@ from indextts_train.config.schema import is_int
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import kind_of_mode, parse_json, read_bounded
+from indextts_train.files.bounded import kind_of_path, parse_json, read_bounded
 from indextts_train.ui.run_record import RECORD_NAME, read_record
 
 MAX_PREPARE_JSON_BYTES = 16 << 20
@@ -44,15 +44,8 @@ def _existing(word: str, path: Path, run_dir: Path) -> list[Path]:
     "does not exist": `checkpoints` lists it)."""
     if path.is_file():
         return [path]
-    what = f"is {_kind(path)}, not a file" if os.path.lexists(path) else "does not exist"
+    what = f"is {kind_of_path(path)}, not a file" if os.path.lexists(path) else "does not exist"
     raise UserError(f"--checkpoints {word}: {path} {what}; `indextts-train checkpoints {run_dir}` lists what there is")
-
-
-def _kind(path: Path) -> str:
-    try:
-        return kind_of_mode(path.stat().st_mode)
-    except OSError:  # a link to nothing, or a loop of links
-        return "a symbolic link that leads to no file"
 
 
 def _named(run_dir: Path, word: str) -> list[Path]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import iter_lines, kind_of_mode, parse_json
+from indextts_train.files.bounded import iter_lines, kind_of_path, parse_json
 from indextts_train.listen.choose import run_inputs
 from indextts_train.listen.text_score import normalise
 from indextts_train.prepare.audio import MAX_LOAD_SECONDS
@@ -119,17 +119,10 @@ def _line(obj: object, base: Path, where: str, number: int) -> Line:
                 _audio(obj, "reference_audio", base, where, required=False))
 
 
-def _kind(path: Path) -> str:
-    try:
-        return kind_of_mode(path.stat().st_mode)
-    except OSError:  # a link to nothing, or a loop of links
-        return "a symbolic link that leads to no file"
-
-
 def read_lines_file(path: Path) -> list[Line]:
     """Every line of a `--lines` file, checked; one message for the first bad one."""
     if not path.is_file():  # a FIFO or a folder is there, but no file to read: "no such file" misled
-        what = f"{_kind(path)}, not a file" if os.path.lexists(path) else "no such file"
+        what = f"{kind_of_path(path)}, not a file" if os.path.lexists(path) else "no such file"
         raise UserError(f"--lines {path}: {what}; pass a JSONL file of {{'text', 'prompt_audio'}} lines")
     if path.stat().st_size > MAX_LINES_FILE_BYTES:
         raise UserError(f"--lines {path}: larger than {MAX_LINES_FILE_BYTES >> 20} MiB; a listening set is a few lines")
