@@ -157,10 +157,21 @@ def test_a_rollback_s_new_file_is_heard_again(inputs, monkeypatch) -> None:
                                                "branch": "old", "text": "Hello there.", "language": None,
                                                "prompt_audio": "prompt.wav"})
     monkeypatch.setattr(listen_run, "resolve_inference_python", lambda *args, **kwargs: Path("python"))
-    for branch, todo in (("old", 0), ("new", 1)):
+    for branch, todo, folder in (("old", 0, "step2"), ("new", 1, "step2.new")):
         monkeypatch.setattr(listen_run, "choose_checkpoints", lambda run, which, b=branch: (
             [Chosen(2, run / "model_step2.pth", b, "IndexTTS2")], []))
-        assert len(plan(_options(inputs, inputs["folder"] / "no-python")).todo) == todo
+        work = plan(_options(inputs, inputs["folder"] / "no-python"))
+        # the new file's WAVs go beside the abandoned file's, which its records still name: none is replaced
+        assert len(work.todo) == todo and work.folders == {2: folder}
+
+
+def test_wavs_go_to_their_steps_folder_unless_another_branch_was_heard_there() -> None:
+    from indextts_train.listen.run import wav_folder
+
+    records = [{"step": 2, "branch": "a"}, {"step": 4}]  # step 4: a record written before records named a branch
+    assert wav_folder(2, "a", records) == "step2" and wav_folder(2, "b", records) == "step2.b"
+    assert wav_folder(4, "b", records) == "step4" and wav_folder(6, "b", records) == "step6"
+    assert wav_folder(2, None, records) == "step2"  # a file without lineage: the step's folder, as before
 
 
 def test_a_failed_export_leaves_no_temporary_folder(inputs, monkeypatch) -> None:

@@ -4,7 +4,7 @@ code, and each WAV is transcribed and scored.
 Everything that can be wrong with the input is found before anything is written: the lines, the
 checkpoints (COMPLETE), the model folder, the inference environment, the ASR model. Then, per
 checkpoint in step order: a temporary official model folder (RUN/listen/.model-PID, removed after),
-the missing lines synthesized into RUN/listen/step{N}/, each scored and appended to
+the missing lines synthesized into RUN/listen/step{N}/ (wav_folder), each scored and appended to
 scores.jsonl, TensorBoard (RUN/logs/listen) and index.html updated. A rerun hears only the
 (checkpoint, line) pairs without a score, so a killed listen loses nothing and redoes nothing
 scored; lines are seeded one by one (synthesize.line_seed), so the WAVs do not depend on which
@@ -76,6 +76,7 @@ class Plan:
     recogniser: Recogniser | None = None
     notes: list[str] = field(default_factory=list)
     failed: int = 0  # lines whose synthesis or scoring failed (recorded; a rerun tries them again)
+    folders: dict[int, str] = field(default_factory=dict)  # step -> its WAVs' folder under RUN/listen (wav_folder)
 
 
 def resolve_device(device: str) -> str:
@@ -91,11 +92,19 @@ def resolve_device(device: str) -> str:
     return str(pick_device(device, DistInfo()))
 
 
-def check_folders(run_dir: Path, steps: list[int]) -> None:
-    """RUN/listen and the step{N} folders the WAVs go into: none yet, or folders of their own. A file there (a
+def wav_folder(step: int, branch: str | None, records: list[dict]) -> str:
+    """The folder of a checkpoint's WAVs under RUN/listen: step{N}, or step{N}.{branch} when records of another
+    branch's file of that step are there: after a rollback the new branch's WAVs replaced the abandoned file's,
+    which its records still name. (A branch is a plain name: state.Lineage refuses any other.)"""
+    other = branch is not None and any(r["step"] == step and r.get("branch") not in (None, branch) for r in records)
+    return f"step{step}.{branch}" if other else f"step{step}"
+
+
+def check_folders(run_dir: Path, names: list[str]) -> None:
+    """RUN/listen and the step folders the WAVs go into: none yet, or folders of their own. A file there (a
     traceback once, after the checkpoint was heard) or a link (the WAVs would replace files elsewhere) is refused."""
     listen_dir = run_dir / LISTEN_DIR
-    for folder in [listen_dir, *(listen_dir / f"step{step}" for step in steps)]:
+    for folder in [listen_dir, *(listen_dir / name for name in names)]:
         if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
             raise UserError(f"{folder}: is {'a link' if folder.is_symlink() else 'not a folder'}, and listen writes "
                             "only into folders of its own there; move it aside and rerun")
@@ -175,15 +184,16 @@ def plan(options: ListenOptions) -> Plan:
     check_inference_folder(model_dir, family)
     check_families(chosen, family, model_dir)
     check_tokenizer(run_dir, chosen)
-    check_folders(run_dir, [c.step for c in chosen])
+    records = read_records(scores_path(run_dir))  # none from a file that is not ours (refused below)
+    folders = {c.step: wav_folder(c.step, c.branch, records) for c in chosen}
+    check_folders(run_dir, list(folders.values()))
     check_scores_file(scores_path(run_dir))
     check_page(run_dir)
     check_audio(lines, options.lines)
-    records = read_records(scores_path(run_dir))
     check_line_ids(run_dir, lines, records, options.lines)
     done = scored_keys(records, {c.step: c.branch for c in chosen})  # a rollback's new files are not heard yet
     todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
-    work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes)
+    work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes, folders=folders)
     if todo:  # the inference environment first: a few seconds, where the ASR model may be gigabytes to fetch
         work.python = resolve_inference_python(family, options.inference_python, say=options.say)
         work.recogniser = load_recogniser(options.asr_model, work.device)
@@ -210,8 +220,8 @@ def listen(options: ListenOptions) -> tuple[Path, int]:
     return write_page(options.run_dir), work.failed
 
 
-def _synthesis_lines(listen_dir: Path, step: int, lines: list[Line]) -> list[SynthesisLine]:
-    folder = listen_dir / f"step{step}"
+def _synthesis_lines(listen_dir: Path, name: str, lines: list[Line]) -> list[SynthesisLine]:
+    folder = listen_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     return [SynthesisLine(line.line_id, line.text, line.prompt_audio, folder / f"{line.line_id}.wav", line.language)
             for line in lines]
@@ -222,10 +232,11 @@ def _speak(options: ListenOptions, work: Plan, chosen: Chosen,
     """Synthesize `lines` from one checkpoint: (the results, the GPT's width, from the exported config)."""
     listen_dir = options.run_dir / LISTEN_DIR
     folder = listen_dir / f"{MODEL_FOLDER}{os.getpid()}"
+    wavs = work.folders.get(chosen.step, f"step{chosen.step}")  # the folder its WAVs go into (wav_folder)
     try:  # a failed export is removed too: only a killed listen leaves the folder (for the next one to remove)
         make_model_folder(chosen.path, work.model_dir, folder, tokenizer=_tokenizer(options.run_dir))
         width = (load_yaml(folder / "config.yaml", "the exported config.yaml").get("gpt") or {}).get("model_dim")
-        results = synthesize(folder, work.family, _synthesis_lines(listen_dir, chosen.step, lines), seed=options.seed,
+        results = synthesize(folder, work.family, _synthesis_lines(listen_dir, wavs, lines), seed=options.seed,
                              device=work.device, inference_python=work.python, log_path=listen_dir / "synthesis.log")
     finally:
         if not folder.is_symlink() and (folder / MARKER).is_file():  # a link is never ours (model_folder._clear)
