@@ -329,3 +329,16 @@ def stand_in_inference_folder(model_dir: Path, config: Path) -> Path:
         (model_dir / name).write_bytes(b"stand-in")
     (model_dir / "qwen").mkdir(exist_ok=True)
     return model_dir
+
+
+def train_tiny_run(tiny_data: dict, out: Path, *, max_steps: int, **extra) -> Path:
+    """A tiny run with validation, a checkpoint every 2 steps, no TensorBoard: the run listen and the checkpoint
+    table are tried on. Returns `out`."""
+    from indextts_train.train.loop import resolve_settings, train
+
+    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
+                               config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
+                               grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=max_steps,
+                               epochs=100, val_interval=2, save_interval=2, tensorboard=False, **extra)
+    assert train(options) == 0
+    return out

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_tiny_run
 from typer.testing import CliRunner
 
 from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.checkpoint.table import age_text, checkpoint_rows, render_table
 from indextts_train.cli import app
-from indextts_train.train.loop import resolve_settings, train
 from indextts_train.webui.records import checkpoint_rows as page_rows
 from indextts_train.webui.roots import Roots
 
@@ -29,12 +29,7 @@ def test_checkpoints_table_and_json(tiny_data, tmp_path) -> None:
     out = tmp_path / "run"
     # A learning rate below float32 resolution: validation never improves, so best.pth stays at step 2,
     # whose step file rotation removes; steps 4 and 8 are milestones (kept aside: they do not count toward 2).
-    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
-                           config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
-                           grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=10, epochs=100,
-                           learning_rate=1e-30, log_interval=2, val_interval=2, save_interval=2, keep_checkpoints=2,
-                           keep_every=4, tensorboard=False)
-    assert train(options) == 0
+    train_tiny_run(tiny_data, out, max_steps=10, learning_rate=1e-30, log_interval=2, keep_checkpoints=2, keep_every=4)
     (out / "model_step1.pth").write_bytes(b"PK\x03\x04 not a checkpoint")  # someone else's damaged file
 
     result = subprocess.run([sys.executable, "-m", "indextts_train", "checkpoints", str(out)], capture_output=True,
@@ -129,12 +124,7 @@ def test_a_file_shows_its_own_scores_after_a_rollback(tiny_data, tmp_path) -> No
     before they did) stand for the run folder's file of their step. A CER of 1e308 keeps its column."""
     from indextts_train.checkpoint.lineage import lineage_of
 
-    out = tmp_path / "run"
-    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
-                               config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
-                               grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=4, epochs=100,
-                               val_interval=2, save_interval=2, tensorboard=False)
-    assert train(options) == 0
+    out = train_tiny_run(tiny_data, tmp_path / "run", max_steps=4)
     branch = lineage_of(out / "model_step4.pth").branch
     abandoned = out / "abandoned" / "before-rollback" / "model_step4.pth"
     abandoned.parent.mkdir(parents=True)

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import stand_in_inference_folder
+from helpers import stand_in_inference_folder, train_tiny_run
 
 from indextts_train.errors import UserError
 from indextts_train.prepare.tiny_asr import write_tiny_asr
-from indextts_train.train.loop import resolve_settings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # trains a tiny run, then starts the CLI a few times
@@ -37,11 +36,7 @@ def _listen(run: Path, *args: str, env: dict | None = None) -> subprocess.Comple
 def run(tiny_data, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("listen_run")
     out = folder / "run"
-    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
-                           config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
-                           grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=2, epochs=100,
-                           val_interval=2, save_interval=2, tensorboard=False)
-    assert train(options) == 0
+    train_tiny_run(tiny_data, out, max_steps=2)
     (out / "model_step7.pth").write_bytes(b"PK\x03\x04 not a checkpoint")  # someone's damaged file
     model_dir = stand_in_inference_folder(folder / "model", tiny_data["config"])  # as the official inference reads
     prompt = folder / "prompt.wav"

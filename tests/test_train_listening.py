@@ -10,22 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_tiny_run
 
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.checkpoint.scores import RECORD_FORMAT, append_record, scores_path
 from indextts_train.train.listening import Listener, due_steps
-from indextts_train.train.loop import resolve_settings, train
 
 pytestmark = pytest.mark.slow  # trains twice and starts the CLI
 
 
 def _train(tiny_data, out: Path, **extra) -> None:
-    options = resolve_settings(train_manifests=[tiny_data["train"]], val_manifests=[tiny_data["val"]], output_dir=out,
-                           config=tiny_data["config"], base_checkpoint=tiny_data["base"], batch_size=4,
-                           grad_accumulation=1, effective_batch_size=4, num_workers=0, max_steps=6, epochs=100,
-                           val_interval=2, save_interval=2, tensorboard=False, **extra)
-    assert train(options) == 0
+    train_tiny_run(tiny_data, out, max_steps=6, **extra)
 
 
 def test_training_with_listening_ends_bit_identical(tiny_data, tmp_path) -> None:
