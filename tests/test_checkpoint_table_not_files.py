@@ -73,8 +73,8 @@ def test_scores_false_leaves_the_listen_scores_unread(tmp_path: Path, monkeypatc
     run = tmp_path / "run"
     save_checkpoint(make_state(2), run, 2, keep=3)
     read: list[Path] = []
-    monkeypatch.setattr("indextts_train.checkpoint.table.summary_by_step", lambda folder: read.append(folder) or {})
+    monkeypatch.setattr("indextts_train.checkpoint.table.read_records", lambda path: read.append(path) or [])
     assert [row["listen"] for row in checkpoint_rows(run, scores=False)] == [None]
     assert read == []
     checkpoint_rows(run)
-    assert read == [run]
+    assert read == [run / "listen" / "scores.jsonl"]  # once, for every row

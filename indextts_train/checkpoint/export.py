@@ -33,7 +33,7 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
-from indextts_train.files.bounded import json_or_none, kind_of_mode, load_yaml
+from indextts_train.files.bounded import json_or_none, kind_of_path, load_yaml
 from indextts_train.files.faults import crash_point
 from indextts_train.files.targets import check_parent, same_path
 from indextts_train.model.layout import official_shapes, trained_keys
@@ -68,8 +68,8 @@ def export_source(checkpoint: Path, pick: str | None) -> tuple[Path, str | None]
     found = next((checkpoint / name for name in names if (checkpoint / name).is_file()), None)
     if found is None:
         there = [name for name in names if os.path.lexists(checkpoint / name)]  # a FIFO, a folder, a dead link
-        what = (f"{checkpoint / there[0]} is {kind_of_mode(os.lstat(checkpoint / there[0]).st_mode)}, not a file"
-                if there else f"no {' or '.join(names)} in this folder")
+        what = (f"{checkpoint / there[0]} is {kind_of_path(checkpoint / there[0])}, not a file" if there
+                else f"no {' or '.join(names)} in this folder")
         raise UserError(f"{checkpoint}: {what}; pass a checkpoint file (`indextts-train checkpoints DIR` lists them)")
     return found, None
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST
 from indextts_train.checkpoint.lineage import lineage_of
-from indextts_train.checkpoint.run_folder import same_file
+from indextts_train.checkpoint.run_folder import same_file, step_of
 from indextts_train.config.schema import is_int
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import open_append, own_file_problem
@@ -180,8 +180,7 @@ def files_by_step(run_dir: Path) -> dict[int, tuple[Path, str | None]]:
     short, a FIFO, a symbolic link or a file not ours under a step's name is none (`checkpoints` shows no step
     for the first ones)."""
     run_dir = Path(run_dir)
-    names = sorted((p for p in run_dir.glob("model_step*.pth") if p.name[len("model_step"):-len(".pth")].isdigit()),
-                   key=lambda p: int(p.name[len("model_step"):-len(".pth")]))
+    names = sorted((p for p in run_dir.glob("model_step*.pth") if step_of(p) is not None), key=step_of)
     files: dict[int, tuple[Path, str | None]] = {}
     for path in names + [run_dir / LATEST, run_dir / BEST]:
         if path.is_symlink() or not path.is_file() or any(same_file(path, other) for other, _ in files.values()):

@@ -18,7 +18,7 @@ from pathlib import Path
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
 from indextts_train.checkpoint.run_folder import run_folder_to_read, same_file
-from indextts_train.checkpoint.scores import SUMMARY_KEYS, Heard, read_records, scores_path, summary_by_step
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, Heard, read_records, scores_path
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.files.bounded import kind_of_mode
 
@@ -84,15 +84,14 @@ def checkpoint_rows(output_dir: Path, include: Callable[[Path], bool] = lambda p
     folders = (sorted(p for p in abandoned.iterdir() if p.is_dir() and not p.is_symlink())
                if abandoned.is_dir() and not abandoned.is_symlink() else [])
     rows = [row for folder in [output_dir, *folders] for row in _folder_rows(folder, output_dir, include)]
-    # What `listen` scored: each file's own records (scores.py: by its branch, since a rollback writes its steps
-    # again), as export --pick ranks them; an abandoned file's own records only (those naming no branch stand
-    # for the run folder's file of their step)
-    heard = summary_by_step(output_dir) if scores else {}
-    aside = Heard(read_records(scores_path(output_dir))) if scores and any(r["abandoned"] for r in rows) else None
+    # What `listen` scored: each file's own records, by its step and branch (scores.py: a rollback writes its
+    # steps again), as export --pick ranks them; those naming no branch (written before records did) stand for
+    # the run folder's file of their step, not for an abandoned one. The scores file is read once.
+    heard = Heard(read_records(scores_path(output_dir))) if scores else None
     for row in rows:
         ours = row["kind"] == "indextts-train" and row["born"] is not None and row["step"] is not None
-        row["listen"] = (None if not ours else heard.get(row["step"]) if not row["abandoned"] else
-                         aside.summary(row["step"], row["branch"], unnamed=False) if aside else None)
+        row["listen"] = (heard.summary(row["step"], row["branch"], unnamed=not row["abandoned"])
+                         if heard is not None and ours else None)
     return rows
 
 

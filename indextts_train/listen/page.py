@@ -17,6 +17,7 @@ from urllib.parse import quote
 from indextts_train.checkpoint.scores import (
     ANY,
     LISTEN_DIR,
+    SUMMARY_KEYS,
     Heard,
     files_by_step,
     is_scored,
@@ -98,11 +99,9 @@ def _value(value: object) -> float | None:
 
 def _number(record: dict, key: str, label: str, fmt: str = "{:.3f}") -> str | None:
     # CER and similarity as `checkpoints` and `export --pick` take them (a NaN or a CER of -5 is no score)
-    value = score_value(record, key) if key in SCORES else _value(record.get(key))
+    value = score_value(record, key) if key in SUMMARY_KEYS else _value(record.get(key))
     return f"{label} {fmt.format(value)}" if value is not None else None
 
-
-SCORES = ("cer", "speaker_sim")
 
 
 def _cell(record: dict | None) -> str:
@@ -135,14 +134,12 @@ def _is_tiny(records: list[dict]) -> bool:
     return any(w < TINY_GPT_WIDTH for w in widths) or any(is_int(n) and n < TINY_ASR_PARAMETERS for n in asr)
 
 
-def _means(records: list[dict], step: int) -> str:
-    ok = [r for r in records if r["step"] == step and is_scored(r)]
-    parts = []
-    for key, name in (("cer", "CER"), ("speaker_sim", "similarity")):
-        values = [v for r in ok if (v := score_value(r, key)) is not None]
-        if values:
-            parts.append(f"{name} {sum(values) / len(values):.3f}")
-    return " · ".join(parts + [f"{len(ok)} line(s)"])
+def _means(summary: dict | None) -> str:
+    """A step's means as `checkpoints` shows them (scores.Heard.summary: one rule for both)."""
+    summary = summary or {"lines": 0}
+    parts = [f"{name} {summary[key]:.3f}" for key, name in (("cer", "CER"), ("speaker_sim", "similarity"))
+             if summary.get(key) is not None]
+    return " · ".join(parts + [f"{summary['lines']} line(s)"])
 
 
 def _models(records: list[dict]) -> str:
@@ -153,28 +150,30 @@ def _models(records: list[dict]) -> str:
             "CER/WER on text normalised by NFKC, casefold, punctuation removed, whitespace collapsed")
 
 
-def _shown(run_dir: Path) -> dict[tuple[int, str], dict]:
+def _shown(run_dir: Path) -> tuple[dict[tuple[int, str], dict], dict[int, dict | None]]:
     """(step, line id) -> the record the page shows: of the checkpoint file on disk, as `checkpoints` shows its
-    scores (after a rollback, the new file's, not the abandoned one's of that step), else the step's last."""
+    scores (after a rollback, the new file's, not the abandoned one's of that step), else the step's last; and
+    step -> the means of those records (Heard.summary)."""
     records = read_records(scores_path(run_dir))
     heard = Heard(records)
     branches = {step: branch for step, (_, branch) in files_by_step(run_dir).items()}
     shown = {(step, line): record for step in heard.by_step
              for line, record in heard.lines(step, branches.get(step, ANY)).items()}
     order = {key: i for i, key in enumerate(latest_records(records))}  # rows in the order lines were first heard
-    return dict(sorted(shown.items(), key=lambda item: order[item[0]]))
+    means = {step: heard.summary(step, branches.get(step, ANY)) for step in heard.by_step}
+    return dict(sorted(shown.items(), key=lambda item: order[item[0]])), means
 
 
 def render_page(run_dir: Path) -> str:
     """The page's HTML from the run's scores.jsonl."""
     listen_dir = Path(run_dir) / LISTEN_DIR
-    cells = _shown(run_dir)
+    cells, means = _shown(run_dir)
     records = list(cells.values())
     steps = sorted({r["step"] for r in records})
     line_ids = list(dict.fromkeys(str(r.get("line_id")) for r in records))
     warn = ('<p class="warn">These are tiny random test models: they speak noise, and the numbers below mean '
             "nothing at this size.</p>") if _is_tiny(records) else ""
-    head = "".join(f"<th>step {s}<div class='scores'>{_e(_means(records, s))}</div></th>" for s in steps)
+    head = "".join(f"<th>step {s}<div class='scores'>{_e(_means(means.get(s)))}</div></th>" for s in steps)
     rows = []
     for line_id in line_ids:
         first = next(cells[(s, line_id)] for s in steps if (s, line_id) in cells)
