@@ -30,7 +30,7 @@ from indextts_train.checkpoint.scores import (
     scored_keys,
     scores_path,
 )
-from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
+from indextts_train.config.family import Family
 from indextts_train.config.settings import load_config
 from indextts_train.distributed import DistInfo
 from indextts_train.errors import UserError
@@ -43,7 +43,6 @@ from indextts_train.listen.model_folder import MARKER, check_inference_folder, m
 from indextts_train.listen.page import check_page, write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
 from indextts_train.listen.synthesize import SynthesisLine, SynthesisResult, resolve_inference_python, synthesize
-from indextts_train.text.tiktoken_vocab import read_tiktoken
 from indextts_train.text.vocab import tokenizer_size
 from indextts_train.ui.run_record import RECORD_NAME
 
@@ -143,9 +142,7 @@ def check_tokenizer(run_dir: Path, chosen: list[Chosen]) -> None:
 def _tokenizer_tokens(path: Path) -> int | None:
     """How many tokens a tokenizer file holds; None when it cannot be read (the export then says why)."""
     try:
-        if family_of_tokenizer(path).tokenizer_kind == TIKTOKEN:
-            return read_tiktoken(path).n_vocab
-        return tokenizer_size(path)
+        return tokenizer_size(path)  # either family's (text/vocab.py)
     except (UserError, OSError, ValueError):
         return None
 
