@@ -94,6 +94,26 @@ def _collective() -> Iterator[None]:
         raise UserError(f"{PEER_LOST} (torch.distributed: {said})") from exc
 
 
+@contextlib.contextmanager
+def ddp_collectives(info: DistInfo) -> Iterator[None]:
+    """DDP's own collectives, which it runs inside forward and backward (the gradient all-reduce of the
+    last micro-batch): a peer lost there ends this rank with the same one line as `_collective`. Only
+    torch.distributed's errors and gloo's transport errors are taken for that: a forward or backward can
+    fail for its own causes (CUDA out of memory, which steps.py retries at a smaller micro-batch)."""
+    if not info.enabled:
+        yield
+        return
+    import torch.distributed as dist
+
+    try:
+        yield
+    except RuntimeError as exc:
+        if not isinstance(exc, dist.DistError) and "gloo" not in str(exc).split(" ", 1)[0]:
+            raise
+        with _collective():
+            raise
+
+
 def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     """True when the flag is set on any rank, so every rank stops at the same optimizer step."""
     if not info.enabled:

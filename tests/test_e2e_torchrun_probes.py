@@ -47,6 +47,58 @@ def test_a_collective_whose_peer_is_gone_is_one_line(monkeypatch, call) -> None:
                    "[127.0.0.1]:45273. GLHF!)" and "\n" not in said
 
 
+def test_a_peer_lost_in_ddps_own_all_reduce_is_one_line_and_other_errors_pass() -> None:
+    with pytest.raises(UserError) as caught, distributed.ddp_collectives(TWO):
+        _peer_gone()  # gloo's plain RuntimeError, as DDP's backward raises it when the peer is gone
+    assert str(caught.value).startswith(PEER_LOST) and "pair.cc:553" in str(caught.value)
+    with pytest.raises(UserError, match="another process"), distributed.ddp_collectives(TWO):
+        raise dist.DistBackendError("NCCL communicator was aborted")
+    # a forward or backward failing for its own cause is not a lost peer: out of memory is retried smaller
+    for own in (torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("shape mismatch in gloo_layer")):
+        with pytest.raises(type(own)) as raised, distributed.ddp_collectives(TWO):
+            raise own
+        assert raised.value is own
+    with pytest.raises(RuntimeError, match="pair.cc"), distributed.ddp_collectives(DistInfo()):
+        _peer_gone()  # one process: no peer to lose, nothing to say of one
+
+
+RANK1_DIES_IN_FORWARD = textwrap.dedent("""\
+    import os, runpy
+    if os.environ.get("RANK") == "1":  # this rank dies (as by SIGKILL or the OOM killer) in its 3rd forward
+        from indextts_train.train import loss_module
+        real, calls = loss_module.LossModule.forward, []
+
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                os._exit(9)
+            return real(self, *args, **kwargs)
+
+        loss_module.LossModule.forward = forward
+    runpy.run_module("indextts_train", run_name="__main__", alter_sys=True)
+    """)
+
+
+@pytest.mark.slow
+def test_a_rank_dying_mid_step_leaves_the_other_in_ddps_all_reduce_with_one_line(tiny_data, tmp_path) -> None:
+    """Rank 0 is in its backward when rank 1 dies before its own: DDP's gradient all-reduce loses its peer."""
+    wrapper = tmp_path / "rank1_dies.py"
+    wrapper.write_text(RANK1_DIES_IN_FORWARD)
+    out = tmp_path / "run"
+    port = str(random.Random(str(out)).randint(20000, 40000))
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+            str(wrapper), "--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
+            "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(out), "--batch-size", "2",
+            "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", "6"]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    printed = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"error: {PEER_LOST} (torch.distributed: " in printed, printed[-3000:]
+    # no rank's traceback (torchrun prefixes a rank's with [rankN]; the launcher's own report names no file of ours)
+    assert "[rank0]" not in printed and "/indextts_train/" not in printed, printed[-3000:]
+
+
 def test_rank0_whose_peer_left_before_the_claim_leaves_nothing(monkeypatch, tmp_path) -> None:
     def gone(*args, **kwargs):
         raise UserError(PEER_LOST)
