@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,41 @@ def setup_distributed() -> DistInfo:
         backend = "gloo"
     dist.init_process_group(backend=backend)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+# Rank 0 posts each refusal it prints here, in the job's key-value store (torchrun's, which outlives rank 0);
+# a later restart of the job (torchrun --max-restarts) posts under its own key.
+REFUSAL_KEY = "indextts-train/refusal"
+SAME_REFUSAL_WAIT_S = 5.0
+
+
+def said_by_main(line: str, info: DistInfo, wait_s: float = SAME_REFUSAL_WAIT_S) -> bool:
+    """Whether rank 0 prints this same refusal line, so that this rank need not: the ranks check the same
+    inputs and would print the same line N times. Rank 0 posts its line and prints it (False); another rank
+    waits up to `wait_s` for rank 0's line (they refuse at about the same time) and prints its own when
+    rank 0 said nothing or something else (a file missing on this node only). No collective: the other
+    ranks may be anywhere in their own steps."""
+    if not info.enabled:
+        return False
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    key = f"{REFUSAL_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=wait_s))
+        if info.is_main:
+            store.set(key, line)
+            return False
+        deadline = time.monotonic() + wait_s
+        while not store.check([key]):  # polled: a store.wait that times out prints c10d warnings
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return store.get(key).decode("utf-8", "replace") == line
+    except Exception:  # no store to reach (rank 0 hosted it and is gone), or no line in time: say ours
+        return False
 
 
 def teardown_distributed(info: DistInfo) -> None:

@@ -117,6 +117,40 @@ def test_rank0_whose_peer_left_before_the_claim_leaves_nothing(monkeypatch, tmp_
     assert not (out / LOCK_NAME).exists()
 
 
+def test_a_refusal_rank_0_prints_is_not_printed_again_by_the_other_ranks(monkeypatch) -> None:
+    from datetime import timedelta
+
+    host = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(host.port))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    rank1 = DistInfo(rank=1, world_size=2, local_rank=1)
+    assert not distributed.said_by_main("error: x", rank1, wait_s=0.2)  # rank 0 said nothing: rank 1 says it
+    assert not distributed.said_by_main("error: x", TWO)  # rank 0 always prints its line, and posts it
+    assert distributed.said_by_main("error: x", rank1, wait_s=0.2)
+    assert not distributed.said_by_main("error: only on this node", rank1, wait_s=0.2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted job: rank 0 has not said it this time
+    assert not distributed.said_by_main("error: x", rank1, wait_s=0.2)
+    assert not distributed.said_by_main("error: x", DistInfo())  # one process: it prints its own
+    monkeypatch.setenv("MASTER_PORT", "1")  # no store to reach: the rank says its own line
+    assert not distributed.said_by_main("error: x", rank1, wait_s=0.2)
+
+
+@pytest.mark.slow
+def test_every_rank_refusing_the_same_input_prints_it_once(tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n')
+    port = str(random.Random(str(tmp_path)).randint(20000, 40000))
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+            "-m", "indextts_train", "train", "--train-manifest", str(bad),
+            "--config", str(ROOT / "configs" / "tiny.yaml"), "--output-dir", str(tmp_path / "run"), "--max-steps", "2"]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error: ")]
+    assert result.returncode != 0 and len(lines) == 1 and f"{bad}:1: neither the paired form" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
 RANK1_MANIFEST = textwrap.dedent("""\
     import os, runpy, sys
     if os.environ.get("RANK") == "1":  # this rank alone is given a manifest that is not there

@@ -28,7 +28,7 @@ from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.checkpoint.files import BEST, LATEST, kept_names
 from indextts_train.data.sampling import epoch_length
 from indextts_train.data.workers import reap_workers
-from indextts_train.distributed import any_rank, setup_distributed, teardown_distributed
+from indextts_train.distributed import any_rank, said_by_main, setup_distributed, teardown_distributed
 from indextts_train.errors import UserError, refusal
 from indextts_train.files.faults import crash_point
 from indextts_train.train.guard import EXIT_DIVERGED, Diverged, StreakStop, count_step
@@ -49,6 +49,7 @@ from indextts_train.ui.text_log import TextLog
 __all__ = ["RunSettings", "SignalFlag", "lr_factor", "train", "resolve_settings"]
 
 EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+EXIT_REFUSED = 2  # the code of every refusal (cli.run_guarded); a rank whose line rank 0 printed returns it
 
 
 class SetupInterrupted(BaseException):
@@ -114,7 +115,8 @@ class SignalFlag:
 
 
 def train(options: RunSettings) -> int:
-    """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal."""
+    """Run `train-gpt`. Returns the exit code: 0 done, 3 diverged, 130/143/129 after a safe save on a signal,
+    2 on a rank whose refusal rank 0 printed (any other refusal is raised, for the CLI to print)."""
     # Several ranks stop together at a step boundary (any_rank): one rank leaving setup alone would
     # leave the others waiting in a collective, so only a single process stops in setup at once.
     single = os.environ.get("WORLD_SIZE", "1") == "1"
@@ -139,6 +141,8 @@ def train(options: RunSettings) -> int:
         if started is not None:  # setup writes its own refusals; this is one found mid-run (bad data, disk full)
             (services or started).log.stop()
             text_log.record(text_log.stamp(refusal(exc)), "error")
+        if said_by_main(refusal(exc), dist):  # torchrun: the line once, not once a rank
+            return EXIT_REFUSED
         raise
     finally:
         if services is not None and services.saver is not None:
