@@ -240,7 +240,7 @@ def check_data(
 
     limits, vocabulary, notes = checkdata.prepared_with(manifest, config, tokenizer)  # without --config: prepare.json's
     run_guarded(checkdata.check_flags_read, force=force, write_clean=write_clean, normalizer=normalizer,
-                vocabulary=vocabulary)
+                vocabulary=vocabulary, manifests=manifest)
 
     def run() -> dict:
         from indextts_train.config.settings import load_config

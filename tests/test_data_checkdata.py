@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_data_manifest import DIM, GPT, TINY, read_lines, write_dataset, write_lines
 
-from indextts_train.data.checkdata import check_manifests, render_check_report, write_clean_manifest
+from indextts_train.data.checkdata import check_flags_read, check_manifests, render_check_report, write_clean_manifest
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex
 from indextts_train.errors import UserError
 
@@ -134,6 +134,20 @@ def test_write_clean_manifest_in_same_folder_keeps_bytes(tmp_path: Path) -> None
     assert out.read_bytes() == raw_lines[0] + raw_lines[10] + raw_lines[11]
     with pytest.raises(UserError, match="is an input manifest"):
         write_clean_manifest([manifest], manifest, gpt_cfg=GPT)
+
+
+def test_a_write_clean_that_cannot_be_written_is_said_before_any_line_is_checked(tmp_path: Path) -> None:
+    """The check of a large manifest takes minutes; its report was lost to the refusal that came after it."""
+    manifest, _ = make_bad_lines(tmp_path)
+    earlier = tmp_path / "clean.jsonl"
+    earlier.write_text('{"an": "earlier clean manifest"}\n')
+    flags = {"normalizer": "auto", "vocabulary": None, "manifests": [manifest]}
+    with pytest.raises(UserError, match=f"{earlier} already exists; pass --force"):
+        check_flags_read(force=False, write_clean=earlier, **flags)
+    with pytest.raises(UserError, match="is an input manifest"):
+        check_flags_read(force=True, write_clean=tmp_path / "." / manifest.name, **flags)
+    check_flags_read(force=True, write_clean=earlier, **flags)  # a manifest is what --force replaces
+    check_flags_read(force=False, write_clean=tmp_path / "new.jsonl", **flags)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -364,9 +364,7 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
     """
     report = source if isinstance(source, dict) else check_manifests(source, gpt_cfg=gpt_cfg,
                                                                       vocab_size=vocab_size)
-    out = os.path.realpath(out_path)
-    if any(os.path.realpath(path) == out for path in report["files"]):
-        raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
+    _refuse_input_as_output(report["files"], out_path)
     check_clean_target(Path(out_path), force=force)
     bad = {(path, line) for path, line in report["bad_lines"]}
     out_dir = os.path.dirname(os.path.abspath(out_path))
@@ -380,6 +378,12 @@ def write_clean_manifest(source: dict | Sequence[str | Path], out_path: str | Pa
     except OSError as exc:
         raise UserError(f"{out_path}: cannot write the clean manifest ({exc.strerror or exc})") from None
     return len(lines)
+
+
+def _refuse_input_as_output(manifests: Sequence[str | Path], out_path: str | Path) -> None:
+    out = os.path.realpath(out_path)
+    if any(os.path.realpath(path) == out for path in manifests):
+        raise UserError(f"{out_path}: is an input manifest; write the clean manifest to a new file")
 
 
 def clean_line(path: Path, written: int) -> str:
@@ -435,15 +439,18 @@ def _reads_as_manifest(path: Path) -> bool:
     return isinstance(json_or_none(first), dict)
 
 
-def check_flags_read(*, force: bool, write_clean: Path | None, normalizer: str, vocabulary: Path | None) -> None:
+def check_flags_read(*, force: bool, write_clean: Path | None, normalizer: str, vocabulary: Path | None,
+                     manifests: Sequence[str | Path] = ()) -> None:
     """check-data's flags that are read only beside another one: typed without it, each would change nothing.
-    A --write-clean that --force may not replace is said here, before the lines are checked (an input manifest
-    given there is said by write_clean_manifest, which knows the manifests)."""
+    A --write-clean that cannot be written (an input manifest, a file there without --force, one that --force
+    may not replace) is said here, before the lines are checked: the check of a large manifest takes minutes,
+    and its report would be lost to the refusal (write_clean_manifest says it again, for its other callers)."""
     if force and write_clean is None:
         raise UserError("--force lets --write-clean replace an existing file, and no --write-clean is given: the "
                         "flag would change nothing; add --write-clean FILE, or leave --force out")
-    if force and write_clean is not None:
-        check_clean_target(write_clean, force=True)
+    if write_clean is not None:
+        _refuse_input_as_output(manifests, write_clean)
+        check_clean_target(write_clean, force=force)
     check_normalizer_choice(normalizer)  # a typo first: it is said even where nothing is normalised
     if normalizer != "auto" and vocabulary is None:
         raise UserError(f"--normalizer {normalizer} presents text for a tokenizer's encoding, and none is at hand (no "
