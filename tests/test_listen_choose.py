@@ -28,3 +28,18 @@ def test_a_fifo_under_a_checkpoint_s_name_is_said_as_such(tmp_path) -> None:
         choose_checkpoints(tmp_path, "latest")
     with pytest.raises(UserError, match=r"model_step7.pth does not exist"):
         choose_checkpoints(tmp_path, "step7")
+
+
+def test_all_says_which_checkpoint_names_hold_no_file(tmp_path) -> None:
+    """`all` left a FIFO under a checkpoint's name out without a word (`checkpoints` lists it)."""
+    os.mkfifo(tmp_path / "model_step6.pth")
+    (tmp_path / "best.pth").mkdir()
+    with pytest.raises(UserError, match=r"no COMPLETE checkpoint to hear \(left out best.pth: it is a folder, not a "
+                                        r"file; left out model_step6.pth: it is a FIFO \(named pipe\), not a file\)"):
+        choose_checkpoints(tmp_path, "all")
+
+
+@pytest.mark.parametrize("spec", [",", "", " , "])
+def test_a_list_without_names_is_refused_not_taken_for_all(tmp_path, spec) -> None:
+    with pytest.raises(UserError, match=rf"^--checkpoints {spec!r} names no checkpoint; give best, latest"):
+        choose_checkpoints(tmp_path, spec)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST
 from indextts_train.checkpoint.lineage import lineage_of
-from indextts_train.checkpoint.run_folder import list_checkpoints, run_folder_to_read, same_file
+from indextts_train.checkpoint.run_folder import list_checkpoints, run_folder_to_read, same_file, step_of
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.config.schema import is_int
 from indextts_train.data.corpus_forms import PREPARE_RECORD
@@ -59,13 +59,27 @@ def _named(run_dir: Path, word: str) -> list[Path]:
     raise UserError(f"--checkpoints {word}: expected best, latest, stepN (e.g. step500) or all, comma-separated")
 
 
+def _not_files(run_dir: Path) -> list[str]:
+    """Notes on checkpoint names under which no file stands (a FIFO, a folder): `all` hears files only."""
+    names = sorted((p for p in run_dir.iterdir() if step_of(p) is not None or p.name in (LATEST, BEST)),
+                   key=lambda p: p.name)
+    return [f"left out {p.name}: it is {kind_of_path(p)}, not a file" for p in names
+            if not p.is_file() and os.path.lexists(p)]
+
+
 def choose_checkpoints(run_dir: Path, spec: str) -> tuple[list[Chosen], list[str]]:
     """(the checkpoints to hear in step order, notes on files `all` left out); one line for a bad one."""
     run_dir = run_folder_to_read(run_dir)
     by_step: dict[int, Chosen] = {}
     notes: list[str] = []
     seen: list[Path] = []
-    for word in [w.strip() for w in spec.split(",") if w.strip()] or ["all"]:
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    if not words:  # `--checkpoints ,` or "": a list that lost its names, not a request for all of them
+        raise UserError(f"--checkpoints {spec!r} names no checkpoint; give best, latest, stepN (e.g. step500) "
+                        "or all, comma-separated")
+    if "all" in words:
+        notes += _not_files(run_dir)
+    for word in words:
         for path in _named(run_dir, word):
             if any(same_file(path, other) for other in seen):
                 continue  # latest.pth / best.pth are usually hard links of a model_step file: read it once
@@ -84,7 +98,9 @@ def choose_checkpoints(run_dir: Path, spec: str) -> tuple[list[Chosen], list[str
             by_step.setdefault(step, Chosen(step, path, info.branch if info else None, verdict.summary.get("family"),
                                             tokens))
     if not by_step:
-        raise UserError(f"{run_dir}: no COMPLETE checkpoint to hear; `indextts-train checkpoints {run_dir}` lists them")
+        left_out = f" ({'; '.join(notes)})" if notes else ""
+        raise UserError(f"{run_dir}: no COMPLETE checkpoint to hear{left_out}; `indextts-train checkpoints {run_dir}` "
+                        "lists them")
     return [by_step[step] for step in sorted(by_step)], notes
 
 
