@@ -62,6 +62,18 @@ def test_a_peer_lost_in_ddps_own_all_reduce_is_one_line_and_other_errors_pass() 
         _peer_gone()  # one process: no peer to lose, nothing to say of one
 
 
+def _two_ranks(wrapper: Path, data: dict, out: Path, max_steps: int, **env: str) -> tuple[int, str]:
+    """Exit code and output of a 2-process torchrun of `wrapper` (a script that runs the CLI) on the tiny data."""
+    port = str(random.Random(str(out)).randint(20000, 40000))
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+            str(wrapper), "--train-manifest", str(data["train"]), "--config", str(data["config"]),
+            "--base-checkpoint", str(data["base"]), "--output-dir", str(out), "--batch-size", "2",
+            "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", str(max_steps)]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+    return result.returncode, result.stdout + result.stderr
+
+
 RANK1_DIES_IN_FORWARD = textwrap.dedent("""\
     import os, runpy
     if os.environ.get("RANK") == "1":  # this rank dies (as by SIGKILL or the OOM killer) in its 3rd forward
@@ -84,16 +96,8 @@ def test_a_rank_dying_mid_step_leaves_the_other_in_ddps_all_reduce_with_one_line
     """Rank 0 is in its backward when rank 1 dies before its own: DDP's gradient all-reduce loses its peer."""
     wrapper = tmp_path / "rank1_dies.py"
     wrapper.write_text(RANK1_DIES_IN_FORWARD)
-    out = tmp_path / "run"
-    port = str(random.Random(str(out)).randint(20000, 40000))
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-            str(wrapper), "--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
-            "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(out), "--batch-size", "2",
-            "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", "6"]
-    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    printed = result.stdout + result.stderr
-    assert result.returncode != 0
+    code, printed = _two_ranks(wrapper, tiny_data, tmp_path / "run", max_steps=6)
+    assert code != 0
     assert f"error: {PEER_LOST} (torch.distributed: " in printed, printed[-3000:]
     # no rank's traceback (torchrun prefixes a rank's with [rankN]; the launcher's own report names no file of ours)
     assert "[rank0]" not in printed and "/indextts_train/" not in printed, printed[-3000:]
@@ -164,15 +168,8 @@ def test_one_rank_refusing_its_input_gives_no_traceback_and_no_folder(tiny_data,
     wrapper = tmp_path / "rank1_missing.py"
     wrapper.write_text(RANK1_MANIFEST)
     out = tmp_path / "run"
-    port = str(random.Random(str(out)).randint(20000, 40000))
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-            str(wrapper), "--train-manifest", str(tiny_data["train"]), "--config", str(tiny_data["config"]),
-            "--base-checkpoint", str(tiny_data["base"]), "--output-dir", str(out), "--batch-size", "2",
-            "--effective-batch-size", "4", "--num-workers", "0", "--max-steps", "2"]
-    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PROBE_TRAIN": str(tiny_data["train"])})
-    printed = result.stdout + result.stderr
-    assert result.returncode != 0
+    code, printed = _two_ranks(wrapper, tiny_data, out, max_steps=2, PROBE_TRAIN=str(tiny_data["train"]))
+    assert code != 0
     assert "manifest not found" in printed
     assert "[rank0]" not in printed and "[rank1]" not in printed, printed  # no rank's traceback
     assert not out.exists(), sorted(p.name for p in out.iterdir())
