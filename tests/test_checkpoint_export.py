@@ -249,6 +249,11 @@ def test_an_existing_output_is_replaced_only_with_force(grown_run, tmp_path) -> 
     target.write_bytes(b"the user's file")
     refused([grown_run["checkpoint"], "-o", target], str(target), "already exists", "--force")
     assert target.read_bytes() == b"the user's file" and sorted(p.name for p in tmp_path.iterdir()) == ["gpt.pth"]
+    # --force replaces a file of the kind -o writes (a torch file: an earlier export), not any file typed there
+    refused([grown_run["checkpoint"], "-o", target, "--force"], f"-o {target} exists and is not a torch file",
+            "--force does not replace it")
+    assert target.read_bytes() == b"the user's file"
+    torch.save({"an earlier": torch.zeros(1)}, target)
     assert cli("export", grown_run["checkpoint"], "-o", target, "--force").exit_code == 0
     assert list(torch.load(target, weights_only=True)) == list(official_shapes(load_config(grown_run["config"]).gpt))
 
@@ -384,7 +389,7 @@ def test_an_export_over_a_killed_export_of_another_source_publishes_nothing_befo
     out.mkdir()
     gpt, config = out / "gpt.pth", out / "config.yaml"
     gpt.write_bytes(b"the killed export's gpt.pth")
-    config.write_text("the user's config.yaml\n")
+    config.write_text("gpt: {the user's: config.yaml}\n")  # a YAML config: what --force may replace there
     (out / ".config.yaml.tmp-999999").write_text("the killed export's config.yaml\n")  # pid 999999: gone
     (out / ".gpt.pth.publishing").write_text(json.dumps({"pid": 999999, "files": [str(gpt), str(config)]}))
     before = tree_state(out)

@@ -23,10 +23,11 @@ import torch
 import yaml
 
 from indextts_train.checkpoint.base import load_base_checkpoint
+from indextts_train.checkpoint.export_targets import check_targets
 from indextts_train.checkpoint.files import BEST, LATEST, config_for, failure_reason
-from indextts_train.checkpoint.run_folder import same_file, step_of
-from indextts_train.checkpoint.scores import LISTEN_DIR, SCORES_NAME, SUMMARY_KEYS, pick_scored
-from indextts_train.checkpoint.verify import is_training_checkpoint, load_verified
+from indextts_train.checkpoint.run_folder import same_file
+from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
+from indextts_train.checkpoint.verify import load_verified
 from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
@@ -35,7 +36,6 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import json_or_none, kind_of_path, load_yaml
 from indextts_train.files.faults import crash_point
-from indextts_train.files.targets import check_parent, same_path
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
@@ -107,7 +107,7 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     targets = {"-o": output, "--config-out": config_out, "--adapters-out": adapters_out, "--tokenizer": copy_target}
     named = [path for path in targets.values() if path is not None]
     interrupted = _interrupted(output, named)  # its files are among this command's, which replace them all
-    _check_targets(checkpoint, base_config, tokenizer, targets, force, _published_by(interrupted))
+    check_targets(checkpoint, base_config, tokenizer, targets, force, _published_by(interrupted))
     # The one read of the checkpoint (several GB): missing/damaged/unsafe/unusable files are refused in
     # the checkpoint module's own words, and everything below uses what it read.
     loaded = load_verified(checkpoint)
@@ -363,56 +363,6 @@ def _checked_tokenizer(tokenizer: Path | None, tokens: int, config: Config, load
         raise UserError(f"--tokenizer {tokenizer}: {size} pieces, but the checkpoint has {tokens} text tokens "
                         "(number_text_tokens); pass the tokenizer it was trained with")
     return tokenizer.read_bytes()
-
-
-def _check_targets(checkpoint: Path, base_config: Path | None, tokenizer: Path | None,
-                   targets: dict[str, Path | None], force: bool, replaceable: set[Path]) -> None:
-    """Refuse, before the checkpoint is read, a target that is an input, a folder, under a file, another
-    target, a training checkpoint (even with --force) or any existing file without --force (but for
-    `replaceable`: what an interrupted run of this same command published).
-
-    samefile, not path equality: a run's model_step{N}.pth is a hard link of latest.pth. The tokenizer
-    copy may be the tokenizer itself (it is then left as it is).
-    """
-    inputs = [path for path in (checkpoint, base_config, tokenizer) if path is not None and path.exists()]
-    named = [(flag, target) for flag, target in targets.items() if target is not None]
-    for flag, target in named:
-        _check_place(flag, target)
-        if not (target.exists() or target.is_symlink()) or (flag == "--tokenizer" and same_file(target, tokenizer)):
-            _check_name(flag, target)
-            continue
-        if any(same_file(target, source) for source in inputs):
-            raise UserError(f"{target}: refusing to overwrite an input file; choose another output path")
-        if is_training_checkpoint(target):
-            other = target.with_name(f"{target.stem}_export{target.suffix}")
-            raise UserError(f"{flag} {target} is a training checkpoint: export never replaces one, even with "
-                            f"--force; choose another name (e.g. {other})")
-        _check_name(flag, target)
-        if not force and target.absolute() not in replaceable:
-            raise UserError(f"{flag} {target} already exists; pass --force to replace it, or choose another path")
-    for i, (flag, target) in enumerate(named):
-        twin = next((other for other, path in named[:i] if same_path(path, target)), None)
-        if twin is not None:
-            raise UserError(f"{target}: {flag} and {twin} are the same file; give each its own path")
-
-
-def _check_name(flag: str, target: Path) -> None:
-    """No export under a training checkpoint's name: a run in that folder, now or later, would take it for
-    one of its own (and refuse to save its step over it). Nor over listen's scores, the history of what was
-    heard, which --force would have replaced."""
-    if target.name in (LATEST, BEST) or step_of(target) is not None:
-        raise UserError(f"{flag} {target}: a training checkpoint's name, which a run in that folder would take "
-                        f"for one of its own; name the export e.g. {target.with_name('gpt.pth')}")
-    if target.name == SCORES_NAME and target.parent.name == LISTEN_DIR:
-        raise UserError(f"{flag} {target}: listen's scores of the run, which export never replaces, even with "
-                        "--force; choose another path")
-
-
-def _check_place(flag: str, target: Path) -> None:
-    """A target must be a file path whose nearest existing folder is a folder."""
-    if target.is_dir():
-        raise UserError(f"{flag} {target} is a folder; give the file path to write (e.g. {target / 'gpt.pth'})")
-    check_parent(flag, target)
 
 
 def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokenizer_name: str,
