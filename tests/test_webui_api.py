@@ -12,6 +12,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -182,3 +184,36 @@ def test_what_lies_inside_the_root_still_runs(site) -> None:
     report = call(site, "check_data", *form(site["root"]))
     assert report.startswith("$ ") and f"check-data --config={root}/c.yaml -- {root}/t.jsonl\n" in report
     assert report.endswith("\n(exit 2)") and f"error: {root}/t.jsonl: " in report  # check-data's own word on it
+
+
+def test_no_visitor_uploads_a_file(site) -> None:
+    """The page takes no file, yet Gradio's upload route wrote any visitor's file, of any size, into its temporary
+    folder (outside the root); a form on any web site the user's browser visits can send one (no CORS preflight)."""
+    content = f"{SECRET} uploaded {os.getpid()}\n".encode()
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"up.txt\"\r\n"
+            b"Content-Type: text/plain\r\n\r\n" + content + b"\r\n--b--\r\n")
+    request = urllib.request.Request(f"{site['url']}gradio_api/upload", data=body, headers={
+        "Content-Type": "multipart/form-data; boundary=b", "Origin": "http://elsewhere.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused_upload:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused_upload.value.code == 413
+    uploads = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    assert not (uploads / hashlib.sha256(content).hexdigest()).exists()
+
+
+def test_a_request_for_another_host_name_is_refused(site) -> None:
+    """DNS rebinding: a web site whose name resolves to 127.0.0.1 is, to the browser, the page's own origin (no
+    CORS check), and its script drove the API with that name in the Host header: now refused, before any handler."""
+    port = site["url"].rstrip("/").rsplit(":", 1)[1]
+    body = json.dumps({"data": [str(site["root"] / "run")]}).encode()
+    for host, status in ((f"rebinding.example:{port}", 403), (f"localhost.rebinding.example:{port}", 403),
+                         (f"localhost:{port}", 200), (f"[::1]:{port}", 200), (f"127.0.0.1:{port}", 200)):
+        request = urllib.request.Request(f"{site['url']}gradio_api/call/watch", data=body, headers={
+            "Content-Type": "application/json", "Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                got, text = response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            got, text = exc.code, exc.read().decode()
+        assert got == status, (host, got, text)
+        assert status == 200 or text.startswith("this page answers only to localhost"), text

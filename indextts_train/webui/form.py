@@ -29,6 +29,8 @@ MAIN_FIELDS = (
     "log_interval", "val_interval", "save_interval", "keep_checkpoints", "seed",
 )
 AMP_CHOICES = ("auto", "on", "off")
+MAX_MANIFESTS = 1000  # lines a manifests box takes (see lines_of)
+MAX_BOX = 256 * 1024  # characters a manifests box takes
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
@@ -75,12 +77,26 @@ def _number(name: str, value: float | int) -> float | int:
     return int(text) if "int" in str(_FIELDS[name].type) else float(text)
 
 
-def lines_of(text: str) -> list[str]:
-    return [line.strip() for line in (text or "").splitlines() if line.strip()]
+def lines_of(text: str, what: str = "Manifests") -> list[str]:
+    """The box's non-empty lines, at most MAX_MANIFESTS in MAX_BOX characters: each is a path checked on every
+    keystroke (100,000 lines took 8 s), and all go on one command line (past ~2 MiB it cannot start: E2BIG)."""
+    text = text or ""
+    if len(text) > MAX_BOX:
+        raise UserError(f"{what}: {len(text):,} characters; give at most {MAX_BOX:,} (merge manifests into "
+                        "fewer files)")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > MAX_MANIFESTS:
+        raise UserError(f"{what}: {len(lines):,} lines; give at most {MAX_MANIFESTS:,} manifests (merge them into "
+                        "fewer files)")
+    return lines
 
 
 def number_text(name: str, value: float | int) -> str:
     """A number field as its flag's value: finite, whole where the setting counts things."""
+    if isinstance(value, int) and value.bit_length() > 1000:
+        # A JSON integer has no size limit; past a float's range every check below raised OverflowError.
+        raise UserError(f"{flag_name(name)}: a number of {value.bit_length()} bits is beyond any setting's range; "
+                        "give a smaller one")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"{flag_name(name)} must be a finite number, got {value!r}")
     if "int" in str(_FIELDS[name].type):
@@ -99,7 +115,7 @@ OWN_FIELDS = {"train_manifests", "val_manifests", "config", "tokenizer", "base_c
 def flags(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
     """train-gpt flags for the form, each `--flag=VALUE` with its path resolved inside the roots;
     `resume` adds --resume ('auto' or a checkpoint path)."""
-    manifests = lines_of(form.train_manifests)
+    manifests = lines_of(form.train_manifests, "Training manifests")
     if not manifests:
         raise UserError("Training manifests: give at least one manifest JSONL path")
     if not form.output_dir.strip():
@@ -107,7 +123,8 @@ def flags(form: RunForm, roots: Roots, resume: str | None = None) -> list[str]:
     if not form.config.strip():
         raise UserError("Config: give a config.yaml (configs/indextts2.yaml for the real sizes)")
     out = [f"--train-manifest={roots.manifest(path, 'Training manifests')}" for path in manifests]
-    out += [f"--val-manifest={roots.manifest(path, 'Validation manifests')}" for path in lines_of(form.val_manifests)]
+    out += [f"--val-manifest={roots.manifest(path, 'Validation manifests')}"
+            for path in lines_of(form.val_manifests, "Validation manifests")]
     out.append(f"--config={roots.inside(form.config, 'Config')}")
     for name, label in (("tokenizer", "Tokenizer"), ("base_checkpoint", "Base checkpoint")):
         value = getattr(form, name).strip()

@@ -18,6 +18,7 @@ from indextts_train.config.settings import DEFAULT_CONFIG
 from indextts_train.errors import UserError
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
+from indextts_train.webui.roots import shown
 from indextts_train.webui.server import PageServer
 
 FORM_SIZE = 6 + len(forms.MAIN_FIELDS) + 2  # paths, numbers, amp, other flags
@@ -42,7 +43,7 @@ class Page(PageServer):
 
         The last value tells `defaults` that the restored numbers already belong to that config.
         """
-        if not isinstance(stored, list) or len(stored) != FORM_SIZE:
+        if not _a_stored_form(stored):
             return [gr.update() for _ in range(FORM_SIZE + 1)]
         return [*stored, stored[3]]
 
@@ -58,15 +59,33 @@ class Page(PageServer):
         rows = records.checkpoint_rows(folder, self.roots)
         plot = pd.DataFrame([{"series": s, "step": step, "value": v} for s, step, v in curves],
                             columns=["series", "step", "value"])
-        table = [[Path(row["file"]).name, *(row[column] for column in TABLE_COLUMNS[1:])] for row in rows]
+        table = [_table_row(row) for row in rows]
         usable = [r for r in rows if r["status"] != records.REFUSED]
         choices = [("auto: newest checkpoint that verifies", "auto")]
-        choices += [(f"{Path(r['file']).name}: {r['status']}, step {r['step']}", r["file"]) for r in usable]
+        choices += [(f"{shown(Path(r['file']).name)}: {r['status']}, step {r['step']}", r["file"]) for r in usable]
         exportable = [c for c in choices[1:] if "INCOMPLETE" not in c[0]]
         values = {value for _, value in choices}
         export_default = export_choice if export_choice in values else (exportable[-1][1] if exportable else None)
         return (plot, table, gr.update(choices=choices, value=resume_choice if resume_choice in values else "auto"),
                 gr.update(choices=exportable, value=export_default))
+
+
+def _table_row(row: dict) -> list:
+    """A checkpoint row's cells. Its text found on disk (a name, a link's target, a branch's name) is shown as Watch
+    shows it, line breaks and bidirectional controls escaped: one reordered its cell."""
+    cells = {**row, "file": Path(row["file"]).name}
+    return [shown(str(cells[column])) if column in ("file", "marks", "reasons") else cells[column]
+            for column in TABLE_COLUMNS]
+
+
+def _a_stored_form(stored: object) -> bool:
+    """Whether the browser's stored value is a form this page stored: the browser (or any API caller) sends it,
+    so text where the page has text, a number or nothing where it has numbers, and a Mixed precision choice."""
+    if not isinstance(stored, list) or len(stored) != FORM_SIZE:
+        return False
+    numbers = stored[6:6 + len(forms.MAIN_FIELDS)]
+    return (all(isinstance(text, str) for text in [*stored[:6], stored[-1]]) and stored[-2] in forms.AMP_CHOICES
+            and all(n is None or isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers))
 
 
 def build_page(server: Page) -> gr.Blocks:

@@ -13,12 +13,13 @@ import functools
 import itertools
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from indextts_train.checkpoint.lineage import lineage_of
+from indextts_train.checkpoint.lineage import ABANDONED, lineage_of
 from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, scores_path
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
@@ -31,6 +32,12 @@ MAX_CURVE_BYTES = 32 << 20  # TensorBoard bytes read for one run's curves (a poi
 MAX_POINTS = 1000  # points kept per curve; a longer curve is sampled (the plot is about that many pixels wide)
 MAX_CURVES = 32  # loss series read per folder: the trainer writes a handful (train/, val/, per val group)
 MAX_FOLDERS = 32  # TensorBoard folders read, the newest (before logs/run, a run wrote one per invocation)
+MAX_STEPS = 1 << 40  # steps a run may take (train.max_steps' bound): more left than that is no run's
+MAX_CHECKPOINTS = 200  # checkpoint files the table reads: it verifies each (a full read) and pairs hard links by
+# comparing every two; 3,000 files took 35 s, every 3 s
+MAX_LISTED = 4 * MAX_SCAN  # entries listed in all to find them (the run folder and its abandoned branches)
+_TABLES: dict[tuple, list[dict]] = {}  # the rows of a folder's table, by what they were read from
+_TABLES_LOCK = threading.Lock()  # Gradio calls handlers from several threads
 _RECORD_FRAME = 16  # a TFRecord's bytes besides its data
 
 progress = ev.progress
@@ -57,6 +64,8 @@ def eta_text(launch: Launch, step: int, total: int, now: float | None = None) ->
     (t0, s0), (t1, s1) = launch.steps_seen[0], launch.steps_seen[-1]
     if s1 <= s0 or t1 <= t0:
         return "ETA: measuring"
+    if not 0 <= total - step <= MAX_STEPS:  # events.jsonl is a file anyone who can write the folder can edit:
+        return "ETA: unknown"  # a total of 10**400 raised OverflowError in Watch, once a second
     seconds = int((total - step) * (t1 - t0) / (s1 - s0))
     return f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -71,7 +80,7 @@ def recorded_status(events: list[dict]) -> str:
         parts.append(f"step {step[0]}/{step[1]}")
     saved = ev.last_saved(part)
     if saved:
-        parts.append(f"checkpoint {saved}")
+        parts.append(f"checkpoint {shown(saved)}")  # from events.jsonl: a line break in it forged a status line
     return " · ".join(parts)
 
 
@@ -95,7 +104,7 @@ def status_line(launch: Launch | None, events: list[dict]) -> str:
             parts.append(f"step {step[0]}/{step[1]}")
     saved = last_saved(events)
     if saved:
-        parts.append(f"checkpoint {saved}")
+        parts.append(f"checkpoint {shown(saved)}")  # from events.jsonl: a line break in it forged a status line
     return " · ".join(parts)
 
 
@@ -210,13 +219,14 @@ def _tfrecords(path: str, size: int) -> Iterator[bytes]:
     """The records of a TFRecord file (length: 8 bytes, its CRC: 4, the data, the data's CRC: 4) within
     its first `size` bytes, the ones budgeted: a file that grew since is read no further. Opened only
     if it is a regular file (a FIFO swapped in would block) and not through a symlink; a torn last
-    record ends it."""
+    record ends it. `path` is resolved and was found inside the roots: a file that is elsewhere once open (a
+    folder of its path made a link since) is not read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _opened_as(fd, path):
             return
         left = size
         while left >= _RECORD_FRAME:
@@ -233,6 +243,14 @@ def _tfrecords(path: str, size: int) -> Iterator[bytes]:
             yield data
 
 
+def _opened_as(fd: int, path: str) -> bool:
+    """Whether the file open on `fd` is where `path` (resolved) says, by /proc/self/fd (True without /proc)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == path
+    except OSError:
+        return True
+
+
 REFUSED = "REFUSED"  # the status of a checkpoint the page does not read: it lies outside the roots
 
 
@@ -242,14 +260,112 @@ def _refused_row(path: Path) -> dict:
             "size_mb": None, **dict.fromkeys(SUMMARY_KEYS), "reasons": reason}
 
 
+class _Listing(NamedTuple):
+    admitted: frozenset[Path]  # the checkpoint files the table may read
+    left_out: int  # checkpoint-named entries past MAX_CHECKPOINTS, not read
+    partly: bool  # folders too big to list in full: more may be left out
+
+
+def _listing(output_dir: Path) -> _Listing:
+    """The checkpoint-named entries the table reads: latest.pth, best.pth and the newest step files of the run
+    folder, then of each abandoned branch (in the table's order), at most MAX_CHECKPOINTS, from listings of at
+    most MAX_SCAN entries each and MAX_LISTED in all."""
+    abandoned = output_dir / ABANDONED
+    branches, partly = ([], False) if abandoned.is_symlink() else _names(abandoned, MAX_SCAN)
+    folders = [output_dir, *sorted(abandoned / name for name in branches if not (abandoned / name).is_symlink())]
+    admitted: list[Path] = []
+    left, budget = 0, MAX_LISTED
+    for folder in folders:
+        names, cut = _names(folder, min(MAX_SCAN, budget))
+        budget, partly = budget - len(names), partly or cut
+        steps = sorted((n for n in names if _step_number(n) is not None), key=lambda n: -_step_number(n))
+        for name in [n for n in (LATEST, BEST) if n in names] + steps:
+            if len(admitted) < MAX_CHECKPOINTS:
+                admitted.append(folder / name)
+            else:
+                left += 1
+        if budget <= 0:
+            break
+    return _Listing(frozenset(admitted), left, partly or budget <= 0)
+
+
+def _step_number(name: str) -> int | None:
+    """N of a step file's name as checkpoint/table.py lists them: model_step{N}.pth, or model_step{N}.{K}.pth
+    (a second abandoned file of one name); None for any other name."""
+    if not (name.startswith("model_step") and name.endswith(".pth")):
+        return None
+    number, dot, copy = name[len("model_step"):-len(".pth")].partition(".")
+    return int(number) if number.isdecimal() and (not dot or copy.isdecimal()) else None
+
+
+def _names(folder: Path, limit: int) -> tuple[list[str], bool]:
+    """The names of at most `limit` entries of `folder`, and whether it holds more."""
+    try:
+        with os.scandir(folder) as entries:
+            names = [entry.name for entry in itertools.islice(entries, limit + 1)]
+    except OSError:
+        return [], False
+    return names[:limit], len(names) > limit
+
+
+def _identity(path: Path) -> tuple:
+    """What changes when the file at `path`, or where its link leads, changes (the table's rows depend on it)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return ()
+    mine = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode)
+    if not stat.S_ISLNK(info.st_mode):
+        return mine
+    real = os.path.realpath(path)
+    try:
+        target = os.stat(real)
+    except OSError:
+        return (*mine, real)
+    return (*mine, real, target.st_ino, target.st_size, target.st_mtime_ns, target.st_mode)
+
+
 def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
     """The rows of `indextts-train checkpoints OUTPUT_DIR` (abandoned branches included), with the
     page's columns: file, status, step, epoch, val loss at its step, marks, size, what `listen` heard. A
     checkpoint whose resolved path lies outside the roots is a REFUSED row, neither read nor verified;
-    a listen/scores.jsonl that does is not read (Watch names the link)."""
+    a listen/scores.jsonl that does is not read (Watch names the link).
+
+    The table verifies every file it lists (a full read) each time the page looks (every 3 s): the newest
+    MAX_CHECKPOINTS files are listed (Watch says when more are there), and the rows are kept while none of
+    those files, nor the scores, changed."""
+    output_dir = Path(output_dir)
+    listing = _listing(output_dir)
+    key = (str(output_dir), roots.folders, tuple(sorted((str(p), _identity(p)) for p in listing.admitted)),
+           _identity(scores_path(output_dir)))
+    with _TABLES_LOCK:
+        rows = _TABLES.get(key)
+    if rows is None:
+        rows = _table_rows(output_dir, roots, listing.admitted)
+        with _TABLES_LOCK:
+            if len(_TABLES) >= 8:  # a few run folders watched at once
+                _TABLES.clear()
+            _TABLES[key] = rows
+    return [dict(row) for row in rows]
+
+
+def checkpoints_left_out(output_dir: Path) -> str | None:
+    """Watch's line when the checkpoint table leaves files out (past MAX_CHECKPOINTS), else None."""
+    listing = _listing(Path(output_dir))
+    if not listing.left_out and not listing.partly:
+        return None
+    more = f"{listing.left_out} older checkpoint file(s)" if listing.left_out else "checkpoint files"
+    partly = " (or more: its folders are too big to list in full)" if listing.partly else ""
+    return (f"checkpoints: {more} not listed{partly}; the page lists the newest {MAX_CHECKPOINTS}; "
+            f"`indextts-train checkpoints {shown(str(output_dir))}` lists them all")
+
+
+def _table_rows(output_dir: Path, roots: Roots, admitted: frozenset[Path]) -> list[dict]:
     refused: list[Path] = []
 
     def inside(path: Path) -> bool:
+        if path not in admitted:
+            return False  # past MAX_CHECKPOINTS: neither read nor listed (Watch says so)
         if roots.found(path) is None:
             refused.append(path)
             return False
@@ -257,7 +373,7 @@ def checkpoint_rows(output_dir: Path, roots: Roots) -> list[dict]:
 
     rows = []
     scores = roots.found(scores_path(output_dir)) is not None  # a scores file leading outside is not opened
-    for row in run_checkpoint_rows(Path(output_dir), inside, scores=scores):
+    for row in run_checkpoint_rows(output_dir, inside, scores=scores):
         marks = [name for name, flag in (("latest.pth", row["latest"]), ("best.pth", row["best"])) if flag]
         if row["abandoned"]:
             marks.append(f"abandoned branch {row['branch']}")
@@ -293,4 +409,4 @@ def recorded_command(output_dir: Path) -> str:
     """The command line run.yaml recorded for the last start ('' when there is none, or it is a symlink)."""
     path = Path(output_dir) / RECORD_NAME
     record = None if path.is_symlink() else read_record(path)
-    return str(record.get("command_line", "")) if record else ""
+    return shown(str(record.get("command_line", ""))) if record else ""  # a hand-made record's line breaks: escaped

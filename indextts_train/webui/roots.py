@@ -71,17 +71,31 @@ def _resolved(text: str, what: str) -> Path:
     """`text` with symlinks followed (relative to the server's folder); one line when they loop, and when the
     path they lead to is not one checked_text would pass (a link to a name holding a line break): what
     runs is that resolved path, so it is held to the same rule as what was typed."""
-    real = Path(os.path.realpath(Path(text).expanduser()))
+    real = Path(os.path.realpath(_expanded(text, what)))
     try:
         os.stat(real)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UserError(f"{what} {shown(text)}: its symbolic links loop (too many levels); "
                             "give a path that resolves") from None
+        if exc.errno == errno.ENAMETOOLONG:  # every later look at it (Watch's, once a second) raised it
+            raise UserError(f"{what} {shown(text)}: a name in it is longer than the file system allows; "
+                            "give a shorter one") from None
     except ValueError:  # an embedded NUL: checked_text refused it already
         pass
     checked_text(str(real), f"{what} {shown(text)} (resolved to {shown(str(real))})")
     return real
+
+
+def _expanded(text: str, what: str) -> str:
+    """`text` with a leading ~ or ~USER expanded, as a shell would. ~USER naming no user of this machine is
+    one line (pathlib raised RuntimeError, a traceback in the page), unless a file of that very name is there."""
+    expanded = os.path.expanduser(text)
+    if expanded == text and text.startswith("~") and not os.path.lexists(text):
+        user = text[1:].split("/", 1)[0]
+        raise UserError(f"{what} {shown(text)}: there is no user {shown(user)!r} here to expand ~{shown(user)} for; "
+                        "give the full path")
+    return expanded
 
 
 def _is_hub_id(text: str) -> bool:
@@ -98,12 +112,15 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = Fa
     """`path` opened without following a symlink in its last part, only if it is a regular file
     (`single_link`: and has no other hard link, for a file the page writes to). `dir_fd`: the folder
     `path` lies in, already open: its name is opened there, so the folder's path is not walked again."""
+    name = path.name if dir_fd is not None else path
     try:
-        fd = os.open(path.name if dir_fd is not None else path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o644, dir_fd=dir_fd)
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # the last part is a symlink
             raise UserError(f"{path}: a symbolic link; the page reads and writes only files of its own") from None
+        if exc.errno == errno.ENXIO:  # opened to write: a FIFO no one reads, a socket ("No such device or address")
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            raise UserError(f"{path}: {kind_of_mode(mode)}, not a regular file; the page does not use it") from None
         raise
     info = os.fstat(fd)
     why = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
@@ -142,7 +159,7 @@ class Roots:
     def __init__(self, folders: Sequence[Path]) -> None:
         resolved = []
         for folder in folders:
-            real = Path(os.path.realpath(Path(folder).expanduser()))
+            real = Path(os.path.realpath(os.path.expanduser(folder)))  # ~USER of no user: kept, then not a folder
             if not real.is_dir():
                 raise UserError(f"--root {folder}: not a folder; give an existing folder the page may use")
             if real.parent == real:  # every path would be inside: no root at all (a container's shell starts in /)
@@ -158,9 +175,18 @@ class Roots:
         """Whether a resolved path lies in a root."""
         return any(real == root or real.is_relative_to(root) for root in self.folders)
 
+    def holds_open(self, fd: int) -> bool:
+        """Whether the file open on `fd` lies in a root, by where it is (/proc/self/fd), not by the path it was
+        opened by: a folder of that path swapped for a link after the check leads elsewhere."""
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: the path was checked when it was resolved
+            return True
+        return self.holds(Path(real.removesuffix(" (deleted)")))
+
     def inside(self, value: str | Path, what: str) -> Path:
         """`value` resolved (symlinks followed, relative to the server's folder), if inside a root."""
-        text = checked_text(str(value).strip(), what)
+        text = checked_text(("" if value is None else str(value)).strip(), what)  # None: an empty box
         if not text:
             raise UserError(f"{what}: no path given")
         real = _resolved(text, what)
@@ -181,7 +207,7 @@ class Roots:
         text = checked_text(str(value).strip(), what)
         if not text:
             raise UserError(f"{what}: no path given")
-        path = Path(os.path.abspath(Path(text).expanduser()))
+        path = Path(os.path.abspath(_expanded(text, what)))
         folder = _resolved(str(path.parent), what)
         if path.name in ("", ".", "..") or not self.holds(folder):
             raise UserError(f"{what} {text}: not a program in the folders this page may touch "
@@ -192,7 +218,7 @@ class Roots:
         """A model the run loads (--listen-asr-model): a folder resolved inside a root, or, when no such
         path exists, a Hugging Face model id (ORG/NAME), which the hub serves."""
         text = checked_text(str(value).strip(), what)
-        if os.path.lexists(Path(text).expanduser()) or not _is_hub_id(text):
+        if os.path.lexists(text) or not _is_hub_id(text):  # a hub id starts with no ~: inside() expands it
             return str(self.inside(text, what))
         return text
 

@@ -30,7 +30,7 @@ from typing import BinaryIO
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
 from indextts_train.ui.text_log import LOG_NAME
-from indextts_train.webui.roots import open_regular
+from indextts_train.webui.roots import Roots, open_regular, shown
 
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
 NOT_READ = "train.log not read: "  # what read_log gives instead of a log it refuses
@@ -59,6 +59,16 @@ class Launch:
 def shell_line(argv: list[str]) -> str:
     """argv as one line a shell reads back into the same argv."""
     return shlex.join(argv)
+
+
+def running_command(launch: Launch) -> str:
+    """The command line Watch shows for a launch: the page's own, or that of a train run of its folder. A lock
+    names any PID its writer chose: the command line of another program (another user's, with its secrets)
+    is not shown."""
+    if launch.process is None and not is_train_run_of(launch.pid, launch.output_dir):
+        return (f"(PID {launch.pid}, named by {LOCK_NAME}, is not a train run of this folder: its command line is "
+                "not shown)")
+    return shown(shell_line(launch.argv))
 
 
 def train_command(flags: list[str]) -> list[str]:
@@ -121,7 +131,7 @@ def is_train_run_of(pid: int, output_dir: Path) -> bool:
     value, cwd = _output_dir_arg(argv), _process_cwd(pid)
     if not _is_train_command(argv) or value is None or cwd is None:
         return False
-    return os.path.realpath(cwd / Path(value).expanduser()) == os.path.realpath(output_dir)
+    return os.path.realpath(cwd / os.path.expanduser(value)) == os.path.realpath(output_dir)  # no RuntimeError
 
 
 class RunRegistry:
@@ -130,13 +140,17 @@ class RunRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._launches: dict[Path, Launch] = {}
+        # Held from the look for a running run to the new one's registration: Start and Resume are two
+        # events Gradio runs at once, and both found the folder free and started a run each into it.
+        self._starting = threading.Lock()
 
     def find(self, output_dir: Path) -> Launch | None:
-        """Our own launch in this dir (running or ended), else a live run holding its lock."""
+        """Our own launch in this dir while it runs, else a live run holding its lock (one started in a terminal
+        after ours ended: it was not seen, and Start started a second run into the folder), else our ended one."""
         output_dir = Path(output_dir).resolve()
         with self._lock:
             launch = self._launches.get(output_dir)
-            if launch is not None and (launch.running() or launch.process is not None):
+            if launch is not None and launch.running():
                 return launch
             # A lock that is a symlink is not this run's (and may lead outside the page's folders).
             pid = None if (output_dir / LOCK_NAME).is_symlink() else holder_pid(output_dir)
@@ -155,20 +169,25 @@ class RunRegistry:
         a link to elsewhere after the check is refused, never written through."""
         path = Path(os.path.abspath(output_dir))
         output_dir = Path(output_dir).resolve()
-        current = self.find(output_dir)
-        if current is not None and current.running():
-            raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
-        log = _open_log(path)
-        with log:
-            offset = log.seek(0, os.SEEK_END)
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(f"{HEADER} {stamp}: {shlex.join(argv)}\n".encode())
-            log.flush()
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        launch = Launch(argv, output_dir, process.pid, time.time(), offset, process)
-        with self._lock:
-            self._launches[output_dir] = launch
+        with self._starting:
+            current = self.find(output_dir)
+            if current is not None and current.running():
+                raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
+            if not (output_dir / LOCK_NAME).is_symlink() and holder_pid(output_dir) == -1:
+                raise UserError(f"a run is starting in {output_dir} (it holds {LOCK_NAME}); watch it, or stop it first")
+            with _open_log(path) as log:
+                offset = log.seek(0, os.SEEK_END)
+                log.write(f"{HEADER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n".encode())
+                log.flush()
+                try:
+                    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                except OSError as exc:  # E2BIG: a command line past the system's limit, ENOMEM, ...
+                    raise UserError(f"the run could not be started ({exc.strerror}); nothing runs in {output_dir}") \
+                        from None
+            launch = Launch(argv, output_dir, process.pid, time.time(), offset, process)
+            with self._lock:
+                self._launches[output_dir] = launch
         return launch
 
     def stop(self, output_dir: Path) -> Launch:
@@ -185,7 +204,11 @@ class RunRegistry:
             raise UserError(f"{launch.output_dir / LOCK_NAME} names PID {launch.pid}, which is not a train-gpt run "
                             "of this output dir owned by you; it was not signalled")
         try:
-            os.killpg(os.getpgid(launch.pid), signal.SIGINT)
+            group = os.getpgid(launch.pid)
+            if group == os.getpgrp():  # a run started beside the page, in its group (a script's `&`): not the page
+                os.kill(launch.pid, signal.SIGINT)
+            else:
+                os.killpg(group, signal.SIGINT)
         except ProcessLookupError:
             pass  # ended in between: its exit code says how
         return launch
@@ -220,6 +243,10 @@ def _open_log(output_dir: Path) -> BinaryIO:
     try:
         folder = _open_folder(output_dir)
     except OSError as exc:
+        found = next((part for part in (output_dir, *output_dir.parents) if os.path.lexists(part)), output_dir)
+        if exc.errno == errno.ENOTDIR and not os.path.islink(found) and not os.path.isdir(found):
+            raise UserError(f"--output-dir {output_dir}: {found} is a file, not a folder; give a folder for the run "
+                            "(made when missing)") from None
         if exc.errno in (errno.ENOTDIR, errno.ELOOP):
             raise UserError(f"--output-dir {output_dir}: a part of it is a symbolic link or a file, not a folder "
                             "(made so since the page checked it?); nothing was written there") from None
@@ -232,17 +259,21 @@ def _open_log(output_dir: Path) -> BinaryIO:
         os.close(folder)
 
 
-def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024) -> str:
+def read_log(launch: Launch | None, output_dir: Path, *, limit: int = 256 * 1024, roots: Roots | None = None) -> str:
     """This invocation's part of train.log (from the last header for a run found through its lock).
 
     A long run's log grows without end; past `limit` bytes only its head (the plan, the resume
     report, early warnings) and its tail (progress) are read. A train.log that is a symlink or not
-    a regular file is not read; the text says so.
+    a regular file is not read, nor (`roots`) one that lies outside them once open (a folder of its
+    path swapped for a link after the page checked it); the text says so.
     """
     path = Path(output_dir) / LOG_NAME
     start = launch.log_offset if launch is not None and launch.process is not None else 0
     try:
         with open_regular(path) as handle:
+            if roots is not None and not roots.holds_open(handle.fileno()):
+                raise UserError(f"{path}: lies outside the folders this page may touch once opened (a folder of its "
+                                "path made a symbolic link since the page checked it?)")
             end = handle.seek(0, os.SEEK_END)
             handle.seek(start)
             if end - start <= limit:

@@ -6,6 +6,7 @@ layout.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,8 +19,8 @@ from indextts_train.train.plan import plan_for
 from indextts_train.ui.events import read_events
 from indextts_train.webui import form as forms
 from indextts_train.webui import records
-from indextts_train.webui.roots import Roots
-from indextts_train.webui.runs import RunRegistry, cli_command, read_log, shell_line
+from indextts_train.webui.roots import Roots, shown
+from indextts_train.webui.runs import RunRegistry, cli_command, read_log, running_command, shell_line
 
 LOG_LINES = 20
 CLI_TIMEOUT = 1800  # seconds a check or an export from the page may take (a big manifest: minutes)
@@ -30,6 +31,12 @@ def _last(text: str, limit: int = REPORT_CHARS) -> str:
     """The end of a text the run's records hold, at most `limit` characters: events.jsonl is read up to
     8 MiB, and one line of it may be that long; the page shows the end, once a second, not all of it."""
     return text if len(text) <= limit else f"[... {len(text) - limit} characters not shown ...]{text[-limit:]}"
+
+
+def _lines_shown(text: str) -> str:
+    """Text of the run's events (lines the trainer printed, read from a file anyone who can write the folder can
+    edit), each line shown as roots.shown shows a name: no escape sequence or bidirectional control reorders it."""
+    return "\n".join(shown(line) for line in text.split("\n"))
 
 
 class PageServer:
@@ -59,19 +66,23 @@ class PageServer:
 
     def run_cli(self, args: list[str]) -> str:
         try:
-            done = subprocess.run(cli_command(args), capture_output=True, text=True, timeout=CLI_TIMEOUT)
+            done = subprocess.run(cli_command(args), capture_output=True, text=True, errors="replace",
+                                  timeout=CLI_TIMEOUT)
         except subprocess.TimeoutExpired:
             return f"$ {shell_line(cli_command(args))}\nstopped after {CLI_TIMEOUT} s (run it in a terminal)"
+        except OSError as exc:  # E2BIG (a command line past the system's limit), ENOMEM, ...
+            return f"error: {args[0]} could not be started ({exc.strerror}); nothing ran"
         output = (done.stdout + done.stderr)[-REPORT_CHARS:]
         return f"$ {shell_line(cli_command(args))}\n{output}(exit {done.returncode})"
 
     def check_data(self, *values) -> str:
         """`check-data` of the form's manifests (their paths; the suffixes are the trainer's)."""
         run = self.form_of(list(values))
-        lines = [*forms.lines_of(run.train_manifests), *forms.lines_of(run.val_manifests)]
-        if not lines:
-            return "Training manifests: give at least one manifest JSONL path"
         try:
+            lines = [*forms.lines_of(run.train_manifests, "Training manifests"),
+                     *forms.lines_of(run.val_manifests, "Validation manifests")]
+            if not lines:
+                return "Training manifests: give at least one manifest JSONL path"
             manifests = [str(self.roots.manifest_file(line, "Manifests")) for line in lines]
             args = [f"--config={self.roots.inside(run.config, 'Config')}"] if run.config.strip() else []
             args += [f"--tokenizer={self.roots.inside(run.tokenizer, 'Tokenizer')}"] if run.tokenizer.strip() else []
@@ -133,10 +144,11 @@ class PageServer:
         except UserError as exc:
             return f"error: {exc}", "", "", "", ""
         launch = self.registry.find(folder)
-        text = read_log(launch, folder)
-        command = shell_line(launch.argv) if launch is not None and launch.argv else records.recorded_command(folder)
-        tail = "\n".join(text.splitlines()[-LOG_LINES:])
-        events = read_events(folder)  # opened without following a symlink (ui/events.py)
+        text = read_log(launch, folder, roots=self.roots)
+        ours = launch is not None and bool(launch.argv)
+        events, recorded = self._records_of(folder, command=not ours)
+        command = running_command(launch) if ours else recorded
+        tail = _last("\n".join(text.splitlines()[-LOG_LINES:]))  # a line without end: its end, not 256 KiB a second
         mine = records.invocation_events(launch, events)
         scan = self.roots.scan_links(folder)
         outside = [f"not used (leads outside the folders this page may touch): {link}" for link in scan.links]
@@ -144,9 +156,27 @@ class PageServer:
                     for name in scan.special]
         if scan.unchecked is not None:
             outside.append(f"not checked for links leading outside: {folder} {scan.unchecked}")
-        outside += [line for line in [records.curves_left_out(folder, self.roots)] if line]
-        notices = "\n".join([*outside, _last(records.notices(mine))]).strip()
-        return records.status_line(launch, events), command, tail, _last(records.plan_text(mine)), notices
+        outside += [line for line in [records.curves_left_out(folder, self.roots),
+                                      records.checkpoints_left_out(folder)] if line]
+        notices = "\n".join([*outside, _last(_lines_shown(records.notices(mine)))]).strip()
+        return records.status_line(launch, events), command, tail, _last(_lines_shown(records.plan_text(mine))), notices
+
+    def _records_of(self, folder: Path, *, command: bool) -> tuple[list[dict], str]:
+        """The run's events and (`command`) run.yaml's command line, read in `folder` as opened once and found
+        inside the roots: a folder of its path made a link to another after the check is not read through, the
+        reads go on in the folder that was opened (/proc/self/fd). Each file is opened without following a link
+        in its last part (ui/events.py, ui/run_record.py)."""
+        try:
+            fd = os.open(folder, os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY))
+        except OSError:
+            return [], ""
+        try:
+            if not self.roots.holds_open(fd):
+                return [], ""
+            base = Path(f"/proc/self/fd/{fd}") if os.path.isdir(f"/proc/self/fd/{fd}") else folder
+            return read_events(base), records.recorded_command(base) if command else ""
+        finally:
+            os.close(fd)
 
     def export(self, checkpoint: str, export_dir: str, output_dir: str, tokenizer: str, config: str = "") -> str:
         """`indextts-train export` of the chosen checkpoint with the run's config and tokenizer (copied

@@ -10,7 +10,10 @@ No module here imports Gradio.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
+import threading
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,9 @@ from indextts_train.ui.run_record import recorded_options
 from indextts_train.webui.roots import Roots, checked_text
 
 MANIFESTS = ("train_manifests", "val_manifests")
+_RECORDS: dict[tuple, dict[str, Any] | UserError] = {}  # parsed run.yaml records (--from-run), by version
+_RECORDS_LOCK = threading.Lock()  # Gradio calls handlers from several threads
+MAX_RECORDED = 1000  # values of one recorded input checked, as many as a manifests box takes (form.MAX_MANIFESTS)
 
 
 @dataclass(frozen=True)
@@ -83,14 +89,42 @@ def checked_value(flag: str, value: str, roots: Roots, what: str) -> str:
     return checked_text(value, what)
 
 
+def _recorded_options(path: Path) -> dict[str, Any]:
+    """recorded_options(path), parsed once per version of the file: Preview checks the record on every keystroke,
+    and a 2 MB run.yaml took 5 s to parse. Only the parse is kept; its paths are resolved and checked every time."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return recorded_options(path)  # its own line for a missing file
+    key = (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    with _RECORDS_LOCK:
+        found = _RECORDS.get(key)
+    if found is None:
+        try:
+            found = recorded_options(path)
+        except UserError as exc:  # a record refused is refused again without a new parse
+            found = exc
+        with _RECORDS_LOCK:
+            if len(_RECORDS) >= 8:
+                _RECORDS.clear()
+            _RECORDS[key] = found
+    if isinstance(found, UserError):
+        raise UserError(str(found))
+    return found
+
+
 def check_record(path: Path, roots: Roots) -> None:
     """Refuse a run.yaml (--from-run) whose recorded inputs lie outside the roots: the trainer would use them."""
-    recorded = recorded_options(path)
+    recorded = _recorded_options(path)
     for name, value in recorded.items():
         flag = VALUE_FLAG.get(name)
         if flag is None or FLAGS[flag].kind == "value" or value in (None, ""):
             continue
-        for one in value if isinstance(value, list) else [value]:
+        values = value if isinstance(value, list) else [value]
+        if len(values) > MAX_RECORDED:  # each is a path resolved on every keystroke: 60,000 took 13 s
+            raise UserError(f"--from-run {path}: its {flag} lists {len(values):,} values; the page checks at most "
+                            f"{MAX_RECORDED:,} (merge them into fewer files, or start this run from a terminal)")
+        for one in values:
             checked_value(flag, str(one), roots, f"--from-run {path}: its {flag}")
 
 
@@ -109,6 +143,7 @@ def other_flags(text: str, roots: Roots, own_fields: set[str]) -> list[str]:
         flag, equals, inline = token.partition("=")
         spec = FLAGS.get(flag) if flag.startswith("--") else None
         if spec is None:
+            _refuse_look_alike_dash(token)
             near = near_names(flag, sorted(FLAGS)) if flag.startswith("--") else []
             meant = f"; did you mean {' or '.join(near)}?" if near else ""
             raise UserError(f"Other flags: {token!r} is not a train-gpt flag{meant} (see train-gpt --help)")
@@ -126,6 +161,15 @@ def other_flags(text: str, roots: Roots, own_fields: set[str]) -> list[str]:
         out.append(f"{flag}={checked_value(flag, value, roots, f'Other flags {flag}')}")
         i += 1 if equals else 2
     return out
+
+
+def _refuse_look_alike_dash(token: str) -> None:
+    """One line naming the character when a flag was typed with a dash that is not '-' (a word processor's en or
+    em dash, a minus sign: pasted from a document, '—lr' read as 'not a train-gpt flag' with no hint why)."""
+    dash = token[:1]
+    if dash != "-" and (unicodedata.category(dash) == "Pd" or dash == "\u2212"):
+        raise UserError(f"Other flags: {token!r} starts with {dash!r} (U+{ord(dash):04X}), not '-': type flags with "
+                        "the keyboard's hyphen-minus (--flag)")
 
 
 def flag_settings(flags: list[str]) -> dict[str, Any]:
