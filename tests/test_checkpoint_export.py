@@ -462,3 +462,15 @@ def test_export_never_replaces_listens_scores(grown_run, tmp_path) -> None:
     result = cli("export", grown_run["checkpoint"], "-o", scores, "--force")
     assert result.exit_code == 2 and "listen's scores of the run, which export never replaces" in result.output
     assert scores.read_text() == '{"step": 2}\n'
+
+
+def test_a_tokenizer_that_is_no_file_is_said_as_what_it_is(grown_run, tmp_path) -> None:
+    """A FIFO or a folder given as --tokenizer was "no such file"."""
+    fifo, folder = tmp_path / "bpe.model", tmp_path / "tok"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    refused([grown_run["checkpoint"], "-o", tmp_path / "gpt.pth", "--tokenizer", fifo], f"{fifo}", "FIFO")
+    refused([grown_run["checkpoint"], "-o", tmp_path / "gpt.pth", "--tokenizer", folder], f"{folder}", "folder")
+    refused([grown_run["checkpoint"], "-o", tmp_path / "gpt.pth", "--tokenizer", tmp_path / "none.model"],
+            "tokenizer not found; pass the tokenizer the run trained with")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bpe.model", "tok"]

@@ -141,3 +141,24 @@ def test_a_file_shows_its_own_scores_after_a_rollback(tiny_data, tmp_path) -> No
     (line,) = [line for line in table.splitlines() if line.startswith("model_step4.pth")]
     (other,) = [line for line in table.splitlines() if line.startswith("model_step2.pth")]
     assert line.split()[4] == "1e+308" and line.index(" COMPLETE") == other.index(" COMPLETE")  # the columns hold
+
+
+def test_files_are_grouped_by_identity_in_one_look_each(tmp_path, monkeypatch) -> None:
+    """Hard links together, a link to nothing alone; each entry stat'ed once (it was each against every group:
+    3,000 step files, 4.5 million stat calls)."""
+    from indextts_train.checkpoint import table
+
+    for step in range(1, 301):
+        (tmp_path / f"model_step{step}.pth").write_bytes(b"x")
+    os.link(tmp_path / "model_step300.pth", tmp_path / "latest.pth")
+    os.link(tmp_path / "model_step200.pth", tmp_path / "best.pth")
+    os.symlink(tmp_path / "gone.pth", tmp_path / "model_step301.pth")
+    looks = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **kw: looks.append(path) or real_stat(path, *a, **kw))
+    groups = table._files(tmp_path, lambda p: True)
+    assert [[p.name for p in g] for g in groups if len(g) > 1] == [["model_step200.pth", "best.pth"],
+                                                                     ["model_step300.pth", "latest.pth"]]
+    assert len(groups) == 301 and [g[0].name for g in groups][:3] == ["model_step1.pth", "model_step2.pth",
+                                                                       "model_step3.pth"]
+    assert len(looks) <= 2 * 303, len(looks)

@@ -34,7 +34,7 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
-from indextts_train.files.bounded import json_or_none, kind_of_path, load_yaml
+from indextts_train.files.bounded import check_file, json_or_none, kind_of_path, load_yaml
 from indextts_train.files.faults import crash_point
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
@@ -310,8 +310,8 @@ def _tokenizer_target(output: Path, tokenizer: Path | None, tokenizer_name: str 
                             "leave --tokenizer-name out")
     if tokenizer is None:
         return None
-    if not tokenizer.is_file():
-        raise UserError(f"--tokenizer {tokenizer}: no such file; pass the tokenizer the run trained with")
+    # a FIFO or a folder there is said as what it is ("no such file" misled)
+    check_file(tokenizer, "tokenizer", flag="--tokenizer", missing="pass the tokenizer the run trained with")
     family = family_of_tokenizer(tokenizer)
     _check_name_read(tokenizer_name, family)
     return output.parent / (tokenizer_name if tokenizer_name is not None else family.tokenizer_name)
