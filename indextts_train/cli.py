@@ -141,7 +141,7 @@ def prepare(
 def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
     manifest: Annotated[list[str], typer.Option(metavar="PATH", help="Manifest JSONL; repeatable.")],
-    config: Annotated[Path | None, typer.Option(help="Config whose gpt: section built the checkpoint (default: the one stored in it; configs/indextts2.yaml for a bare gpt.pth).")] = None,
+    config: Annotated[Path | None, typer.Option(help="Config whose gpt: section built the checkpoint (default: the one stored in it; for a bare gpt.pth the official config.yaml beside it, else configs/indextts2.yaml).")] = None,
     batch_size: Annotated[int, typer.Option(min=1, max=65_536, help="Examples per batch, in manifest order.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:

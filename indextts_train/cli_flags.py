@@ -246,6 +246,12 @@ def _what_it_is(help_text: str | None) -> str | None:
 OUTPUT_FLAGS = ("-o", "--out", "--output", "--output-dir", "--write-clean", "--config-out", "--adapters-out")
 
 
+# Flags naming a file or folder a command reads: empty, each would read the current folder (`--config ''` was
+# refused as `. is a folder`, `checkpoints ''` listed the working directory).
+INPUT_FLAGS = ("--config", "--tokenizer", "--base-checkpoint", "--from-run", "--checkpoint", "--manifest", "--base",
+               "--corpus", "--sample-text", "--model-dir", "--w2v-bert", "--semantic-codec", "--campplus")
+
+
 # Flags naming a file a command writes (the others name folders), and a file name an example gives, by flag
 # or by command.
 FILE_OUTPUT_FLAGS = ("-o", "--output", "--write-clean", "--config-out", "--adapters-out")
@@ -274,10 +280,21 @@ def folder_for_a_file(args: list[str]) -> bool:
 
 
 def empty_output(args: list[str]) -> bool:
-    """Whether an output flag is given an empty value (`demo ''` names its folder empty too); says so."""
+    """Whether a path flag is given an empty value (`demo ''` names its folder empty too), or an output flag a
+    value that reads as a flag (`--output-dir --compile`: the value was forgotten, and the run would write into
+    a folder named `--compile` without compiling); says so."""
+    pairs = [*zip(args, args[1:], strict=False), *(arg.split("=", 1) for arg in args if "=" in arg)]
+    named = (*OUTPUT_FLAGS, *INPUT_FLAGS)
     empty = next(("OUT_DIR" if flag == "demo" else flag for flag, value in zip(args, args[1:], strict=False)
-                  if value == "" and (flag in OUTPUT_FLAGS or flag == "demo")), None)
-    empty = empty or next((arg[:-1] for arg in args if arg.endswith("=") and arg[:-1] in OUTPUT_FLAGS), None)
+                  if value == "" and (flag in named or flag == "demo")), None)
+    empty = empty or next((arg[:-1] for arg in args if arg.endswith("=") and arg[:-1] in named), None)
     if empty is not None:
-        typer.echo(error_line(f"{empty} is empty; give the path to write to (empty is the current folder)"), err=True)
-    return empty is not None
+        what = "to read" if empty in INPUT_FLAGS else "to write to"
+        typer.echo(error_line(f"{empty} is empty; give the path {what} (empty is the current folder)"), err=True)
+        return True
+    flag_like = next(((flag, value) for flag, value in pairs if flag in OUTPUT_FLAGS and value.startswith("-")), None)
+    if flag_like is not None:
+        flag, value = flag_like
+        typer.echo(error_line(f"{flag} {value}: a flag, not a path (was the value left out?); give the path to write "
+                              f"to (a name that starts with '-' is written ./{value})"), err=True)
+    return flag_like is not None

@@ -35,7 +35,7 @@ from indextts_train.checkpoint.state import (
     optimizer_problems,
     validate,
 )
-from indextts_train.checkpoint.verify import verify_checkpoint
+from indextts_train.checkpoint.verify import optimizer_value_problem, resume_value_problems, verify_checkpoint
 from indextts_train.config.family import family_of_keys
 from indextts_train.config.schema import field_types, is_int
 from indextts_train.config.settings import TrainConfig, config_from_dict
@@ -66,6 +66,10 @@ def _official_weights(model: dict, notes: list[str]) -> dict:
     mapped = cleaned.state
     if "text_embedding.weight" not in mapped:
         raise CheckpointError("it has no text_embedding.weight, so it is not an IndexTTS2 GPT state dict")
+    odd = next((k for k, v in mapped.items() if not v.is_floating_point()), None)
+    if odd is not None:  # an int, bool or complex tensor is no trained weight: a cast would invent its values
+        raise CheckpointError(f"its weight {odd!r} is {mapped[odd].dtype}, not floating point: not weights a repair "
+                              "can recover; use another checkpoint of the run")
     low = [k for k, v in mapped.items() if v.is_floating_point() and v.dtype != torch.float32]
     if low:
         notes.append(f"{len(low)} tensors stored as {mapped[low[0]].dtype} converted to float32 "
@@ -115,6 +119,8 @@ def _repair_optimizer(state: dict, unknown: list[str], notes: list[str]) -> None
                 notes.append("optimizer parameter names derived from the weights' order "
                              "(parameter count and every moment's shape match)")
         problems = problems or ([why] if why else [])
+    # moments torch could not load (another shape, a learning rate of 'x'): dropped as a mismatch is
+    problems = problems or [p for p in (optimizer_value_problem(candidate),) if p]
     if problems:
         state.update(optimizer=None, scheduler=None, scaler=None, optimizer_param_names=[])
         unknown.extend(OPTIMIZER_SET)
@@ -294,7 +300,7 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
     except UserError as exc:  # a CheckpointError, or --config that does not read
         raise CheckpointError(f"cannot repair {path}: {exc}") from None
     # migrate adds the parts a community file never had (data); the second check is export's too
-    problems = validate(migrate(state))
+    problems = validate(migrate(state)) or resume_value_problems(state)
     fit = [] if problems else stored_model_problems(state)
     if problems or fit:
         advice = "; pass --config with the config.yaml it was trained with" if fit and config is None else ""

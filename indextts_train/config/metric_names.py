@@ -35,5 +35,9 @@ def parse_forgetting_limit(text: str) -> dict[str | None, float]:
         if not math.isfinite(value) or value < 0 or (sep and not name):
             raise UserError(f"train.forgetting_limit (--forgetting-limit) {text}: expected a percentage (e.g. 5) "
                             "or LANG=PCT pairs (e.g. zh=5,en=5)")
-        limits[group_name(name) if sep else None] = value
+        key = group_name(name) if sep else None
+        if key in limits:  # the second would silently replace the first
+            raise UserError(f"train.forgetting_limit (--forgetting-limit) {text}: "
+                            f"{'every language' if key is None else key} is given two limits; give each once")
+        limits[key] = value
     return limits

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -37,6 +38,8 @@ def _fits(value: Any, tp: Any) -> bool:
         return True
     if origin is tuple:
         return isinstance(value, (list, tuple)) and all(_fits(v, a) for v, a in zip(value, get_args(tp), strict=False))
+    if origin is list and get_args(tp):  # each element too: `borrow_languages: [1]` would fail deep in the run
+        return isinstance(value, list) and all(_fits(v, get_args(tp)[0]) for v in value)
     if origin is not None:
         return isinstance(value, origin)
     return isinstance(value, tp)
@@ -51,6 +54,8 @@ def type_name(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is tuple:
         return f"a list of {len(get_args(tp))} numbers"
+    if origin is list and get_args(tp):
+        return f"a list of {type_name(get_args(tp)[0])}"
     return getattr(origin or tp, "__name__", str(tp))
 
 
@@ -69,9 +74,21 @@ def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
+# A number YAML 1.1 (PyYAML) reads as text: `1e-4` (an exponent without a dot) or a quoted number.
+_NUMBER_TEXT = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
 def type_problem(value: Any, tp: Any) -> str | None:
     """'expected int, got 'twenty'' when `value` does not fit `tp`, else None."""
-    return None if _fits(value, tp) else f"expected {type_name(tp)}, got {value!r}"
+    if _fits(value, tp):
+        return None
+    if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value) and _fits(1, tp):
+        # `learning_rate: 1e-4` looks like a number to a person; say why it is text and how to write it
+        mantissa, e, exponent = value.strip().lower().partition("e")
+        number = mantissa + (".0" if e and "." not in mantissa else "") + e + exponent
+        return (f"expected {type_name(tp)}, got the text {value!r}: YAML reads a quoted number, and one with an "
+                f"exponent but no dot, as text; write {number}, without quotes")
+    return f"expected {type_name(tp)}, got {value!r}"
 
 
 def build(cls: type[T], data: Any, where: str) -> T:
@@ -81,7 +98,7 @@ def build(cls: type[T], data: Any, where: str) -> T:
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
     types_of = field_types(cls)
-    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    known = [f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("config_key", True)]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         meant = {key: near_names(key, known) for key in map(str, unknown)}  # found as a mistyped flag's are

@@ -19,6 +19,7 @@ from indextts_train.config.family import INDEXTTS2, Family, family_of_version
 from indextts_train.config.metric_names import LISTEN_METRICS, LOSS_KEYS, parse_forgetting_limit
 from indextts_train.config.schema import build
 from indextts_train.config.scope_settings import scope_settings
+from indextts_train.config.yaml_keys import load_config_yaml
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file, load_yaml
 
@@ -83,7 +84,7 @@ class GPTConfig:
     # Not part of the `gpt:` section (official inference passes that section to UnifiedVoice as
     # keyword arguments): it comes from the top-level `version:`; None = not stated, the base
     # checkpoint's keys decide (train/weights.py). `family` reads it.
-    stated_family: Family | None = None
+    stated_family: Family | None = field(default=None, metadata={"config_key": False})  # no key of the file's
 
     def __post_init__(self) -> None:
         check_bounded(self, "gpt.")
@@ -96,6 +97,10 @@ class GPTConfig:
             )
         if not (0 <= self.start_mel_token < self.number_mel_codes and 0 <= self.stop_mel_token < self.number_mel_codes):
             raise UserError("gpt.start_mel_token/stop_mel_token must be < gpt.number_mel_codes")
+        for kind in ("mel", "text"):  # one id for both would end every sequence where it starts
+            if (stop := getattr(self, f"stop_{kind}_token")) == getattr(self, f"start_{kind}_token"):
+                raise UserError(f"gpt.start_{kind}_token and gpt.stop_{kind}_token are both {stop}; they must "
+                                "differ, as in the model's config.yaml")
 
     @property
     def family(self) -> Family:
@@ -363,7 +368,7 @@ def load_config(path: str | Path) -> Config:
     check_file(path, "config", missing=f"pass your model's config.yaml or one of the bundled configs in "
                                        f"{BUNDLED_CONFIGS} ({shipped})")
     try:
-        data = load_yaml(path, "config")  # safe and bounded: size, nesting, anchors expanded
+        data = load_config_yaml(path)  # safe and bounded: size, nesting, anchors expanded; no key given twice
     except OSError as exc:
         raise UserError(f"{path}: cannot read the config ({exc.strerror})") from None
     if not isinstance(data, dict):

@@ -10,7 +10,7 @@ import torch
 
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import config_for, load_checkpoint
-from indextts_train.config.settings import DEFAULT_CONFIG, Config
+from indextts_train.config.settings import DEFAULT_CONFIG, Config, config_beside
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
@@ -69,12 +69,14 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
                         batch_size: int = 8, loaded: dict | None = None) -> dict:
     """Evaluate any checkpoint (ours, community, gpt.pth) on manifests, batches in manifest order.
 
-    Without `config_path`, the config stored in the checkpoint (ours), else configs/indextts2.yaml.
+    Without `config_path`, the config stored in the checkpoint (ours), else the official config.yaml beside a
+    bare gpt.pth (the one train-gpt takes for it as --base-checkpoint), else configs/indextts2.yaml.
     The file is read once: `loaded` when the caller has read it already (the CLI's load_verified).
     """
     if loaded is None:
         loaded = load_checkpoint(checkpoint, mmap=True)  # tensor data stays on disk until the model copies it
-    config = config_for(checkpoint, config_path, fallback=DEFAULT_CONFIG, loaded=loaded)
+    fallback = config_beside(checkpoint)[0] or DEFAULT_CONFIG  # a model folder's gpt.pth is sized by its config
+    config = config_for(checkpoint, config_path, fallback=fallback, loaded=loaded)
     # A --train-scope lora checkpoint runs as it trained: the frozen base with the adapters hooked in.
     record = loaded.get("lora")
     trained, _carried, tokens = load_base_checkpoint(checkpoint, config.gpt, merge_adapters=False, loaded=loaded)

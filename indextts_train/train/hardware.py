@@ -243,6 +243,21 @@ def _check_inputs(effective_batch: int, batch_size: int, grad_accumulation: int,
         raise UserError(f"memory share must be in (0, 1], got {memory_share}")
 
 
+# A GPU's reported memory and compute capability as far as any plan can mean them: `--assume 0GiB@8.9` or
+# `99999999999GiB@0.0` describe no GPU, and a plan for one would read as advice (to shrink the model, say).
+MAX_GPU_BYTES = 64 << 40
+LEAST_CAPABILITY = (3, 0)  # the oldest CUDA architecture any torch build ran on
+
+
+def _check_device(device: DeviceInfo) -> None:
+    if device.kind != "cuda":
+        return
+    if not 0 < device.total_memory <= MAX_GPU_BYTES or tuple(device.capability) < LEAST_CAPABILITY:
+        raise UserError(f"{device.name}: not a GPU a plan can be made for (memory above 0 and at most "
+                        f"{MAX_GPU_BYTES >> 30:,} GiB, compute capability {LEAST_CAPABILITY[0]}.0 or newer); "
+                        "give it as torch reports it, e.g. --assume 24GiB@8.9")
+
+
 def _check_model_fits(device: DeviceInfo, gpt_cfg: GPTConfig, scope: ScopeSettings, world_size: int) -> None:
     """Refuse, before anything is built, a model whose weights alone exceed this machine's memory (it
     is built in host RAM first) or whose weights, gradients and AdamW state exceed the device's."""
@@ -270,6 +285,7 @@ def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int,
     `scope` (--train-scope) decides which tensors carry gradients and AdamW state in the estimate.
     """
     _check_inputs(effective_batch, batch_size, grad_accumulation, num_workers, world_size, memory_share)
+    _check_device(device)
     _check_model_fits(device, gpt_cfg, scope, world_size)
     cc = f", compute capability {_cc(device)}" if device.kind == "cuda" else ""
     assumed = (" (assumed: a typical rented single-GPU box; the data workers follow the real count when "

@@ -69,7 +69,11 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
     not given, the config decides); `typed`: the names given on the command line, which beat a recorded
     run's (None: every one in `values`)."""
     asked = set(values) if typed is None else set(typed)  # what this start names, not a recorded run
+    from_run = values.get("from_run")
     values = _over_recorded_run(values, typed)
+    if values.get("resume") is not None and not str(values["resume"]).strip():
+        raise UserError("--resume is empty; pass auto (the newest checkpoint in --output-dir that verifies) or a "
+                        "checkpoint's path, or leave --resume out for a new run")
     unknown = sorted(set(values) - INPUT_NAMES - SETTING_NAMES)
     if unknown:
         raise TypeError(f"train-gpt got unknown option(s) {', '.join(unknown)}")
@@ -81,7 +85,10 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
                                 "would change nothing; add --resume auto, or leave it out")
     path, note = config_choice(inputs.config, inputs.base_checkpoint)
     config = load_config(path)
-    config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
+    try:
+        config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
+    except UserError as exc:  # a recorded value out of range: name the record, as its wrong types are
+        raise _from_record(exc, from_run, asked) from None
     named = frozenset(name for name in asked & SETTING_NAMES if values.get(name) is not None)
     check_modes(config.train, named)
     train = parse_manifest_specs(inputs.train_manifests, "--train-manifest", weights=True)
@@ -106,3 +113,11 @@ def _over_recorded_run(values: dict[str, Any], typed: Collection[str] | None) ->
         if not values.get(name):
             raise UserError(f"{flag} is required (or --from-run OUTPUT_DIR/run.yaml of an earlier run)")
     return values
+
+
+def _from_record(exc: UserError, from_run: Any, asked: set[str]) -> UserError:
+    """`exc` about a `train:` setting, said as the recorded run's when --from-run gave it and no flag did."""
+    name = str(exc).partition("train.")[2].partition(" ")[0]
+    if from_run is None or not str(exc).startswith("train.") or name in asked:
+        return exc
+    return UserError(f"--from-run {from_run}: config.{exc}; fix it or pass the flag beside --from-run")
