@@ -13,6 +13,7 @@ soundfile and soxr belong to the optional `[prepare]` extra, so they are importe
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
@@ -34,8 +35,18 @@ class AudioError(Exception):
     """A clip that cannot be used; str() is the reason, for rejected.jsonl."""
 
 
+_OBJECT_REPR = re.compile(r"<[^<>]* object at 0x[0-9a-fA-F]+>")
+
+
+def error_detail(exc: BaseException, line: int = 0) -> str:
+    """One line of a library's error for rejected.jsonl, the same bytes in every run: libsndfile names an
+    in-memory file by its repr (`<_io.BytesIO object at 0x7f...>`), whose address changes from run to run."""
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[line]
+    return _OBJECT_REPR.sub("(embedded bytes)", detail)
+
+
 def _read_error(path, exc: BaseException) -> AudioError:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = error_detail(exc)
     name = path if isinstance(path, (str, Path)) else "(embedded bytes)"
     return AudioError(f"unreadable audio file {name}: {first}")
 

@@ -6,11 +6,12 @@ Hugging Face dataset (its embedded bytes, or the file it names). The header (pla
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
-from indextts_train.prepare.audio import AudioError, load_audio, segment_frames
+from indextts_train.prepare.audio import AudioError, error_detail, load_audio, segment_frames
 from indextts_train.prepare.corpus_hf import RowAudioError, row_audio
 from indextts_train.prepare.utterance import Utterance
 
@@ -24,8 +25,7 @@ def _opened(utt: Utterance):
     except RowAudioError as exc:
         raise AudioError(str(exc)) from None
     except Exception as exc:  # pyarrow / datasets: a damaged file; one rejection, not a crash of the loader
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise AudioError(f"unreadable row {utt.row} of {utt.audio}: {detail}") from None
+        raise AudioError(f"unreadable row {utt.row} of {utt.audio}: {error_detail(exc)}") from None
 
 
 def audio_header(utt: Utterance) -> tuple[int, int] | str:
@@ -39,12 +39,14 @@ def audio_header(utt: Utterance) -> tuple[int, int] | str:
     except AudioError as exc:
         return f"audio: {exc}"
     if isinstance(source, str) and not os.path.isfile(source):
-        return "audio: file not found" if utt.row is None else f"audio: file not found ({source})"
+        named = "" if utt.row is None else f" ({source})"
+        if os.path.exists(source):  # a folder, a FIFO (whose read would block), a device: never opened
+            return f"audio: not a regular file{named}, but a {_kind(source)}; name an audio file"
+        return f"audio: file not found{named}"
     try:
         info = soundfile.info(source)
     except Exception as exc:  # soundfile raises several types for unreadable files; each is one rejection
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        return f"audio: unreadable ({detail})"
+        return f"audio: unreadable ({error_detail(exc, -1)})"
     if info.samplerate <= 0:
         return "audio: unreadable (no sample rate)"
     if not utt.is_segment:
@@ -54,6 +56,15 @@ def audio_header(utt: Utterance) -> tuple[int, int] | str:
     except AudioError as exc:
         return f"audio: {exc}"
     return frames, int(info.samplerate)
+
+
+def _kind(path: str) -> str:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # gone since it was looked at
+        return "file that went away"
+    return "folder" if stat.S_ISDIR(mode) else "FIFO (named pipe)" if stat.S_ISFIFO(mode) else \
+        "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "socket or other special file"
 
 
 def read_samples(utt: Utterance) -> tuple[np.ndarray, int]:

@@ -15,9 +15,7 @@ duplicate is refused before any work, naming both lines.
 
 from __future__ import annotations
 
-import csv
 import importlib.util
-import io
 import json
 import os
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_regular, open_regular, parse_json
 from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
 from indextts_train.prepare.corpus_lhotse import is_lhotse_corpus, read_lhotse
+from indextts_train.prepare.outputs import MANIFESTS, SETTINGS_FILE
 from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Defaults, Utterance, lacking
 
 MAX_LINE_BYTES = 1 << 20  # a transcript line longer than 1 MiB is not a transcript
@@ -43,19 +42,39 @@ def read_corpora(paths: list[Path], defaults: Defaults) -> list[Utterance]:
         raise UserError(f"--text-column {defaults.text_column} names a column of a Hugging Face dataset, and no CORPUS "
                         "is one: the flag would change nothing (the other forms name their text themselves); leave "
                         "it out")
+    _refuse_repeats([Path(path) for path in paths])
     utterances: list[Utterance] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, Path]] = {}  # id -> (where, the CORPUS argument it came from)
     for path in paths:
         for utt in read_corpus(Path(path), defaults):
             if utt.id in seen:
-                raise UserError(f"{utt.where}: id {utt.id!r} is also at {seen[utt.id]}; ids must be unique "
-                                "across the corpora (give one of them another id)")
-            seen[utt.id] = utt.where
+                _refuse_duplicate(utt, *seen[utt.id], Path(path))
+            seen[utt.id] = (utt.where, Path(path))
             utterances.append(utt)
     if not utterances:
         raise UserError(f"{', '.join(map(str, paths))}: no utterances found; check the corpus paths")
     _refuse_unused_defaults(utterances, defaults)
     return utterances
+
+
+def _refuse_duplicate(utt: Utterance, first_where: str, first_corpus: Path, corpus: Path) -> None:
+    if first_where == utt.where:  # one line read twice: two CORPUS arguments reach the same manifest
+        raise UserError(f"{utt.where}: read through CORPUS {first_corpus} and again through {corpus}; pass only "
+                        "one of them (for lhotse: the recordings, the supervisions manifest or their folder)")
+    raise UserError(f"{utt.where}: id {utt.id!r} is also at {first_where}; ids must be unique across the corpora "
+                    "(give one of them another id)")
+
+
+def _refuse_repeats(paths: list[Path]) -> None:
+    """The same corpus twice (a shell glob that also matches it, a link to it): every id of it would be a
+    duplicate, and "give one of them another id" the wrong advice."""
+    first: dict[str, Path] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in first:
+            same = "" if str(first[real]) == str(path) else f" (the same file as {first[real]})"
+            raise UserError(f"CORPUS {path}: given twice{same}; pass each corpus once")
+        first[real] = path
 
 
 def _refuse_unused_defaults(utterances: list[Utterance], defaults: Defaults) -> None:
@@ -127,10 +146,19 @@ def _absolute(base: Path, audio: str) -> str:
     return os.path.abspath(os.path.join(base, audio))
 
 
+# What other manifests (NeMo, ESPnet, Common Voice exports, ...) call the two fields a line must have.
+_ALIASES = {"audio": ("audio_filepath", "audio_path", "wav", "path", "file", "filename", "wav_path"),
+            "text": ("transcript", "sentence", "transcription", "normalized_text", "txt")}
+
+
 def _string_field(obj: dict, key: str, where: str, *, required: bool) -> str | None:
     value = obj.get(key)
     if value is None and not required:
         return None
+    if key not in obj and key in _ALIASES:  # another tool's manifest: say which of its keys to rename
+        alias = next((name for name in _ALIASES[key] if name in obj), None)
+        hint = f"rename {alias!r} to {key!r}" if alias else f"the line has {', '.join(map(repr, list(obj)[:6]))}"
+        raise UserError(f"{where}: field {key!r} is missing ({hint}); each line is one {{\"audio\", \"text\"}} object")
     if not isinstance(value, str) or (required and key != "text" and not value.strip()):
         raise UserError(f"{where}: field {key!r} must be a non-empty string, got {value!r}")
     return value
@@ -144,17 +172,38 @@ def read_jsonl(path: Path, defaults: Defaults) -> list[Utterance]:
         try:
             obj = parse_json(text, where)  # nesting bounded: one line naming the line
         except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not JSON ({exc.msg}); each line is one {{\"audio\", \"text\"}} object") from None
+            raise UserError(f"{where}: not JSON ({exc.msg}){_array_hint(text)}; each line is one "
+                            "{\"audio\", \"text\"} object") from None
         if not isinstance(obj, dict):
-            raise UserError(f"{where}: expected a JSON object with \"audio\" and \"text\"")
+            raise UserError(f"{where}: expected a JSON object with \"audio\" and \"text\"{_array_hint(text)}")
         audio = _string_field(obj, "audio", where, required=True)
         speaker = _string_field(obj, "speaker", where, required=False)
         language = _string_field(obj, "language", where, required=False)
         uid = _string_field(obj, "id", where, required=False) or Path(audio).stem
+        offset, duration = _segment(obj, where)
         out.append(Utterance(uid, _absolute(path.parent, audio), _string_field(obj, "text", where, required=True),
                              speaker or defaults.speaker or path.stem, language or defaults.language, where,
-                             lacks=lacking(speaker=speaker, language=language)))
+                             offset=offset, duration=duration, lacks=lacking(speaker=speaker, language=language)))
     return out
+
+
+def _segment(obj: dict, where: str) -> tuple[float, float | None]:
+    """(offset, duration) of a line that names a segment of its file by `offset` (seconds), as prepare's own
+    manifests name a lhotse segment; read without it, the line would silently take the whole recording.
+    Without `offset`, a `duration` is only what many manifests note about the whole file: not read."""
+    if "offset" not in obj:
+        return 0.0, None
+    values = [obj["offset"], obj.get("duration")]
+    for key, value in zip(("offset", "duration"), values, strict=True):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise UserError(f"{where}: field {key!r} must be a number of seconds, got {value!r}")
+    return float(values[0]), None if values[1] is None else float(values[1])
+
+
+def _array_hint(line: str) -> str:
+    """A .json holding one JSON array (pretty-printed or not) is not JSON Lines: say so."""
+    return ": the file looks like one JSON array; write each object on a line of its own (JSONL)" \
+        if line.lstrip().startswith("[") else ""
 
 
 def read_ljspeech(path: Path, defaults: Defaults) -> list[Utterance]:
@@ -164,7 +213,9 @@ def read_ljspeech(path: Path, defaults: Defaults) -> list[Utterance]:
     for line_no, text in bounded_lines(path):
         fields = text.split("|")
         if len(fields) < 2 or not fields[0].strip():
-            raise UserError(f"{path}:{line_no}: expected `id|text|normalized text` (LJSpeech metadata.csv)")
+            table = ("; a table of other columns (audio,text) is not read as .csv: write it as JSONL "
+                     "({\"audio\", \"text\"} lines)") if "," in text or "\t" in text else ""
+            raise UserError(f"{path}:{line_no}: expected `id|text|normalized text` (LJSpeech metadata.csv){table}")
         transcript = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
         uid = fields[0].strip()
         out.append(Utterance(uid, _absolute(path.parent / "wavs", f"{uid}.wav"), transcript, speaker,
@@ -178,14 +229,15 @@ def read_common_voice(path: Path, defaults: Defaults) -> list[Utterance]:
     header = next(lines, None)
     if header is None:
         raise UserError(f"{path}: empty .tsv; a Common Voice split starts with a header line")
-    columns = next(csv.reader(io.StringIO(header[1]), delimiter="\t", quoting=csv.QUOTE_NONE))
+    # Fields are what lies between tabs (Common Voice quotes nothing): a plain split, since the csv module
+    # stops with its own traceback on a field past 128 KiB or a lone carriage return inside a line.
+    columns = header[1].split("\t")
     missing = [c for c in ("path", "sentence") if c not in columns]
     if missing:
         raise UserError(f"{path}:1: header lacks {', '.join(missing)}; a Common Voice .tsv has path and sentence")
     out = []
     for line_no, text in lines:
-        row = dict(zip(columns, next(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)),
-                       strict=False))
+        row = dict(zip(columns, text.split("\t"), strict=False))
         clip = row.get("path", "")
         if not clip:
             raise UserError(f"{path}:{line_no}: no `path` value; every row names its clip")
@@ -213,13 +265,17 @@ def read_folder(root: Path, defaults: Defaults) -> list[Utterance]:
         if count > MAX_FOLDERS:
             raise UserError(f"{root}: more than {MAX_FOLDERS} folders; pass the corpus folder itself")
         found.extend(Path(folder) / name for name in sorted(files) if name.lower().endswith(AUDIO_SUFFIXES))
-    out, untranscribed = [], []
+    out, untranscribed, clips = [], [], {}
     for audio in found:
         transcript = next((audio.with_suffix(s) for s in TRANSCRIPT_SUFFIXES if audio.with_suffix(s).is_file()), None)
         if transcript is None:
             untranscribed.append(audio)
             continue
         uid = audio.relative_to(root).with_suffix("").as_posix()
+        if uid in clips:  # a.wav and a.flac: one transcript, one id; which clip it speaks is not ours to guess
+            raise UserError(f"{clips[uid]} and {audio.name} share the transcript {transcript.name} (and the id "
+                            f"{uid!r}); keep one of them in the folder, or rename the other with its own transcript")
+        clips[uid] = audio
         # A sub-folder names its clips' speaker (spkA/0001.wav); --speaker must not merge those speakers
         # into one. A clip directly in the folder has no such name: --speaker, else the folder's name.
         folder = audio.parent.name if audio.parent != root else None
@@ -234,7 +290,9 @@ def _say_untranscribed(root: Path, audio: list[Path], kept: int) -> None:
     """Audio without a same-named transcript is not part of a folder corpus: said, never silently left out."""
     if not audio:
         return
-    manifests = sorted(p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in (".jsonl", ".csv", ".tsv"))
+    ours = set(MANIFESTS) if (root / SETTINGS_FILE).is_file() else set()  # --out was this folder: not a corpus
+    manifests = sorted(p.name for p in root.iterdir()
+                       if p.is_file() and p.suffix.lower() in (".jsonl", ".csv", ".tsv") and p.name not in ours)
     hint = f"; is the corpus {root / manifests[0]}? pass that file instead" if manifests else ""
     if not kept:
         raise UserError(f"{root}: {len(audio)} audio files, none with a same-named .txt or .lab transcript beside it "

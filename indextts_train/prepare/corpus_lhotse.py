@@ -78,10 +78,22 @@ def _load(kind: str, path: Path) -> list:
     except Exception as exc:  # lhotse raises many types for a file that is not its manifest
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"{path}: not a lhotse {kind} manifest lhotse can read ({type(exc).__name__}: "
-                        f"{detail}); check the file") from None
+                        f"{detail}); {_gzipped_jsonl_hint(path)}") from None
     if not loaded:
         raise UserError(f"{path}: an empty lhotse {kind} manifest; check the path")
     return loaded
+
+
+def _gzipped_jsonl_hint(path: Path) -> str:
+    """Every `.jsonl.gz` is read as lhotse's; one of prepare's own {"audio", "text"} lines gzipped is not."""
+    try:
+        _, _, raw = next(iter_lines(path, "lhotse manifest", gzipped=path.name.lower().endswith(".gz")))
+        first = parse_json(raw.decode("utf-8"), str(path))
+    except (OSError, EOFError, zlib.error, ValueError, UserError, StopIteration):
+        return "check the file"
+    if isinstance(first, dict) and "audio" in first:
+        return "it holds {\"audio\", \"text\"} lines, not lhotse's: decompress it (gunzip) and pass the .jsonl"
+    return "check the file"
 
 
 def _partner(path: Path) -> tuple[Path, Path]:

@@ -50,6 +50,7 @@ class Clip:
     speaker_full: np.ndarray  # 16 kHz speaker path, whole clip: codes
     speaker_prompt: np.ndarray | None  # the first prompt_seconds; None when that is the whole clip
     emotion: np.ndarray  # 16 kHz emotion path, first prompt_seconds: emo_vec
+    peak: float = 1.0  # loudest sample of the file: named when its features overflow
 
 
 def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
@@ -58,13 +59,27 @@ def load_clip(utt: Utterance, prompt_seconds: float) -> Clip | str:
         mono, rate = read_samples(utt)
     except AudioError as exc:
         return f"audio: {exc}"
-    if mono.size == 0 or float(np.max(np.abs(mono))) < SILENCE_PEAK:
+    peak = float(np.max(np.abs(mono))) if mono.size else 0.0
+    if peak < SILENCE_PEAK:
         return "audio: silent (peak below 1e-4)"
     full, prompt = speaker_waves(mono, rate, prompt_seconds)
     emotion = emotion_wave(mono, rate, prompt_seconds)
     if min(full.shape[0], emotion.shape[0]) < MIN_SAMPLES:
         return f"too short: {min(full.shape[0], emotion.shape[0])} samples at 16 kHz, w2v-BERT needs {MIN_SAMPLES}"
-    return Clip(speaker_full=full, speaker_prompt=prompt, emotion=emotion)
+    return Clip(speaker_full=full, speaker_prompt=prompt, emotion=emotion, peak=peak)
+
+
+def non_finite_reason(clip: Clip, arrays: dict[str, np.ndarray], codes_from_finite: bool) -> str | None:
+    """Why a clip's arrays cannot be kept: a float WAV of finite but absurd samples (1e30: a file of another
+    sample format, or damaged) overflows inside the models, and NaN features would train NaN. The codes of
+    non-finite w2v-BERT features are no speech either, whatever integers they came out as."""
+    bad = [name for name, array in arrays.items() if array.dtype.kind == "f" and not np.isfinite(array).all()]
+    bad = bad if codes_from_finite else ["codes", *bad]
+    if not bad:
+        return None
+    return (f"audio: NaN or infinite {', '.join(bad)} from samples peaking at {clip.peak:.3g} (audio lies within "
+            "[-1, 1]); check the file's sample format")
+
 
 def grown_ids(models: ModelFiles, weights: dict[str, torch.Tensor]) -> range:
     """Ids of the pieces the tokenizer has beyond the base model's text rows (`--tokenizer` an extended
@@ -213,7 +228,7 @@ class Featurizer:
                 arrays["condition"] = self._float(self.encoders.condition(prompt_feat.to(self.device)))
             [(emotion, _)] = self.w2v.layer17([clip.emotion])
             arrays["emo_vec"] = self._float(self.encoders.emo_vec(emotion.to(self.device)))
-            out.append(arrays)
+            out.append(non_finite_reason(clip, arrays, bool(torch.isfinite(feat).all())) or arrays)
         return out
 
     @staticmethod

@@ -26,6 +26,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
 from indextts_train.files.bounded import json_or_none, read_bounded
 from indextts_train.files.targets import check_output_folder, make_output_folder
+from indextts_train.prepare.outlock import OutLock
 from indextts_train.prepare.ownership import (
     ARRAY_FOLDERS,
     RECORDS,
@@ -39,6 +40,9 @@ from indextts_train.prepare.ownership import (
 SETTINGS_FILE = "prepare.settings.json"
 MANIFESTS = ("utterances.jsonl", "train.jsonl", "val.jsonl", "rejected.jsonl", PREPARE_RECORD)
 MAX_RECORD_BYTES = 1 << 20
+# What the manifests and the summary read of a kept record's line (pipeline._line writes them all).
+KEPT_KEYS = frozenset({"id", "audio", "text", "speaker", "language", "duration", "text_ids_path", "codes_path",
+                       "emo_vec_path", "text_len", "code_len"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _HASHED = re.compile(r".*-[0-9a-f]{12}")  # the form file_stem gives an id it cleans
 
@@ -75,6 +79,7 @@ class OutputFolder:
     def __init__(self, root: Path, rank: int = 0) -> None:
         self.root = root
         self.ledger = Ledger(root, rank)
+        self.lock = OutLock(root)  # rank 0's, for the whole run (outlock.py)
 
     def array_path(self, name: str, stem: str) -> Path:
         return self.root / name / f"{stem}.npy"
@@ -98,7 +103,27 @@ class OutputFolder:
         # nest 100,000 deep or fill with a number of thousands of digits
         if not isinstance(record, dict):
             raise UserError(f"{path}: not a record prepare wrote; rerun with --restart")
-        return record if record.get("source") == source else None
+        if record.get("source") != source or not self._complete(record):
+            return None
+        return record
+
+    def _complete(self, record: dict) -> bool:
+        """A record the manifests can be built from: a rejection's reason, or a kept line with every key
+        they read and its arrays on disk. Anything else (a damaged record, an array removed by hand) is
+        stale: its utterance is computed again, not turned into a traceback or a line naming no file."""
+        if isinstance(record.get("rejected"), str):
+            return True
+        kept = record.get("kept")
+        if not (isinstance(kept, dict) and KEPT_KEYS <= kept.keys() and isinstance(record.get("tokens"), list)
+                and isinstance(record.get("extended"), int) and isinstance(kept["text_len"], int)
+                and isinstance(kept["duration"], (int, float))):
+            return False
+        if "spk_emb_path" in kept and "lang_id" not in kept:  # IndexTTS-2.5's lines name their language row
+            return False
+        arrays = [value for key, value in kept.items() if key.endswith("_path")]
+        return len(arrays) == len(ARRAY_FOLDERS) - 1 and all(
+            isinstance(a, str) and a.count("/") == 1 and a.split("/")[0] in ARRAY_FOLDERS
+            and (self.root / a).is_file() for a in arrays)
 
     def write_arrays(self, stem: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
         """Each array to `<name>/<stem>.npy`, atomically; returns `<name>_path` -> path relative to the folder."""
@@ -127,6 +152,13 @@ class OutputFolder:
         if foreign is not None:
             raise foreign_error(self.root, foreign)
 
+    def check_and_lock(self) -> None:
+        """check_foreign, then the run's lock on a folder that exists (a new one is locked once made): a
+        second prepare on the same --out is refused before it reads any model."""
+        self.check_foreign()
+        if self.root.is_dir():
+            self.lock.acquire()
+
     def _check_not_model_or_run(self) -> None:
         held = "a run (its checkpoints)" if list_checkpoints(self.root) else A_MODEL if holds_model(self.root) else None
         if held is not None:
@@ -137,6 +169,8 @@ class OutputFolder:
         """Refuse foreign files and mixing with outputs of other models or settings; --restart removes
         prepare's own files first. A start that prepared nothing (no utterance claimed) is simply replaced."""
         self.check_foreign()
+        make_output_folder("--out", self.root)  # a new folder: nothing to compare, and the lock needs it
+        self.lock.acquire()  # before the temp files or --restart's removals below: none may be another run's
         path = self.root / SETTINGS_FILE
         owned = self.ledger.stems() if path.is_file() else set()
         self.remove_stale_temp_files()
@@ -151,7 +185,6 @@ class OutputFolder:
                                 "to start over (it removes prepare's files there), or use another --out")
             self.ledger.adopt(owned)
             return
-        make_output_folder("--out", self.root)
         atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True) + "\n")
 
     def claim(self, stems: list[str]) -> None:

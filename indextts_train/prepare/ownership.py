@@ -144,13 +144,17 @@ def foreign_error(root: Path, where: str) -> UserError:
 
 
 def remove_own(root: Path, owned: set[str]) -> None:
-    """--restart: every file of prepare's folders that is its own; a folder left empty goes too."""
-    for folder in (RECORDS, *ARRAY_FOLDERS):
+    """--restart: every file of prepare's folders that is its own; a folder left empty goes too.
+
+    The ledger goes last: a --restart killed (or Ctrl+C'd) half-way leaves files the ledger still lists,
+    never arrays of no listed stem, which every later run would refuse as the user's."""
+    for folder in (*ARRAY_FOLDERS, RECORDS):
         path = root / folder
         if path.is_symlink() or not path.is_dir():
             continue
         with os.scandir(path) as entries:
-            mine = [e.path for e in entries if is_own(folder, e, owned)]
+            mine = sorted((e.path for e in entries if is_own(folder, e, owned)),
+                          key=lambda file: bool(_LEDGER.fullmatch(os.path.basename(file))))
         for file in mine:
             os.unlink(file)
         with contextlib.suppress(OSError):  # something appeared meanwhile: not ours to remove

@@ -15,6 +15,7 @@ import importlib.metadata
 import math
 import os
 import platform
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,7 @@ import torch
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
 from indextts_train.errors import NotOwnFile, UserError
+from indextts_train.files.faults import crash_point
 from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
 from indextts_train.prepare.featurize import (
@@ -44,6 +46,7 @@ from indextts_train.prepare.pairs import Pairs, SplitRule, check_val_speakers, m
 from indextts_train.prepare.progress import PrepareProgress, print_summary, top_rejections
 from indextts_train.prepare.utterance import MAX_SECONDS
 
+INTERRUPTED = 130  # the exit code of a Ctrl+C, as the shell reports one
 PREFETCH_BATCHES = 2  # audio of the next batches loads in threads while the models run
 LIBRARIES = ("torch", "numpy", "transformers", "soundfile", "soxr", "sentencepiece", "tiktoken",
              "lhotse", "datasets")  # the last two read some corpus forms (prepare.json says which were installed)
@@ -74,10 +77,10 @@ class PrepareOptions:
                             ("--min-seconds", self.min_seconds), ("--max-seconds", self.max_seconds)):
             if value is not None and not (math.isfinite(value) and value <= MAX_SECONDS):
                 raise UserError(f"{flag} {value}: must be a number of seconds up to {MAX_SECONDS:g}")
-        for flag, value, least in (("--batch-seconds", self.batch_seconds, 0.0),
-                                   ("--prompt-seconds", self.prompt_seconds, 0.1)):
-            if not value > least:
-                raise UserError(f"{flag} {value}: must be > {least:g}")
+        if not self.batch_seconds > 0:
+            raise UserError(f"--batch-seconds {self.batch_seconds}: must be > 0")
+        if not self.prompt_seconds >= 0.1:  # as --help says: 0.1 itself is a prompt (1,600 samples at 16 kHz)
+            raise UserError(f"--prompt-seconds {self.prompt_seconds}: must be >= 0.1")
         if self.min_seconds < 0 or (self.max_seconds is not None and self.max_seconds <= self.min_seconds):
             raise UserError(f"--min-seconds {self.min_seconds} / --max-seconds {self.max_seconds}: need 0 <= min < max")
         if self.workers < 1:
@@ -227,9 +230,10 @@ def compute_share(planned: Planned, featurizer: Featurizer, folder: OutputFolder
     progress.advance(sum(len(b) for b, done in zip(mine, complete, strict=True) if done),
                      sum(s for s, done in zip(seconds, complete, strict=True) if done), skipped=True)
     with progress, ThreadPoolExecutor(options.workers) as pool:
-        for batch, clips in _loaded_batches(todo, planned, options, pool):
+        for done, (batch, clips) in enumerate(_loaded_batches(todo, planned, options, pool), start=1):
             run_batch(batch, clips, planned, featurizer, folder)
             progress.advance(len(batch), sum(planned.durations[i] for i in batch))
+            crash_point("prepare_batch", done)  # tests: stop or kill a run known to be mid-way (faults.py)
 
 
 def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, models: ModelFiles,
@@ -340,14 +344,20 @@ def pick_device(name: str | None, info: DistInfo) -> torch.device:
 def run_prepare(options: PrepareOptions) -> int:
     """Exit 0 every utterance kept, 1 some rejected, 2 nothing usable (or a UserError)."""
     info = setup_distributed()
+    folder = OutputFolder(options.out, rank=info.rank)
     try:
-        return _run(options, info)
+        return _run(options, info, folder)
     except OSError as exc:
         failure = _write_failure(exc, options.out)
         if failure is None:
             raise
         raise failure from None
+    except KeyboardInterrupt:  # every file was written atomically and each utterance's record after its arrays
+        print(f"prepare: interrupted (Ctrl+C); the finished utterances in {options.out} are kept: rerun the same "
+              "command to go on", file=sys.stderr)
+        return INTERRUPTED
     finally:
+        folder.lock.release()  # a later run in this process (the demo, tests) takes it again
         teardown_distributed(info)
 
 
@@ -375,10 +385,9 @@ def _on_main(step: Callable[[], None], info: DistInfo) -> None:
         raise UserError(error)
 
 
-def _run(options: PrepareOptions, info: DistInfo) -> int:
+def _run(options: PrepareOptions, info: DistInfo, folder: OutputFolder) -> int:
     device = pick_device(options.device, info)
-    folder = OutputFolder(options.out, rank=info.rank)
-    _on_main(folder.check_foreign, info)  # before any model is read: a wrong --out costs no wait
+    _on_main(folder.check_and_lock, info)  # before any model is read: a wrong or busy --out costs no wait
     if options.download and info.enabled:
         raise UserError("--download: run it once in a single process (without torchrun), then start the ranks")
     # The corpus first: a bad line is named in a second, not after the models' GBs were hashed.

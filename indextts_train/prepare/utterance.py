@@ -87,3 +87,18 @@ class Defaults:
     speaker: str | None = None
     language: str | None = None
     text_column: str | None = None
+
+    def __post_init__(self) -> None:
+        """An empty value fills nothing in (the readers skip it as they skip a missing one), yet says the
+        user meant to: refused, rather than prepare running on as if the flag were not there."""
+        for flag, value in (("--speaker", self.speaker), ("--language", self.language),
+                            ("--text-column", self.text_column)):
+            if value is not None and not value.strip():
+                raise UserError(f"{flag} {value!r}: empty; give a value (e.g. {_EXAMPLES[flag]}), or leave the "
+                                "flag out")
+            problem = text_problem(value) if value is not None else None
+            if problem:
+                raise UserError(f"{flag} {value!r} {problem}; give another value")
+
+
+_EXAMPLES = {"--speaker": "--speaker abebe", "--language": "--language am", "--text-column": "--text-column text"}
