@@ -100,7 +100,7 @@ def prepare(
     language: Annotated[str | None, typer.Option(help="Language code for sources that name none (2.5 needs one).")] = None,
     text_column: Annotated[str | None, typer.Option(help="Hugging Face datasets: the transcript column [default: text, sentence, transcription, normalized_text or transcript].")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 [default: the GPU when there is one].")] = None,
-    batch_seconds: Annotated[float, typer.Option(min=0, max=MAX_SECONDS, help="Padded audio seconds per w2v-BERT batch.")] = 120.0,
+    batch_seconds: Annotated[float, typer.Option(min=0, max=MAX_SECONDS, help="Padded audio seconds per w2v-BERT batch (above 0).")] = 120.0,
     prompt_seconds: Annotated[float, typer.Option(min=0.1, max=MAX_SECONDS, help="Prompt features from the first seconds (as inference).")] = 15.0,
     min_seconds: Annotated[float, typer.Option(min=0, max=MAX_SECONDS, help="Shorter clips are rejected.")] = 0.5,
     max_seconds: Annotated[float | None, typer.Option(min=0, max=MAX_SECONDS, help="Longer clips are rejected (targets are never cut).")] = None,
@@ -112,7 +112,7 @@ def prepare(
     workers: Annotated[int, typer.Option(min=1, max=256, help="Threads that load and resample audio ahead of the models.")] = 2,
     restart: Annotated[bool, typer.Option(help="Remove what prepare wrote in --out and start over.")] = False,
 ) -> None:
-    """Audio clips + transcripts -> the arrays and manifests train-gpt reads. Exit 0 all kept, 1 some rejected, 2 none."""
+    """Audio clips + transcripts -> the arrays and manifests train-gpt reads. Exit 0 all kept, 1 some rejected, 2 none, 130 Ctrl+C."""
     import importlib.util
 
     missing = [name for name in PREPARE_EXTRA if importlib.util.find_spec(name) is None]
