@@ -87,3 +87,17 @@ def test_two_torchrun_cpu_ranks_equal_one_process(setup) -> None:
                            capture_output=True, text=True, timeout=600)
     assert (setup / "ranks" / "prepare.json").is_file(), ranks.stderr[-3000:]
     _same_outputs(setup / "whole", setup / "ranks")
+
+
+@pytest.mark.slow
+def test_a_refusal_every_rank_meets_is_printed_once(setup, tmp_path) -> None:
+    """Every rank reads the corpus and refused its bad line, each printing it: one line per GPU."""
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"audio": "a.wav"}\n')
+    command = _command(setup, "refused")
+    command[1] = str(corpus)
+    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            "-m", "indextts_train", *command], env=_env(), cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    lines = [line for line in (ranks.stdout + ranks.stderr).splitlines() if line.startswith("error: ")]
+    assert ranks.returncode != 0 and len(lines) == 1 and str(corpus) in lines[0], lines

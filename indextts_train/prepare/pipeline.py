@@ -26,8 +26,15 @@ import numpy as np
 import torch
 
 from indextts_train.data.corpus_forms import PREPARE_RECORD
-from indextts_train.distributed import DistInfo, barrier, broadcast_from_main, setup_distributed, teardown_distributed
-from indextts_train.errors import NotOwnFile, UserError
+from indextts_train.distributed import (
+    DistInfo,
+    barrier,
+    broadcast_from_main,
+    said_by_main,
+    setup_distributed,
+    teardown_distributed,
+)
+from indextts_train.errors import NotOwnFile, UserError, refusal
 from indextts_train.files.faults import crash_point
 from indextts_train.prepare.clip_source import audio_header
 from indextts_train.prepare.corpus import Defaults, Utterance, read_corpora
@@ -346,12 +353,7 @@ def run_prepare(options: PrepareOptions) -> int:
     info = setup_distributed()
     folder = OutputFolder(options.out, rank=info.rank)
     try:
-        return _run(options, info, folder)
-    except OSError as exc:
-        failure = _write_failure(exc, options.out)
-        if failure is None:
-            raise
-        raise failure from None
+        return _refused_once(options, info, folder)
     except KeyboardInterrupt:  # every file was written atomically and each utterance's record after its arrays
         print(f"prepare: interrupted (Ctrl+C); the finished utterances in {options.out} are kept: rerun the same "
               "command to go on", file=sys.stderr)
@@ -359,6 +361,23 @@ def run_prepare(options: PrepareOptions) -> int:
     finally:
         folder.lock.release()  # a later run in this process (the demo, tests) takes it again
         teardown_distributed(info)
+
+
+def _refused_once(options: PrepareOptions, info: DistInfo, folder: OutputFolder) -> int:
+    """_run; under torchrun a refusal every rank meets (a bad corpus line, a busy --out) is printed once, by
+    rank 0, not once a rank (distributed.said_by_main)."""
+    try:
+        try:
+            return _run(options, info, folder)
+        except OSError as exc:
+            failure = _write_failure(exc, options.out)
+            if failure is None:
+                raise
+            raise failure from None
+    except UserError as exc:
+        if said_by_main(refusal(exc), info):
+            return 2
+        raise
 
 
 def _write_failure(exc: OSError, out: Path) -> UserError | None:
