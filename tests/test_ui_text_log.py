@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -40,3 +41,29 @@ def test_command_line_is_what_the_user_typed() -> None:
     assert command_line(["/x/indextts_train/__main__.py", "train", "--seed", "1"]) == \
         "python -m indextts_train train --seed 1"
     assert command_line(["/venv/bin/train-gpt", "--output-dir", "my runs/a"]) == "train-gpt --output-dir 'my runs/a'"
+
+
+def test_a_log_or_events_file_of_someone_elses_is_never_appended_to(tmp_path) -> None:
+    """`--output-dir notes/` holding the user's own train.log: each start appended its lines to it."""
+    (tmp_path / "train.log").write_text("my notes\n")
+    (tmp_path / "events.jsonl").write_text('{"mine": 1}\n')
+    log = TextLog()
+    log.record(log.stamp("a line"), "info")
+    assert sorted(log.attach(tmp_path)) == ["events.jsonl", "train.log"]
+    log.record(log.stamp("another"), "info")
+    log.close()
+    assert (tmp_path / "train.log").read_text() == "my notes\n"
+    assert (tmp_path / "events.jsonl").read_text() == '{"mine": 1}\n'
+
+    ours = tmp_path / "ours"  # an earlier start's files (the page's runs start with its own header) go on
+    ours.mkdir()
+    (ours / "train.log").write_text("=== indextts-train webui 2026-11-28 10:00:00: python -m indextts_train\n")
+    first = TextLog()
+    assert first.attach(ours) == []
+    first.record(first.stamp("one"), "info")
+    first.close()
+    again = TextLog()
+    assert again.attach(ours) == [] and (ours / "train.log").read_text().count("=== start ") == 2
+    again.close()
+    kinds = [json.loads(line)["kind"] for line in (ours / "events.jsonl").read_text().splitlines()]
+    assert kinds == ["start", "info", "start"]  # made by the first start, appended to by the second

@@ -27,6 +27,7 @@ flock is advisory and local: it does not protect an output dir shared over NFS b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -310,6 +311,7 @@ class Claim:
     lock: RunLock | None
     made: Path | None
     created: list[str]
+    kept: tuple[str, ...] = ()  # train.log / events.jsonl there and not ours: never appended to
 
     def give_back(self, exc: BaseException, dist_info: DistInfo, text_log: TextLog) -> None:
         """A refused start (bad data, changed data, ...) ends here: its error in the log, what it created
@@ -335,7 +337,7 @@ def claim_run(output_dir: Path, dist_info: DistInfo, device: torch.device, text_
     try:
         crash_point("setup", 0)  # signal tests stop the run here, in setup with the lock held
         if dist_info.is_main:
-            text_log.attach(output_dir)
+            claim = dataclasses.replace(claim, kept=tuple(text_log.attach(output_dir)))
     except BaseException as exc:
         claim.give_back(exc, dist_info, text_log)
         raise

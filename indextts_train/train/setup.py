@@ -61,6 +61,9 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
     plan, device = run_plan(config, dist)
     claim = claim_run(options.output_dir, dist, device, startup.text_log)  # before any work: one run per folder
     try:
+        for name in claim.kept:  # the user's own file under the name: kept as it is, as run.yaml below
+            startup.warn(f"{options.output_dir / name} is not this trainer's {name}: kept as it is, so this run's "
+                         "lines are on the console only; move it away to keep them there from the next start")
         startup.info(plan.describe(), "plan", plan=plan.to_dict())
         seed_everything(config.train.seed + dist.rank)
         resumed, protected = select_resume(options.output_dir, options.resume, warn=startup.warn, notice=startup.notice)

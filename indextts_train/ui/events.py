@@ -78,8 +78,19 @@ class AppendOnlyFile:
         except OSError:
             self._failed = True
 
-    def attach(self, path: Path, head: str | None = None) -> None:
-        """Start appending to `path`: `head` first, then what was written so far."""
+    # How much of an existing file is read to see that it is ours: its first line.
+    HEAD_BYTES = 64 * 1024
+
+    def ours(self, first_line: bytes) -> bool:
+        """Whether a file whose first line this is was written by this class's writer (subclasses say)."""
+        return True
+
+    def attach(self, path: Path, head: str | None = None) -> bool:
+        """Start appending to `path`: `head` first, then what was written so far. False, and nothing written,
+        when a file is there that is not ours (the user's own notes under the name): it is never appended to."""
+        if not self._is_ours(path):
+            self.discard()
+            return False
         if head is not None:
             self._pending.insert(0, head)
         try:
@@ -90,6 +101,24 @@ class AppendOnlyFile:
         pending, self._pending = self._pending, []
         for line in pending:
             self.write(line)
+        return True
+
+    def _is_ours(self, path: Path) -> bool:
+        """Missing, empty or first line ours; a file that cannot be read is left to open_append, which
+        refuses a link, a FIFO or a hard link in its place."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return True
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return True
+            head = os.read(fd, self.HEAD_BYTES)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return not head or self.ours(head.partition(b"\n")[0])
 
     def discard(self) -> None:
         """Nothing more goes to the file (its lines reach it another way)."""
@@ -105,6 +134,10 @@ class AppendOnlyFile:
 
 class EventFile(AppendOnlyFile):
     """OUTPUT_DIR/events.jsonl: one event a line."""
+
+    def ours(self, first_line: bytes) -> bool:
+        first = json_or_none(first_line)
+        return isinstance(first, dict) and "kind" in first and "t" in first
 
     def record(self, event: dict) -> None:
         self.write(json.dumps(event, ensure_ascii=False, default=str))

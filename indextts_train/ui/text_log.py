@@ -41,7 +41,7 @@ class TextLog:
 
     def __init__(self, started: float | None = None) -> None:
         self.started = time.time() if started is None else started
-        self._log = AppendOnlyFile()  # train.log: lines before attach() are written then, or never
+        self._log = _LogFile()  # train.log: lines before attach() are written then, or never
         self.events = EventFile()
         self.events.record(event("start", f"=== start {self._when()}: {command_line(sys.argv)}",
                                  command_line=command_line(sys.argv), started=self.started))
@@ -63,22 +63,34 @@ class TextLog:
         """One stamped line (may hold several text lines); a failing disk ends the copy, never the run."""
         self._log.write(line)
 
-    def attach(self, output_dir: Path) -> None:
-        """Start appending to OUTPUT_DIR/train.log and events.jsonl, with the lines said so far.
+    def attach(self, output_dir: Path) -> list[str]:
+        """Start appending to OUTPUT_DIR/train.log and events.jsonl, with the lines said so far. Returns the
+        names of those files that are there and not ours (the user's notes under the name): they are kept
+        as they are, never appended to.
 
         When stdout already appends to that very file (the web page starts runs that way), the lines
         reach it through stdout and are not written twice.
         """
-        self.events.attach(Path(output_dir) / EVENTS_NAME)
+        kept = [] if self.events.attach(Path(output_dir) / EVENTS_NAME) else [EVENTS_NAME]
         path = Path(output_dir) / LOG_NAME
         if _stdout_is(path):
             self._log.discard()
-            return
-        self._log.attach(path, head=f"=== start {self._when()}: {command_line(sys.argv)}")
+            return kept
+        if not self._log.attach(path, head=f"=== start {self._when()}: {command_line(sys.argv)}"):
+            kept.append(LOG_NAME)
+        return kept
 
     def close(self) -> None:
         self.events.close()
         self._log.close()
+
+
+class _LogFile(AppendOnlyFile):
+    """OUTPUT_DIR/train.log: each start's lines after its `=== start` line (the page's runs after its own
+    `=== indextts-train webui` line)."""
+
+    def ours(self, first_line: bytes) -> bool:
+        return first_line.startswith(b"=== ")
 
 
 def command_line(argv: list[str]) -> str:
