@@ -13,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
+from indextts_train.errors import UserError
 from indextts_train.ui.run_record import RECORD_FORMAT, read_record, recorded_options, write_run_record
 
 
@@ -92,3 +93,13 @@ def test_a_recorded_resume_path_is_taken_from_the_folder_the_run_was_started_in(
     record["options"]["resume"] = "auto"
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(record))
     assert recorded_options(tmp_path / "run.yaml")["resume"] == "auto"
+
+
+def test_a_hand_edited_record_that_gives_a_key_twice_is_refused(tmp_path) -> None:
+    """`seed: 1234` then `seed: 99` in one mapping trained seed 99 without a word."""
+    record = {"format": RECORD_FORMAT, "cwd": str(tmp_path), "config": {"train": {"seed": 1234}},
+              "options": {"train_manifests": ["t.jsonl"], "output_dir": "run"}}
+    text = yaml.safe_dump(record).replace("    seed: 1234\n", "    seed: 1234\n    seed: 99\n")
+    (tmp_path / "run.yaml").write_text(text)
+    with pytest.raises(UserError, match=r"^--from-run .*run.yaml line \d+: key 'seed' is given twice"):
+        recorded_options(tmp_path / "run.yaml")

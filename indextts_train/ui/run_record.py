@@ -21,9 +21,9 @@ import yaml
 
 from indextts_train.config.schema import field_types, type_problem
 from indextts_train.config.settings import Config, TrainConfig, TrainOptions
+from indextts_train.config.yaml_keys import load_config_yaml
 from indextts_train.errors import UserError, text_problem
 from indextts_train.files.atomic import atomic_write_text
-from indextts_train.files.bounded import load_yaml
 from indextts_train.ui.text_log import command_line
 
 RECORD_NAME = "run.yaml"
@@ -86,7 +86,7 @@ def _read(path: Path) -> dict:
     if path.stat().st_size > MAX_RECORD_BYTES:
         raise UserError(f"--from-run {path}: {path.stat().st_size} bytes is not a run.yaml; pass OUT/run.yaml")
     try:
-        data = load_yaml(path, "run record")  # safe and bounded: size, nesting, anchors expanded
+        data = load_config_yaml(path, "run record")  # safe and bounded, as a config; no key given twice
     except UserError as exc:
         raise UserError(f"--from-run {exc}; pass the run.yaml a run wrote") from None
     if not isinstance(data, dict):
