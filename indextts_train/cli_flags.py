@@ -252,6 +252,11 @@ INPUT_FLAGS = ("--config", "--tokenizer", "--base-checkpoint", "--from-run", "--
                "--corpus", "--sample-text", "--model-dir", "--w2v-bert", "--semantic-codec", "--campplus")
 
 
+# Commands whose arguments are paths to read: an empty one names the current folder (an unset shell variable).
+PATH_ARGUMENT_COMMANDS = ("checkpoints", "verify", "export", "listen", "repair", "check-data", "check-tokenizer",
+                          "prepare")
+
+
 # Flags naming a file a command writes (the others name folders), and a file name an example gives, by flag
 # or by command.
 FILE_OUTPUT_FLAGS = ("-o", "--output", "--write-clean", "--config-out", "--adapters-out")
@@ -288,8 +293,11 @@ def empty_output(args: list[str]) -> bool:
     empty = next(("OUT_DIR" if flag == "demo" else flag for flag, value in zip(args, args[1:], strict=False)
                   if value == "" and (flag in named or flag == "demo")), None)
     empty = empty or next((arg[:-1] for arg in args if arg.endswith("=") and arg[:-1] in named), None)
+    if empty is None and args and args[0] in PATH_ARGUMENT_COMMANDS:  # `checkpoints ''` listed the working folder
+        empty = next((f"{args[0]}: an argument" for before, value in zip(args, args[1:], strict=False)
+                      if value == "" and not before.startswith("-")), None)
     if empty is not None:
-        what = "to read" if empty in INPUT_FLAGS else "to write to"
+        what = "to read" if empty in INPUT_FLAGS or empty.endswith(": an argument") else "to write to"
         typer.echo(error_line(f"{empty} is empty; give the path {what} (empty is the current folder)"), err=True)
         return True
     flag_like = next(((flag, value) for flag, value in pairs if flag in OUTPUT_FLAGS and value.startswith("-")), None)

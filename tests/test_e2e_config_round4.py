@@ -137,6 +137,10 @@ def test_an_empty_input_path_is_said_as_empty(tmp_path: Path, monkeypatch, capsy
         assert run_app(app, args) == 2
         assert capsys.readouterr().err.strip() == (f"error: {flag} is empty; give the path to read (empty is the "
                                                    "current folder)")
+    for args in (["checkpoints", ""], ["verify", ""], ["export", "", "-o", "x.pth"], ["check-data", "m.jsonl", ""]):
+        assert run_app(app, args) == 2  # `checkpoints ''` listed the working folder, exit 0
+        assert capsys.readouterr().err.strip() == (f"error: {args[0]}: an argument is empty; give the path to read "
+                                                   "(empty is the current folder)")
     assert list(tmp_path.iterdir()) == []
 
 
