@@ -55,3 +55,16 @@ def test_a_new_run_is_refused_in_what_the_caller_found_to_be_a_corpus(tmp_path: 
     check_run_folder(clips, None)  # no answer: nothing else it holds is other work
     torch.save({"w": torch.zeros(2)}, clips / "model_step2.pth")
     check_run_folder(clips, "auto", "a folder of 3 clips")  # holds a run: it goes on
+
+
+def test_a_run_folder_to_read_that_is_a_fifo_is_said_as_such(tmp_path: Path) -> None:
+    """`checkpoints FIFO` said "no such run folder"."""
+    import os
+
+    from indextts_train.checkpoint.run_folder import run_folder_to_read
+
+    os.mkfifo(tmp_path / "run")
+    with pytest.raises(UserError, match=r"run: is a FIFO \(named pipe\), not a run folder; pass the --output-dir"):
+        run_folder_to_read(tmp_path / "run")
+    with pytest.raises(UserError, match=r"gone: no such run folder"):
+        run_folder_to_read(tmp_path / "gone")

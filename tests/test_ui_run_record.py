@@ -3,6 +3,7 @@ same weights (train.log: test_ui_text_log.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -102,4 +103,10 @@ def test_a_hand_edited_record_that_gives_a_key_twice_is_refused(tmp_path) -> Non
     text = yaml.safe_dump(record).replace("    seed: 1234\n", "    seed: 1234\n    seed: 99\n")
     (tmp_path / "run.yaml").write_text(text)
     with pytest.raises(UserError, match=r"^--from-run .*run.yaml line \d+: key 'seed' is given twice"):
+        recorded_options(tmp_path / "run.yaml")
+
+
+def test_a_fifo_given_as_the_record_is_said_as_such(tmp_path) -> None:
+    os.mkfifo(tmp_path / "run.yaml")
+    with pytest.raises(UserError, match=r"run.yaml: is a FIFO \(named pipe\), not a file; pass OUTPUT_DIR/run.yaml"):
         recorded_options(tmp_path / "run.yaml")

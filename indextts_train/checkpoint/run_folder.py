@@ -20,6 +20,7 @@ from pathlib import Path
 
 from indextts_train.data.corpus_forms import PREPARE_RECORD
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import kind_of_path
 
 LATEST = "latest.pth"
 BEST = "best.pth"  # the lowest validation metric so far (best.py decides); never rotated
@@ -136,8 +137,9 @@ def run_folder_to_read(path: Path) -> Path:
     path = Path(path)
     if path.is_file():
         raise UserError(f"{path}: a file, not a run folder; pass the run's --output-dir (the folder {path.parent}?)")
-    if not path.is_dir():
-        raise UserError(f"{path}: no such run folder; pass the --output-dir of a run")
+    if not path.is_dir():  # a FIFO or a device under the name is said as what it is
+        what = f"is {kind_of_path(path)}, not a run folder" if os.path.lexists(path) else "no such run folder"
+        raise UserError(f"{path}: {what}; pass the --output-dir of a run")
     return path
 
 

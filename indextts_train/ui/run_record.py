@@ -24,6 +24,7 @@ from indextts_train.config.settings import Config, TrainConfig, TrainOptions
 from indextts_train.config.yaml_keys import load_config_yaml
 from indextts_train.errors import UserError, text_problem
 from indextts_train.files.atomic import atomic_write_text
+from indextts_train.files.bounded import kind_of_path
 from indextts_train.ui.text_log import command_line
 
 RECORD_NAME = "run.yaml"
@@ -110,8 +111,9 @@ def recorded_options(path: Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"--from-run {path} is a folder; pass the run.yaml in it ({path / 'run.yaml'})")
-    if not path.is_file():
-        raise UserError(f"--from-run {path}: no such file; pass OUTPUT_DIR/run.yaml of an earlier run")
+    if not path.is_file():  # a FIFO or a device under the name is said as what it is
+        what = f"is {kind_of_path(path)}, not a file" if os.path.lexists(path) else "no such file"
+        raise UserError(f"--from-run {path}: {what}; pass OUTPUT_DIR/run.yaml of an earlier run")
     data = _read(path)
     if data.get("format") != RECORD_FORMAT or not isinstance(data.get("options"), dict):
         raise UserError(f"--from-run {path}: not a run record of this trainer (no format: {RECORD_FORMAT!r})")
