@@ -313,3 +313,21 @@ def test_config_scope_keys_become_settings():
     train = config_from_dict({"gpt": {}, "train": {"train_scope": "lora", "lora_rank": 8, "lora_alpha": 8,
                                                      "lora_targets": "qkv, mlp_in"}}).train
     assert scope_settings(train) == ScopeSettings("lora", 4, LoraSpec(8, 8.0, 0.0, ("qkv", "mlp_in")))
+
+
+def test_a_checkpoint_of_the_other_family_is_named_by_its_family_on_resume(tmp_path) -> None:
+    """An IndexTTS-2.5 run resumed with an IndexTTS2 config was refused for `gpt.max_mel_tokens 90 -> 60`, a
+    length limit the two happen to differ in, and the family went unsaid."""
+    from pathlib import Path
+
+    from indextts_train.config.settings import config_to_dict, load_config
+    from indextts_train.model.scope import check_resume_fits
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    v2, v25 = load_config(root / "tiny.yaml"), load_config(root / "tiny_v25.yaml")
+    saved = config_to_dict(v25)
+    keys = official_shapes(v25.gpt).keys()
+    with pytest.raises(UserError, match=r"^ck.pth holds an IndexTTS-2.5 model, and --config .*tiny.yaml builds "
+                                        r"IndexTTS2: a run resumes the model it trained"):
+        check_resume_fits(saved["gpt"], saved["train"], v2, Path("ck.pth"), keys)
+    check_resume_fits(saved["gpt"], saved["train"], v25, Path("ck.pth"), keys)  # its own config: it fits

@@ -26,12 +26,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
+from indextts_train.config.family import family_of_keys
 from indextts_train.config.scope_settings import SCOPE_KEYS, ScopeSettings, scope_settings
 from indextts_train.config.settings import Config, GPTConfig, TrainConfig, changed_gpt_keys
 from indextts_train.errors import UserError
@@ -45,13 +47,21 @@ _BLOCK = re.compile(r"^gpt\.h\.(\d+)\.")
 
 
 
-def check_resume_fits(saved_gpt: dict, saved_train: dict, config: Config, path: Path) -> None:
+def check_resume_fits(saved_gpt: dict, saved_train: dict, config: Config, path: Path,
+                      keys: Iterable[str] = ()) -> None:
     """A run resumes the model and the scope it was trained in, or is refused, naming both.
 
     Another scope would change which tensors the optimizer holds (and, for lora, the model itself): the
     supported way is export (merged) and a new run from it as --base-checkpoint. Another gpt: section
     (heads, say, which no tensor's shape shows) would go on training another model under the weights.
+    The family first (`keys`: the checkpoint's weights'), which no gpt: key names: a config of the other
+    family was refused only for a length limit it happens to differ in.
     """
+    saved_family = family_of_keys(keys)
+    if saved_family is not None and saved_family is not config.gpt.family:
+        raise UserError(f"{path} holds an {saved_family.name} model, and --config {config.source} builds "
+                        f"{config.gpt.family.name}: a run resumes the model it trained; pass the config it was "
+                        "trained with (--from-run OUTPUT_DIR/run.yaml reruns its options)")
     defaults = dataclasses.asdict(TrainConfig())
     saved = scope_settings(SimpleNamespace(**{k: saved_train.get(k, defaults[k]) for k in SCOPE_KEYS}))
     current = scope_settings(config.train)

@@ -68,7 +68,7 @@ def setup(options: RunSettings, dist: DistInfo, text_log: TextLog | None = None)
         seed_everything(config.train.seed + dist.rank)
         resumed, protected = select_resume(options.output_dir, options.resume, warn=startup.warn, notice=startup.notice)
         if resumed is not None:  # a run resumes the model and the scope it was trained in, or is refused
-            check_resume_fits(resumed.gpt_config, resumed.train_config, config, resumed.path)
+            check_resume_fits(resumed.gpt_config, resumed.train_config, config, resumed.path, resumed.model.keys())
         plan = checked_plan(resumed, plan, config, startup)
         weights, growth = run_weights(resumed, config, tokenizer, startup, base, device)
         data = RunData.read(options, config, startup)  # once the weights have settled the model's family
