@@ -132,10 +132,10 @@ def _collective() -> Iterator[None]:
 
 @contextlib.contextmanager
 def ddp_collectives(info: DistInfo) -> Iterator[None]:
-    """DDP's own collectives, which it runs inside forward and backward (the gradient all-reduce of the
-    last micro-batch): a peer lost there ends this rank with the same one line as `_collective`. Only
-    torch.distributed's errors and gloo's transport errors are taken for that: a forward or backward can
-    fail for its own causes (CUDA out of memory, which steps.py retries at a smaller micro-batch)."""
+    """Around the training loop: DDP's own collectives, which it runs inside forward and backward (the
+    gradient all-reduce of the last micro-batch), are not ours to wrap one by one, and a peer lost there
+    ends this rank with the same one line as `_collective`. Only torch.distributed's errors and gloo's
+    transport errors are taken for that: anything else raised in the loop passes unchanged."""
     if not info.enabled:
         yield
         return

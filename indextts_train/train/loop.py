@@ -28,7 +28,13 @@ from indextts_train.checkpoint.async_save import BackgroundSaver
 from indextts_train.checkpoint.files import BEST, LATEST, kept_names
 from indextts_train.data.sampling import epoch_length
 from indextts_train.data.workers import reap_workers
-from indextts_train.distributed import any_rank, said_by_main, setup_distributed, teardown_distributed
+from indextts_train.distributed import (
+    any_rank,
+    ddp_collectives,
+    said_by_main,
+    setup_distributed,
+    teardown_distributed,
+)
 from indextts_train.errors import UserError, refusal
 from indextts_train.files.faults import crash_point
 from indextts_train.train.guard import EXIT_DIVERGED, Diverged, StreakStop, count_step
@@ -176,7 +182,8 @@ def run_to_end(run: RunSpec, state: RunState, services: Services, signals: Signa
     try:
         if not begin(run, state, services, rng):
             return 0
-        exit_code = loop(run, state, services, signals)
+        with ddp_collectives(run.dist):  # a peer lost in DDP's own all-reduce (in backward): one line, no traceback
+            exit_code = loop(run, state, services, signals)
     except EndAfterSaving as end:
         raise UserError(f"{end.line}; {save_before_exit(run, state, services)}; {end.then}") from None
     except StreakStop:

@@ -12,7 +12,7 @@ import torch
 
 from indextts_train.data.manifest import make_loader
 from indextts_train.data.sampling import ResumableBatchSampler
-from indextts_train.distributed import all_reduce_sum, any_rank, ddp_collectives
+from indextts_train.distributed import all_reduce_sum, any_rank
 from indextts_train.errors import UserError, user_line
 from indextts_train.files.faults import crash_point, nan_loss_at
 from indextts_train.model.gpt import Batch
@@ -131,7 +131,7 @@ def _accumulate(run: RunSpec, state: RunState, step_batches: StepBatches, step: 
         # DDP: all-reduce gradients only on the last micro-batch of the step.
         last = micro == accumulation - 1
         sync = contextlib.nullcontext() if last or not run.dist.enabled else wrapped.no_sync()
-        with sync, ddp_collectives(run.dist):  # a peer lost in DDP's all-reduce: one line, not a traceback
+        with sync:
             with autocast():
                 text_loss, mel_loss, *counts = wrapped(batch.to(run.device, non_blocking=non_blocking))
                 loss = run.config.train.loss(text_loss, mel_loss)
