@@ -115,7 +115,7 @@ def test_a_refusal_after_the_folder_was_claimed_takes_it_back(tiny_data, tmp_pat
     (kept / "notes.txt").write_text("mine")
     code, _ = start(tiny_data, kept, "--early-stop-patience", "2")
     assert code == 2 and sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
-    (kept / "train.log").write_text("an earlier start\n")
+    (kept / "train.log").write_text("=== start 2026-11-27 10:00:00 +0000: train-gpt ...\n")  # an earlier start's
     code, _ = start(tiny_data, kept, "--early-stop-patience", "2")
     assert code == 2 and sorted(p.name for p in kept.iterdir()) == ["notes.txt", "train.log"]
     assert "error: --early-stop-patience" in (kept / "train.log").read_text()  # the refusal is in the run's log
