@@ -23,7 +23,7 @@ import itertools
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from math import prod
 from pathlib import Path
 from typing import IO, Any
@@ -180,12 +180,17 @@ class _PastBound(yaml.YAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader whose composed document is measured, aliases expanded, before anything is built."""
+    """SafeLoader whose composed document is measured, aliases expanded, before anything is built; then
+    `check_node`, when given, sees the same composed node (one parse for a caller's own rule)."""
+
+    check_node: Callable[[yaml.Node], None] | None = None
 
     def compose_document(self) -> yaml.Node | None:
         node = super().compose_document()
         if node is not None:
             _expanded_size(node, {}, set())
+            if self.check_node is not None:
+                self.check_node(node)
         return node
 
 
@@ -222,14 +227,20 @@ def _flow_depth(text: str) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
-def yaml_text(text: str, where: str) -> Any:
+def yaml_text(text: str, where: str, check_node: Callable[[yaml.Node], None] | None = None) -> Any:
     """One YAML document parsed safely within MAX_YAML_NODES (aliases expanded) and MAX_YAML_DEPTH levels
-    of flow nesting; one line when it is not."""
+    of flow nesting; one line when it is not. `check_node` sees the composed document before it is built
+    (it raises UserError to refuse it)."""
     if _flow_depth(text) > MAX_YAML_DEPTH:
         raise UserError(f"{where}: YAML nested too deeply (more than {MAX_YAML_DEPTH} levels of [ ] or {{ }}); "
                         "is this the right file?")
     try:
-        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader with bounds
+        loader = _BoundedLoader(text)  # what yaml.load does, with the caller's check on the loader
+        loader.check_node = check_node
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except _PastBound as exc:
         raise UserError(f"{where}: YAML refused: {exc}; is this the right file?") from None
     except yaml.YAMLError as exc:
