@@ -377,8 +377,11 @@ def test_ctrl_c_says_the_finished_work_is_kept_and_the_rerun_ends_whole(setup) -
     corpus_file = setup / "clips" / "corpus.jsonl"
     if not (setup / "whole" / "prepare.json").is_file():
         assert subprocess.run(_command(setup, corpus_file, "whole"), env=_env(), cwd=ROOT, timeout=600).returncode == 0
+    # SIGINT as a terminal's foreground job has it: a suite started in the background (`... &` in a script)
+    # passes it on ignored, and Python then never raises KeyboardInterrupt
     run = subprocess.Popen(_command(setup, corpus_file, "ctrl_c"), env=_env(INDEXTTS_TRAIN_PAUSE_AT="prepare_batch@2"),
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while run.poll() is None and not _stopped(run.pid) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import tree_state
 from test_checkpoint_files import make_state
 from typer.testing import CliRunner
@@ -40,8 +41,9 @@ def checkpoint(tmp_path_factory) -> Path:
 def test_ctrl_c_while_the_marker_is_written_leaves_the_users_files_guarded(checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "gpt.pth").write_bytes(b"the user's gpt.pth")
-    (out / "config.yaml").write_text("the user's config.yaml\n")
+    # files of the kinds these flags write (an earlier export's), which --force may replace
+    torch.save({"the user's": torch.zeros(1)}, out / "gpt.pth")
+    (out / "config.yaml").write_text("gpt: {the user's: config.yaml}\n")
     before = tree_state(out)
     command = ["export", str(checkpoint), "-o", str(out / "gpt.pth"), "--config-out", str(out / "config.yaml")]
     _ctrl_c_once_the_marker_is_renamed(monkeypatch, out)
@@ -59,7 +61,7 @@ def test_ctrl_c_while_the_marker_is_written_puts_a_killed_exports_marker_back(ch
     out.mkdir()
     gpt, config = out / "gpt.pth", out / "config.yaml"
     gpt.write_bytes(b"the killed export's gpt.pth")
-    config.write_text("the user's config.yaml\n")
+    config.write_text("gpt: {the user's: config.yaml}\n")  # a YAML config: what --force may replace there
     (out / ".config.yaml.tmp-999999").write_text("the killed export's config.yaml\n")
     (out / ".gpt.pth.publishing").write_text(json.dumps({"pid": 999999, "files": [str(gpt), str(config)]}))
     before = tree_state(out)
