@@ -112,7 +112,7 @@ def prepare(
     workers: Annotated[int, typer.Option(min=1, max=256, help="Threads that load and resample audio ahead of the models.")] = 2,
     restart: Annotated[bool, typer.Option(help="Remove what prepare wrote in --out and start over.")] = False,
 ) -> None:
-    """Audio clips + transcripts -> the arrays and manifests train-gpt reads. Exit 0 all kept, 1 some rejected, 2 none, 130 Ctrl+C."""
+    """Audio clips + transcripts -> the arrays and manifests train-gpt reads. Exit 0 all kept, 1 some rejected, 2 none, 130/143/129 stopped."""
     import importlib.util
 
     missing = [name for name in PREPARE_EXTRA if importlib.util.find_spec(name) is None]

@@ -372,26 +372,30 @@ def test_a_float_clip_of_absurd_samples_is_rejected_not_stored_as_nan(setup) -> 
 
 
 @pytest.mark.slow
-def test_ctrl_c_says_the_finished_work_is_kept_and_the_rerun_ends_whole(setup) -> None:
-    """Ctrl+C was "interrupted (Ctrl+C)", which said neither what was kept nor what to do."""
+@pytest.mark.parametrize(("signum", "name", "code"), [(signal.SIGINT, "Ctrl+C", 130), (signal.SIGTERM, "SIGTERM", 143),
+                                                      (signal.SIGHUP, "SIGHUP", 129)])
+def test_a_stop_signal_says_the_finished_work_is_kept_and_the_rerun_ends_whole(setup, signum, name, code) -> None:
+    """Ctrl+C was "interrupted (Ctrl+C)", which said neither what was kept nor what to do; SIGTERM (a preempted
+    machine) and SIGHUP (a closed terminal) ended it without a word (-15, -1)."""
     corpus_file = setup / "clips" / "corpus.jsonl"
+    out = f"stopped_{name}"
     if not (setup / "whole" / "prepare.json").is_file():
         assert subprocess.run(_command(setup, corpus_file, "whole"), env=_env(), cwd=ROOT, timeout=600).returncode == 0
     # SIGINT as a terminal's foreground job has it: a suite started in the background (`... &` in a script)
     # passes it on ignored, and Python then never raises KeyboardInterrupt
-    run = subprocess.Popen(_command(setup, corpus_file, "ctrl_c"), env=_env(INDEXTTS_TRAIN_PAUSE_AT="prepare_batch@2"),
+    run = subprocess.Popen(_command(setup, corpus_file, out), env=_env(INDEXTTS_TRAIN_PAUSE_AT="prepare_batch@2"),
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while run.poll() is None and not _stopped(run.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    run.send_signal(signal.SIGINT)  # delivered when it goes on
+    run.send_signal(signum)  # delivered when it goes on
     run.send_signal(signal.SIGCONT)
     _, err = run.communicate(timeout=600)
-    assert (run.returncode, err) == (130, f"prepare: interrupted (Ctrl+C); the finished utterances in "
-                                          f"{setup / 'ctrl_c'} are kept: rerun the same command to go on\n")
-    again = subprocess.run(_command(setup, corpus_file, "ctrl_c"), env=_env(), cwd=ROOT, capture_output=True,
+    assert (run.returncode, err) == (code, f"prepare: interrupted ({name}); the finished utterances in "
+                                           f"{setup / out} are kept: rerun the same command to go on\n")
+    again = subprocess.run(_command(setup, corpus_file, out), env=_env(), cwd=ROOT, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0 and "clips complete from an earlier run, skipped" in again.stderr, again.stderr
-    for name in MANIFESTS:
-        assert (setup / "ctrl_c" / name).read_bytes() == (setup / "whole" / name).read_bytes(), name
+    for manifest in MANIFESTS:
+        assert (setup / out / manifest).read_bytes() == (setup / "whole" / manifest).read_bytes(), manifest

@@ -17,7 +17,7 @@ from indextts_train.files.atomic import atomic_write_text
 from indextts_train.prepare.corpus import Defaults
 from indextts_train.prepare.models import Overrides
 from indextts_train.prepare.pairs import SplitRule
-from indextts_train.prepare.pipeline import INTERRUPTED, PrepareOptions, run_prepare
+from indextts_train.prepare.pipeline import STOPPED, PrepareOptions, run_prepare
 from indextts_train.prepare.tiny import write_synthetic_clips, write_tiny_model_dir
 from indextts_train.text.inference_text import TextPath
 from indextts_train.text.tiktoken_vocab import extend_tiktoken
@@ -86,8 +86,8 @@ def make_prepared_demo(out_dir: Path, config_path: Path, *, seed: int = 0, infer
     code = run_prepare(PrepareOptions(corpora=[corpus], model_dir=model_dir, out=prepared, device="cpu",
                                       overrides=Overrides(tokenizer=grown), defaults=Defaults(),
                                       split=SplitRule(val_fraction=VAL_FRACTION, seed=seed), min_seconds=0.3))
-    if code == INTERRUPTED:  # prepare said so in its line; the demo must not go on to train on half the data
-        raise SystemExit(INTERRUPTED)
+    if code in STOPPED:  # prepare said so in its line; the demo must not go on to train on half the data
+        raise SystemExit(code)
     if code == 2:
         raise UserError(f"{prepared}: the demo's prepare kept no utterance; see {prepared / 'rejected.jsonl'}")
     return {"base_tokenizer": base, "tokenizer": grown, "model_dir": model_dir,

@@ -15,7 +15,9 @@ import importlib.metadata
 import math
 import os
 import platform
+import signal
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -348,17 +350,39 @@ def pick_device(name: str | None, info: DistInfo) -> torch.device:
     return torch.device("cuda", info.local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
+STOP_SIGNALS = {signal.SIGTERM: ("SIGTERM", 143), signal.SIGHUP: ("SIGHUP", 129)}  # preemption, a closed terminal
+STOPPED = (INTERRUPTED, *(code for _, code in STOP_SIGNALS.values()))  # the exit codes of a stopped prepare
+
+
+class _Stopped(KeyboardInterrupt):
+    """A stop signal, taken as Ctrl+C is: wherever it lands, every file was written atomically."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
 def run_prepare(options: PrepareOptions) -> int:
-    """Exit 0 every utterance kept, 1 some rejected, 2 nothing usable (or a UserError)."""
+    """Exit 0 every utterance kept, 1 some rejected, 2 nothing usable (or a UserError); 130 / 143 / 129 when
+    Ctrl+C, SIGTERM (a preempted machine) or SIGHUP (a closed terminal) stopped it."""
     info = setup_distributed()
     folder = OutputFolder(options.out, rank=info.rank)
+    main = threading.current_thread() is threading.main_thread()  # signal handlers are the main thread's
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in STOP_SIGNALS} if main else {}
     try:
         return _refused_once(options, info, folder)
-    except KeyboardInterrupt:  # every file was written atomically and each utterance's record after its arrays
-        print(f"prepare: interrupted (Ctrl+C); the finished utterances in {options.out} are kept: rerun the same "
+    except KeyboardInterrupt as stop:  # every file was written atomically and each record after its arrays
+        name, code = STOP_SIGNALS[stop.signum] if isinstance(stop, _Stopped) else ("Ctrl+C", INTERRUPTED)
+        print(f"prepare: interrupted ({name}); the finished utterances in {options.out} are kept: rerun the same "
               "command to go on", file=sys.stderr)
-        return INTERRUPTED
+        return code
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         folder.lock.release()  # a later run in this process (the demo, tests) takes it again
         teardown_distributed(info)
 
