@@ -68,3 +68,14 @@ def test_a_run_folder_to_read_that_is_a_fifo_is_said_as_such(tmp_path: Path) -> 
         run_folder_to_read(tmp_path / "run")
     with pytest.raises(UserError, match=r"gone: no such run folder"):
         run_folder_to_read(tmp_path / "gone")
+
+
+def test_the_file_systems_root_is_no_run_folder() -> None:
+    """An earlier probe trained with `--output-dir /` (as `/$NAME` with NAME unset gives): its checkpoints, logs
+    and run.yaml went among the system's folders."""
+    from indextts_train.checkpoint.run_folder import check_output_dir
+
+    for given in ("/", "//", "/tmp/.."):
+        with pytest.raises(UserError, match=r"the file system's root, not a folder of the run's own"):
+            check_output_dir(Path(given))
+    check_output_dir(Path("/tmp/a-new-run"))  # any other folder that can be made is fine

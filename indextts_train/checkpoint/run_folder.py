@@ -123,6 +123,10 @@ def check_output_dir(output_dir: Path) -> None:
     """The run folder can be made and written, checked without making it."""
     path = Path(output_dir)
     flag = f"--output-dir {path}"
+    real = Path(os.path.realpath(path))
+    if real.parent == real:  # `--output-dir /$NAME` with NAME unset: the run's files among the system's
+        raise UserError(f"{flag}: the file system's root, not a folder of the run's own (an unset variable in the "
+                        "path?); pass a folder for the run, e.g. --output-dir runs/am")
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag}: is a file, not a folder; choose a folder path for the run")
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
