@@ -13,14 +13,12 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-import yaml
-
 from indextts_train.checkpoint.files import BEST, LATEST
 from indextts_train.checkpoint.run_folder import same_file, step_of
 from indextts_train.checkpoint.scores import LISTEN_DIR, SCORES_NAME
 from indextts_train.checkpoint.verify import is_training_checkpoint
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import kind_of_path, open_regular
+from indextts_train.files.bounded import kind_of_path, open_regular, yaml_text
 from indextts_train.files.targets import check_parent, same_path
 from indextts_train.text.vocab import read_tokenizer
 
@@ -115,6 +113,6 @@ def _of_kind(flag: str, target: Path) -> bool:
     if len(head) > KIND_HEAD_BYTES:
         return False  # no config.yaml is that long
     try:
-        return isinstance(yaml.safe_load(head.decode("utf-8")), dict)
-    except (UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return isinstance(yaml_text(head.decode("utf-8"), str(target)), dict)  # safe and bounded, as configs are read
+    except (UnicodeDecodeError, UserError):
         return False

@@ -26,11 +26,18 @@ _STEP_FILE = re.compile(r"^model_step(\d+)(?:\.\d+)?\.pth$")  # .N: a second aba
 VAL_KEYS = ("loss", "text_loss", "mel_loss", "mel_top1")  # the columns of a history.val row after its step
 
 
+def listed_step(name: str) -> int | None:
+    """N of a file name the table lists as a step file (model_step{N}.pth, or model_step{N}.{K}.pth: a second
+    abandoned file of one name); None for any other name."""
+    found = _STEP_FILE.match(name)
+    return int(found.group(1)) if found else None
+
+
 def _files(output_dir: Path, include: Callable[[Path], bool]) -> list[list[Path]]:
     """The run's checkpoint-named entries grouped by identity (hard links together), step files first: files,
     and what is there under such a name but is none (a FIFO, a folder, a link to nothing), to be said as such."""
-    steps = sorted((p for p in output_dir.iterdir() if _STEP_FILE.match(p.name) and include(p)),
-                   key=lambda p: int(_STEP_FILE.match(p.name).group(1)))
+    steps = sorted((p for p in output_dir.iterdir() if listed_step(p.name) is not None and include(p)),
+                   key=lambda p: listed_step(p.name))
     named = [output_dir / name for name in (LATEST, BEST)
              if os.path.lexists(output_dir / name) and include(output_dir / name)]
     # Keyed by the file's identity: comparing every file with every group was quadratic (3,000 step files: 4.5

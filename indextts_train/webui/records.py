@@ -23,6 +23,7 @@ from indextts_train.checkpoint.lineage import ABANDONED, lineage_of
 from indextts_train.checkpoint.run_folder import BEST, LATEST, list_checkpoints, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, scores_path
 from indextts_train.checkpoint.table import checkpoint_rows as run_checkpoint_rows
+from indextts_train.checkpoint.table import listed_step
 from indextts_train.ui import events as ev
 from indextts_train.ui.run_record import RECORD_NAME, read_record
 from indextts_train.webui.roots import MAX_SCAN, Roots, shown
@@ -278,7 +279,7 @@ def _listing(output_dir: Path) -> _Listing:
     for folder in folders:
         names, cut = _names(folder, min(MAX_SCAN, budget))
         budget, partly = budget - len(names), partly or cut
-        steps = sorted((n for n in names if _step_number(n) is not None), key=lambda n: -_step_number(n))
+        steps = sorted((n for n in names if listed_step(n) is not None), key=lambda n: -listed_step(n))
         for name in [n for n in (LATEST, BEST) if n in names] + steps:
             if len(admitted) < MAX_CHECKPOINTS:
                 admitted.append(folder / name)
@@ -287,15 +288,6 @@ def _listing(output_dir: Path) -> _Listing:
         if budget <= 0:
             break
     return _Listing(frozenset(admitted), left, partly or budget <= 0)
-
-
-def _step_number(name: str) -> int | None:
-    """N of a step file's name as checkpoint/table.py lists them: model_step{N}.pth, or model_step{N}.{K}.pth
-    (a second abandoned file of one name); None for any other name."""
-    if not (name.startswith("model_step") and name.endswith(".pth")):
-        return None
-    number, dot, copy = name[len("model_step"):-len(".pth")].partition(".")
-    return int(number) if number.isdecimal() and (not dot or copy.isdecimal()) else None
 
 
 def _names(folder: Path, limit: int) -> tuple[list[str], bool]:
