@@ -197,10 +197,21 @@ def not_ancestors(output_dir: Path, lineage: Lineage, protected: frozenset[str])
             if (info := lineage_of(path)) is not None and not is_ancestor(info, lineage)]
 
 
-def count_set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> int:
-    """How many files `set_aside` would move now (a hard-link twin of one it moves is only unlinked)."""
+def foreign_resume_note(resumed: Path, output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> str | None:
+    """A new branch resumed from `resumed` in another folder: the warning line when `output_dir` holds checkpoints
+    of ours that its first save sets aside (None: nothing to set aside, or a rollback in the same folder, which
+    is asked for in so many words). Counted as `set_aside` would move them now: a hard-link twin of a file it
+    moves is only unlinked."""
+    if resumed.resolve().is_relative_to(output_dir.resolve()):
+        return None
     paths = [path for path, _ in not_ancestors(output_dir, lineage, protected)]
-    return sum(1 for i, path in enumerate(paths) if not any(same_file(other, path) for other in paths[:i]))
+    count = sum(1 for i, path in enumerate(paths) if not any(same_file(other, path) for other in paths[:i]))
+    if not count:
+        return None
+    return (f"--resume {resumed} is a checkpoint of another folder ({resumed.parent}): this run starts a new "
+            f"branch in {output_dir}, and its first save sets the {count} checkpoint(s) already there aside "
+            f"under {output_dir / ABANDONED}/ (kept, not deleted); pass --output-dir of a new folder to "
+            "keep them in place")
 
 
 def set_aside(output_dir: Path, lineage: Lineage, protected: frozenset[str]) -> list[tuple[Path, Path]]:

@@ -9,9 +9,7 @@ first save (lineage.set_aside).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from indextts_train.checkpoint.lineage import ABANDONED, count_set_aside, run_lineage
+from indextts_train.checkpoint.lineage import foreign_resume_note, run_lineage
 from indextts_train.checkpoint.resumed import Resumed
 from indextts_train.checkpoint.state import History, Progress
 from indextts_train.config.settings import Config
@@ -55,8 +53,10 @@ def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth
     state.lineage, state.new_branch = run_lineage(
         resumed and resumed.lineage, resumed.step if resumed is not None else 0,
         continues=resumed is not None and resumed.continues, reset=reset)
-    if resumed is not None and state.new_branch and dist.is_main:
-        warn_foreign_resume(resumed.path, state, options.output_dir, protected, log)
+    note = (foreign_resume_note(resumed.path, options.output_dir, state.lineage, protected)
+            if resumed is not None and state.new_branch and dist.is_main else None)
+    if note:
+        log.warn(note)
     if resumed is not None:
         apply_resumed(state, resumed, growth=growth, reset=reset, config=config, total_steps=steps.total, log=log)
     if val is not None:
@@ -65,16 +65,3 @@ def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth
                                    protected=protected, is_main=dist.is_main, say=log.info)
     return state, schedule, steps, None if saved is None else saved.rng
 
-
-def warn_foreign_resume(path: Path, state: RunState, output_dir: Path, protected: frozenset[str],
-                        log: RunLogger) -> None:
-    """A new branch resumed from `path` in another folder: one warning line when `output_dir` holds checkpoints
-    of ours that its first save sets aside (a rollback in the same folder is asked for in so many words)."""
-    if path.resolve().is_relative_to(output_dir.resolve()):
-        return
-    count = count_set_aside(output_dir, state.lineage, protected)
-    if count:
-        log.warn(f"--resume {path} is a checkpoint of another folder ({path.parent}): this run starts a new "
-                 f"branch in {output_dir}, and its first save sets the {count} checkpoint(s) already there aside "
-                 f"under {output_dir / ABANDONED}/ (kept, not deleted); pass --output-dir of a new folder to "
-                 "keep them in place")

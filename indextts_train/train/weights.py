@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from indextts_train.checkpoint.base import BaseCheckpoint
 from indextts_train.checkpoint.resumed import Resumed
-from indextts_train.config.family import family_of_keys, settle_family
 from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config
 from indextts_train.errors import UserError
@@ -76,11 +75,9 @@ def _fresh_start(config: Config, base: BaseCheckpoint | None, log: RunLogger) ->
 
 
 def _resumed_start(resumed: Resumed, config: Config, tokens: int) -> _Start:
-    """A resumed run: the checkpoint's tensors, of the family the config states; a vocabulary only grows."""
-    path, state = resumed.path, resumed.model  # official names (ours): the family's marker keys show
-    problem = settle_family(config.gpt, family_of_keys(state), path)
-    if problem is not None:
-        raise UserError(problem)
+    """A resumed run: the checkpoint's tensors (their family against the config's was checked with the rest of
+    the saved model, model/scope.check_resume_fits); a vocabulary only grows."""
+    path, state = resumed.path, resumed.model
     saved_tokens = state["text_embedding.weight"].shape[0] - 1
     if tokens < saved_tokens:
         raise UserError(f"the tokenizer has {tokens} pieces but the checkpoint {path} was trained with "
