@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.webui.guards import BoundedBodies, LocalHostsOnly, is_loopback
 from indextts_train.webui.roots import Roots
 
 INSTALL_HINT = "the web page needs Gradio: pip install 'indextts-train[webui]' (or: pip install 'gradio>=5,<7')"
@@ -29,16 +30,6 @@ def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
     if not sep or not user or not password:
         raise UserError("--auth must be USER:PASS (both non-empty), e.g. --auth me:long-secret")
     return user, password
-
-
-def is_loopback(host: str) -> bool:
-    """Whether only this machine can reach `host` (localhost, 127.0.0.0/8, ::1)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name or a wildcard: other machines may reach it
 
 
 def check_exposure(host: str, credentials: tuple[str, str] | None, no_auth_on_network: bool) -> None:
@@ -80,37 +71,6 @@ def _port_free(host: str, address: str, shown: str, port: int) -> None:
                             "is another webui running? pass another --port") from None
 
 
-def host_of(header: str) -> str:
-    """The host a Host header names, without its port (an IPv6 literal without its brackets)."""
-    value = header.strip()
-    if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
-    return value.rpartition(":")[0] if value.count(":") == 1 else value
-
-
-class LocalHostsOnly:
-    """ASGI middleware for a page served on a loopback address without a password: a request whose Host header
-    names another machine is refused. Through DNS rebinding (a site's name made to resolve to 127.0.0.1) any web
-    site the user visits is, to the browser, the page's own origin, and could start runs and read the roots."""
-
-    REFUSAL = (b"this page answers only to localhost (a request for another host name may come from another web "
-               b"site, through DNS rebinding); behind a proxy, start webui with --auth USER:PASS\n")
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        host = dict(scope.get("headers") or []).get(b"host") if scope["type"] in ("http", "websocket") else None
-        if host is None or is_loopback(host_of(host.decode("latin-1"))):
-            await self.app(scope, receive, send)
-        elif scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-        else:
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": self.REFUSAL})
-
-
 def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, auth: str | None = None,
           roots: list[Path] | None = None, no_auth_on_network: bool = False) -> int:
     """Serve the page until Ctrl+C. Runs started from it keep running after it stops.
@@ -134,14 +94,15 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
     page = build_page(Page(allowed))
     from starlette.middleware import Middleware  # Gradio's own dependency
 
-    # A password, or --share's and --host's public names, stand in for the Host check.
+    # A password, or --share's and --host's public names, stand in for the Host check; bodies are bounded always.
     hosts = [Middleware(LocalHostsOnly)] if credentials is None and is_loopback(host) and not share else []
+    guards = [Middleware(BoundedBodies), *hosts]
     try:
         # max_file_size=0: the page takes no file, yet Gradio's upload route wrote any visitor's files, of any
         # size, into its temporary folder (outside the roots), from any web site the user's browser was on.
         _, local_url, share_url = page.queue().launch(server_name=name, server_port=port, share=share,
                                                       auth=credentials, quiet=True, prevent_thread_lock=True,
-                                                      max_file_size=0, app_kwargs={"middleware": hosts})
+                                                      max_file_size=0, app_kwargs={"middleware": guards})
     except OSError as exc:  # taken between the probe and the launch
         raise UserError(f"--port {port}: cannot listen on {name}:{port} ({exc}); pass another --port") from None
     # One line once the page answers: users click it, the browser test waits for it.
