@@ -14,7 +14,24 @@ import sys
 EXIT_SIGINT = 130
 
 
+def _version() -> str:
+    """`--version`: this package's and torch's (the one thing users most often have several of)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:  # a checkout run with PYTHONPATH, never installed
+            return "not installed"
+
+    return (f"indextts-train {installed('indextts-train')} (torch {installed('torch')}, "
+            f"Python {sys.version.split()[0]})")
+
+
 def _run(name: str) -> None:
+    if sys.argv[1:] in (["--version"], ["-V"]):  # answered without loading the commands
+        print(_version())
+        sys.exit(0)
     try:
         from indextts_train import cli  # the commands (each loads torch when it runs: seconds)
 
@@ -36,8 +53,9 @@ def train_gpt_main() -> None:
 
 def _is_subcommand(argv: list[str]) -> bool:
     """A first word that is not a flag names a command (train-gpt takes no positional argument), so a
-    mistyped one is answered as such: "No such command 'trian'. Did you mean 'train'?"."""
-    return bool(argv) and (not argv[0].startswith("-") or argv[0] in ("-h", "--help"))
+    mistyped one is answered as such: "No such command 'trian'. Did you mean 'train'?". Nothing at all lists
+    the commands, as `indextts-train` alone does (it was train-gpt's "--train-manifest is required")."""
+    return not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version", "-V")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ app.command("train", short_help="Train the GPT (the same as train-gpt).")(train)
 def demo(
     out_dir: Annotated[Path, typer.Argument(help="Folder for the demo dataset, tokenizers, base checkpoint and run.")],
     max_steps: Annotated[int, typer.Option(min=1, max=1_000_000, help="Optimizer steps to train.")] = 150,
-    resume: Annotated[str | None, typer.Option(help="'auto' to continue an interrupted demo run.")] = "auto",
+    resume: Annotated[str | None, typer.Option(help="'auto' continues the demo run in OUT_DIR/run where it stopped (a new OUT_DIR starts fresh); or a checkpoint path.")] = "auto",
     family: Annotated[str, typer.Option(help="Model family: 2 (IndexTTS2, SentencePiece) or 2.5 (IndexTTS-2.5, tiktoken).")] = "2",
     train_scope: Annotated[str, typer.Option(help="What trains: full, partial or lora (see `train --help`).")] = "full",
 ) -> None:
@@ -383,7 +383,7 @@ app.command(short_help="Synthesize, transcribe and score lines from checkpoints.
 @app.command(short_help="Write the gpt.pth + config.yaml inference loads.")
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="Training checkpoint (ours, community or gpt.pth), or a run's --output-dir (then --pick).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="gpt.pth to write for IndexTTS2 inference.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The gpt.pth to write, as IndexTTS2 / IndexTTS-2.5 inference loads it.")],
     config_out: Annotated[Path | None, typer.Option(help="Also write an IndexTTS2 config.yaml with the new number_text_tokens.")] = None,
     config: Annotated[Path | None, typer.Option(help="Base IndexTTS2 config.yaml to update (default: the config stored in the checkpoint).")] = None,
     tokenizer_name: Annotated[str | None, typer.Option(help="IndexTTS2: the tokenizer's file name in config.yaml (dataset.bpe_model) and of the --tokenizer copy [default: bpe.model]. IndexTTS-2.5 opens a fixed name.")] = None,
@@ -417,7 +417,7 @@ def export(
 @app.command(short_help="What auto mode picks here or on a named GPU.")
 def hardware(
     config: Annotated[Path, typer.Option(help="Config to size the estimate for.")] = DEFAULT_CONFIG,
-    assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, L4, V100-16GB, V100-32GB, T4, RTX-4090, RTX-3090, A10G, L40S, RTX-A6000; or any GPU as MEMORY@CAPABILITY, e.g. 24GiB@8.9.")] = None,
+    assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, H200, L4, V100-16GB, V100-32GB, T4, RTX-4090, RTX-3090, A10G, L40S, RTX-A6000; or any GPU as MEMORY@CAPABILITY, e.g. 24GiB@8.9.")] = None,
     effective_batch_size: Annotated[int | None, typer.Option(min=1, max=1 << 24, help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
     train_scope: Annotated[str | None, typer.Option(help="What trains: full, partial or lora; gradients and AdamW state count only for those tensors (default: the config's train.train_scope).")] = None,
@@ -425,7 +425,7 @@ def hardware(
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
     from indextts_train.config.settings import load_config
-    from indextts_train.train.device import assume_device, detect_device
+    from indextts_train.train.hardware import plan_device
     from indextts_train.train.plan import plan_for
 
     def run():
@@ -433,7 +433,7 @@ def hardware(
         given = {"effective_batch_size": effective_batch_size, "activation_checkpointing": grad_checkpointing,
                  "train_scope": train_scope}
         cfg.override({name: value for name, value in given.items() if value is not None})  # as train's flags
-        return plan_for(cfg, assume_device(assume) if assume is not None else detect_device())
+        return plan_for(cfg, plan_device(assume))
 
     plan = run_guarded(run)
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())

@@ -10,15 +10,18 @@ the validation library's ("Value error, ...", "Input should be ...").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
 import re
+from collections.abc import Iterator
 from enum import Enum
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+from typer.models import DefaultPlaceholder
 
 try:  # typer 0.2x carries its own copy of click; older releases use click itself
     from typer._click.core import Context
@@ -145,18 +148,53 @@ class PlainCommand(TyperCommand):
             elif type(param) is TyperOption:
                 param.__class__ = _PlainOption
 
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        """The command's flags; a refusal carries the command (click leaves `--resume` typed without its value
+        without one), so that its line can say what the flag takes."""
+        try:
+            return super().parse_args(ctx, args)
+        except ClickException as exc:
+            if getattr(exc, "ctx", False) is None:
+                exc.ctx = ctx
+            raise
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Context:
+        with _interrupt_said():
+            return super().make_context(*args, **kwargs)
+
     def invoke(self, ctx: Context) -> Any:
         """The command; a Ctrl+C it does not handle itself (the trainer does: it saves, then says so) is said
         in one line with exit 130, where Typer ended the command silently with that code."""
-        try:
+        with _interrupt_said():
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            typer.echo(INTERRUPTED, err=True)
-            raise typer.Exit(130) from None
+
+
+class PlainGroup(TyperGroup):
+    """`indextts-train`'s commands: a Ctrl+C while the command line is read, before a command runs (about 0.3 s
+    after the start on a busy machine), is said as one inside a command is; Typer ended it with 130, silently."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Context:
+        with _interrupt_said():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Context) -> Any:
+        with _interrupt_said():  # the command's own (PlainCommand.invoke) is said there, once
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _interrupt_said() -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(INTERRUPTED, err=True)
+        raise typer.Exit(130) from None
 
 
 def plain_help(app: typer.Typer) -> typer.Typer:
-    """Every command of `app` shown with PlainCommand."""
+    """Every command of `app` shown with PlainCommand, the commands' group with PlainGroup."""
+    if isinstance(app.info.cls, DefaultPlaceholder) or app.info.cls in (None, TyperGroup):  # typer's default
+        app.info.cls = PlainGroup
     for command in getattr(app, "registered_commands", ()):  # a click group built from it is shown as built
         if command.cls in (None, TyperCommand):  # typer's default, not a class a command chose
             command.cls = PlainCommand
@@ -188,12 +226,110 @@ def _given(flags: list[str], args: list[str]) -> str | None:
     return value
 
 
+# Flags of other trainers (the Hugging Face Trainer, nanoGPT, Lightning, fairseq) -> the flags here that do the
+# same, the first one the command has. Spelling alone answered --device with --listen-device, --data with
+# --accept-data-change and --save-every with --listen-every: flags that do something else.
+_OTHER_TRAINERS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("--lr", "--peak-lr", "--max-lr", "--base-lr"), ("--learning-rate",)),
+    **dict.fromkeys(("--data", "--dataset", "--train", "--train-data", "--train-file", "--train-jsonl", "--train-set",
+                     "--data-path", "--manifest"), ("--train-manifest", "--manifest")),
+    **dict.fromkeys(("--val", "--valid", "--dev", "--val-data", "--eval-data", "--validation-file", "--eval-manifest",
+                     "--valid-manifest", "--validation-manifest"), ("--val-manifest", "--manifest")),
+    **dict.fromkeys(("--model", "--pretrained", "--pretrained-model", "--model-path", "--model-name-or-path",
+                     "--base-model", "--init-from", "--ckpt", "--gpt", "--gpt-checkpoint", "--checkpoint",
+                     "--model-dir", "--checkpoints"), ("--base-checkpoint", "--model-dir", "--checkpoint")),
+    **dict.fromkeys(("--resume-from", "--resume-from-checkpoint", "--resume-checkpoint", "--continue"), ("--resume",)),
+    **dict.fromkeys(("--save-every", "--save-steps", "--save-freq", "--checkpoint-every", "--ckpt-every"),
+                    ("--save-interval",)),
+    **dict.fromkeys(("--eval-every", "--eval-steps", "--eval-interval", "--eval-freq", "--val-every", "--valid-every",
+                     "--validate-every"), ("--val-interval",)),
+    **dict.fromkeys(("--log-every", "--logging-steps", "--log-steps", "--log-freq", "--print-every"),
+                    ("--log-interval",)),
+    **dict.fromkeys(("--steps", "--max-iters", "--iters", "--num-steps", "--total-steps", "--train-steps",
+                     "--max-train-steps", "--num-iterations"), ("--max-steps",)),
+    **dict.fromkeys(("--epoch", "--num-epochs", "--num-train-epochs", "--max-epochs", "--n-epochs"), ("--epochs",)),
+    **dict.fromkeys(("--bs", "--batch", "--micro-batch", "--micro-batch-size", "--train-batch-size",
+                     "--per-device-train-batch-size"), ("--batch-size",)),
+    **dict.fromkeys(("--global-batch-size", "--total-batch-size"), ("--effective-batch-size",)),
+    **dict.fromkeys(("--gradient-accumulation-steps", "--grad-accum", "--grad-accum-steps", "--accum",
+                     "--accumulation-steps", "--accumulate-grad-batches"), ("--grad-accumulation",)),
+    **dict.fromkeys(("--warmup", "--warmup-iters", "--num-warmup-steps", "--lr-warmup-steps"), ("--warmup-steps",)),
+    **dict.fromkeys(("--fp16", "--bf16", "--half", "--mixed-precision", "--precision", "--autocast"), ("--amp",)),
+    **dict.fromkeys(("--gradient-checkpointing", "--activation-checkpointing"), ("--grad-checkpointing",)),
+    **dict.fromkeys(("--max-grad-norm", "--clip-grad", "--clip-grad-norm", "--gradient-clip-val", "--clip"),
+                    ("--grad-clip",)),
+    "--wd": ("--weight-decay",),
+    **dict.fromkeys(("--workers", "--dataloader-num-workers", "--num-proc"), ("--num-workers", "--workers")),
+    **dict.fromkeys(("--out", "--outdir", "--out-dir", "--output", "--save-dir", "--ckpt-dir", "--checkpoint-dir",
+                     "--run-dir", "--exp-dir"), ("--output-dir", "--out", "--output")),
+    **dict.fromkeys(("--bpe", "--bpe-model", "--sp-model", "--spm", "--vocab", "--tokenizer-model",
+                     "--tokenizer-path"), ("--tokenizer",)),
+    **dict.fromkeys(("--cfg", "--config-file", "--config-path", "--yaml"), ("--config",)),
+    **dict.fromkeys(("--gpu", "--gpu-name", "--gpu-type"), ("--assume",)),
+    **dict.fromkeys(("--save-total-limit", "--keep-last", "--keep"), ("--keep-checkpoints",)),
+    **dict.fromkeys(("--patience", "--early-stopping"), ("--early-stop-patience",)),
+    **dict.fromkeys(("--lora", "--use-lora", "--peft"), ("--train-scope lora",)),
+}
+
+# Other trainers' flags that train has no counterpart for: what does it here.
+_MULTI_GPU = ("several GPUs are started by torchrun, not by a flag: torchrun --nproc-per-node N -m indextts_train "
+              "--train-manifest ... (docs/hardware.md); one GPU needs none")
+_DEVICE = ("the run takes the GPU when there is one, else the CPU; CUDA_VISIBLE_DEVICES=1 picks another GPU "
+           "(docs/hardware.md)")
+_TRAIN_HINTS = {
+    **dict.fromkeys(("--gpus", "--num-gpus", "--ngpus", "--n-gpu", "--nproc-per-node", "--world-size", "--devices",
+                     "--multi-gpu", "--distributed", "--ddp"), _MULTI_GPU),
+    **dict.fromkeys(("--device", "--gpu", "--gpu-id", "--gpu-ids", "--cuda", "--cpu", "--no-cuda"), _DEVICE),
+    **dict.fromkeys(("--wandb", "--report-to", "--tensorboard", "--logger"),
+                    "TensorBoard logs are always written: tensorboard --logdir OUTPUT_DIR/logs"),
+}
+
+
+def _instead(typed: str, flags: list[str]) -> str | None:
+    """What to type for another trainer's flag on a command with `flags`, or None."""
+    key = "--" + typed.lstrip("-").lower().replace("_", "-")
+    meant = next((flag for flag in _OTHER_TRAINERS.get(key, ()) if flag.split()[0] in flags), None)
+    if meant is not None:
+        return f"did you mean {meant}?"
+    return _TRAIN_HINTS.get(key) if "--train-manifest" in flags else None
+
+
+def _command_flags(command: Any) -> list[str]:
+    return sorted({opt for param in (command.params if command is not None else []) for opt in
+                   (*param.opts, *getattr(param, "secondary_opts", [])) if opt.startswith("--") and opt != "--help"})
+
+
 def _no_such_option(exc: NoSuchOption) -> str:
-    command = exc.ctx.command if exc.ctx is not None else None
-    flags = sorted({opt for param in (command.params if command is not None else []) for opt in
-                    (*param.opts, *getattr(param, "secondary_opts", [])) if opt.startswith("--") and opt != "--help"})
+    flags = _command_flags(exc.ctx.command if exc.ctx is not None else None)
+    instead = _instead(exc.option_name, flags)
+    if instead is not None:
+        return f"no such flag {exc.option_name}; {instead}"
     near = near_names(exc.option_name, flags)
     return f"no such flag {exc.option_name}" + (f"; did you mean {' or '.join(near)}?" if near else "")
+
+
+# Words newcomers try as commands -> the command that does it, and why (click's spelling guess misses these).
+_OTHER_COMMANDS = {
+    **dict.fromkeys(("finetune", "fine-tune", "fit", "train-gpt"), ("train", "")),
+    "resume": ("train", "the same train command again, with --resume auto, continues a run"),
+    **dict.fromkeys(("infer", "inference", "synthesize", "synthesise", "tts", "generate", "speak"),
+                    ("listen", "it speaks lines with a run's checkpoints; `export` writes the gpt.pth inference "
+                               "loads")),
+    **dict.fromkeys(("status", "list", "ls", "logs"), ("checkpoints", "it lists a run's checkpoints; the run folder "
+                                                                     "holds train.log")),
+    **dict.fromkeys(("extend", "grow", "vocab"), ("extend-tokenizer", "")),
+    **dict.fromkeys(("convert", "merge"), ("export", "")),
+    **dict.fromkeys(("ui", "web", "gui", "serve"), ("webui", "")),
+    **dict.fromkeys(("help", "commands"), ("--help", "")),
+    **dict.fromkeys(("version",), ("--version", "")),
+}
+
+
+def _no_such_command(name: str, message: str) -> str:
+    meant, why = _OTHER_COMMANDS.get(name.lower(), (None, ""))
+    if meant is None:
+        return message
+    return f"No such command {name!r}. Did you mean {meant!r}?" + (f" ({why})" if why else "")
 
 
 def refused_usage(exc: ClickException, args: list[str]) -> str:
@@ -209,6 +345,9 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
     if isinstance(exc, NoSuchOption):  # click's own guess offers --help for --lr
         return _no_such_option(exc)
     message = exc.format_message().rstrip(".")
+    plain = _usage_line(exc, message, args)
+    if plain is not None:
+        return plain
     param = getattr(exc, "param", None)
     if not isinstance(exc, BadParameter) or param is None:
         return message
@@ -231,10 +370,65 @@ def plain_usage_error(exc: ClickException, args: list[str]) -> str:
     return f"{flag}: {reason}"
 
 
-def _what_it_is(help_text: str | None) -> str | None:
-    """A flag's help as the rest of a sentence: its first sentence, lower-cased where it starts a phrase."""
+def _usage_line(exc: ClickException, message: str, args: list[str]) -> str | None:
+    """Click's other usage errors in the user's terms: a command word it does not know, a flag typed without its
+    value, a word no argument takes; None for the rest."""
+    command = exc.ctx.command if getattr(exc, "ctx", None) is not None else None
+    if (unknown := re.match(r"No such command '(.+)'", message)) is not None:
+        return _no_such_command(unknown.group(1), message)
+    if command is None:
+        return None
+    if (bare := re.match(r"Option '(.+)' requires an? ?\S* arguments?", message)) is not None:
+        flag = bare.group(1)
+        param = next((p for p in command.params if flag in p.opts), None)
+        what = _what_it_is(getattr(param, "help", None), stops=".")
+        return f"{flag} needs a value{f': {what}' if what else ''}; give it after the flag"
+    if (valued := re.match(r"Option '(.+)' does not take a value", message)) is not None:  # `--amp=true`
+        switch = next((p for p in command.params if valued.group(1) in (*p.opts, *p.secondary_opts)), None)
+        pair = " / ".join((*switch.opts, *switch.secondary_opts)) if switch is not None else valued.group(1)
+        return f"{valued.group(1)} takes no value: {pair} alone turns it on / off"
+    if (extra := re.match(r"Got unexpected extra argument(?:\(s\)|s)? \((.*)\)", message)) is not None:
+        return _extra_argument(command, extra.group(1).split(" ")[0], args)
+    return None
+
+
+def _extra_argument(command: Any, word: str, args: list[str]) -> str:
+    """A word no argument of `command` takes: a value given to an on/off flag, a path with a space, a manifest or
+    GPU name typed without its flag, or one argument too many."""
+    at = max((i for i, arg in enumerate(args) if arg == word), default=0)
+    before = args[at - 1] if at > 0 else ""
+    takes = {opt: param for param in command.params for opt in (*param.opts, *getattr(param, "secondary_opts", []))}
+    switch = takes.get(before)
+    if switch is not None and getattr(switch, "is_flag", False):
+        pair = " / ".join((*switch.opts, *switch.secondary_opts))
+        return f"{before} takes no value ({word!r} is left over): {pair} alone turns it on / off"
+    option = takes.get(args[at - 2]) if at > 1 else None
+    if option is not None and not getattr(option, "is_flag", False) and before in takes:  # `--resume --max-steps 5`
+        what = _what_it_is(getattr(option, "help", None), stops=".")
+        return (f"{args[at - 2]} took the flag {before} as its value, leaving {word!r}; give {args[at - 2]} its value"
+                + (f" ({what})" if what else ""))
+    if option is not None and getattr(option, "multiple", False):
+        return (f"{args[at - 2]} takes one value ({word!r} is left over); repeat the flag for each: "
+                f"{args[at - 2]} {before} {args[at - 2]} {word}")
+    if option is not None and not getattr(option, "is_flag", False):
+        return (f"{word!r} is left over after {args[at - 2]} {before}: a value holding a space needs quotes, "
+                f"{args[at - 2]} '{before} {word}'")
+    if "--train-manifest" in takes:
+        return (f"unexpected argument {word!r}: train takes flags only; pass a manifest as --train-manifest {word} "
+                "(audio clips or a corpus go to `indextts-train prepare` first, which writes train.jsonl)")
+    if "--assume" in takes:
+        return f"unexpected argument {word!r}: hardware takes flags only; for a named GPU pass --assume '{word}'"
+    names = [(param.metavar or param.name or "").upper() for param in command.params
+             if param.param_type_name == "argument"]
+    takes_what = f"one {' and one '.join(names)} (a path holding a space needs quotes)" if names else "flags only"
+    return f"unexpected argument {word!r}: {command.name} takes {takes_what}"
+
+
+def _what_it_is(help_text: str | None, stops: str = ".;") -> str | None:
+    """A flag's help as the rest of a sentence: its first sentence (or phrase, ending at one of `stops`),
+    lower-cased where it starts a phrase."""
     text = " ".join((help_text or "").split())
-    first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0].rstrip(".;")
+    first = re.split(f"(?<=[{re.escape(stops)}])\\s", text, maxsplit=1)[0].rstrip(".;")
     if not first or len(first) > 220:
         return None
     word = first.split()[0]

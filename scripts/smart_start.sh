@@ -3,7 +3,21 @@
 #   scripts/smart_start.sh OUTPUT_DIR [train-gpt flags...]
 # Retries after a crash (not after Ctrl+C/SIGTERM/SIGHUP, exit 130/143/129, bad input, exit 2, nor divergence, exit 3).
 set -uo pipefail
-OUTPUT_DIR="${1:?usage: smart_start.sh OUTPUT_DIR [train-gpt flags...]}"; shift
+USAGE="usage: scripts/smart_start.sh OUTPUT_DIR [train-gpt flags...], e.g. scripts/smart_start.sh runs/am --train-manifest data/am/train.jsonl ..."
+# Bad input is one line and exit 2, as train-gpt's own: bash's ${1:?} said "line 6: 1: usage..." with exit 1.
+refuse() { echo "error: $1" >&2; exit 2; }
+[ $# -ge 1 ] && [ -n "$1" ] || refuse "OUTPUT_DIR is missing; $USAGE"
+case "$1" in -*) refuse "the first argument is the run folder, not a flag ($1); $USAGE" ;; esac
+OUTPUT_DIR="$1"; shift
+# This script passes --output-dir and --resume auto itself: a second --output-dir would train elsewhere than the
+# folder it checks, and a --resume PATH would roll every retry after a crash back to PATH.
+for arg in "$@"; do
+    case "$arg" in
+        --output-dir|--output-dir=*) refuse "$arg: the run folder is this script's first argument ($OUTPUT_DIR); leave --output-dir out" ;;
+        --resume|--resume=*) refuse "$arg: this script resumes with --resume auto itself; leave --resume out (to start from a checkpoint, run train-gpt --resume PATH once)" ;;
+    esac
+done
+command -v train-gpt >/dev/null 2>&1 || refuse "train-gpt is not on PATH: activate the environment it is installed in (. .venv/bin/activate) or install it (pip install -e .)"
 RETRIES="${RETRIES:-3}"
 RETRY_DELAY="${RETRY_DELAY:-10}"  # seconds before a retry: time for a crashed GPU process to let go
 for attempt in $(seq 0 "$RETRIES"); do

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ import torch
 from indextts_train.config.scope_settings import ScopeSettings
 from indextts_train.config.settings import GPTConfig, setting_range
 from indextts_train.errors import UserError
-from indextts_train.train.device import KNOWN_GPUS, DeviceInfo, system_memory
+from indextts_train.train.device import KNOWN_GPUS, DeviceInfo, assume_device, detect_device, system_memory
 from indextts_train.train.memory import (
     CUDA_RESERVE_BYTES,
     FULL_SCOPE,
@@ -274,6 +275,38 @@ def _check_model_fits(device: DeviceInfo, gpt_cfg: GPTConfig, scope: ScopeSettin
         raise UserError(f"the config's model needs {_gib(needed)} for weights, gradients and AdamW state alone, more "
                         f"than the {_gib(device.total_memory)} of {device.name}; check the config's sizes ({sizes}) "
                         "or train a smaller scope (--train-scope partial/lora)")
+
+
+# Words of a card's name that say its form factor or memory kind, not which card it is (`H100 SXM`, `A100 PCIe
+# 80GB`, `H100 SXM5 80GB HBM3`): the plan rests on memory and compute capability, which they leave as the table
+# has them. `NVL` stays: an H100 NVL has 94 GB, not the table's 80.
+_FORM_WORDS = re.compile(r"(?<![a-z0-9])(sxm\d?|pcie|hbm\d?e?)(?![a-z0-9])", re.IGNORECASE)
+_MEMORY_ALONE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g)?\s*$", re.IGNORECASE)
+
+
+def plan_device(assume: str | None) -> DeviceInfo:
+    """The device `hardware` plans for: this machine's, or the GPU `--assume` names as users type it (device.py
+    reads the table's names; here also the form-factor words of rental listings, and what a bare size lacks)."""
+    if assume is None:
+        return detect_device()
+    try:
+        return assume_device(assume)
+    except UserError as unknown:
+        plain = _FORM_WORDS.sub(" ", assume)
+        if plain.strip() and plain != assume:
+            try:
+                return assume_device(plain)
+            except UserError:
+                pass
+        memory = _MEMORY_ALONE.match(assume)
+        if memory:  # `24GB`: the card's memory, but the plan also needs what its tensor cores can do
+            size = f"{memory.group(1)}{memory.group(2) or 'GB'}"
+            raise UserError(f"--assume {assume!r} gives the memory alone; add the compute capability: {size}@8.9 "
+                            "(RTX 4090, L4, L40S), @8.6 (RTX 3090, A6000, A10G), @8.0 (A100), @9.0 (H100), @7.5 "
+                            "(T4), @7.0 (V100)") from None
+        if assume.strip().lower() == "cpu":
+            raise UserError("--assume names a GPU; for this machine's own plan (its CPU) leave --assume out") from None
+        raise unknown from None
 
 
 def choose_plan(device: DeviceInfo, gpt_cfg: GPTConfig, *, effective_batch: int, batch_size: int = 0,
