@@ -110,6 +110,7 @@ def test_every_text_flag_the_page_passes_as_plain_text_names_no_file() -> None:
     ("--help", "'--help' is not a train-gpt flag"), ("-h", "'-h' is not a train-gpt flag"),
     ("--write-clean=/x", "not a train-gpt flag"), ("lonely", "'lonely' is not a train-gpt flag"),
     ("--learning_rate 1e-4", "'--learning_rate' is not a train-gpt flag; did you mean --learning-rate?"),
+    ("--save-every 5", "did you mean --save-interval?"), ("--device cuda", "CUDA_VISIBLE_DEVICES=1 picks another GPU"),
     ("--seed --help", "starts with '-'"), ("--best-metric=--help", "starts with '-'"),
     ("--lora-targets 'qkv\nmlp_in'", "holds a control character"), ("--seed", "--seed needs a value"),
     ("--skip-bad-lines=yes", "takes no value"), ("--output-dir {root}/run", "has its own field on this page"),

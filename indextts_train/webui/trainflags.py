@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from indextts_train.config.other_flags import flag_instead
 from indextts_train.config.schema import field_types, near_names
 from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
 from indextts_train.errors import UserError
@@ -144,8 +145,9 @@ def other_flags(text: str, roots: Roots, own_fields: set[str]) -> list[str]:
         spec = FLAGS.get(flag) if flag.startswith("--") else None
         if spec is None:
             _refuse_look_alike_dash(token)
-            near = near_names(flag, sorted(FLAGS)) if flag.startswith("--") else []
-            meant = f"; did you mean {' or '.join(near)}?" if near else ""
+            instead = flag_instead(flag, sorted(FLAGS)) if flag.startswith("--") else None  # --lr, --device
+            near = near_names(flag, sorted(FLAGS)) if flag.startswith("--") and instead is None else []
+            meant = f"; {instead}" if instead else f"; did you mean {' or '.join(near)}?" if near else ""
             raise UserError(f"Other flags: {token!r} is not a train-gpt flag{meant} (see train-gpt --help)")
         if spec.name in own_fields:
             raise UserError(f"Other flags: {flag} has its own field on this page; set it there")
