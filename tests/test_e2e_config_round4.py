@@ -184,6 +184,30 @@ def test_a_bare_gpt_pth_is_evaluated_with_the_official_config_beside_it(tiny_mod
     assert result["samples"] == 8 and result["loss"] > 0
 
 
+def test_a_bare_gpt_pth_is_exported_with_the_official_config_beside_it(tiny_models: Path, tmp_path: Path) -> None:
+    """`export MODELS/gpt.pth` said the file stores no config (pass --config), where evaluate and train-gpt take
+    the folder's config.yaml for the same file; now export takes it too."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["export", str(tiny_models / "gpt.pth"), "-o", str(tmp_path / "gpt.pth")])
+    assert result.exit_code == 0, result.output
+    exported, base = torch.load(tmp_path / "gpt.pth"), torch.load(tiny_models / "gpt.pth")
+    assert exported.keys() == base.keys() and all(torch.equal(exported[k], base[k]) for k in base)
+
+
+def test_a_folder_holding_a_run_says_so(tmp_path: Path, capsys) -> None:
+    """The demo's OUT holds its run in OUT/run: `checkpoints OUT` said "no checkpoints" (exit 0) and `export OUT`
+    "no best.pth or latest.pth"; both now name the run inside."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "latest.pth").write_bytes(b"")
+    (tmp_path / "data").mkdir()
+    assert run_app(app, ["checkpoints", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{tmp_path}: no checkpoints; {tmp_path / 'run'} holds a run: pass it"
+    assert run_app(app, ["export", str(tmp_path), "-o", str(tmp_path / "x" / "gpt.pth")]) == 2
+    assert f"no best.pth or latest.pth in this folder; {tmp_path / 'run'} holds a run: pass it" in \
+        capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- checkpoints torch cannot resume
 
 

@@ -25,13 +25,13 @@ import yaml
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.export_targets import check_targets
 from indextts_train.checkpoint.files import BEST, LATEST, config_for, failure_reason
-from indextts_train.checkpoint.run_folder import same_file
+from indextts_train.checkpoint.run_folder import runs_inside, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
 from indextts_train.checkpoint.verify import load_verified
 from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
+from indextts_train.config.settings import Config, config_beside, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import check_file, json_or_none, kind_of_path, load_yaml
@@ -68,9 +68,11 @@ def export_source(checkpoint: Path, pick: str | None) -> tuple[Path, str | None]
     found = next((checkpoint / name for name in names if (checkpoint / name).is_file()), None)
     if found is None:
         there = [name for name in names if os.path.lexists(checkpoint / name)]  # a FIFO, a folder, a dead link
+        inside = "" if there else runs_inside(checkpoint)  # the demo's OUT holds its run in OUT/run
         what = (f"{checkpoint / there[0]} is {kind_of_path(checkpoint / there[0])}, not a file" if there
-                else f"no {' or '.join(names)} in this folder")
-        raise UserError(f"{checkpoint}: {what}; pass a checkpoint file (`indextts-train checkpoints DIR` lists them)")
+                else f"no {' or '.join(names)} in this folder{inside}")
+        raise UserError(f"{checkpoint}: {what}; {'or ' if inside else ''}pass a checkpoint file "
+                        "(`indextts-train checkpoints DIR` lists them)")
     return found, None
 
 
@@ -113,7 +115,8 @@ def export_checkpoint(checkpoint: Path, output: Path, *, config_out: Path | None
     loaded = load_verified(checkpoint)
     remove_stale_temps(output, named, interrupted)
     payload = _adapter_payload(checkpoint, loaded) if adapters_out is not None else None  # refused before writes
-    config = config_for(checkpoint, base_config, loaded=loaded)
+    # a model folder's gpt.pth (no config stored) is sized by the config.yaml beside it, as evaluate takes it
+    config = config_for(checkpoint, base_config, fallback=config_beside(checkpoint)[0], loaded=loaded)
     trained, carried, tokens = load_base_checkpoint(checkpoint, config.gpt, loaded=loaded)
     _check_name_read(tokenizer_name, config.gpt.family)  # the checkpoint says the family: before any write
     config.gpt.number_text_tokens = tokens

@@ -147,6 +147,27 @@ def run_folder_to_read(path: Path) -> Path:
     return path
 
 
+MAX_LOOKED = 1000  # entries of a folder looked through for runs inside it (a folder of clips holds thousands)
+
+
+def runs_inside(folder: Path) -> str:
+    """A clause naming the runs in `folder`'s subfolders (a folder holding a latest.pth), for the line that says
+    `folder` itself holds no checkpoint: the demo's OUT holds its run in OUT/run. '' when there is none."""
+    found: list[str] = []
+    try:
+        with os.scandir(folder) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_LOOKED or len(found) == 3:
+                    break
+                if entry.is_dir() and os.path.isfile(os.path.join(entry.path, LATEST)):
+                    found.append(entry.path)
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    return f"; {' and '.join(sorted(found))} {'holds a run' if len(found) == 1 else 'hold runs'}: pass it"
+
+
 def check_no_earlier_run(folder: RunFolder) -> None:
     """A new run (no --resume) never starts over the checkpoints of another one in the same folder."""
     if folder.checkpoints:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from indextts_train.checkpoint.files import BEST, LATEST, is_milestone, load_checkpoint
 from indextts_train.checkpoint.lineage import ABANDONED, OLD_BRANCH, lineage_of
-from indextts_train.checkpoint.run_folder import run_folder_to_read
+from indextts_train.checkpoint.run_folder import run_folder_to_read, runs_inside
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, Heard, read_records, scores_path
 from indextts_train.checkpoint.verify import verify_checkpoint
 from indextts_train.files.bounded import kind_of_mode
@@ -211,7 +211,7 @@ def render_table(rows: list[dict], output_dir: Path, now: float | None = None) -
     """The plain-text table (fits 80 columns without the per-language column); `age` is how long ago
     each file was written (`--json` has the time itself)."""
     if not rows:
-        return f"{output_dir}: no checkpoints"
+        return f"{output_dir}: no checkpoints{runs_inside(output_dir)}"
     now = time.time() if now is None else now
     heard = any(row.get("listen") for row in rows)  # the CER / similarity columns only once listen has run
     head = (f"{'file':<20} {'step':>6} {'epoch':>5} {'val loss':>8}  " + (f"{'CER':>6} {'sim':>6}  " if heard else "")
