@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,8 +22,9 @@ def _release_files(model_dir: Path) -> None:
     """What the IndexTTS2 release itself ships (the hub files are missing)."""
     model_dir.mkdir()
     shutil.copy(TINY_V2, model_dir / "config.yaml")
-    for name in ("gpt.pth", "wav2vec2bert_stats.pt", "bpe.model"):
+    for name in ("gpt.pth", "wav2vec2bert_stats.pt"):
         (model_dir / name).write_bytes(name.encode())
+    shutil.copy(ROOT / "tests" / "data" / "reference" / "prepare" / "text" / "bpe_tiny.model", model_dir / "bpe.model")
 
 
 def _fake_hub(monkeypatch, printed_sizes: dict[str, int]) -> list[str]:
@@ -95,3 +97,12 @@ def test_an_indextts25_folder_reads_its_tiktoken_whatever_bpe_model_says(tmp_pat
         (model_dir / name).write_bytes(name.encode())
     with pytest.raises(UserError, match=r"^model files missing: tokenizer multilingual_zh_ja_yue_char_del\.tiktoken"):
         locate_models(model_dir, Overrides())
+
+
+def test_a_tokenizer_that_is_no_tokenizer_is_refused_naming_the_flag(tiny_models) -> None:
+    """`prepare --tokenizer MODELS/gpt.pth` was refused only once the features were loaded, after
+    prepare.settings.json was written into --out, and its line did not name the flag."""
+    with pytest.raises(UserError, match=rf"^--tokenizer {re.escape(str(tiny_models / 'gpt.pth'))}: not a "
+                                        "SentencePiece model"):
+        locate_models(tiny_models, Overrides(tokenizer=tiny_models / "gpt.pth"))
+    assert locate_models(tiny_models, Overrides()).tokenizer == tiny_models / "bpe.model"

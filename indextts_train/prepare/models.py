@@ -20,6 +20,7 @@ from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file, load_yaml, open_regular
 from indextts_train.prepare.w2vbert import check_config_sizes
+from indextts_train.text.vocab import read_tokenizer
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,16 @@ def _check_tokenizer_family(tokenizer: Path, overridden: bool, family: Family, c
                     "--tokenizer, or the model folder of the tokenizer's family as --model-dir")
 
 
+def _check_tokenizer_file(tokenizer: Path, overridden: bool, config: Path) -> None:
+    """The tokenizer is one, read now (a few MB at most) before anything is written: a gpt.pth given as
+    --tokenizer was refused once the features loaded, after prepare.settings.json was written into --out."""
+    try:
+        read_tokenizer(tokenizer)
+    except UserError as exc:
+        named = f"--tokenizer {tokenizer}" if overridden else f"{tokenizer} (dataset.bpe_model of {config})"
+        raise UserError(f"{named}: {str(exc).removeprefix(f'{tokenizer}: ')}") from None
+
+
 def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = False) -> ModelFiles:
     """Every model file of the family the config names, or one line listing what is missing and where to put it."""
     if not model_dir.is_dir():
@@ -225,6 +236,7 @@ def locate_models(model_dir: Path, overrides: Overrides, *, download: bool = Fal
         _resolve_missing(finder, download)
         return locate_models(model_dir, overrides, download=False)
     check_config_sizes(w2v_bert)  # before any model is built or any audio read
+    _check_tokenizer_file(files["tokenizer"], overrides.tokenizer is not None, config_path)
     codec_config = raw.get("semantic_codec") if isinstance(raw.get("semantic_codec"), dict) else {}
     return ModelFiles(model_dir=model_dir, family=family, config=config_path, w2v_bert=w2v_bert,
                       codec_config=dict(codec_config), **files)
