@@ -194,8 +194,9 @@ def _interrupt_said() -> Iterator[None]:
 
 def plain_help(app: typer.Typer) -> typer.Typer:
     """Every command of `app` shown with PlainCommand, the commands' group with PlainGroup."""
-    if isinstance(app.info.cls, DefaultPlaceholder) or app.info.cls in (None, TyperGroup):  # typer's default
-        app.info.cls = PlainGroup
+    info = getattr(app, "info", None)  # None: a click group already built (tests build one to call it)
+    if info is not None and (isinstance(info.cls, DefaultPlaceholder) or info.cls in (None, TyperGroup)):
+        info.cls = PlainGroup
     for command in getattr(app, "registered_commands", ()):  # a click group built from it is shown as built
         if command.cls in (None, TyperCommand):  # typer's default, not a class a command chose
             command.cls = PlainCommand

@@ -161,3 +161,17 @@ def test_what_only_a_resume_reads_is_refused_for_a_new_run(tmp_path) -> None:
             resolve_settings(**base, **{name: value})
         assert getattr(resolve_settings(**base, **{name: value}, resume="auto"), name) == value
     assert resolve_settings(**base, on_vocab_change="keep").on_vocab_change == "keep"  # the default, typed
+
+
+def test_a_model_folder_given_for_a_file_is_said_with_its_flag_and_nothing_else(tmp_path, capsys) -> None:
+    """`--config MODELS` said "MODELS is a folder" without the flag; `--base-checkpoint MODELS` (no --config) was
+    preceded by a line on why MODELS/../config.yaml was not taken as the folder's config."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "config.yaml").write_text("gpt: {}\n")
+    (tmp_path / "config.yaml").write_text("gpt: {}\ngpt_checkpoint: gpt.pth\n")
+    with pytest.raises(UserError, match=rf"^--config {re.escape(str(models))} is a folder; pass the config file in "
+                                        rf"it \(e\.g\. {re.escape(str(models / 'config.yaml'))}\)$"):
+        resolve_settings(train_manifests=["t.jsonl"], output_dir=tmp_path / "run", config=models)
+    settings = resolve_settings(train_manifests=["t.jsonl"], output_dir=tmp_path / "run", base_checkpoint=models)
+    assert settings.config_note is None

@@ -470,7 +470,7 @@ def config_choice(config: Path | None, base_checkpoint: Path | None) -> tuple[Pa
     beside, why_not = config_beside(base_checkpoint)
     if beside is not None:
         return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"
-    if base_checkpoint is None:
+    if base_checkpoint is None or Path(base_checkpoint).is_dir():  # a folder is refused as one, without this line
         return DEFAULT_CONFIG, None
     return DEFAULT_CONFIG, (f"--config not given: using {DEFAULT_CONFIG} (the full-size IndexTTS2){why_not}; "
                             "pass --config for another size")

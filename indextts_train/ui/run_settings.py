@@ -30,6 +30,7 @@ from indextts_train.config.unread_settings import check_modes, check_start_setti
 from indextts_train.data.sampling import ManifestSpec, parse_manifest_specs
 from indextts_train.distributed import launched_processes
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import check_file
 from indextts_train.ui.run_record import recorded_options
 
 # The inputs a run cannot do without; not required by the parser, so that --from-run can supply them.
@@ -84,6 +85,8 @@ def resolve_settings(*, typed: Collection[str] | None = None, **values: Any) -> 
                 raise UserError(f"{flag} is read when a run resumes, and this start has no --resume: the flag "
                                 "would change nothing; add --resume auto, or leave it out")
     path, note = config_choice(inputs.config, inputs.base_checkpoint)
+    if inputs.config is not None:  # a folder (the model folder for the config.yaml in it) said with its flag
+        check_file(path, "config", flag="--config")
     config = load_config(path)
     try:
         config.override({name: value for name, value in values.items() if name in SETTING_NAMES and value is not None})
