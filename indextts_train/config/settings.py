@@ -439,10 +439,10 @@ class TrainOptions:
     val_manifests: list[str] = run_option(help="Validation manifest JSONL; repeatable. PATH::lang: losses "
                                                "per language.", factory=list,
                                           flag="--val-manifest")
-    tokenizer: Path | None = run_option(None, "SentencePiece model; its size sets the text vocabulary "
-                                              "(rows = size + 1). Omit when the config's number_text_tokens is right.")
-    base_checkpoint: Path | None = run_option(None, "IndexTTS2 gpt.pth to fine-tune from (rows grown to the "
-                                                    "tokenizer). Omit for random init.")
+    tokenizer: Path | None = run_option(None, "SentencePiece .model (IndexTTS2) or .tiktoken (IndexTTS-2.5); its size "
+                                              "sets the text vocabulary. Omit when number_text_tokens is right.")
+    base_checkpoint: Path | None = run_option(None, "IndexTTS2 / IndexTTS-2.5 gpt.pth to fine-tune from (rows grown to "
+                                                    "the tokenizer). Omit for random init.")
     resume: str | None = run_option(None, "'auto': newest checkpoint in --output-dir that verifies (fresh start "
                                           "if none); or a checkpoint path. Omit for a new run.")
     on_vocab_change: str = run_option("keep", "When the tokenizer grew since the checkpoint: 'keep' optimizer state "
