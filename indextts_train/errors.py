@@ -21,6 +21,11 @@ class ListedError(UserError):
     joined, so it pickles and prints as any UserError."""
 
 
+class LoaderDied(UserError):
+    """A data-loader worker that ended while loading samples (the out-of-memory killer, most often): not a bad
+    line of the data, so the run's line says how to go on without blaming one (train/steps.bad_data)."""
+
+
 class NotOwnFile(PermissionError):
     """A name this program writes to holds a link, a FIFO, a device or a file with another hard link:
     not its own to write (files/atomic.open_own). Its strerror says which."""

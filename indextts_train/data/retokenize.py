@@ -62,10 +62,14 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
         refuse_corpus(manifest)  # a corpus for prepare is said as such
         check_file(manifest, "manifest")  # a FIFO would block the first read: one line instead
         new, ids_dir = out_dir / manifest.name, out_dir / "text_ids" / manifest.stem
-        if manifest.name in names:
-            raise UserError(f"{manifest}: another manifest has the name {manifest.name}; tokenize them into "
-                            "different --out folders")
-        names.add(manifest.name)
+        # the new manifest is named after the input, its ids folder after the input's stem: train.jsonl and
+        # train.json would share text_ids/train, where the second's arrays would meet the first's
+        clash = next((name for name in (manifest.name, manifest.stem) if name in names), None)
+        if clash is not None:
+            raise UserError(f"{manifest}: another manifest has the name {clash} (its new manifest or its "
+                            f"{out_dir / 'text_ids' / manifest.stem} folder); tokenize them into different --out "
+                            "folders")
+        names.update((manifest.name, manifest.stem))
         if same_path(new, manifest):
             raise UserError(f"{manifest}: --out {out_dir} is the manifest's own folder; pass a new folder "
                             "(the originals stay untouched)")

@@ -325,6 +325,9 @@ def read_npy(path: Path | str, what: str = ".npy file", max_bytes: int = MAX_NPY
         shape, fortran, dtype = header
         if dtype.hasobject:
             raise UserError(f"{path}: {what} holds Python objects, not numbers; re-create it")
+        if any(size < 0 for size in shape):  # (-2, -2) multiplies to the bytes a 4-value array holds
+            raise UserError(f"{path}: {what}'s header claims the shape {list(shape)}, which no array has; "
+                            "re-create it")
         need = prod(shape) * dtype.itemsize
         have = os.fstat(handle.fileno()).st_size - handle.tell()
         if need != have or need > max_bytes:

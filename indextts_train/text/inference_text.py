@@ -43,6 +43,7 @@ from indextts_train.text.tiktoken_vocab import (
     START_STOP_IDS,
     TiktokenVocab,
     language_id,
+    missing_bytes,
     read_tiktoken,
 )
 
@@ -393,8 +394,7 @@ class TiktokenPath(TextPath):
     @classmethod
     def load(cls, **common: Any) -> TiktokenPath:
         vocab = read_tiktoken(common["tokenizer"])
-        missing = frozenset(range(256)) - {piece[0] for piece in vocab.ranks if len(piece) == 1}
-        return cls(vocab=vocab, encoding=vocab.encoding(), missing_bytes=missing, **common)
+        return cls(vocab=vocab, encoding=vocab.encoding(), missing_bytes=missing_bytes(vocab), **common)
 
     @property
     def size(self) -> int:

@@ -31,6 +31,7 @@ from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
+from indextts_train.text.outputs import check_tokenizer_output
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
 
@@ -134,6 +135,11 @@ def tiktoken_from_bytes(path: Path, raw: bytes) -> TiktokenVocab:
     if not ranks:
         raise UserError(f"{path}: no ranks; pass a .tiktoken ranks file")
     return TiktokenVocab(path=path, ranks=ranks, raw=raw)
+
+
+def missing_bytes(vocab: TiktokenVocab) -> frozenset[int]:
+    """The single bytes no rank holds: tiktoken panics (a Rust panic, not an exception) on text with one."""
+    return frozenset(range(256)) - {piece[0] for piece in vocab.ranks if len(piece) == 1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,6 +285,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     if same_path(out, base):
         raise UserError(f"{out}: is the base tokenizer; write the extended one to a new file")
     refuse_corpus_outputs(map(Path, corpus), {f"--output {out}": Path(out)})
+    check_tokenizer_output(Path(out), "a .tiktoken ranks file", tiktoken_from_bytes, force=force)  # --force: only one
     present = present or (lambda text: text)
     texts = [present(text) for path in corpus for text in iter_text_lines(Path(path))]
     if not texts:
@@ -353,10 +360,15 @@ def _tiktoken_coverage(vocab: TiktokenVocab, path: Path, base_ranks: int | None,
                        present: Callable[[str], str]) -> dict:
     """Tokens per line, the share of characters only byte pieces cover, and the share of new ranks."""
     encoding = vocab.encoding()
+    missing = missing_bytes(vocab)
     lines = tokens = chars = byte_chars = new_tokens = 0
-    for text in iter_text_lines(path):
+    for number, text in enumerate(iter_text_lines(path), 1):
+        presented = present(text)
+        if missing and not missing.isdisjoint(presented.encode("utf-8")):  # tiktoken would panic (a traceback)
+            raise UserError(f"--sample-text {path}: text {number} ({_shown_piece(text)}) has bytes {vocab.path} "
+                            "has no rank for (a cut-down vocabulary); use a vocabulary with all 256 single bytes")
         # ids 0 and 1 (`!`, `"`) are dropped as inference drops them: the GPT never sees them
-        ids = [i for i in encoding.encode(present(text), allowed_special="all") if i not in START_STOP_IDS]
+        ids = [i for i in encoding.encode(presented, allowed_special="all") if i not in START_STOP_IDS]
         lines, tokens, chars = lines + 1, tokens + len(ids), chars + len(text)
         if base_ranks is not None:
             new_tokens += sum(base_ranks <= i < vocab.n_ranks for i in ids)

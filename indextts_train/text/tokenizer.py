@@ -23,9 +23,10 @@ import sentencepiece as spm
 
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import check_file
-from indextts_train.files.targets import check_new_file, same_path
+from indextts_train.files.targets import same_path
 from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
+from indextts_train.text.outputs import check_tokenizer_output, parse_pieces_list
 from indextts_train.text.spm_model import (
     BPE,
     MODEL_TYPES,
@@ -39,6 +40,7 @@ from indextts_train.text.spm_model import (
     load_processor,
     parse_model,
     read_model,
+    spm_from_bytes,
     write_model,
 )
 
@@ -145,8 +147,6 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
         raise UserError(f"{out}: is a folder; pass the path of the .model file to write")
     if out.suffix == ".vocab":
         raise UserError(f"{out}: the output must be the .model path; the .vocab is written beside it")
-    for target in (out, out.with_suffix(".vocab")):  # an existing one is replaced only with --force
-        check_new_file("--output", target, force=force)
     if not corpus:
         raise UserError("no corpus given; pass --corpus with a text or JSONL file")
     for path in corpus:
@@ -154,6 +154,10 @@ def _check_extend_args(base: Path, base_size: int, corpus: Sequence[Path], targe
     vocab = out.with_suffix(".vocab")
     refuse_corpus_outputs(corpus, {f"--output {out}": out,
                                    f"the .vocab written beside --output {out}, {vocab},": vocab})
+    # an existing one is replaced only with --force, and only when it is a model / a pieces list
+    check_tokenizer_output(out, "a SentencePiece model", lambda path, raw: spm_from_bytes(path, raw, ""),
+                           force=force)
+    check_tokenizer_output(vocab, "a .vocab pieces list", parse_pieces_list, force=force)
 
 
 def _learn_new_pieces(base: SpmModel, text_file: Path, needed: int, written: TrainingText, seed: int,

@@ -13,7 +13,7 @@ import torch
 from indextts_train.data.manifest import make_loader
 from indextts_train.data.sampling import ResumableBatchSampler
 from indextts_train.distributed import all_reduce_sum, any_rank
-from indextts_train.errors import UserError, user_line
+from indextts_train.errors import LoaderDied, UserError, user_line
 from indextts_train.files.faults import crash_point, nan_loss_at
 from indextts_train.model.gpt import Batch
 from indextts_train.train.guard import collate_skipping
@@ -34,7 +34,10 @@ class EndAfterSaving(Exception):
 
 
 def bad_data(error: UserError) -> EndAfterSaving:
-    """A bad sample ends the run (exit 2) with the last completed step saved."""
+    """A bad sample ends the run (exit 2) with the last completed step saved; so does a data-loader worker that
+    died (LoaderDied), whose line blames no line of the data."""
+    if isinstance(error, LoaderDied):
+        return EndAfterSaving(user_line(error), "then rerun with --resume auto")
     return EndAfterSaving(user_line(error), "fix or remove the line (`indextts-train check-data` lists every bad "
                           "line) or pass --skip-bad-lines, then rerun with --resume auto")
 
