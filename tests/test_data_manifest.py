@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -289,3 +290,22 @@ def test_twenty_thousand_lines_index(tmp_path: Path) -> None:
     assert len(index) == 20_000
     assert index.text_lengths[19_999] == 1 + 19_999 % 600 and index.code_lengths[12_345] == 1 + 12_345 % 1815
     assert index.record(19_999)["id"] == "u19999" and index.record(19_999)["_source"].endswith(":20000")
+
+
+def test_a_manifest_replaced_after_indexing_is_one_line_not_a_hang(tmp_path, monkeypatch) -> None:
+    """A line is read again by its offset when its sample loads. A manifest replaced meanwhile by a FIFO blocked
+    that read for good, and one holding an endless line at the offset was read whole."""
+    import indextts_train.data.manifest as manifest_module
+
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_bytes((TINY / "pairs.jsonl").read_bytes())
+    index = ManifestIndex.build([manifest])
+    manifest.unlink()
+    os.mkfifo(manifest)
+    with pytest.raises(UserError, match=r"manifest cannot be read any more \(manifest is a FIFO"):
+        index.record(0)
+    manifest.unlink()
+    monkeypatch.setattr(manifest_module, "MAX_LINE_BYTES", 1000)
+    manifest.write_bytes(b"x" * 5000)
+    with pytest.raises(UserError, match=rf"^{re.escape(str(manifest))}:1: a line longer than"):
+        index.record(0)

@@ -37,7 +37,7 @@ from indextts_train.data.lines import (
 from indextts_train.data.sampling import ManifestSpec
 from indextts_train.data.workers import StopSafeLoader, ignore_stop_signals_in_worker
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import iter_lines
+from indextts_train.files.bounded import MAX_LINE_BYTES, iter_lines, open_regular
 from indextts_train.model.gpt import Batch
 
 SKIPPED_EXAMPLES = 5
@@ -200,13 +200,17 @@ class ManifestIndex:
     def record(self, i: int) -> dict:
         """Line i parsed again, with `*_path` values made absolute and `_source` = 'file:line'."""
         path = self.files[self.file_ids[i]]
-        try:
-            with open(path, "rb") as handle:
+        try:  # the file indexed at the start, read again: it may have been replaced since (by a FIFO, say)
+            with open_regular(path, "manifest") as handle:
                 handle.seek(int(self.offsets[i]))
-                raw = handle.readline()
-        except OSError as exc:
-            raise UserError(f"{path}: manifest cannot be read any more ({exc}); was it moved?") from None
+                raw = handle.readline(MAX_LINE_BYTES + 1)  # a line is never held past its bound
+        except (OSError, UserError) as exc:
+            reason = str(exc).removeprefix(f"{path}: ")
+            raise UserError(f"{path}: manifest cannot be read any more ({reason}); was it moved?") from None
         where = self.source(i)
+        if len(raw) > MAX_LINE_BYTES:
+            raise UserError(f"{where}: a line longer than {MAX_LINE_BYTES >> 20} MiB, which no manifest line is; was "
+                            "the manifest changed while the run read it?")
         obj, _, _, _ = parse_line(raw, where, self.max_text_tokens, self.max_mel_tokens, self.family)
         out = resolve_paths(obj, os.path.dirname(os.path.abspath(path)))
         out["_source"] = where
