@@ -21,6 +21,11 @@ class ListedError(UserError):
     joined, so it pickles and prints as any UserError."""
 
 
+class WrongKindOfFile(UserError):
+    """A line that shows its whole file is another kind than the one asked for (prepare's corpus line where a
+    manifest line belongs): on a file's first line, check-data says it once, not once a line."""
+
+
 class LoaderDied(UserError):
     """A data-loader worker that ended while loading samples (the out-of-memory killer, most often): not a bad
     line of the data, so the run's line says how to go on without blaming one (train/steps.bad_data)."""

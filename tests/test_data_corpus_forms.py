@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,13 @@ def test_a_manifest_reads_as_before(tiny_data) -> None:
     refuse_corpus(tiny_data["train"], "--train-manifest")  # a manifest passes
     report = check_manifests([tiny_data["train"]])
     assert report["files"] and not report["bad_lines"]
+
+
+def test_check_data_of_a_jsonl_corpus_says_it_once(tmp_path) -> None:
+    """check-data of prepare's corpus.jsonl reported each of its lines as a bad manifest line (72 for the demo's,
+    20 of them printed, each with the prepare command); a first line of the corpus form now refuses the file."""
+    corpora(tmp_path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() * 30)
+    with pytest.raises(UserError, match=rf"^{re.escape(str(corpus))}:1: a corpus line \(audio, text\)"):
+        check_manifests([corpus])

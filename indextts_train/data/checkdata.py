@@ -24,7 +24,7 @@ from indextts_train.data.arrays import tag_base
 from indextts_train.data.corpus_forms import PREPARE_RECORD, refuse_corpus
 from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, LineLimits, check_line, line_language
 from indextts_train.data.manifest import REPORT_ERRORS
-from indextts_train.errors import UserError
+from indextts_train.errors import UserError, WrongKindOfFile
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import iter_lines, json_or_none
 from indextts_train.files.targets import check_new_file, make_output_folder
@@ -220,6 +220,8 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     errors: list[str] = []
     bad_lines: list[list] = []
     for path, line_no, line in check_lines(files, limits.line, max_lines):
+        if line_no == 1 and isinstance(line, WrongKindOfFile):  # a corpus: one line for the file, not one a line
+            raise line
         refusal = str(line) if isinstance(line, UserError) else stats.add(line, f"{path}:{line_no}", limits)
         if refusal is not None:
             bad_lines.append([path, line_no])

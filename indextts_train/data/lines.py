@@ -38,7 +38,7 @@ from indextts_train.config.constants import LANG_ROWS
 from indextts_train.config.family import FAMILIES, INDEXTTS2, Family
 from indextts_train.data.arrays import check_arrays, check_ids, check_text_ids, compare_text
 from indextts_train.data.corpus_forms import prepare_command
-from indextts_train.errors import TOO_LONG_NUMBER, UserError, text_problem
+from indextts_train.errors import TOO_LONG_NUMBER, UserError, WrongKindOfFile, text_problem
 from indextts_train.files.bounded import json_depth_problem, read_npy
 from indextts_train.text.inference_text import TextPath
 from indextts_train.text.tiktoken_vocab import LANGUAGE_CODES, language_id
@@ -72,8 +72,8 @@ def line_form(obj: dict, where: str, family: Family | None = None) -> Mapping[st
     elif "codes_path" in obj or "text_ids_path" in obj:
         paired = False
     elif "audio" in obj and "text" in obj:  # prepare's input given where its output belongs
-        raise UserError(f"{where}: a corpus line (audio, text) for `indextts-train prepare`, not a manifest line; "
-                        f"{prepare_command(where.rsplit(':', 1)[0])}")
+        raise WrongKindOfFile(f"{where}: a corpus line (audio, text) for `indextts-train prepare`, not a manifest "
+                              f"line; {prepare_command(where.rsplit(':', 1)[0])}")
     else:
         raise UserError(
             f"{where}: neither the paired form (target_text_ids_path, target_codes_path, ...) nor the "
