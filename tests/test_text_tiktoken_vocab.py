@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -208,3 +209,16 @@ def test_check_coverage_counts_the_ids_official_25_inference_gives_the_gpt(tmp_p
     assert report["sample"]["tokens"] == sum(len(c["ids_as_gpt_sees_them"]) for c in cases)
     raw = check_tiktoken(text / "toy_base.tiktoken", sample_text=sample)  # the text as it is, no tag
     assert raw["sample"]["tokens"] != report["sample"]["tokens"]
+
+
+def test_a_ranks_file_past_any_vocabulary_is_refused_before_it_is_held(tmp_path, monkeypatch) -> None:
+    """10^6 ranks took 660 MB and 7 s in check-tokenizer, and the 256 MiB file bound let 20 times more through;
+    the count is bounded (here at 3, the same check)."""
+    import indextts_train.text.tiktoken_vocab as vocab_module
+
+    monkeypatch.setattr(vocab_module, "MAX_RANKS", 3)
+    path = tmp_path / "big.tiktoken"
+    raw = b"".join(base64.b64encode(bytes([i])) + b" %d\n" % i for i in range(4))
+    assert len(vocab_module.tiktoken_from_bytes(path, raw.rsplit(b"\n", 2)[0]).ranks) == 3
+    with pytest.raises(UserError, match=r"big\.tiktoken: more than 3 ranks, which no IndexTTS vocabulary has"):
+        vocab_module.tiktoken_from_bytes(path, raw)
