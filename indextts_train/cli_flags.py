@@ -30,8 +30,9 @@ except ImportError:
     from click import BadParameter, ClickException, Context, MissingParameter, NoSuchOption
 
 from indextts_train.config.other_flags import flag_instead
+from indextts_train.config.run_inputs import TrainOptions
 from indextts_train.config.schema import field_default, field_types, near_names
-from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
+from indextts_train.config.settings import TrainConfig, train_flags
 from indextts_train.errors import error_line, text_problem
 from indextts_train.ui.run_settings import REQUIRED_INPUTS
 

@@ -11,7 +11,7 @@ import yaml
 
 from indextts_train import demo
 from indextts_train.checkpoint.files import load_checkpoint
-from indextts_train.config.settings import config_beside
+from indextts_train.config.run_inputs import config_beside
 from indextts_train.demo import run_demo
 from indextts_train.errors import UserError
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from indextts_train.checkpoint.run_folder import check_output_dir
 from indextts_train.cli import app
-from indextts_train.config.settings import DEFAULT_CONFIG, config_beside, config_choice, load_config
+from indextts_train.config.run_inputs import config_beside, config_choice
+from indextts_train.config.settings import DEFAULT_CONFIG, load_config
 from indextts_train.data.checkdata import SAMPLE_LINES
 from indextts_train.errors import UserError
 from indextts_train.train.preflight import check_inputs

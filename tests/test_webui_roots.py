@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from indextts_train.config.run_inputs import TrainOptions
 from indextts_train.config.schema import field_types
-from indextts_train.config.settings import TrainConfig, TrainOptions
+from indextts_train.config.settings import TrainConfig
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import write_run_record
 from indextts_train.webui import form as forms

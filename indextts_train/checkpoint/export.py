@@ -29,9 +29,10 @@ from indextts_train.checkpoint.run_folder import runs_inside, same_file
 from indextts_train.checkpoint.scores import SUMMARY_KEYS, pick_scored
 from indextts_train.checkpoint.verify import load_verified
 from indextts_train.config.family import TIKTOKEN, Family, family_of_tokenizer
+from indextts_train.config.run_inputs import config_beside
 from indextts_train.config.schema import is_int
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config, config_beside, config_from_dict, gpt_to_dict
+from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import check_file, json_or_none, kind_of_path, load_yaml

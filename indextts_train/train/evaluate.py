@@ -11,7 +11,8 @@ import torch
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import config_for, load_checkpoint
 from indextts_train.checkpoint.run_folder import same_file
-from indextts_train.config.settings import DEFAULT_CONFIG, Config, config_beside
+from indextts_train.config.run_inputs import config_beside
+from indextts_train.config.settings import DEFAULT_CONFIG, Config
 from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
 from indextts_train.distributed import DistInfo, sum_across_ranks
 from indextts_train.errors import UserError

@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
+from indextts_train.config.run_inputs import TrainOptions
 from indextts_train.config.schema import field_types, type_problem
-from indextts_train.config.settings import Config, TrainConfig, TrainOptions
+from indextts_train.config.settings import Config, TrainConfig
 from indextts_train.config.yaml_keys import load_config_yaml
 from indextts_train.errors import UserError, text_problem
 from indextts_train.files.atomic import atomic_write_text

@@ -19,13 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from indextts_train.config.settings import (
-    Config,
-    TrainConfig,
-    TrainOptions,
-    config_choice,
-    load_config,
-)
+from indextts_train.config.run_inputs import TrainOptions, config_choice
+from indextts_train.config.settings import Config, TrainConfig, load_config
 from indextts_train.config.unread_settings import check_modes, check_start_settings
 from indextts_train.data.sampling import ManifestSpec, parse_manifest_specs
 from indextts_train.distributed import launched_processes

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from indextts_train.config.other_flags import flag_instead
+from indextts_train.config.run_inputs import TrainOptions
 from indextts_train.config.schema import field_types, near_names
-from indextts_train.config.settings import TrainConfig, TrainOptions, train_flags
+from indextts_train.config.settings import TrainConfig, train_flags
 from indextts_train.errors import UserError
 from indextts_train.ui.run_record import recorded_options
 from indextts_train.webui.roots import Roots, checked_text
