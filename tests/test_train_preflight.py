@@ -53,7 +53,7 @@ def bad_ids_manifest(tiny_data: dict, folder: Path, line_no: int, *, repeat: int
 
 
 @pytest.mark.parametrize("what", ["manifest", "base", "layout", "tokenizer", "ids", "earlier_run", "family",
-                                  "speaker_proj", "borrow", "val_interval", "listen_lines", "batch"])
+                                  "speaker_proj", "borrow", "val_interval", "listen_lines", "batch", "listen_device"])
 def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, tmp_path, what) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -81,6 +81,8 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
         extra = [f"--{what.replace('_', '-')}", "5"]
     elif what == "batch":  # 4 x 4 makes 16: the plan took them and dropped the 8 asked for, with a note
         extra = ["--batch-size", "4", "--grad-accumulation", "4", "--effective-batch-size", "8"]
+    elif what == "listen_device":  # each listener failed with it, said in RUN/listen/listen.log after the run
+        extra = ["--listen-every", "1", "--listen-device", "gpu"]
     else:
         manifest = bad_ids_manifest(tiny_data, inputs, line_no=3)
     before = snapshot(tmp_path)
@@ -99,7 +101,8 @@ def test_a_bad_start_is_one_line_before_the_plan_and_creates_nothing(tiny_data, 
               "val_interval": "--val-interval is read at validations only, and this start has no --val-manifest",
               "listen_lines": "--listen-lines is read at validations only, and this start has no --val-manifest",
               "batch": "--effective-batch-size 8 does not match --batch-size 4 x --grad-accumulation 4 x 1 "
-                       "process(es) = 16"}[what]
+                       "process(es) = 16",
+              "listen_device": "--listen-device gpu: not a device the listener runs on"}[what]
     assert needle in lines[0]
     assert snapshot(tmp_path) == before  # no runs/, no runs/am, no train.lock, no log
 

@@ -41,7 +41,12 @@ def scores_path(run_dir: Path) -> Path:
 
 def append_record(path: Path, record: dict) -> None:
     """Append one record durably (one write, fsync); starts a fresh line after a torn one."""
-    data = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+    text = json.dumps(record, ensure_ascii=False, sort_keys=True)
+    try:
+        data = (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # a path of bytes that are no UTF-8 (a folder named in Latin-1) is a lone
+        # surrogate here: escaped, it reads back as the same string (it ended listen in a traceback once heard)
+        data = (json.dumps(record, sort_keys=True) + "\n").encode("ascii")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_append(path)  # what it refuses, check_scores_file said before any work
     try:
@@ -139,6 +144,8 @@ LOWER_IS_BETTER = {"cer": True, "speaker_sim": False}
 
 
 _RANGES = {"cer": (0.0, math.inf), "speaker_sim": (-1.0, 1.0)}  # what a score of each can be
+NO_SCORE_WHY = {"speaker_sim": " (listen found no CAMPPlus weights, campplus_cn_common.bin, in the model folder's "
+                               "hf_cache/ nor the Hugging Face cache)"}
 
 
 def score_value(record: dict, key: str) -> float | None:
@@ -200,6 +207,11 @@ def pick_scored(run_dir: Path, metric: str) -> tuple[Path, str]:
     on_disk = {step: values[metric] for step, values in summary.items()
                if step in files and values[metric] is not None}
     if not on_disk:
+        unscored = sorted(step for step in summary if step in files)
+        if unscored:  # "run listen first" sent the user to a listen that had nothing left to do
+            raise UserError(f"--pick {metric}: step(s) {', '.join(map(str, unscored))} of {run_dir} were heard, but "
+                            f"no {metric} was recorded for them{NO_SCORE_WHY.get(metric, '')}; pick by another score, "
+                            f"or move {run_dir / LISTEN_DIR} aside and hear them again")
         heard = Heard(read_records(scores_path(run_dir)))
         scored = [step for step in sorted(heard.by_step) if (heard.summary(step) or {}).get(metric) is not None]
         gone = (f" (steps {', '.join(map(str, scored))} were scored, but those files are gone, unreadable, or were "

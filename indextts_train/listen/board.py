@@ -17,7 +17,8 @@ MAX_AUDIO_SECONDS = 60  # a babbling checkpoint's clip is cut in TensorBoard (th
 
 class ListenBoard:
     def __init__(self, run_dir: Path, warn: Callable[[str], None]) -> None:
-        self.writer = open_tensorboard(Path(run_dir) / "logs" / "listen", lambda line: warn(f"warning: {line}"))
+        self.writer = open_tensorboard(Path(run_dir) / "logs" / "listen", lambda line: warn(f"warning: {line}"),
+                                       "listening goes on, and scores.jsonl and index.html keep every score")
 
     def line(self, record: dict, wav: Path) -> None:
         if not record.get("ok"):

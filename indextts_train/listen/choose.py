@@ -25,6 +25,7 @@ from indextts_train.files.bounded import kind_of_path, parse_json, read_bounded
 from indextts_train.ui.run_record import RECORD_NAME, read_record
 
 MAX_PREPARE_JSON_BYTES = 16 << 20
+MAX_STEP_DIGITS = 19  # a step counts optimizer updates: 10**19 is past any run
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,11 @@ def _named(run_dir: Path, word: str) -> list[Path]:
     if word == "all":
         return list_checkpoints(run_dir) + ([run_dir / BEST] if (run_dir / BEST).is_file() else [])
     digits = word[4:]
-    if word.startswith("step") and digits.isascii() and digits.isdigit():  # `step²` is a digit to str.isdigit
+    # `step²` is a digit to str.isdigit; 5,000 digits are past what int() converts (a traceback), and no step
+    if word.startswith("step") and digits.isascii() and digits.isdigit() and len(digits) <= MAX_STEP_DIGITS:
         return _existing(word, run_dir / f"model_step{int(digits)}.pth", run_dir)
-    raise UserError(f"--checkpoints {word}: expected best, latest, stepN (e.g. step500) or all, comma-separated")
+    shown = word if len(word) <= 40 and word.isprintable() else f"{word[:40]!r}{'...' if len(word) > 40 else ''}"
+    raise UserError(f"--checkpoints {shown}: expected best, latest, stepN (e.g. step500) or all, comma-separated")
 
 
 def _not_files(run_dir: Path) -> list[str]:

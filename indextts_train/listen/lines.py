@@ -57,7 +57,20 @@ def _string(obj: dict, key: str, where: str, *, required: bool) -> str | None:
     if not isinstance(value, str) or not value.strip():
         raise UserError(f"{where}: key {key!r} must be a non-empty string; add it (lines need "
                         "'text' and 'prompt_audio')")
+    if not _is_unicode(value):  # each value goes into scores.jsonl as UTF-8, after the line was synthesized
+        raise UserError(f"{where}: key {key!r} holds a lone surrogate (a \\ud800-style escape with no pair), which is "
+                        "no text; write the character itself")
     return value
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` encodes as UTF-8: JSON's "\\ud800" decodes to a lone surrogate, which does not (the record
+    of a line whose text, id or language held one ended listen in a traceback once its WAV was made)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _audio(obj: dict, key: str, base: Path, where: str, *, required: bool) -> Path | None:
@@ -65,8 +78,9 @@ def _audio(obj: dict, key: str, base: Path, where: str, *, required: bool) -> Pa
     if value is None:
         return None
     path = (base / value).expanduser()
-    if not path.is_file():
-        raise UserError(f"{where}: {key} {path} not found; fix the path (relative paths are taken from the "
+    if not path.is_file():  # a FIFO, a folder or /dev/zero is there, and "not found" sent the user looking
+        what = f"is {kind_of_path(path)}, not an audio file" if os.path.lexists(path) else "not found"
+        raise UserError(f"{where}: {key} {path} {what}; fix the path (relative paths are taken from the "
                         "lines file's folder)")
     return path
 
@@ -164,7 +178,9 @@ def _candidates(spec: str, where: str) -> list[tuple[str, dict, Path]]:
         if isinstance(obj, dict) and all(isinstance(obj.get(k), str) and obj[k]
                                          for k in ("prompt_audio_path", "target_text")):
             obj.setdefault("language", manifest.lang)
-            out.append((str(obj.get("id") or f"{manifest.path.stem}-{number}"), obj, manifest.path.parent))
+            uid = str(obj.get("id") or f"{manifest.path.stem}-{number}")
+            if all(_is_unicode(v) for v in (uid, *obj.values()) if isinstance(v, str)):  # as --lines refuses
+                out.append((uid, obj, manifest.path.parent))
     if not out:
         raise UserError(f"{where}: {manifest.path} has no line with prompt_audio_path and target_text (a manifest "
                         "`indextts-train prepare` wrote has them); pass --lines FILE.jsonl")

@@ -30,7 +30,7 @@ from indextts_train.config.schema import is_int
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write_text
 from indextts_train.files.bounded import open_regular
-from indextts_train.listen.text_score import alignment
+from indextts_train.listen.text_score import MAX_COMPARED_CHARS, alignment, normalise
 
 PAGE_NAME = "index.html"
 PAGE_HEAD_BYTES = 4096  # where a page of ours shows that it is
@@ -38,6 +38,7 @@ HEAD = "<!doctype html><html><head><meta charset='utf-8'>"
 GENERATOR = "<meta name='generator' content='indextts-train listen'>"  # marks a page as ours: only it is replaced
 TINY_ASR_PARAMETERS = 5_000_000  # the smallest real ASR models (whisper-tiny: 39 M) are far above this
 TINY_GPT_WIDTH = 256  # the released GPTs are 1280 wide; the test configs are a few dozen
+MAX_MARKED_CELLS = 20_000_000  # alignment work of one page: about 5 s of Python on a 2-core VM
 
 STYLE = """body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:.4em;vertical-align:top;max-width:22em}
@@ -61,8 +62,28 @@ def _link(path: str | None, listen_dir: Path) -> str | None:
     return quote(os.path.relpath(Path(path), listen_dir).replace(os.sep, "/"))
 
 
-def marked_transcript(text: str, transcript: str) -> str:
-    """The transcript as HTML with each error marked against the (normalised) text."""
+class MarkBudget:
+    """What is left of the page's alignment work (cells of the Levenshtein tables): a crafted scores.jsonl of
+    8 MB (2,000 records of 2,000-character texts and transcripts) took about half an hour to render, a second
+    a cell. Past the budget a transcript is shown unmarked; the scores stay as recorded."""
+
+    def __init__(self) -> None:
+        self.left = MAX_MARKED_CELLS
+
+    def take(self, text: str, transcript: str) -> bool:
+        cost = (min(len(normalise(text)), MAX_COMPARED_CHARS) + 1) * (min(len(normalise(transcript)),
+                                                                           MAX_COMPARED_CHARS) + 1)
+        if cost > self.left:
+            return False
+        self.left -= cost
+        return True
+
+
+def marked_transcript(text: str, transcript: str, budget: MarkBudget | None = None) -> str:
+    """The transcript as HTML with each error marked against the (normalised) text (unmarked, with a note,
+    once `budget` is spent)."""
+    if budget is not None and not budget.take(text, transcript):
+        return f'<span title="too much text on this page to mark the errors">{_e(transcript)}</span>'
     out = []
     for edit in alignment(text, transcript):
         if edit.op == "equal":
@@ -104,7 +125,7 @@ def _number(record: dict, key: str, label: str, fmt: str = "{:.3f}") -> str | No
 
 
 
-def _cell(record: dict | None) -> str:
+def _cell(record: dict | None, budget: MarkBudget) -> str:
     if record is None:
         return "<td>-</td>"
     if not is_scored(record):
@@ -112,7 +133,7 @@ def _cell(record: dict | None) -> str:
     scores = [_number(record, "cer", "CER"), _number(record, "wer", "WER"),
               _number(record, "speaker_sim", "similarity"), _number(record, "seconds", "", "{:.2f} s"),
               _number(record, "length_ratio", "x reference", "{:.2f}")]
-    said = marked_transcript(_text(record, "text"), _text(record, "transcript"))
+    said = marked_transcript(_text(record, "text"), _text(record, "transcript"), budget)
     return (f"<td>{_audio(quote(str(record.get('wav', ''))))}<div>{said}</div>"
             f'<div class="scores">{_e(" · ".join(s.strip() for s in scores if s))}</div></td>')
 
@@ -174,11 +195,11 @@ def render_page(run_dir: Path) -> str:
     warn = ('<p class="warn">These are tiny random test models: they speak noise, and the numbers below mean '
             "nothing at this size.</p>") if _is_tiny(records) else ""
     head = "".join(f"<th>step {s}<div class='scores'>{_e(_means(means.get(s)))}</div></th>" for s in steps)
-    rows = []
+    rows, budget = [], MarkBudget()
     for line_id in line_ids:
         first = next(cells[(s, line_id)] for s in steps if (s, line_id) in cells)
-        rows.append("<tr>" + _line_head(first, listen_dir) + "".join(_cell(cells.get((s, line_id))) for s in steps)
-                    + "</tr>")
+        rows.append("<tr>" + _line_head(first, listen_dir)
+                    + "".join(_cell(cells.get((s, line_id)), budget) for s in steps) + "</tr>")
     body = (f"<table><tr><th>line</th>{head}</tr>{''.join(rows)}</table>" if rows
             else "<p>No checkpoint has been heard yet.</p>")
     name = _e(Path(run_dir).name)

@@ -39,6 +39,7 @@ from indextts_train.listen.asr import DEFAULT_ASR_MODEL, Recogniser, load_recogn
 from indextts_train.listen.board import ListenBoard
 from indextts_train.listen.choose import Chosen, choose_checkpoints, model_dir_of, run_inputs
 from indextts_train.listen.lines import Line, check_audio, default_lines, read_lines_file
+from indextts_train.listen.lock import ListenLock
 from indextts_train.listen.model_folder import MARKER, check_inference_folder, make_model_folder
 from indextts_train.listen.page import check_page, write_page
 from indextts_train.listen.score import Voice, find_campplus, score_wav
@@ -74,6 +75,7 @@ class Plan:
     python: Path | None = None  # resolved only when there is something to hear
     recogniser: Recogniser | None = None
     notes: list[str] = field(default_factory=list)
+    chosen: list[Chosen] = field(default_factory=list)  # the checkpoints to hear, heard or not
     failed: int = 0  # lines whose synthesis or scoring failed (recorded; a rerun tries them again)
     folders: dict[int, str] = field(default_factory=dict)  # step -> its WAVs' folder under RUN/listen (wav_folder)
 
@@ -188,13 +190,22 @@ def plan(options: ListenOptions) -> Plan:
     check_page(run_dir)
     check_audio(lines, options.lines)
     check_line_ids(run_dir, lines, records, options.lines)
-    done = scored_keys(records, {c.step: c.branch for c in chosen})  # a rollback's new files are not heard yet
-    todo = [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
-    work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes, folders=folders)
+    todo = _unheard(chosen, lines, records)
+    work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes, folders=folders,
+                chosen=chosen)
+    if todo and find_campplus(model_dir) is None:  # said up front: the records, the table and --pick lacked it
+        work.notes.append(f"no CAMPPlus weights (campplus_cn_common.bin) in {model_dir / 'hf_cache'} nor the Hugging "
+                          "Face cache: speaker similarity is not scored; put the file there to score it")
     if todo:  # the inference environment first: a few seconds, where the ASR model may be gigabytes to fetch
         work.python = resolve_inference_python(family, options.inference_python, say=options.say)
         work.recogniser = load_recogniser(options.asr_model, work.device)
     return work
+
+
+def _unheard(chosen: list[Chosen], lines: list[Line], records: list[dict]) -> list[tuple[Chosen, list[Line]]]:
+    """Each checkpoint with the lines it has no score for yet (a rollback's new files are not heard yet)."""
+    done = scored_keys(records, {c.step: c.branch for c in chosen})
+    return [(c, missing) for c in chosen if (missing := [ln for ln in lines if (c.step, ln.line_id) not in done])]
 
 
 def listen(options: ListenOptions) -> tuple[Path, int]:
@@ -203,17 +214,22 @@ def listen(options: ListenOptions) -> tuple[Path, int]:
     work = plan(options)
     for note in work.notes:
         say(f"note: {note}")
-    _remove_stale_folders(options.run_dir / LISTEN_DIR)
-    if not work.todo:
-        say(f"every chosen checkpoint was already heard ({len(work.lines)} lines); nothing to do")
-    board = ListenBoard(options.run_dir, say) if work.todo else None
+    lock = ListenLock(options.run_dir)
+    if work.todo and lock.acquire(say):  # waited for another listen: what it heard meanwhile is not heard again
+        work.todo = _unheard(work.chosen, work.lines, read_records(scores_path(options.run_dir)))
+    board = None
     try:
+        _remove_stale_folders(options.run_dir / LISTEN_DIR)
+        if not work.todo:
+            say(f"every chosen checkpoint was already heard ({len(work.lines)} lines); nothing to do")
+        board = ListenBoard(options.run_dir, say) if work.todo else None
         for chosen, missing in work.todo:
             _hear(options, work, chosen, missing, board)
             write_page(options.run_dir)  # after each checkpoint: the page is worth opening while the rest runs
     finally:
         if board is not None:
             board.close()
+        lock.release()
     return write_page(options.run_dir), work.failed
 
 

@@ -11,25 +11,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from indextts_train.config.family import Family
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import open_append
+from indextts_train.train.listening import interpreter_path
 
 CHILD_SCRIPT = Path(__file__).with_name("child_infer.py")
 PROBE_TIMEOUT_S = 300  # importing torch + transformers on a cold, loaded machine
-TAIL_CHARS = 4000
+KEPT_OUTPUT_BYTES = 100_000  # of each stream of a child: what synthesis.log keeps of a job, and the probe's answer
 PROBE_BROKEN = 4  # the package is there but its import fails (e.g. a torchaudio built for another torch)
 # Imports the inference module for real (a package that is installed but broken must be refused too),
 # printing one line instead of a traceback.
+PROBE_OK = "indextts-train probe: imported"  # the answer of a Python that ran the probe (an exit 0 alone: /bin/true)
 PROBE = """import importlib, importlib.util, sys
 try:
     found = importlib.util.find_spec({module!r}) is not None
@@ -38,6 +41,8 @@ try:
 except Exception as exc:
     print(type(exc).__name__ + ": " + " ".join(str(exc).split())[:300])
     sys.exit(4)
+if found:
+    print({ok!r})
 sys.exit(0 if found else 3)
 """
 
@@ -92,7 +97,7 @@ def resolve_inference_python(family: Family, flag_value: Path | None,
         python = Path(sys.executable)
         where = f"this Python ({python})"
     else:
-        python = _interpreter_path(flag_value)
+        python = interpreter_path(flag_value)
         where = named_by.format(flag_value)
         if not python.is_file() or not os.access(python, os.X_OK):
             raise UserError(f"{where}: not an executable file; pass the python of the environment where "
@@ -100,15 +105,17 @@ def resolve_inference_python(family: Family, flag_value: Path | None,
     if say is not None:  # the import takes seconds to minutes, and a program that never exits is waited for
         say(f"checking that {where} imports {module} (waiting up to {PROBE_TIMEOUT_S} s)")
     try:
-        done = subprocess.run([str(python), "-c", PROBE.format(module=module)], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=_child_env())
-    except subprocess.TimeoutExpired:
-        raise UserError(f"{where}: did not finish importing {module} in {PROBE_TIMEOUT_S} s (is it a python?); "
-                        f"{_install_hint(family, named_by)}") from None
+        done = run_bounded([str(python), "-c", PROBE.format(module=module, ok=PROBE_OK)], PROBE_TIMEOUT_S)
     except OSError as exc:  # the file is there (checked above): its #! line names a missing program, or none
         why = "its #! line names a program that is not there" if isinstance(exc, FileNotFoundError) else (
             exc.strerror or type(exc).__name__)
         raise UserError(f"{where}: cannot run it ({why}); {_install_hint(family, named_by)}") from None
+    if done.returncode is None:
+        raise UserError(f"{where}: did not finish importing {module} in {PROBE_TIMEOUT_S} s (is it a python?); "
+                        f"{_install_hint(family, named_by)}")
+    if done.returncode == 0 and PROBE_OK not in done.stdout:
+        raise UserError(f"{where}: exited without running the import check (is it a python?); "
+                        f"{_install_hint(family, named_by)}")
     if done.returncode != 0:
         found = _tail_line(done.stdout) if done.returncode == PROBE_BROKEN else "not installed"
         raise UserError(f"{where} cannot import {module}, the {name} inference code ({found}): "
@@ -116,17 +123,47 @@ def resolve_inference_python(family: Family, flag_value: Path | None,
     return python
 
 
-def _interpreter_path(flag_value: Path) -> Path:
-    """The very file --inference-python names, made absolute against the current folder: Path("./python") is
-    "python", which the start would look up on PATH (another interpreter ran, or FileNotFoundError). A bare
-    name with no such file here is looked up on PATH (`--inference-python python3.11`); the `./` a value was
-    typed with is gone by now, so a file of that name here comes first."""
-    python = Path(os.path.abspath(flag_value.expanduser()))
-    if os.sep not in str(flag_value) and not python.exists():
-        found = shutil.which(str(flag_value))
-        if found is not None:
-            return Path(os.path.abspath(found))
-    return python
+@dataclass(frozen=True)
+class Finished:
+    """What a child process left: its exit code (None: killed at its time limit) and the last KEPT_OUTPUT_BYTES
+    of each of its streams."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+def run_bounded(args: list[str], timeout_s: float | None) -> Finished:
+    """Run a child to its end (killed at `timeout_s`), keeping only the tail of its output: capture_output held
+    all of it, and a program that prints without end (`--inference-python` naming one) took gigabytes a minute."""
+    child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=_child_env())
+    tails = [bytearray(), bytearray()]
+    readers = [threading.Thread(target=_keep_tail, args=(stream, tail), daemon=True)
+               for stream, tail in zip((child.stdout, child.stderr), tails, strict=True)]
+    try:
+        for reader in readers:
+            reader.start()
+        try:
+            code: int | None = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:  # a timeout, or Ctrl+C here: the child goes too
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for reader in readers:
+            reader.join(timeout=5)  # a grandchild holding the pipe open must not keep us
+    out, err = (bytes(tail).decode("utf-8", "replace") for tail in tails)
+    return Finished(code, out, err)
+
+
+def _keep_tail(stream: IO[bytes], tail: bytearray) -> None:
+    while chunk := stream.read1(1 << 16):
+        tail += chunk
+        if len(tail) > 2 * KEPT_OUTPUT_BYTES:
+            del tail[:-KEPT_OUTPUT_BYTES]
+    stream.close()
 
 
 def _child_env() -> dict[str, str]:
@@ -186,16 +223,16 @@ def synthesize(model_dir: Path, family: Family, lines: list[SynthesisLine], *, s
         job_path.write_text(json.dumps(job), encoding="utf-8")
         started = time.monotonic()
         try:
-            done = subprocess.run([str(python), str(CHILD_SCRIPT), str(job_path)], capture_output=True, text=True,
-                                  timeout=timeout_s, env=_child_env())
-            output, failure = done.stdout + done.stderr, None
-            if done.returncode != 0:
-                failure = f"inference process exited with code {done.returncode}: {_tail_line(done.stderr)}"
-        except subprocess.TimeoutExpired as exc:
-            output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+            done = run_bounded([str(python), str(CHILD_SCRIPT), str(job_path)], timeout_s)
+        except OSError as exc:  # the interpreter went away since its check: every line fails with the reason
+            done = Finished(1, "", f"cannot start {python}: {exc.strerror or type(exc).__name__}")
+        failure = None
+        if done.returncode is None:
             failure = f"inference process killed after {time.monotonic() - started:.0f} s (timeout)"
+        elif done.returncode != 0:
+            failure = f"inference process exited with code {done.returncode}: {_tail_line(done.stderr)}"
         if log_path is not None:
-            _keep_log(log_path, output[-TAIL_CHARS * 25:])
+            _keep_log(log_path, (done.stdout + done.stderr)[-KEPT_OUTPUT_BYTES:])
         report = _read_results(result_path)
     return _results(lines, seed, report, failure)
 

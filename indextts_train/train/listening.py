@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +26,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from indextts_train.checkpoint.run_folder import step_of
+from indextts_train.errors import UserError
 from indextts_train.files.atomic import open_append
 
 LOG_NAME = "listen.log"
@@ -35,10 +39,17 @@ def due_steps(output_dir: Path, every: int, save_interval: int, last_step: int) 
     period = every * save_interval
     steps = []
     for path in Path(output_dir).glob("model_step*.pth"):
-        number = path.name[len("model_step"):-len(".pth")]
-        if number.isdigit() and (int(number) % period == 0 or int(number) == last_step):
-            steps.append(int(number))
+        step = step_of(path)
+        if step is not None and _heard_as(path, step) and (step % period == 0 or step == last_step):
+            steps.append(step)
     return sorted(steps)
+
+
+def _heard_as(path: Path, step: int) -> bool:
+    """Whether `listen --checkpoints step{step}` names this very file: a regular file under the plain name. A
+    `model_step².pth` ended training in int()'s traceback; a FIFO or folder under a step's name (which listen
+    refuses) failed every listener after it, each naming every due step."""
+    return path.name == f"model_step{step}.pth" and path.is_file() and not path.is_symlink()
 
 
 class Listener:
@@ -61,7 +72,12 @@ class Listener:
                 self._start()
 
     def _start(self) -> None:
-        steps, self.pending = self.pending, None
+        # the steps as named when they were due, less the files rotation removed since (the child starts when
+        # the one before it ends, perhaps many saves later): listen refuses a name with no file, and heard none
+        steps = [step for step in self.pending if _heard_as(self.output_dir / f"model_step{step}.pth", step)]
+        self.pending = None
+        if not steps:
+            return
         listen_dir = self.output_dir / "listen"
         args = [sys.executable, "-m", "indextts_train", "listen", str(self.output_dir),
                 "--checkpoints", ",".join(f"step{s}" for s in steps), *self.command]
@@ -118,3 +134,61 @@ def listen_flags(train: object) -> list[str]:
     if train.listen_inference_python:
         flags += ["--inference-python", train.listen_inference_python]
     return flags
+
+
+def interpreter_path(flag_value: Path) -> Path:
+    """The very file --inference-python names, made absolute against the current folder: Path("./python") is
+    "python", which the start would look up on PATH (another interpreter ran, or FileNotFoundError). A bare
+    name with no such file here is looked up on PATH (`--inference-python python3.11`); the `./` a value was
+    typed with is gone by now, so a file of that name here comes first. (Here, below `listen`, so that the
+    trainer checks --listen-inference-python by the same rule before its first step.)"""
+    python = Path(os.path.abspath(flag_value.expanduser()))
+    if os.sep not in str(flag_value) and not python.exists():
+        found = shutil.which(str(flag_value))
+        if found is not None:
+            return Path(os.path.abspath(found))
+    return python
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:(0|[1-9][0-9]{0,3}))?")  # what `listen --device` takes (cuda:01: no)
+
+
+def check_listen_settings(train: object) -> None:
+    """The --listen-* settings, before the run's first step: each listener is started with them after a save
+    (the last one after the run is done), so a `--listen-device gpu` or a python that is not there failed every
+    listener, said only in RUN/listen/listen.log once the trainer had ended. What takes seconds (the inference
+    package's import, the ASR model's load) stays `listen`'s own check."""
+    if not train.listen_every:
+        return
+    device = train.listen_device
+    if not _DEVICE.fullmatch(device):
+        raise UserError(f"--listen-device {device}: not a device the listener runs on; use cpu, auto, cuda or "
+                        "cuda:N (N: a GPU's index, written as cuda:1)")
+    import torch
+
+    if device.startswith("cuda") and int(device.partition(":")[2] or 0) >= torch.cuda.device_count():
+        raise UserError(f"--listen-device {device}: this machine has {torch.cuda.device_count()} GPU(s); use "
+                        "--listen-device cpu" + (f", or cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+                                                 if torch.cuda.device_count() else ""))
+    if train.listen_inference_python:
+        python = interpreter_path(Path(train.listen_inference_python))
+        if not python.is_file() or not os.access(python, os.X_OK):
+            raise UserError(f"--listen-inference-python {train.listen_inference_python}: not an executable file; "
+                            "pass the python of the environment with the official inference package")
+    _check_asr_model(train.listen_asr_model)
+
+
+def _check_asr_model(model: str) -> None:
+    """A local folder must hold a transformers model (config.json); a path that is not there is no Hugging
+    Face id either (an id is NAME or ORG/NAME), so it is refused here rather than fetched from the hub."""
+    if not model:
+        return
+    local = Path(model).expanduser()
+    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1
+    if local.exists() and not (local / "config.json").is_file():
+        what = "no config.json in that folder" if local.is_dir() else "not a folder"
+        raise UserError(f"--listen-asr-model {model}: {what}; pass a transformers ASR model folder, or a Hugging "
+                        "Face id")
+    if not local.exists() and looks_like_path:
+        raise UserError(f"--listen-asr-model {model}: no such folder; pass a transformers ASR model folder, or a "
+                        "Hugging Face id such as facebook/mms-1b-all")

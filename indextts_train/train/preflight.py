@@ -25,6 +25,7 @@ from indextts_train.data.corpus_forms import corpus_form, refuse_corpus
 from indextts_train.files.bounded import check_file
 from indextts_train.text.languages import parse_borrowed
 from indextts_train.text.vocab import Tokenizer, read_tokenizer
+from indextts_train.train.listening import check_listen_settings
 from indextts_train.ui.run_settings import RunSettings
 
 
@@ -54,6 +55,7 @@ def check_inputs(options: RunSettings, config: Config) -> tuple[Tokenizer, BaseC
     the run will use, each read once (None: no --base-checkpoint). `config.gpt`'s family is settled
     by the base checkpoint's keys when the config states none."""
     output_corpus = check_paths(options)
+    check_listen_settings(config.train)  # listeners start after saves: a bad --listen-* failed each one, unsaid
     check_run_folder(options.output_dir, options.resume, output_corpus)
     stated = config.gpt.stated_family is not None  # by the config's version:, else the base's keys settle it
     base = read_base(options.base_checkpoint, config.gpt)  # what is wrong with it is said below, in its turn

@@ -42,6 +42,9 @@ def _reason(exc: BaseException) -> str:
     return text[0][:160] if text else type(exc).__name__
 
 
+GOES_ON = "training goes on and checkpoints are still saved"
+
+
 class SafeWriter:
     """A metrics writer whose first failure is one warning; after it, metrics are dropped.
 
@@ -50,9 +53,11 @@ class SafeWriter:
     is worth more than its curves.
     """
 
-    def __init__(self, open_writer: Callable[[], MetricsWriter], warn: Callable[[str], None], where: str) -> None:
+    def __init__(self, open_writer: Callable[[], MetricsWriter], warn: Callable[[str], None], where: str,
+                 goes_on: str = GOES_ON) -> None:
         self._warn = warn
         self._where = where
+        self._goes_on = goes_on
         self.failed = False
         self._writer: MetricsWriter = NullWriter()
         self._guard("open", lambda: setattr(self, "_writer", open_writer()))
@@ -66,7 +71,7 @@ class SafeWriter:
             self.failed = True
             self._writer = NullWriter()
             self._warn(f"TensorBoard logging stopped: could not {what} {self._where} ({_reason(exc)}); "
-                       "training goes on and checkpoints are still saved")
+                       f"{self._goes_on}")
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         self._guard("write to", lambda: self._writer.add_scalar(tag, value, step))
@@ -101,8 +106,10 @@ def _quiet_writer_threads() -> None:
     threading.excepthook = hook
 
 
-def open_tensorboard(log_dir: Path, warn: Callable[[str], None], **kwargs: object) -> SafeWriter:
-    """A SafeWriter over torch's SummaryWriter in `log_dir` (extra kwargs go to SummaryWriter)."""
+def open_tensorboard(log_dir: Path, warn: Callable[[str], None], goes_on: str = GOES_ON,
+                     **kwargs: object) -> SafeWriter:
+    """A SafeWriter over torch's SummaryWriter in `log_dir` (extra kwargs go to SummaryWriter); `goes_on`: what
+    its warning says continues (the trainer's by default)."""
     _quiet_writer_threads()
 
     def make() -> MetricsWriter:
@@ -110,7 +117,7 @@ def open_tensorboard(log_dir: Path, warn: Callable[[str], None], **kwargs: objec
 
         return SummaryWriter(str(log_dir), **kwargs)
 
-    return SafeWriter(make, warn, str(log_dir))
+    return SafeWriter(make, warn, str(log_dir), goes_on)
 
 
 def silence_stdout() -> None:
