@@ -334,3 +334,20 @@ def test_a_board_that_cannot_open_says_listening_goes_on(tmp_path) -> None:
     ListenBoard(tmp_path, said.append)
     assert len(said) == 1 and said[0].startswith("warning: TensorBoard logging stopped: could not open ")
     assert said[0].endswith("listening goes on, and scores.jsonl and index.html keep every score"), said
+
+
+def test_a_half_written_wav_of_a_killed_child_is_removed_by_the_next_listen(tmp_path) -> None:
+    """An inference child killed mid-line left RUN/listen/stepN/.LINE.PID.tmp.wav for good; the next listen that
+    writes into that folder removes it (its writer is gone), and leaves one a live child is writing."""
+    from indextts_train.listen.lines import Line
+    from indextts_train.listen.run import _synthesis_lines
+
+    gone = Path("/proc/sys/kernel/pid_max").read_text().strip()  # no process has it: every pid is below it
+    folder = tmp_path / "listen" / "step4"
+    folder.mkdir(parents=True)
+    stale, live = folder / f".l0.{gone}.tmp.wav", folder / f".l1.{os.getpid()}.tmp.wav"
+    for path in (stale, live, folder / "notes.tmp.wav"):
+        path.write_bytes(b"RIFF")
+    line = Line("l0", "Hello.", tmp_path / "prompt.wav", "en")
+    assert [s.out_wav for s in _synthesis_lines(tmp_path / "listen", "step4", [line])] == [folder / "l0.wav"]
+    assert not stale.exists() and live.exists() and (folder / "notes.tmp.wav").exists()

@@ -236,6 +236,10 @@ def listen(options: ListenOptions) -> tuple[Path, int]:
 def _synthesis_lines(listen_dir: Path, name: str, lines: list[Line]) -> list[SynthesisLine]:
     folder = listen_dir / name
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".*.tmp.wav"):  # a WAV half-written by an inference child that was killed
+        pid = stale.name.removesuffix(".tmp.wav").rpartition(".")[2]  # child_infer's `.LINE.PID.tmp.wav`
+        if pid.isdigit() and not _alive(int(pid)) and not stale.is_symlink():
+            stale.unlink(missing_ok=True)
     return [SynthesisLine(line.line_id, line.text, line.prompt_audio, folder / f"{line.line_id}.wav", line.language)
             for line in lines]
 
