@@ -92,11 +92,18 @@ def children(pid: int) -> list[int]:
     return found
 
 
+# The killed run's length: each of its 3 attempts is killed at most 0.3 s after its loop starts (about 3 steps of
+# the 2-process tiny run on the 2-core VM), so 60 steps (10 epochs) leave the rest of the run to the resume even on
+# a machine several times faster; 120 steps only doubled the reference and the final runs (test_train_distributed_v25
+# kills 2 attempts of a 30-step run)
+KILLED_STEPS = 60
+
+
 def test_two_process_run_killed_and_resumed_is_bit_identical(tiny_data, configs, tmp_path) -> None:
     reference = tmp_path / "reference"
-    run(command(tiny_data, configs["dropout"], reference, nproc=2, max_steps=120))
+    run(command(tiny_data, configs["dropout"], reference, nproc=2, max_steps=KILLED_STEPS))
     out = tmp_path / "killed"
-    args = command(tiny_data, configs["dropout"], out, nproc=2, max_steps=120)
+    args = command(tiny_data, configs["dropout"], out, nproc=2, max_steps=KILLED_STEPS)
     rng = random.Random(5)
     for attempt in range(3):
         proc = start(args)
@@ -108,7 +115,8 @@ def test_two_process_run_killed_and_resumed_is_bit_identical(tiny_data, configs,
             for pid in [*children(proc.pid), proc.pid]:
                 with contextlib.suppress(ProcessLookupError):  # a child may have exited since it was listed
                     os.kill(pid, signal.SIGKILL)
-        proc.communicate(timeout=120)
+        rest, _ = proc.communicate(timeout=120)
+        assert "done: " not in rest, f"attempt {attempt} finished the run before its kill: raise KILLED_STEPS"
     run(args)
     got, want = final(out), final(reference)
     assert got["progress"] == want["progress"]
