@@ -23,7 +23,7 @@ from indextts_train.config.settings import GPTConfig
 from indextts_train.data.arrays import tag_base
 from indextts_train.data.corpus_forms import PREPARE_RECORD, refuse_corpus
 from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, LineLimits, check_line, line_language
-from indextts_train.data.manifest import REPORT_ERRORS
+from indextts_train.data.manifest import REPORT_ERRORS, refuse_given_twice
 from indextts_train.errors import UserError, WrongKindOfFile
 from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import iter_lines, json_or_none
@@ -211,11 +211,9 @@ def check_manifests(paths: Sequence[str | Path], *, gpt_cfg: GPTConfig | None = 
     _refuse_other_family(gpt_cfg, text_path)
     limits = _limits_for(gpt_cfg, vocab_size, base_vocab, borrowed, text_path)
     files = [str(p) for p in paths]
-    for i, path in enumerate(files):  # check-data's paths, once each: a corpus for prepare is said as such
+    for path in files:  # check-data's paths: a corpus for prepare is said as such
         refuse_corpus(path)
-        twin = next((other for other in files[:i] if _same_file(other, path)), None)
-        if twin is not None:  # its lines would count, and --write-clean write them, twice
-            raise UserError(f"{path}: the same file as {twin}, given before it; pass each manifest once")
+    refuse_given_twice(files)
     stats = _CheckStats()
     errors: list[str] = []
     bad_lines: list[list] = []
@@ -396,13 +394,6 @@ def clean_line(path: Path, written: int) -> str:
 
 
 PREPARE_RECORD_BYTES = 4 * 1024 * 1024  # a record is a few KiB; a larger file is not one
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return a == b or os.path.samefile(a, b)
-    except OSError:  # one of them is no file: the reader says so
-        return False
 
 
 # How much of an existing --write-clean file is read to see that it is a manifest: a line is a few KiB.

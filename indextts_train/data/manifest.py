@@ -217,6 +217,23 @@ class ManifestIndex:
         return out
 
 
+def refuse_given_twice(paths: Sequence[str | Path], flag: str | None = None) -> None:
+    """One line when a manifest is given twice (by another name, a link or a hard link): its lines would count,
+    and check-data --write-clean write them, twice. check-data and evaluate ask it of their paths."""
+    for i, path in enumerate(paths):
+        twin = next((other for other in paths[:i] if _same_file(other, path)), None)
+        if twin is not None:
+            named = f"{flag} {path}" if flag else f"{path}"
+            raise UserError(f"{named}: the same file as {twin}, given before it; pass each manifest once")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return str(a) == str(b) or os.path.samefile(a, b)
+    except OSError:  # one of them is no file: the reader says so
+        return False
+
+
 # ---------------------------------------------------------------------------------------------
 # Dataset, collate
 

@@ -10,12 +10,16 @@ import torch
 
 from indextts_train.checkpoint.base import load_base_checkpoint
 from indextts_train.checkpoint.files import config_for, load_checkpoint
-from indextts_train.checkpoint.run_folder import same_file
 from indextts_train.config.run_inputs import config_beside
 from indextts_train.config.settings import DEFAULT_CONFIG, Config
-from indextts_train.data.manifest import ManifestDataset, ManifestIndex, make_loader, sequential_batches
+from indextts_train.data.manifest import (
+    ManifestDataset,
+    ManifestIndex,
+    make_loader,
+    refuse_given_twice,
+    sequential_batches,
+)
 from indextts_train.distributed import DistInfo, sum_across_ranks
-from indextts_train.errors import UserError
 from indextts_train.model.gpt import Batch, UnifiedVoiceGPT
 from indextts_train.model.lora import attach_lora, load_adapters, record_spec
 
@@ -76,7 +80,7 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
     bare gpt.pth (the one train-gpt takes for it as --base-checkpoint), else configs/indextts2.yaml.
     The file is read once: `loaded` when the caller has read it already (the CLI's load_verified).
     """
-    _refuse_twice(manifests)
+    refuse_given_twice(manifests, "--manifest")
     if loaded is None:
         loaded = load_checkpoint(checkpoint, mmap=True)  # tensor data stays on disk until the model copies it
     fallback = config_beside(checkpoint)[0] or DEFAULT_CONFIG  # a model folder's gpt.pth is sized by its config
@@ -101,10 +105,3 @@ def evaluate_checkpoint(checkpoint: Path, manifests: Sequence[Path], config_path
     result.update(checkpoint=str(checkpoint), text_tokens=tokens, batch_size=batch_size)
     return result
 
-
-def _refuse_twice(manifests: Sequence[Path]) -> None:
-    """A manifest given twice would count its lines twice in the loss (check-data refuses it too)."""
-    for i, path in enumerate(manifests):
-        twin = next((other for other in manifests[:i] if same_file(other, path)), None)
-        if twin is not None:
-            raise UserError(f"--manifest {path}: the same file as {twin}, given before it; pass each manifest once")
