@@ -36,7 +36,8 @@ from indextts_train.train import listening
 from indextts_train.train.listening import Listener, check_listen_settings, due_steps
 from indextts_train.ui.run_record import write_run_record
 
-# The stand-in of the official IndexTTS2 class: one second of a tone per line, after FAKE_LINE_S seconds.
+# The stand-in of the official IndexTTS2 class: one second of a tone per line, after FAKE_LINE_S seconds, and
+# once the file FAKE_HOLD names exists (a test's hand on when a listen goes on; at most 300 s).
 FAKE_INDEXTTS2 = '''
 import os, time, numpy as np
 class IndexTTS2:
@@ -44,6 +45,9 @@ class IndexTTS2:
         pass
     def infer(self, spk_audio_prompt, text, output_path=None, max_mel_tokens=0):
         time.sleep(float(os.environ.get("FAKE_LINE_S", "0")))
+        hold, deadline = os.environ.get("FAKE_HOLD"), time.monotonic() + 300
+        while hold and not os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.1)
         t = np.arange(16000) / 16000.0
         return 16000, (np.sin(2 * np.pi * 220 * t) * 8000).astype(np.int16)
 '''
@@ -261,9 +265,9 @@ def heard(tiny_data, tmp_path_factory) -> dict:
                                                     "cpu", "--lines", str(lines), "--checkpoints", "latest"]}
 
 
-def _listen(heard: dict, run: Path, line_s: float = 0.0) -> subprocess.Popen:
+def _listen(heard: dict, run: Path, line_s: float = 0.0, hold: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(heard["folder"] / "hub"),
-           "FAKE_LINE_S": str(line_s)}
+           "FAKE_LINE_S": str(line_s), "FAKE_HOLD": str(hold or "")}
     return subprocess.Popen([sys.executable, "-m", "indextts_train", "listen", str(run), *heard["flags"]], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -275,12 +279,22 @@ def test_two_listens_at_once_hear_each_line_once(heard, tmp_path) -> None:
     (the module's other tests may have heard the module's run first)."""
     run = tmp_path / "run"
     shutil.copytree(heard["run"], run, ignore=shutil.ignore_patterns("listen"))
-    first = _listen(heard, run, line_s=3)
+    hold = tmp_path / "go-on"  # the first hears its first line until the second is waiting: on a loaded machine
+    first = _listen(heard, run, hold=hold)  # the second's start took longer than a timed first's whole work
     deadline = time.monotonic() + 300
     while not list(run.glob("listen/.model-*")) and time.monotonic() < deadline:
         time.sleep(0.2)  # the first is at work: its model folder is made
     second = _listen(heard, run)
-    said = [process.communicate(timeout=600)[0] for process in (first, second)]
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in second.stdout], daemon=True)
+    reader.start()
+    while not any("is hearing" in line for line in lines) and second.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the second is starting, then says that it waits
+    hold.touch()
+    said = [first.communicate(timeout=600)[0]]
+    second.wait(timeout=600)
+    reader.join(timeout=60)
+    said.append("".join(lines))
     assert (first.returncode, second.returncode) == (0, 0), said
     assert "another `indextts-train listen` is hearing" in said[1]
     assert "already heard (2 lines); nothing to do" in said[1]
