@@ -37,6 +37,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
 from indextts_train.files.bounded import check_file, json_or_none, kind_of_path, load_yaml
 from indextts_train.files.faults import crash_point
+from indextts_train.files.targets import writer_gone
 from indextts_train.model.layout import official_shapes, trained_keys
 from indextts_train.model.lora import adapter_file, record_spec
 from indextts_train.model.scope import is_trainable, text_rows_trainable
@@ -265,20 +266,8 @@ def remove_stale_temps(output: Path, targets: list[Path], interrupted: tuple[int
     keep = set(_temps_of(interrupted)) if interrupted is not None else set()
     for target in [*targets, publishing_marker(output)]:
         for temp in stale_temps(target):
-            pid = temp.name.rsplit("-", 1)[1]
-            if pid.isdigit() and not _alive(int(pid)) and temp not in keep:
+            if writer_gone(temp) and temp not in keep:
                 temp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process of that id runs (its temp file may be in the middle of being written)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
 
 
 def _adapter_payload(checkpoint: Path, loaded: object) -> dict:

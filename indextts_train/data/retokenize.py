@@ -9,13 +9,21 @@ Text fields, per manifest form: single `text` -> `text_ids_path` / `text_len`; p
 -> `target_text_ids_path` / `target_text_len`, and `prompt_text` -> `prompt_text_ids_path` /
 `prompt_text_len` where a line has them. IndexTTS-2.5 lines are encoded with their `language` (or
 the code of their `lang_id`).
+
+Kill and rerun: each ids folder holds `tokenize.json`, written before its first array, naming what made
+it (the input manifest's path and hash, the tokenizer's hash, the normaliser and language settings). A
+rerun of the same command redoes a folder whose record names the same inputs and whose manifest was not
+published, and skips a manifest it finished (the record holds its counts and its hash). A folder or a
+manifest it cannot prove it wrote is refused, as are those of other inputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +36,9 @@ from indextts_train.data.checkdata import relocate_paths
 from indextts_train.data.corpus_forms import refuse_corpus
 from indextts_train.data.lines import check_strings, language_code
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import atomic_write
-from indextts_train.files.bounded import check_file, iter_lines, parse_json
-from indextts_train.files.targets import check_output_folder, make_output_folder, same_path
+from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
+from indextts_train.files.bounded import check_file, iter_lines, json_or_none, parse_json, read_bounded
+from indextts_train.files.targets import check_output_folder, make_output_folder, same_path, writer_gone
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
 # (text field, ids path field, length field)
@@ -38,6 +46,11 @@ TEXT_SLOTS = (("text", "text_ids_path", "text_len"),
               ("target_text", "target_text_ids_path", "target_text_len"),
               ("prompt_text", "prompt_text_ids_path", "prompt_text_len"))
 _SHOW = 20  # bad lines listed in the report
+RECORD = "tokenize.json"  # in each ids folder: what made it (module docstring)
+RECORD_FORMAT = "indextts-train tokenize 1"
+_INPUT_NAMES = {"manifest": "manifest path", "manifest_sha256": "manifest's lines", "tokenizer_sha256": "tokenizer",
+                "normalizer": "normaliser", "strict_language": "--strict-language", "borrowed": "--borrow-language"}
+_ARRAY = re.compile(r"\d+\.(text|target_text|prompt_text)\.npy")  # _new_line's names
 
 
 @dataclass
@@ -55,8 +68,75 @@ class _Tally:
             self.errors.append(message)
 
 
-def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path, Path]]:
-    """(input manifest, new manifest, folder of its new ids) per input; refuses clashes and old outputs."""
+@dataclass
+class _Target:
+    """One input manifest and where its re-encoding goes; `earlier`: the record of a finished run, skipped."""
+
+    manifest: Path
+    new: Path
+    ids_dir: Path
+    inputs: dict
+    earlier: dict | None = None
+
+
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _read_record(ids_dir: Path) -> dict | None:
+    """The folder's record, or None when it has none that tokenize wrote."""
+    path = ids_dir / RECORD
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+        return None
+    record = json_or_none(read_bounded(path, 1 << 20, "tokenize record"))
+    return record if isinstance(record, dict) and record.get("format") == RECORD_FORMAT else None
+
+
+def _foreign(ids_dir: Path) -> list[str]:
+    """What in the ids folder is not tokenize's: besides its record, arrays and the temp files of killed writers."""
+    return sorted(entry.name for entry in ids_dir.iterdir() if not (
+        entry.name == RECORD or _ARRAY.fullmatch(entry.name) or _dead_record_temp(entry)))
+
+
+def _dead_record_temp(path: Path) -> bool:
+    """A temp file of the record whose writer was killed (an empty folder but for it is a fresh one)."""
+    return path.name.startswith(f".{RECORD}.tmp-") and writer_gone(path)
+
+
+def _earlier(target: _Target) -> dict | None:
+    """How an earlier tokenize left this target: None (nothing, or unfinished: redo it) or its finished record.
+    Refuses what it cannot prove that a tokenize of the same inputs wrote."""
+    new, ids_dir = target.new, target.ids_dir
+    if ids_dir.is_symlink() or (ids_dir.exists() and not ids_dir.is_dir()):
+        raise UserError(f"{ids_dir}: already exists and is not a folder tokenize made; pass a new --out "
+                        "folder or remove it")
+    record = _read_record(ids_dir) if ids_dir.is_dir() else None
+    if ids_dir.is_dir() and record is None and any(not _dead_record_temp(p) for p in ids_dir.iterdir()):
+        raise UserError(f"{ids_dir}: already exists and holds no {RECORD} (not an earlier tokenize's); pass a "
+                        "new --out folder or remove it")
+    if record is not None and record.get("inputs") != target.inputs:
+        earlier = record.get("inputs") if isinstance(record.get("inputs"), dict) else {}
+        changed = [_INPUT_NAMES.get(key, key) for key in target.inputs if earlier.get(key) != target.inputs[key]]
+        raise UserError(f"{ids_dir}: made by a tokenize of other inputs ({', '.join(changed)} not the same); pass "
+                        "a new --out folder or remove it")
+    if record is not None and _foreign(ids_dir):
+        raise UserError(f"{ids_dir}: holds {_foreign(ids_dir)[0]}, which tokenize did not write; remove it "
+                        "or pass a new --out folder")
+    if not (new.is_symlink() or new.exists()):
+        return None
+    done = (record or {}).get("done")
+    if not isinstance(done, dict) or new.is_symlink() or not new.is_file() or _sha256(new) != done.get("sha256"):
+        raise UserError(f"{new}: already exists (an earlier tokenize?) and is not the manifest this tokenize "
+                        "wrote; pass a new --out folder or remove it")
+    return record
+
+
+def _outputs(manifests: Sequence[Path], out_dir: Path, settings: dict) -> list[_Target]:
+    """A target per input manifest; refuses clashes and outputs that no tokenize of these inputs wrote."""
     planned, names = [], set()
     for manifest in manifests:
         refuse_corpus(manifest)  # a corpus for prepare is said as such
@@ -73,11 +153,29 @@ def _outputs(manifests: Sequence[Path], out_dir: Path) -> list[tuple[Path, Path,
         if same_path(new, manifest):
             raise UserError(f"{manifest}: --out {out_dir} is the manifest's own folder; pass a new folder "
                             "(the originals stay untouched)")
-        if new.is_symlink() or new.exists() or ids_dir.exists():
-            raise UserError(f"{ids_dir if ids_dir.exists() else new}: already exists (an earlier tokenize?); pass a "
-                            "new --out folder or remove it")
-        planned.append((manifest, new, ids_dir))
+        inputs = {"manifest": os.path.abspath(manifest), "manifest_sha256": _sha256(manifest), **settings}
+        target = _Target(manifest, new, ids_dir, inputs)
+        target.earlier = _earlier(target)
+        planned.append(target)
     return planned
+
+
+def _start_over(target: _Target) -> None:
+    """Make the ids folder ready for a fresh pass: created, or emptied of what an unfinished tokenize left;
+    then the record that makes it this command's, before any array."""
+    make_output_folder("--out", target.ids_dir)
+    for name in os.listdir(target.ids_dir):
+        if name != RECORD:  # _earlier checked: only arrays and dead temp files are left
+            (target.ids_dir / name).unlink()
+    for temp in stale_temps(target.new):  # a manifest a killed run was renaming into place
+        if writer_gone(temp):
+            temp.unlink()
+    _write_record(target, None)
+
+
+def _write_record(target: _Target, done: dict | None) -> None:
+    record = {"format": RECORD_FORMAT, "inputs": target.inputs, "done": done}
+    atomic_write_text(target.ids_dir / RECORD, json.dumps(record, ensure_ascii=False, indent=1) + "\n")
 
 
 def _language(obj: dict, text_path: TextPath, where: str) -> str | None:
@@ -178,24 +276,40 @@ def tokenize_manifests(manifests: Sequence[str | Path], tokenizer: Path, out_dir
     check_output_folder("--out", Path(out_dir))
     text_path = TextPath.open(Path(tokenizer), normalizer=normalizer, strict_language=strict_language,
                               borrowed=borrowed)
+    settings = {"tokenizer_sha256": _sha256(Path(tokenizer)), "normalizer": text_path.normalizer_name,
+                "strict_language": strict_language, "borrowed": dict(sorted((borrowed or {}).items()))}
     tally = _Tally()
     made = [folder for folder in (Path(out_dir), Path(out_dir) / "text_ids") if not folder.exists()]
-    for manifest, new, ids_dir in _outputs([Path(m) for m in manifests], Path(out_dir)):
-        make_output_folder("--out", ids_dir)  # new: _outputs refused an existing one
-        buffer = io.BytesIO()  # a manifest is small next to its arrays; arrays are written one by one
-        written = _write_manifest(manifest, new, ids_dir, text_path, tally, buffer)
-        if written:
-            atomic_write(new, lambda handle, data=buffer.getvalue(): handle.write(data), before_rename=os.sync)
-        else:
-            ids_dir.rmdir()  # created above and still empty
-        tally.written += written
-        tally.manifests.append({"manifest": str(manifest), "out": str(new) if written else None,
-                                "written": written})
+    for target in _outputs([Path(m) for m in manifests], Path(out_dir), settings):
+        done = target.earlier["done"] if target.earlier is not None else _tokenize_one(target, text_path)
+        tally.written += done["written"]
+        tally.bad += done["bad"]
+        tally.errors += done["errors"][:_SHOW - len(tally.errors)]
+        tally.manifests.append({"manifest": str(target.manifest), "out": str(target.new) if done["written"] else None,
+                                "written": done["written"], "earlier": target.earlier is not None})
     for folder in reversed(made):  # nothing written at all: the folders this command made go too
         if tally.written == 0 and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
     return {"tokenizer": str(tokenizer), "normalizer": text_path.normalizer_name, "written": tally.written,
             "bad": tally.bad, "errors": tally.errors, "manifests": tally.manifests, "notes": text_path.notes()}
+
+
+def _tokenize_one(target: _Target, text_path: TextPath) -> dict:
+    """Re-encode one manifest: arrays, then the record of what was done, then the manifest (so a published
+    manifest always has its record). What is recorded is what a rerun reports when it skips this one."""
+    _start_over(target)
+    tally, buffer = _Tally(), io.BytesIO()  # a manifest is small next to its arrays; arrays are written one by one
+    written = _write_manifest(target.manifest, target.new, target.ids_dir, text_path, tally, buffer)
+    data = buffer.getvalue()
+    done = {"written": written, "bad": tally.bad, "errors": tally.errors,
+            "sha256": hashlib.sha256(data).hexdigest()}
+    if written:
+        _write_record(target, done)
+        atomic_write(target.new, lambda handle: handle.write(data), before_rename=os.sync)
+    else:  # nothing to publish: the folder goes, its record last (an empty folder is a fresh one to a rerun)
+        (target.ids_dir / RECORD).unlink()
+        target.ids_dir.rmdir()
+    return done
 
 
 def tokenize_exit_code(report: dict) -> int:
@@ -207,7 +321,8 @@ def render_tokenize_report(report: dict) -> str:
     lines = [f"re-encoded with {report['tokenizer']} (normaliser: {report['normalizer']})"]
     for item in report["manifests"]:
         target = item["out"] or "nothing written (no line could be encoded)"
-        lines.append(f"  {item['manifest']} -> {target}: {item['written']} line(s)")
+        earlier = " (finished by an earlier run of this command; kept)" if item.get("earlier") else ""
+        lines.append(f"  {item['manifest']} -> {target}: {item['written']} line(s){earlier}")
     lines.append(f"{report['written']} line(s) written, {report['bad']} could not be encoded")
     if report["errors"]:
         lines.append(f"lines left out (first {len(report['errors'])} of {report['bad']}):")

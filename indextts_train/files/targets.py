@@ -57,3 +57,18 @@ def make_output_folder(flag: str, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"{flag} {path}: cannot create it ({exc.strerror or exc}); choose another folder") from None
+
+
+def writer_gone(temp: Path) -> bool:
+    """Whether the writer of a temp file (`.NAME.tmp-PID`, atomic.temp_name) has stopped: a kill left it, so
+    it may go. A writer still running (or a name of another form) keeps its file."""
+    pid = temp.name.rsplit(".tmp-", 1)[-1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process
+        pass
+    return False

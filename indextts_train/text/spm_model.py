@@ -16,8 +16,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import atomic_write_bytes, atomic_write_text
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
+from indextts_train.text.outputs import write_outputs
 
 # SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -239,14 +239,14 @@ def vocab_text(model: SpmModel) -> str:
     return "".join(f"{p.text}\t{p.score:g}\n" for p in model.pieces)
 
 
-def write_model(model: SpmModel, path: Path) -> Path:
-    """Write `path` (.model) and the .vocab beside it, each atomically; returns the .vocab path."""
+def write_model(model: SpmModel, path: Path, *, force: bool = True) -> tuple[Path, list[Path]]:
+    """Write `path` (.model) and the .vocab beside it, each atomically; returns the .vocab path and the files
+    left as they were, already holding these bytes (text/outputs.py: without --force no other file is replaced)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     vocab = path.with_suffix(".vocab")
-    atomic_write_bytes(path, model.to_bytes())
-    atomic_write_text(vocab, vocab_text(model))
-    return vocab
+    kept = write_outputs([(path, model.to_bytes()), (vocab, vocab_text(model).encode("utf-8"))], force=force)
+    return vocab, kept
 
 
 def load_processor(model: SpmModel, source: str) -> spm.SentencePieceProcessor:

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.files.atomic import atomic_write_bytes
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
-from indextts_train.text.outputs import check_tokenizer_output
+from indextts_train.text.outputs import check_tokenizer_output, write_outputs
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
 
@@ -283,7 +282,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     corpus language's case rule, character map, normaliser); None learns on the text as it is.
     Returns a summary.
     """
-    check_new_file("--output", Path(out), force=force)  # an existing file is replaced only with --force
+    check_new_file("--output", Path(out), force=True)  # a folder, under a file: an existing one is checked below
     vocab = read_tiktoken(base)
     if target_size < vocab.n_vocab:
         raise UserError(f"--target-size {target_size} is below the base's {vocab.n_vocab} tokens "
@@ -301,7 +300,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     raw = vocab.raw if vocab.raw.endswith(b"\n") else vocab.raw + b"\n"
     lines = b"".join(base64.b64encode(tok) + f" {vocab.n_ranks + i}\n".encode() for i, tok in enumerate(added))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(Path(out), raw + lines)
+    write_outputs([(Path(out), raw + lines)], force=force)  # the same bytes there (an earlier run's) stay
     return {"base_ranks": vocab.n_ranks, "added": len(added), "new_ranks": vocab.n_ranks + len(added),
             "new_size": vocab.n_vocab + len(added), "base_size": vocab.n_vocab,
             "short_by": target_size - vocab.n_vocab - len(added),

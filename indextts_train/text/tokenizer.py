@@ -128,7 +128,9 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
     added = _score_new_pieces(_keep(new, needed), base_model)
     extended = SpmModel(base_model.pieces + added, base_model.rest)
     load_processor(extended, str(out))  # refuse to write a file spm would not load
-    vocab = write_model(extended, out)
+    vocab, kept = write_model(extended, out, force=force)
+    warnings += [f"{path} already held this tokenizer (an earlier run of this command); left as it was"
+                 for path in kept]
     return {"base": str(base), "out": str(out), "vocab": str(vocab),
             "model_type": MODEL_TYPES.get(base_model.model_type, "unknown"),
             "base_size": base_size, "new_size": len(extended.pieces), "added": needed,
