@@ -126,3 +126,12 @@ def test_a_link_name_cannot_forge_a_line_of_the_watch_notices(root) -> None:
     notices = PageServer(Roots([root])).watch(str(root / "run"))[4]
     assert notices.splitlines() == ["not used (leads outside the folders this page may touch): "
                                     "x\\nstep 150 of 150: done -> /"]
+
+
+def test_the_log_tail_is_shown_with_controls_escaped(root) -> None:
+    """train.log holds what the run printed of its data (a manifest's text, a file's name): a bidirectional control
+    in it reordered the log box's lines, and an escape sequence went to the page raw. Escaped as the notices are."""
+    (root / "run" / "train.log").write_text("step 1 of \u202eevil\x1b[2J line\nnext\tline\n", encoding="utf-8")
+    tail = PageServer(Roots([root])).watch(str(root / "run"))[2]
+    assert "\u202e" not in tail and "\x1b" not in tail and "\t" not in tail
+    assert tail == "step 1 of \\u202eevil\\x1b[2J line\nnext\\tline"

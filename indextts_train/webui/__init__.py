@@ -90,7 +90,9 @@ def serve(host: str = "127.0.0.1", port: int = 7860, *, share: bool = False, aut
     except ImportError:
         raise UserError(INSTALL_HINT) from None
     from indextts_train.webui.page import Page, build_page
+    from indextts_train.webui.runs import let_runs_take_ctrl_c
 
+    let_runs_take_ctrl_c()
     page = build_page(Page(allowed))
     from starlette.middleware import Middleware  # Gradio's own dependency
 

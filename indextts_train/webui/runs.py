@@ -16,6 +16,7 @@ signals it. No module here imports Gradio.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shlex
 import signal
@@ -33,6 +34,7 @@ from indextts_train.ui.text_log import LOG_NAME
 from indextts_train.webui.roots import Roots, open_regular, shown
 
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
+CLAIM_S = 600.0  # seconds a page's claim on a folder may wait for its run to take train.lock (setup: seconds)
 NOT_READ = "train.log not read: "  # what read_log gives instead of a log it refuses
 
 
@@ -48,12 +50,25 @@ class Launch:
     process: subprocess.Popen | None = None  # None: not our child (found through the lock)
     exit_code: int | None = None
     steps_seen: list[tuple[float, int]] = field(default_factory=list)  # (time, step) for the ETA
+    claim: Claim | None = None  # the page's claim on the folder until the run holds train.lock
 
     def running(self) -> bool:
         if self.process is not None:
             self.exit_code = self.process.poll()  # also reaps the child
+            if self.exit_code is not None and self.claim is not None:
+                self.claim.release()  # ended before taking train.lock: the folder is free again at once
             return self.exit_code is None
         return holder_pid(self.output_dir) == self.pid
+
+
+def let_runs_take_ctrl_c() -> None:
+    """Call in the main thread before any run starts. A page started in the background by a script (`webui &` in
+    a script, a notebook's `!nohup ... &`) ignores SIGINT, and its runs inherited that (an ignored signal stays
+    ignored across exec): Stop in a run's first seconds, before the trainer's own handler, was lost while the page
+    said it was sent. A Python handler that does nothing keeps the page as it was told, and a started program gets
+    the default back."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda *_: None)
 
 
 def shell_line(argv: list[str]) -> str:
@@ -170,25 +185,27 @@ class RunRegistry:
         path = Path(os.path.abspath(output_dir))
         output_dir = Path(output_dir).resolve()
         with self._starting:
-            current = self.find(output_dir)
-            if current is not None and current.running():
-                raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
-            if not (output_dir / LOCK_NAME).is_symlink() and holder_pid(output_dir) == -1:
-                raise UserError(f"a run is starting in {output_dir} (it holds {LOCK_NAME}); watch it, or stop it first")
+            self._refuse_busy(output_dir)
             with _open_log(path) as log:
-                offset = log.seek(0, os.SEEK_END)
-                log.write(f"{HEADER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n".encode())
-                log.flush()
+                claim = Claim.take(log, output_dir)
                 try:
-                    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-                except OSError as exc:  # E2BIG: a command line past the system's limit, ENOMEM, ...
-                    raise UserError(f"the run could not be started ({exc.strerror}); nothing runs in {output_dir}") \
-                        from None
-            launch = Launch(argv, output_dir, process.pid, time.time(), offset, process)
+                    self._refuse_busy(output_dir)  # a run another page started before our claim, now holding its lock
+                    offset, process = _spawn(argv, log, output_dir)
+                except BaseException:
+                    claim.release()
+                    raise
+            launch = Launch(argv, output_dir, process.pid, time.time(), offset, process, claim=claim)
+            claim.hold_until_locked(process, output_dir)
             with self._lock:
                 self._launches[output_dir] = launch
         return launch
+
+    def _refuse_busy(self, output_dir: Path) -> None:
+        current = self.find(output_dir)
+        if current is not None and current.running():
+            raise UserError(f"a run (PID {current.pid}) is already training in {output_dir}; stop it first")
+        if not (output_dir / LOCK_NAME).is_symlink() and holder_pid(output_dir) == -1:
+            raise UserError(f"a run is starting in {output_dir} (it holds {LOCK_NAME}); watch it, or stop it first")
 
     def stop(self, output_dir: Path) -> Launch:
         """SIGINT to the run's process group: it finishes the step, saves, and exits 130.
@@ -212,6 +229,66 @@ class RunRegistry:
         except ProcessLookupError:
             pass  # ended in between: its exit code says how
         return launch
+
+
+class Claim:
+    """The page's exclusive flock on a second descriptor of OUTPUT_DIR/train.log, from its look for a running run
+    until its child holds train.lock (or ended): two pages on one folder both found it free in the instant before
+    the trainer took its lock, and each started a run into it. train.log is the page's own file, which no one
+    else locks; the folder is listen's lock, and train.lock the trainer's. Released on close; the child does not
+    inherit it (close-on-exec)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    @classmethod
+    def take(cls, log: BinaryIO, output_dir: Path) -> Claim:
+        try:  # the same file reopened: another open file description, so the child's stdout holds no lock
+            fd = os.open(f"/proc/self/fd/{log.fileno()}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return cls(None)  # no /proc: unclaimed (the trainer's lock refuses the later run, once started)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UserError(f"a run is starting in {output_dir} from another page (it holds {LOG_NAME}); "
+                                "watch it, or stop it first") from None
+            return cls(None)  # a file system without flock: unclaimed, as above
+        return cls(fd)
+
+    def hold_until_locked(self, process: subprocess.Popen, folder: Path) -> None:
+        """Release the claim, in a thread of its own, once `process` holds `folder`'s train.lock, ends, or CLAIM_S
+        passed (a run refused in setup never takes it)."""
+        if self._fd is None:
+            return
+        deadline = time.monotonic() + CLAIM_S
+
+        def wait() -> None:
+            while process.poll() is None and holder_pid(folder) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.release()
+
+        threading.Thread(target=wait, name="webui-claim", daemon=True).start()
+
+    def release(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _spawn(argv: list[str], log: BinaryIO, output_dir: Path) -> tuple[int, subprocess.Popen]:
+    """(where its output starts in train.log, the child): argv started after a header line naming it."""
+    offset = log.seek(0, os.SEEK_END)
+    log.write(f"{HEADER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n".encode())
+    log.flush()
+    try:
+        return offset, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except OSError as exc:  # E2BIG: a command line past the system's limit, ENOMEM, ...
+        raise UserError(f"the run could not be started ({exc.strerror}); nothing runs in {output_dir}") from None
 
 
 _DIRECTORY = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)

@@ -148,7 +148,9 @@ class PageServer:
         ours = launch is not None and bool(launch.argv)
         events, recorded = self._records_of(folder, command=not ours)
         command = running_command(launch) if ours else recorded
-        tail = _last("\n".join(text.splitlines()[-LOG_LINES:]))  # a line without end: its end, not 256 KiB a second
+        # A line without end: its end, not 256 KiB a second. Escaped as the notices are: the log holds what the run
+        # printed of its data (a manifest's text), and a bidirectional control there reordered the box's lines.
+        tail = _lines_shown(_last("\n".join(text.splitlines()[-LOG_LINES:])))
         mine = records.invocation_events(launch, events)
         scan = self.roots.scan_links(folder)
         outside = [f"not used (leads outside the folders this page may touch): {link}" for link in scan.links]
