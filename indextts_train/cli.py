@@ -24,6 +24,7 @@ from indextts_train.config.settings import DEFAULT_CONFIG
 from indextts_train.errors import UserError, disk_line, error_line, one_line, refusal
 from indextts_train.listen.command import listen  # the command's module imports the work lazily
 from indextts_train.prepare.utterance import MAX_SECONDS
+from indextts_train.webui import AUTH_ENV
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Fine-tune the IndexTTS2 / IndexTTS-2.5 GPT with an extended tokenizer; kill it anytime, resume exactly.")
@@ -444,7 +445,7 @@ def webui(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 7860,
     share: Annotated[bool, typer.Option(help="Also publish a public gradio.live link (needs --auth).")] = False,
-    auth: Annotated[str | None, typer.Option(help="USER:PASS asked by the page (required with --share).")] = None,
+    auth: Annotated[str | None, typer.Option(envvar=AUTH_ENV, show_envvar=True, help="USER:PASS asked by the page (required with --share); set it in the environment variable: on the command line other users see it (ps).")] = None,
     root: Annotated[list[Path] | None, typer.Option(help="A folder the page may read and write in (every path it is given must resolve inside one); repeatable [default: the current folder].")] = None,
     no_auth_on_network: Annotated[bool, typer.Option("--no-auth-on-network", help="Serve a --host other machines can reach without --auth: anyone who reaches the port can start runs.")] = False,
 ) -> None:

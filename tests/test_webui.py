@@ -65,6 +65,27 @@ def test_a_public_link_needs_a_password(args, says) -> None:
     assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
 
 
+def test_the_password_is_taken_from_the_environment_and_kept_from_the_runs(monkeypatch, capsys) -> None:
+    """--auth on the command line is read by any user of the machine (ps, /proc/PID/cmdline): the page takes it
+    from INDEXTTS_WEBUI_AUTH, says so when it was typed, and its runs do not inherit it."""
+    import indextts_train.webui as webui_package
+    from indextts_train.webui import AUTH_ENV, parse_auth
+    from indextts_train.webui.runs import run_environment
+
+    given = {}
+    monkeypatch.setattr(webui_package, "serve", lambda *args, **kwargs: given.update(kwargs) or 0)
+    result = CliRunner().invoke(app, ["webui"], env={AUTH_ENV: "me:long-secret"})
+    assert result.exit_code == 0 and given["auth"] == "me:long-secret", result.output
+    monkeypatch.setenv(AUTH_ENV, "me:long-secret")
+    assert parse_auth("me:long-secret", share=True) == ("me", "long-secret")
+    assert capsys.readouterr().out == ""
+    assert AUTH_ENV not in run_environment() and run_environment()["PYTHONUNBUFFERED"] == "1"
+    monkeypatch.delenv(AUTH_ENV)
+    assert parse_auth("me:typed", share=True) == ("me", "typed")
+    assert capsys.readouterr().out == (f"warning: --auth on the command line: any user of this machine can read the "
+                                       f"password (ps); set it as {AUTH_ENV}=USER:PASS in the environment instead\n")
+
+
 def test_a_page_other_machines_can_reach_needs_a_password() -> None:
     """Refused before anything is served: one line, exit 2 (the real command, in this process)."""
     for args in (["--host", "0.0.0.0"], ["--host", "::"], ["--host", "my-box.lan"], ["--host", "192.168.1.5"],

@@ -10,6 +10,7 @@ only `cli`.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from indextts_train.webui.guards import BoundedBodies, LocalHostsOnly, is_loopba
 from indextts_train.webui.roots import Roots
 
 INSTALL_HINT = "the web page needs Gradio: pip install 'indextts-train[webui]' (or: pip install 'gradio>=5,<7')"
+# --auth's password, kept off the command line: there any user of the machine reads it (ps, /proc/PID/cmdline)
+AUTH_ENV = "INDEXTTS_WEBUI_AUTH"
 
 
 def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
@@ -28,7 +31,11 @@ def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:
         return None
     user, sep, password = auth.partition(":")
     if not sep or not user or not password:
-        raise UserError("--auth must be USER:PASS (both non-empty), e.g. --auth me:long-secret")
+        raise UserError(f"--auth must be USER:PASS (both non-empty), best given in the environment (off the "
+                        f"command line), e.g. {AUTH_ENV}=me:long-secret indextts-train webui")
+    if os.environ.get(AUTH_ENV) != auth:
+        print(f"warning: --auth on the command line: any user of this machine can read the password (ps); "
+              f"set it as {AUTH_ENV}=USER:PASS in the environment instead", flush=True)
     return user, password
 
 

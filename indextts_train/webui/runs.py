@@ -31,6 +31,7 @@ from typing import BinaryIO
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
 from indextts_train.ui.text_log import LOG_NAME
+from indextts_train.webui import AUTH_ENV
 from indextts_train.webui.roots import Roots, open_regular, shown
 
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
@@ -69,6 +70,12 @@ def let_runs_take_ctrl_c() -> None:
     the default back."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, lambda *_: None)
+
+
+def run_environment() -> dict[str, str]:
+    """A run's environment: the page's, less its password (a run has no use for it, and a listen child or a
+    crash report would carry it on), with Python's output unbuffered (the log box shows lines as they come)."""
+    return {**{k: v for k, v in os.environ.items() if k != AUTH_ENV}, "PYTHONUNBUFFERED": "1"}
 
 
 def shell_line(argv: list[str]) -> str:
@@ -286,7 +293,7 @@ def _spawn(argv: list[str], log: BinaryIO, output_dir: Path) -> tuple[int, subpr
     log.flush()
     try:
         return offset, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        start_new_session=True, env=run_environment())
     except OSError as exc:  # E2BIG: a command line past the system's limit, ENOMEM, ...
         raise UserError(f"the run could not be started ({exc.strerror}); nothing runs in {output_dir}") from None
 
