@@ -35,7 +35,14 @@ from indextts_train.config.scope_settings import scope_settings
 from indextts_train.config.settings import Config, config_from_dict, gpt_to_dict
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import Writer, atomic_write_bytes, atomic_write_text, fsync_dir, stale_temps, temp_name
-from indextts_train.files.bounded import check_file, json_or_none, kind_of_path, load_yaml
+from indextts_train.files.bounded import (
+    MAX_TOKENIZER_BYTES,
+    check_file,
+    json_or_none,
+    kind_of_path,
+    load_yaml,
+    read_bounded,
+)
 from indextts_train.files.faults import crash_point
 from indextts_train.files.targets import writer_gone
 from indextts_train.model.layout import official_shapes, trained_keys
@@ -355,7 +362,7 @@ def _checked_tokenizer(tokenizer: Path | None, tokens: int, config: Config, load
     if size != tokens:
         raise UserError(f"--tokenizer {tokenizer}: {size} pieces, but the checkpoint has {tokens} text tokens "
                         "(number_text_tokens); pass the tokenizer it was trained with")
-    return tokenizer.read_bytes()
+    return read_bounded(tokenizer, MAX_TOKENIZER_BYTES, "tokenizer")  # replaced since it was checked: one line
 
 
 def _config_text(config: Config, base_config: Path | None, gpt_name: str, tokenizer_name: str,

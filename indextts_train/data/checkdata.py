@@ -26,7 +26,7 @@ from indextts_train.data.lines import DURATION_FIELDS, FIX_LINE, CheckedLine, Li
 from indextts_train.data.manifest import REPORT_ERRORS, refuse_given_twice
 from indextts_train.errors import UserError, WrongKindOfFile
 from indextts_train.files.atomic import atomic_write_bytes
-from indextts_train.files.bounded import iter_lines, json_or_none
+from indextts_train.files.bounded import iter_lines, json_or_none, read_bounded
 from indextts_train.files.targets import check_new_file, make_output_folder
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
 from indextts_train.text.tiktoken_vocab import SPECIAL_TOKENS
@@ -472,10 +472,10 @@ def _prepare_record_models(manifests: Sequence[str | Path]) -> dict[str, Path]:
     """The config and tokenizer prepare.json beside the first manifest names, those still there."""
     record = Path(manifests[0]).parent / PREPARE_RECORD if manifests else None
     try:
-        if record is None or not record.is_file() or record.stat().st_size > PREPARE_RECORD_BYTES:
+        if record is None or not record.is_file():
             return {}
-        data = json_or_none(record.read_bytes())
-    except OSError:
+        data = json_or_none(read_bounded(record, PREPARE_RECORD_BYTES, "prepare record"))  # swapped since: one
+    except (OSError, UserError):  # line, never a FIFO's blocked read
         return {}  # not a record of ours: the caller says that no config was used
     models = data.get("models") if isinstance(data, dict) else None
     named = {key: models.get(key) for key in ("config", "tokenizer")} if isinstance(models, dict) else {}

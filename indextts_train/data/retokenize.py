@@ -37,7 +37,15 @@ from indextts_train.data.corpus_forms import refuse_corpus
 from indextts_train.data.lines import check_strings, language_code
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import atomic_write, atomic_write_text, stale_temps
-from indextts_train.files.bounded import check_file, iter_lines, json_or_none, parse_json, read_bounded
+from indextts_train.files.bounded import (
+    MAX_TOKENIZER_BYTES,
+    check_file,
+    iter_lines,
+    json_or_none,
+    parse_json,
+    read_bounded,
+    sha256_lines,
+)
 from indextts_train.files.targets import check_output_folder, make_output_folder, same_path, writer_gone
 from indextts_train.text.inference_text import CHARMAP_ONLY, WETEXT_INSTALL, WETEXT_PACKAGE, TextPath
 
@@ -80,11 +88,17 @@ class _Target:
 
 
 def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
+    """sha256 of a manifest, read within the line reader's bounds: a crafted one (100 GB of holes) is one
+    line at its first line, not minutes of hashing before any line is read."""
+    return sha256_lines(path, "manifest")
+
+
+def _written_sha256(path: Path) -> str | None:
+    """sha256 of a manifest tokenize wrote, or None when the file there cannot be one (past the bounds)."""
+    try:
+        return _sha256(path)
+    except UserError:
+        return None
 
 
 def _read_record(ids_dir: Path) -> dict | None:
@@ -129,7 +143,8 @@ def _earlier(target: _Target) -> dict | None:
     if not (new.is_symlink() or new.exists()):
         return None
     done = (record or {}).get("done")
-    if not isinstance(done, dict) or new.is_symlink() or not new.is_file() or _sha256(new) != done.get("sha256"):
+    if (not isinstance(done, dict) or new.is_symlink() or not new.is_file()
+            or _written_sha256(new) != done.get("sha256")):
         raise UserError(f"{new}: already exists (an earlier tokenize?) and is not the manifest this tokenize "
                         "wrote; pass a new --out folder or remove it")
     return record
@@ -276,7 +291,8 @@ def tokenize_manifests(manifests: Sequence[str | Path], tokenizer: Path, out_dir
     check_output_folder("--out", Path(out_dir))
     text_path = TextPath.open(Path(tokenizer), normalizer=normalizer, strict_language=strict_language,
                               borrowed=borrowed)
-    settings = {"tokenizer_sha256": _sha256(Path(tokenizer)), "normalizer": text_path.normalizer_name,
+    tokenizer_sha256 = hashlib.sha256(read_bounded(tokenizer, MAX_TOKENIZER_BYTES, "tokenizer")).hexdigest()
+    settings = {"tokenizer_sha256": tokenizer_sha256, "normalizer": text_path.normalizer_name,
                 "strict_language": strict_language, "borrowed": dict(sorted((borrowed or {}).items()))}
     tally = _Tally()
     made = [folder for folder in (Path(out_dir), Path(out_dir) / "text_ids") if not folder.exists()]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -140,18 +141,43 @@ def iter_lines(path: Path | str, what: str, *, gzipped: bool = False,
     offset = 0
     with open_regular(path, what) as raw_handle:  # a FIFO or /proc file: one line, never a blocked read
         handle = gzip.GzipFile(fileobj=raw_handle, mode="rb") if gzipped else raw_handle
-        line_no = 0
-        while raw := handle.readline(MAX_LINE_BYTES + 1):  # a line is never held past its bound
-            line_no += 1
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                raise UserError(f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB, which no {what} "
-                                "holds; is this the right file?")
+        for line_no, raw in _checked_lines(handle, path, what):
             if max_bytes is not None and offset + len(raw) > max_bytes:
                 raise UserError(f"{path}:{line_no}: more than {max_bytes} bytes of {what}"
                                 f"{' once decompressed' if gzipped else ''}; is this the right file?")
             if raw.strip():
                 yield line_no, offset, raw
             offset += len(raw)
+
+
+def _checked_lines(handle: IO[bytes], path: Path | str, what: str) -> Iterator[tuple[int, bytes]]:
+    """(line number from 1, raw bytes) of every line of `handle`, blank ones too, each refused in one line
+    past MAX_LINE_BYTES or when it holds a NUL byte.
+
+    No text we read holds a raw NUL (JSON escapes it), but the holes of a sparse file read as NULs: 100 GB
+    of holes with a newline every few MB are lines within the length bound, read whole by a reader that
+    skips bad lines, and this refuses them at the first one (UTF-16 text is refused by it too)."""
+    line_no = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):  # a line is never held past its bound
+        line_no += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise UserError(f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB, which no {what} "
+                            "holds; is this the right file?")
+        if b"\0" in raw:
+            raise UserError(f"{path}:{line_no}: a NUL byte, which no {what} holds (a binary or UTF-16 file, one with "
+                            "holes, or an end that a crash filled with zeros); save it as UTF-8 text, remove the "
+                            "line, or check the path")
+        yield line_no, raw
+
+
+def sha256_lines(path: Path | str, what: str) -> str:
+    """sha256 of a line file's bytes (a manifest), read as iter_lines reads it: a regular file, each line within
+    the same bounds, so a crafted file (100 GB of holes) is refused at its first line, never hashed whole."""
+    digest = hashlib.sha256()
+    with open_regular(path, what) as handle:
+        for _, raw in _checked_lines(handle, path, what):
+            digest.update(raw)
+    return digest.hexdigest()
 
 
 def read_checked(path: Path | str, limit: int, what: str, *, missing: str) -> bytes:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from indextts_train.data.corpus_forms import AUDIO_SUFFIXES, TRANSCRIPT_SUFFIXES
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import check_regular, open_regular, parse_json
+from indextts_train.files.bounded import check_regular, open_regular, parse_json, read_bounded
 from indextts_train.prepare.corpus_hf import is_hf_corpus, read_hf_corpus
 from indextts_train.prepare.corpus_lhotse import is_lhotse_corpus, read_lhotse
 from indextts_train.prepare.outputs import MANIFESTS, SETTINGS_FILE
@@ -249,10 +249,9 @@ def read_common_voice(path: Path, defaults: Defaults) -> list[Utterance]:
 
 
 def _read_transcript(path: Path) -> str:
-    if path.stat().st_size > MAX_TRANSCRIPT_BYTES:
-        raise UserError(f"{path}: transcript larger than {MAX_TRANSCRIPT_BYTES} bytes; is this a transcript?")
+    data = read_bounded(path, MAX_TRANSCRIPT_BYTES, "transcript")  # a FIFO swapped in since it was listed: one line
     try:  # utf-8-sig: Windows Notepad starts a file with a BOM, which would become text tokens
-        return path.read_text(encoding="utf-8-sig").strip()
+        return data.decode("utf-8-sig").strip()
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; save the transcript as UTF-8") from None
 

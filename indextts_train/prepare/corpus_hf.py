@@ -24,6 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from indextts_train.errors import UserError
+from indextts_train.files.bounded import parse_json, read_bounded
 from indextts_train.prepare.utterance import Defaults, Utterance, lacking
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "normalized_text", "transcript")
@@ -31,6 +32,8 @@ SPEAKER_COLUMNS = ("speaker_id", "speaker", "client_id")
 LANGUAGE_COLUMNS = ("language", "locale")
 AUDIO_COLUMN = "audio"
 ID_COLUMN = "id"
+DATASET_JSON = ("state.json", "dataset_info.json")  # what save_to_disk writes beside the Arrow files
+MAX_DATASET_JSON_BYTES = 64 << 20  # a file list and the features: kilobytes
 MAX_ROWS = 10_000_000  # more rows than any TTS corpus: a wrong file
 ROW_GROUPS_KEPT = 2  # Parquet row groups (audio column only) kept per opened file
 # A dictionary-encoded column can hold one long value once and repeat it in every row: a Parquet file of a
@@ -83,6 +86,8 @@ class _Rows:
                 splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
                 raise UserError(f"{path}: a DatasetDict (splits {', '.join(splits) or 'none'}); pass one split's "
                                 f"folder, e.g. {path / (splits[0] if splits else 'train')}")
+            if path.is_dir():
+                _check_dataset_json(path)
             dataset = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.Dataset.from_file(str(path))
             if not isinstance(dataset, datasets.Dataset):
                 raise UserError(f"{path}: not one dataset (a DatasetDict?); pass one split's folder")
@@ -153,6 +158,15 @@ def _text_bytes(array) -> tuple[int, int]:
     lengths = (pc.binary_length(array.dictionary).take(array.indices) if pa.types.is_dictionary(array.type)
                else pc.binary_length(array))
     return pc.sum(lengths).as_py() or 0, pc.max(lengths).as_py() or 0
+
+
+def _check_dataset_json(folder: Path) -> None:
+    """The JSON files datasets.load_from_disk reads whole (json.load), read first within bounds: a 100 GB
+    state.json of holes would be read into memory, one nested 100,000 deep recurses past the limit."""
+    for name in DATASET_JSON:
+        path = folder / name
+        if path.is_file():
+            parse_json(read_bounded(path, MAX_DATASET_JSON_BYTES, f"dataset {name}"), str(path))
 
 
 def _open(path: Path) -> _Rows:

@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.files.bounded import iter_lines, parse_json
+from indextts_train.files.bounded import iter_lines, open_regular, parse_json
 from indextts_train.prepare.utterance import DEFAULT_SPEAKER, Utterance, lacking
 
 MAX_GZIP_GROWTH = 100  # decompressed / compressed size of a manifest .jsonl.gz: JSON text compresses 5-10x
@@ -44,7 +44,7 @@ def is_lhotse_corpus(path: Path) -> bool:
 def _lhotse_line(path: Path) -> bool:
     """The first line is a cut, a recording or a supervision (and not one of our JSONL lines)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, "corpus") as handle:  # swapped for a FIFO since it was checked: not lhotse's
             first = parse_json(handle.readline(1 << 20).decode("utf-8"), str(path))
     except (OSError, ValueError, UserError):  # not lhotse's: the JSONL reader says what is wrong
         return False

@@ -12,6 +12,7 @@ semantic codec is MaskGCT's `semantic_codec/model.safetensors` (CC-BY-NC-4.0: no
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,10 @@ CODEC_SOURCES = {INDEXTTS2: ("semantic codec (MaskGCT semantic_codec/model.safet
                              SEMANTIC_CODEC_HUB),
                  INDEXTTS25: ("codec.pth", "", None)}
 HASH_CHUNK = 16 << 20
+# The largest file a model folder holds is a few GB (IndexTTS2's gpt.pth, w2v-BERT's model.safetensors).
+# Every model file is hashed before any is read as a model: a 100 GB file (of holes, say) would be read
+# for minutes before the one line that it is no model.
+MAX_MODEL_FILE_BYTES = 16 << 30
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,10 @@ def sha256_file(path: Path) -> str:
     """The file's sha256, read in chunks (a model file is GBs); a FIFO, device or /proc file is one line."""
     digest = hashlib.sha256()
     with open_regular(path, "model file") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_MODEL_FILE_BYTES:
+            raise UserError(f"{path}: a model file of {size} bytes, larger than any this reads (at most "
+                            f"{MAX_MODEL_FILE_BYTES >> 30} GiB); is this the right file?")
         while chunk := handle.read(HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()

@@ -19,12 +19,15 @@ from pathlib import Path
 
 from indextts_train.errors import UserError
 from indextts_train.files.atomic import fsync_dir, open_append, open_own
+from indextts_train.files.bounded import open_regular
 
 RECORDS = "records"
 ARRAY_FOLDERS = ("text_ids", "codes", "condition", "spk_emb", "emo_vec")
 _LEDGER = re.compile(r"written-\d+\.txt")
 _TEMP = re.compile(r"\..+\.tmp-\d+")  # atomic.temp_name of any process
 MAX_STEM = 200  # file_stem gives at most 100 characters: a longer ledger line is not prepare's
+# A ledger lists each stem once: 10 million utterances (corpus_hf.MAX_ROWS) of up to 100 characters.
+MAX_LEDGER_BYTES = 10_000_000 * 101
 
 
 class Ledger:
@@ -49,7 +52,8 @@ class Ledger:
             return {p.stem for p in self.folder.glob("*.json")} if self.folder.is_dir() else set()
         stems: set[str] = set()
         for path in files:
-            with open(path, "rb") as handle:
+            with open_regular(path, "prepare ledger") as handle:  # swapped for a FIFO since listed: one line
+                _check_ledger_size(path, os.fstat(handle.fileno()).st_size)
                 starts_line = True  # a longer line is read in pieces, none of which is a stem
                 while raw := handle.readline(MAX_STEM + 2):
                     if starts_line and raw.endswith(b"\n") and len(raw) > 1:
@@ -81,6 +85,13 @@ class Ledger:
             os.fsync(handle.fileno())
         if new:
             fsync_dir(self.folder)
+
+
+def _check_ledger_size(path: Path, size: int) -> None:
+    """A ledger larger than prepare writes (a 100 GB file of holes would be read for minutes) is refused."""
+    if size > MAX_LEDGER_BYTES:
+        raise UserError(f"{path}: {size} bytes, more than a ledger of prepare's holds ({MAX_LEDGER_BYTES}); it was "
+                        "not written by prepare: move it out of the folder, or use another --out")
 
 
 def _drop_cut_line(path: Path) -> None:
