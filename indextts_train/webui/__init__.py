@@ -15,12 +15,10 @@ import socket
 from pathlib import Path
 
 from indextts_train.errors import UserError
-from indextts_train.webui.guards import BoundedBodies, LocalHostsOnly, is_loopback
+from indextts_train.webui.guards import AUTH_ENV, BoundedBodies, LocalHostsOnly, is_loopback
 from indextts_train.webui.roots import Roots
 
 INSTALL_HINT = "the web page needs Gradio: pip install 'indextts-train[webui]' (or: pip install 'gradio>=5,<7')"
-# --auth's password, kept off the command line: there any user of the machine reads it (ps, /proc/PID/cmdline)
-AUTH_ENV = "INDEXTTS_WEBUI_AUTH"
 
 
 def parse_auth(auth: str | None, share: bool) -> tuple[str, str] | None:

@@ -1,5 +1,6 @@
 """What the page's web server refuses before Gradio sees a request (ASGI middleware): a Host header of another
-machine on a password-less loopback page (DNS rebinding), and a request body larger than any the page sends.
+machine on a password-less loopback page (DNS rebinding), and a request body larger than any the page sends;
+and where its password comes from (AUTH_ENV).
 
 Both answer in one plain-text line and leave the request unread by the page's handlers.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 
+# --auth's password, kept off the command line: there any user of the machine reads it (ps, /proc/PID/cmdline)
+AUTH_ENV = "INDEXTTS_WEBUI_AUTH"
 MAX_BODY = 16 << 20  # bytes of one request body: the page's largest, two full manifests boxes (256 Ki characters
 # each, up to 6 bytes a character once JSON-escaped) and the other fields, is about 3 MiB
 

@@ -31,7 +31,7 @@ from typing import BinaryIO
 from indextts_train.errors import UserError
 from indextts_train.train.runlock import LOCK_NAME, holder_pid  # noqa: F401 (LOCK_NAME: where the lock lives)
 from indextts_train.ui.text_log import LOG_NAME
-from indextts_train.webui import AUTH_ENV
+from indextts_train.webui.guards import AUTH_ENV
 from indextts_train.webui.roots import Roots, open_regular, shown
 
 HEADER = "=== indextts-train webui"  # starts the line written before each run's own output
