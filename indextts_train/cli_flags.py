@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterator
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -154,11 +155,15 @@ class PlainCommand(TyperCommand):
         """The command's flags; a refusal carries the command (click leaves `--resume` typed without its value
         without one), so that its line can say what the flag takes."""
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except ClickException as exc:
             if getattr(exc, "ctx", False) is None:
                 exc.ctx = ctx
             raise
+        for param in self.params:
+            if param.name in ctx.params:
+                ctx.params[param.name] = _paths_as_meant(ctx, param, ctx.params[param.name])
+        return rest
 
     def make_context(self, *args: Any, **kwargs: Any) -> Context:
         with _interrupt_said():
@@ -169,6 +174,34 @@ class PlainCommand(TyperCommand):
         in one line with exit 130, where Typer ended the command silently with that code."""
         with _interrupt_said():
             return super().invoke(ctx)
+
+
+# Values typed as text that name a file or folder (a manifest spec PATH::lang@w, --resume's checkpoint, a
+# program or a model folder); the others are Paths.
+_TEXT_PATHS = frozenset({"train_manifests", "val_manifests", "manifest", "resume", "listen_inference_python",
+                         "listen_asr_model", "asr_model"})
+
+
+def _paths_as_meant(ctx: Context, param: Any, value: Any) -> Any:
+    """A path value as the user meant it: `~/runs` or `~USER/runs` expanded as a shell would (bash leaves the ~
+    of `--output-dir=~/runs` as it is, and the run then wrote into a folder named `~` here); a blank one or a
+    ~USER of no user here is refused by its flag, before anything is read or written."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_paths_as_meant(ctx, param, item) for item in value)
+    if not isinstance(value, Path) and not (isinstance(value, str) and param.name in _TEXT_PATHS):
+        return value
+    text = str(value)
+    if text and not text.strip() and param.name != "resume":  # a blank --resume is said by resolve_settings
+        raise BadParameter(f"{text!r} is blank; give the path (a name of spaces alone is no file's)", ctx=ctx,
+                           param=param)
+    if not text.startswith("~"):
+        return value
+    expanded = os.path.expanduser(text)
+    if expanded == text and not os.path.lexists(text):
+        user = text[1:].split(os.sep, 1)[0]
+        raise BadParameter(f"{text!r}: there is no user {user!r} here for ~{user} to name; give the full path",
+                           ctx=ctx, param=param)
+    return type(value)(expanded)
 
 
 class PlainGroup(TyperGroup):
@@ -378,12 +411,13 @@ OUTPUT_FLAGS = ("-o", "--out", "--output", "--output-dir", "--write-clean", "--c
 # Flags naming a file or folder a command reads: empty, each would read the current folder (`--config ''` was
 # refused as `. is a folder`, `checkpoints ''` listed the working directory).
 INPUT_FLAGS = ("--config", "--tokenizer", "--base-checkpoint", "--from-run", "--checkpoint", "--manifest", "--base",
-               "--corpus", "--sample-text", "--model-dir", "--w2v-bert", "--semantic-codec", "--campplus")
+               "--corpus", "--sample-text", "--model-dir", "--w2v-bert", "--semantic-codec", "--campplus", "--lines",
+               "--inference-python")
 
 
 # Commands whose arguments are paths to read: an empty one names the current folder (an unset shell variable).
 PATH_ARGUMENT_COMMANDS = ("checkpoints", "verify", "export", "listen", "repair", "check-data", "check-tokenizer",
-                          "prepare")
+                          "prepare", "tokenize")
 
 
 # Flags naming a file a command writes (the others name folders), and a file name an example gives, by flag

@@ -42,7 +42,7 @@ def launched_processes() -> int:
     """How many processes torchrun started to train together (1 without torchrun), known before the group
     is set up: the settings are checked against it at the edge (ui/run_settings.py)."""
     text = os.environ.get("WORLD_SIZE", "1")
-    if not text.strip().isdigit() or int(text) < 1:
+    if not text.strip().isdecimal() or int(text) < 1:  # isdecimal: what int() reads ('²' is a digit, not that)
         raise UserError(f"WORLD_SIZE={text!r} in the environment is not a number of processes; unset it, or start "
                         "several processes with torchrun (it sets WORLD_SIZE, RANK and the address of rank 0)")
     world_size = int(text)
@@ -50,6 +50,14 @@ def launched_processes() -> int:
     if missing:
         raise UserError(f"WORLD_SIZE={world_size} is set but {', '.join(missing)} is not: this process was not started "
                         "by torchrun; unset WORLD_SIZE for one process, or start them with torchrun --nproc-per-node N")
+    # What torchrun sets, checked as WORLD_SIZE is: a RANK of 'abc' was a ValueError traceback, and one past
+    # the last rank waited for peers that never come
+    for name, most in (("RANK", world_size - 1), ("LOCAL_RANK", None), ("MASTER_PORT", 65_535)):
+        text = os.environ.get(name, "0") if world_size > 1 else "0"
+        if not text.strip().isdecimal() or (most is not None and int(text) > most):
+            what = ("a port" if name == "MASTER_PORT" else "a rank") + (f" of 0..{most}" if most is not None else "")
+            raise UserError(f"{name}={text!r} in the environment is not {what}; start the processes with torchrun, "
+                            "which sets it, or unset WORLD_SIZE for one process")
     return world_size
 
 

@@ -49,7 +49,18 @@ def one_line(text: str) -> str:
 
 def error_line(message: str) -> str:
     """The line a refusal is said as: `error: MESSAGE`, on one line whatever the message holds."""
-    return f"error: {one_line(message)}"
+    return f"error: {_clipped(one_line(message))}"
+
+
+MOST_LINE_CHARS = 2000  # a refusal naming a value of 100,000 characters (a path, a flag's) was a line that long
+
+
+def _clipped(line: str) -> str:
+    """`line` with the middle of an overlong one left out (its start names the flag, its end says what to do)."""
+    if len(line) <= MOST_LINE_CHARS:
+        return line
+    left_out = len(line) - MOST_LINE_CHARS
+    return f"{line[:MOST_LINE_CHARS - 500]}...[{left_out:,} characters left out]...{line[-500:]}"
 
 
 def refusal(exc: UserError) -> str:
@@ -66,7 +77,7 @@ def user_line(exc: BaseException) -> str:
     if "Original Traceback" in message:
         last = [line for line in message.splitlines() if line.strip()][-1]
         message = last.split("UserError: ", 1)[-1]
-    return one_line(message)
+    return _clipped(one_line(message))
 
 
 # What a JSON or YAML number of thousands of digits is called (Python refuses to convert more than 4300).

@@ -144,6 +144,25 @@ def test_every_number_has_a_range(tmp_path: Path, section: str, key: str, value:
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("section", "key", "says"), [
+    ("train", "batch_size", "train.batch_size (--batch-size) must be at most 65,536, got a number of 401 digits"),
+    ("train", "max_steps", "train.max_steps (--max-steps) must be >= 0, got a negative number of 401 digits"),
+    ("train", "learning_rate", "train.learning_rate: 401 digits is beyond any number a setting takes"),
+    ("condition_module", "perceiver_mult", "gpt.condition_module.perceiver_mult: 401 digits is beyond"),
+])
+def test_a_number_of_hundreds_of_digits_is_one_short_line(tmp_path: Path, section: str, key: str, says: str) -> None:
+    """`1` and 400 zeros: math.isfinite and float() raised OverflowError (a traceback), and a refusal that
+    printed the number was a line of 500 characters."""
+    data = yaml.safe_load(TINY.read_text())
+    where = data["gpt"].setdefault(section, {}) if section == "condition_module" else data.setdefault(section, {})
+    where[key] = -(10**400) if key == "max_steps" else 10**400
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=re.escape(says)) as refused:
+        load_config(path)
+    assert len(str(refused.value)) < 200
+
+
 def test_the_largest_seed_is_accepted() -> None:
     assert TrainConfig(seed=2**64 - 1).seed == 2**64 - 1
 

@@ -180,9 +180,17 @@ def test_one_rank_refusing_its_input_gives_no_traceback_and_no_folder(tiny_data,
     ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "MASTER_ADDR is not"),
     ({"WORLD_SIZE": "two"}, "not a number of processes"),
     ({"WORLD_SIZE": "0"}, "not a number of processes"),
+    ({"WORLD_SIZE": "\u00b2"}, "not a number of processes"),  # a digit int() does not read: a ValueError
+    # set by hand, not by torchrun: a ValueError traceback, or (RANK past the last) a wait for peers without end
+    ({"WORLD_SIZE": "2", "RANK": "abc", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, "RANK='abc' .* not a rank of 0..1"),
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, "RANK='5' .* not a rank of 0..1"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "abc"}, "MASTER_PORT='abc' .* not a port"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "99999999"}, "not a port of 0..65535"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1", "MASTER_ADDR": "x", "MASTER_PORT": "1"},
+     "LOCAL_RANK='-1' .* not a rank"),
 ])
 def test_a_world_size_left_in_the_environment_is_one_line(monkeypatch, env, said) -> None:
-    for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

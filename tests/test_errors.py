@@ -34,3 +34,15 @@ def test_a_listed_refusal_keeps_its_lines_and_escapes_each() -> None:
         "and no file was changed:",
         "  run/a\\nb.pth: INCOMPLETE: x; it cannot be used; keep it, or remove it yourself if you do not need it",
         "  or start a new run with another --output-dir"]
+
+
+def test_a_refusal_naming_a_value_of_100000_characters_is_a_line_of_readable_length() -> None:
+    """A path or flag value of 100,000 characters made the refusal a line that long; its middle is left out, its
+    start (the flag) and end (what to do) kept."""
+    value = "A" * 100_000
+    for line in (error_line(f"--out {value}: cannot write; use a shorter path"),
+                 refusal(UserError(f"--out {value}: cannot write; use a shorter path"))):
+        assert len(line) < 2100 and "\n" not in line
+        assert line.startswith("error: --out AAA") and line.endswith("use a shorter path")
+        assert "characters left out" in line
+    assert error_line("short") == "error: short"

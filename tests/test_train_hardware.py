@@ -17,7 +17,14 @@ from indextts_train.errors import UserError
 from indextts_train.model.scope import scope_counts
 from indextts_train.train import hardware, memory
 from indextts_train.train.device import KNOWN_GPUS, DeviceInfo, assume_device, detect_device
-from indextts_train.train.hardware import HardwarePlan, choose_plan, gpu_table, halve_for_oom, is_oom_error
+from indextts_train.train.hardware import (
+    HardwarePlan,
+    choose_plan,
+    gpu_table,
+    halve_for_oom,
+    is_oom_error,
+    plan_device,
+)
 from indextts_train.train.memory import GIB, estimate_memory, max_sequence_positions, trained_parameter_count
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -461,3 +468,9 @@ def test_assume_spec_follows_capability_and_memory() -> None:
     assert small.micro_batch < big.micro_batch
     with pytest.raises(UserError, match="MEMORY@CAPABILITY"):
         assume_device("24GB")
+
+
+def test_an_assumed_memory_of_hundreds_of_digits_is_no_gpu_not_an_overflow() -> None:
+    """`--assume 999...9GiB@8.9`: the size was an infinite float, and int() of it an OverflowError (a traceback)."""
+    with pytest.raises(UserError, match="not a GPU a plan can be made for"):
+        choose_plan(plan_device("9" * 400 + "GiB@8.9"), REAL, effective_batch=64)

@@ -116,7 +116,7 @@ def build(cls: type[T], data: Any, where: str) -> T:
             if problem:
                 raise UserError(f"{where}.{name}: {problem}")
             if tp is float and is_int(value):
-                value = float(value)
+                value = _as_float(value, f"{where}.{name}")
         kwargs[name] = value
     try:
         return cls(**kwargs)
@@ -124,6 +124,15 @@ def build(cls: type[T], data: Any, where: str) -> T:
         raise UserError(_within(where, str(exc))) from None
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where}: {exc}") from None
+
+
+def _as_float(value: int, where: str) -> float:
+    """An int where a float belongs; one past the float range (`1` and 400 zeros) is named, not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise UserError(f"{where}: {len(str(abs(value)))} digits is beyond any number a setting takes "
+                        "(at most about 1.8e308)") from None
 
 
 def _within(where: str, message: str) -> str:

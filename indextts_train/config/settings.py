@@ -290,12 +290,24 @@ def check_setting(name: str, value: Any) -> None:
 
 def _check_range(where: str, value: Any, rule: str, most: float | None = None) -> None:
     text, ok = RULES[rule]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    # an int is finite however long (math.isfinite raised OverflowError on one of 400 digits)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (isinstance(value, float)
+                                                                           and not math.isfinite(value)):
         raise UserError(f"{where} must be a finite number, got {value!r}")
+    huge = _huge(value)
     if not ok(value):
-        raise UserError(f"{where} must be {text}, got {value!r}")
+        raise UserError(f"{where} must be {text}, got {huge or repr(value)}")
     if most is not None and value > most:
-        raise UserError(f"{where} must be at most {most:,}, got {value:,}")
+        raise UserError(f"{where} must be at most {most:,}, got {huge or f'{value:,}'}")
+
+
+def _huge(value: float) -> str | None:
+    """A number too long to read in a line (`1` and 400 zeros typed), said by its size; None for the others."""
+    if abs(value) < 10**30:
+        return None
+    if isinstance(value, float):
+        return f"{value:g}"
+    return f"{'a negative' if value < 0 else 'a'} number of {len(str(abs(value)))} digits"
 
 
 def train_flags() -> list[dataclasses.Field]:

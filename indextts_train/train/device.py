@@ -85,7 +85,9 @@ def device_from_spec(spec: str) -> DeviceInfo | None:
     if match is None:
         return None
     amount, unit, major, minor = match.groups()
-    total = int(float(amount) * (2**30 if unit.lower() == "gib" else 10**9))
+    # capped: a size of hundreds of digits is an infinite float, which int() refused with an OverflowError;
+    # past the cap, _check_device (hardware.py) says it is no GPU a plan can be made for
+    total = int(min(float(amount) * (2**30 if unit.lower() == "gib" else 10**9), 2.0**80))
     capability = (int(major), int(minor))
     return DeviceInfo("cuda", f"GPU with {amount} {unit}, compute capability {major}.{minor}", total,
                       capability, capability >= (8, 0), 8)

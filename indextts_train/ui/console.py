@@ -49,7 +49,8 @@ class RunLogger:
                  tensorboard: bool = True, start_step: int = 0, text_log: TextLog | None = None) -> None:
         self.enabled = enabled
         self.text_log = text_log or TextLog()  # timestamps every line; copies it to train.log once attached
-        self.interactive = enabled and sys.stdout.isatty()
+        # sys.stdout is None when the run starts with its stdout closed (`train-gpt ... >&-`): not a terminal
+        self.interactive = enabled and sys.stdout is not None and sys.stdout.isatty()
         # One decision, ours: rich's own terminal detection can disagree (TERM unset, CI variables).
         self.console = _Console(highlight=False, soft_wrap=True, force_terminal=self.interactive or None)
         self.total_steps = total_steps
