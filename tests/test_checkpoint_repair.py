@@ -59,6 +59,17 @@ def test_repair_drops_an_unmatched_optimizer_set_together(tmp_path: Path) -> Non
     assert {"optimizer", "scheduler", "scaler"} <= set(state["repaired"]["unknown"])
 
 
+def test_repair_never_writes_over_a_link_given_as_output(tmp_path: Path) -> None:
+    """A dangling link, or one that names itself, does not `exist()`: repair renamed its file over it, exit 0."""
+    path = tmp_path / "community.pth"
+    torch.save(community_state(), path)
+    for link, to in ((tmp_path / "loop.pth", tmp_path / "loop.pth"), (tmp_path / "dangling.pth", tmp_path / "gone")):
+        link.symlink_to(to)
+        with pytest.raises(CheckpointError, match=f"{link.name} is a symbolic link; pass another output path"):
+            repair_checkpoint(path, link)
+        assert link.is_symlink() and link.readlink() == to
+
+
 def test_repair_refuses_garbage_and_bare_weights(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.pth"
     garbage.write_bytes(b"\x00" * 300)

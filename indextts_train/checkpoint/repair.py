@@ -306,6 +306,9 @@ def repair_checkpoint(path: Path, out: Path | None = None, *, config: dict | Non
         advice = "; pass --config with the config.yaml it was trained with" if fit and config is None else ""
         raise CheckpointError(f"cannot repair {path}: {'; '.join(problems + fit)}{advice}")
     target = Path(out) if out is not None else path
+    if out is not None and target.is_symlink():  # dangling or a loop: exists() said no, and the rename replaced it
+        raise CheckpointError(f"{target} is a symbolic link; pass another output path (repair never writes over "
+                              "or through a link)")
     if target.exists() and not same_file(target, path):
         raise CheckpointError(f"{target} already exists; pass another output path or remove it")
     remove_stale_temps(target, [target], None)  # a killed repair's half-written file (a checkpoint's size)

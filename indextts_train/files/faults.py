@@ -18,7 +18,8 @@ _TARGET = os.environ.get("INDEXTTS_TRAIN_CRASH_AT")
 _PAUSE = os.environ.get("INDEXTTS_TRAIN_PAUSE_AT")
 # Divergence tests: INDEXTTS_TRAIN_NAN_AT=3,4 makes the loss of those optimizer steps NaN, a bad step
 # at an exact place (a real divergence cannot be placed, nor made to recover).
-_NAN_STEPS = {int(s) for s in os.environ.get("INDEXTTS_TRAIN_NAN_AT", "").split(",") if s.strip()}
+# A word that is no step number names no step (read at import: a ValueError there was every command's traceback).
+_NAN_STEPS = {int(s) for s in os.environ.get("INDEXTTS_TRAIN_NAN_AT", "").split(",") if s.strip().isdecimal()}
 
 
 def crash_armed(name: str, step: int) -> bool:
