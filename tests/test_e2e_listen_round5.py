@@ -200,6 +200,9 @@ def test_a_waiting_step_that_rotation_removed_is_not_named(tmp_path, monkeypatch
     ({"listen_inference_python": "/nonexistent/python"}, r"^--listen-inference-python /nonexistent/python: not an "
                                                          r"executable file"),
     ({"listen_asr_model": "/nonexistent/asr"}, r"^--listen-asr-model /nonexistent/asr: no such folder"),
+    ({"listen_asr_model": "-"}, r"^--listen-asr-model -: no such folder, nor a Hugging Face id"),  # asked the hub
+    ({"listen_asr_model": "am=en=zh"}, r"^--listen-asr-model am=en=zh: no such folder, nor a Hugging Face id"),
+    ({"listen_asr_model": "my asr"}, r"^--listen-asr-model my asr: no such folder, nor a Hugging Face id"),
 ])
 def test_listen_settings_are_checked_before_the_run(settings, refusal) -> None:
     """Each was taken, and every listener failed with it: said only in RUN/listen/listen.log once the trainer

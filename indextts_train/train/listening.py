@@ -178,6 +178,15 @@ def check_listen_settings(train: object) -> None:
     _check_asr_model(train.listen_asr_model)
 
 
+def is_hub_id(text: str) -> bool:
+    """Whether `text` is spelled as a Hugging Face model id: NAME or ORG/NAME, each part of letters,
+    digits, '_', '-' and '.', starting with a letter or digit, at most 96 characters; no '..'."""
+    parts = text.split("/")
+    return len(parts) <= 2 and ".." not in text and all(
+        0 < len(part) <= 96 and part[0].isascii() and part[0].isalnum()
+        and all(c.isascii() and (c.isalnum() or c in "_-.") for c in part) for part in parts)
+
+
 def _check_asr_model(model: str) -> None:
     """A local folder must hold a transformers model (config.json); a path that is not there is no Hugging
     Face id either (an id is NAME or ORG/NAME), so it is refused here rather than fetched from the hub."""
@@ -189,6 +198,6 @@ def _check_asr_model(model: str) -> None:
         what = "no config.json in that folder" if local.is_dir() else "not a folder"
         raise UserError(f"--listen-asr-model {model}: {what}; pass a transformers ASR model folder, or a Hugging "
                         "Face id")
-    if not local.exists() and looks_like_path:
-        raise UserError(f"--listen-asr-model {model}: no such folder; pass a transformers ASR model folder, or a "
-                        "Hugging Face id such as facebook/mms-1b-all")
+    if not local.exists() and (looks_like_path or not is_hub_id(model)):  # `-`, `a b`, `am=en`: the hub is
+        raise UserError(f"--listen-asr-model {model}: no such folder, nor a Hugging Face id; pass a "  # not asked
+                        "transformers ASR model folder, or an id such as facebook/mms-1b-all")

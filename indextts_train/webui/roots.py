@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 from indextts_train.data.sampling import parse_manifest_spec
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import kind_of_mode
+from indextts_train.train.listening import is_hub_id
 
 MAX_TEXT = 4096  # longer than any path a user types (PATH_MAX)
 MAX_SCAN = 5000  # entries looked at in a folder for links that lead outside (a run folder has a few dozen)
@@ -96,15 +97,6 @@ def _expanded(text: str, what: str) -> str:
         raise UserError(f"{what} {shown(text)}: there is no user {shown(user)!r} here to expand ~{shown(user)} for; "
                         "give the full path")
     return expanded
-
-
-def _is_hub_id(text: str) -> bool:
-    """Whether `text` is spelled as a Hugging Face model id: NAME or ORG/NAME, each part of letters,
-    digits, '_', '-' and '.', starting with a letter or digit, at most 96 characters; no '..'."""
-    parts = text.split("/")
-    return len(parts) <= 2 and ".." not in text and all(
-        0 < len(part) <= 96 and part[0].isascii() and part[0].isalnum()
-        and all(c.isascii() and (c.isalnum() or c in "_-.") for c in part) for part in parts)
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY, *, single_link: bool = False,
@@ -218,7 +210,7 @@ class Roots:
         """A model the run loads (--listen-asr-model): a folder resolved inside a root, or, when no such
         path exists, a Hugging Face model id (ORG/NAME), which the hub serves."""
         text = checked_text(str(value).strip(), what)
-        if os.path.lexists(text) or not _is_hub_id(text):  # a hub id starts with no ~: inside() expands it
+        if os.path.lexists(text) or not is_hub_id(text):  # a hub id starts with no ~: inside() expands it
             return str(self.inside(text, what))
         return text
 
