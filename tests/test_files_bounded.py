@@ -215,3 +215,12 @@ def test_a_prepared_folder_given_for_a_manifest_suggests_the_manifests_for_that_
             check_file(tmp_path, "manifest", flag=flag)
         shown = " or ".join(str(tmp_path / f"{name}.jsonl") for name in names)
         assert str(refused.value).endswith(f"is a folder; pass the manifest file in it (e.g. {shown})")
+
+
+def test_a_run_folder_given_for_a_manifest_suggests_none_of_its_logs(tmp_path: Path) -> None:
+    """--val-manifest RUN suggested RUN/events.jsonl (the run's event log) as the manifest meant."""
+    for name in ("events.jsonl", "scores.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    with pytest.raises(UserError) as refused:
+        check_file(tmp_path, "manifest", flag="--val-manifest")
+    assert str(refused.value) == f"--val-manifest {tmp_path} is a folder; pass the manifest file in it"

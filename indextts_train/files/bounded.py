@@ -51,7 +51,7 @@ _MEANT = {"manifest": (".jsonl",), "corpus": (".txt", ".jsonl"), "tokenizer": ("
 # Of those, what prepare's output folder holds for each flag, named first; rejected.jsonl lists the clips it
 # left out, never a manifest (suggested first by name order, it led a newcomer to "manifest is empty").
 _FIRST = {"--train-manifest": ("train.jsonl", "val.jsonl"), "--val-manifest": ("val.jsonl", "train.jsonl")}
-_NEVER = {"manifest": ("rejected.jsonl",)}
+_NEVER = {"manifest": ("rejected.jsonl", "events.jsonl", "scores.jsonl")}  # and a run folder's event and score logs
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
