@@ -60,17 +60,20 @@ def _processes_watched(item: pytest.Item, phase: str):
         yield
         return
     started: list[str] = []
-    real_init = subprocess.Popen.__init__
+    # The class itself, held: a test that replaces the name subprocess.Popen (monkeypatch) had the restore below
+    # land on its stand-in, and the real class kept the watch for every later test of the worker.
+    popen = subprocess.Popen
+    real_init = popen.__init__
 
     def watched_init(self, args, *rest, **kwargs):
-        started.append(args if isinstance(args, str) else " ".join(map(os.fspath, args)))
+        started.append(os.fsdecode(args) if isinstance(args, (str, bytes)) else " ".join(map(os.fsdecode, args)))
         real_init(self, args, *rest, **kwargs)
 
-    subprocess.Popen.__init__ = watched_init
+    popen.__init__ = watched_init
     try:
         yield
     finally:
-        subprocess.Popen.__init__ = real_init
+        popen.__init__ = real_init
     if started:
         pytest.fail(f"{item.nodeid} starts a process in its {phase} ({started[0][:200]}) but is not marked "
                     "slow: add @pytest.mark.slow (the fast lane leaves out tests that start processes)",
