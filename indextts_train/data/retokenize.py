@@ -104,9 +104,12 @@ def _written_sha256(path: Path) -> str | None:
 def _read_record(ids_dir: Path) -> dict | None:
     """The folder's record, or None when it has none that tokenize wrote."""
     path = ids_dir / RECORD
-    if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+    if path.is_symlink() or not path.is_file():
         return None
-    record = json_or_none(read_bounded(path, 1 << 20, "tokenize record"))
+    try:
+        record = json_or_none(read_bounded(path, 1 << 20, "tokenize record"))
+    except UserError:  # larger than any record tokenize writes, or swapped since: not one of ours
+        return None
     return record if isinstance(record, dict) and record.get("format") == RECORD_FORMAT else None
 
 
@@ -137,9 +140,10 @@ def _earlier(target: _Target) -> dict | None:
         changed = [_INPUT_NAMES.get(key, key) for key in target.inputs if earlier.get(key) != target.inputs[key]]
         raise UserError(f"{ids_dir}: made by a tokenize of other inputs ({', '.join(changed)} not the same); pass "
                         "a new --out folder or remove it")
-    if record is not None and _foreign(ids_dir):
-        raise UserError(f"{ids_dir}: holds {_foreign(ids_dir)[0]}, which tokenize did not write; remove it "
-                        "or pass a new --out folder")
+    foreign = _foreign(ids_dir) if record is not None else []
+    if foreign:  # listed once: the folder may hold every line's arrays
+        raise UserError(f"{ids_dir}: holds {foreign[0]}, which tokenize did not write; remove it or pass a new "
+                        "--out folder")
     if not (new.is_symlink() or new.exists()):
         return None
     done = (record or {}).get("done")
