@@ -421,22 +421,16 @@ def hardware(
     assume: Annotated[str | None, typer.Option(help="Plan for a named GPU instead of this machine: A100-80GB, A100-40GB, H100-80GB, H200, L4, V100-16GB, V100-32GB, T4, RTX-4090, RTX-3090, A10G, L40S, RTX-A6000; or any GPU as MEMORY@CAPABILITY, e.g. 24GiB@8.9.")] = None,
     effective_batch_size: Annotated[int | None, typer.Option(min=1, max=1 << 24, help="Effective batch (default: the config's).")] = None,
     grad_checkpointing: Annotated[bool | None, typer.Option("--grad-checkpointing/--no-grad-checkpointing", help="Plan with activation checkpointing (default: the config's).")] = None,
-    train_scope: Annotated[str | None, typer.Option(help="What trains: full, partial or lora; gradients and AdamW state count only for those tensors (default: the config's train.train_scope).")] = None,
+    train_scope: Annotated[cli_flags.choices_of("train_scope") | None, typer.Option(help="What trains: full, partial or lora; gradients and AdamW state count only for those tensors (default: the config's train.train_scope).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="The run's --tokenizer: the model has its text rows (default: the config's gpt.number_text_tokens).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What auto mode picks on this machine (or an assumed GPU), and why."""
-    from indextts_train.config.settings import load_config
-    from indextts_train.train.hardware import plan_device
-    from indextts_train.train.plan import plan_for
+    from indextts_train.train.plan import command_plan
 
-    def run():
-        cfg = load_config(config)
-        given = {"effective_batch_size": effective_batch_size, "activation_checkpointing": grad_checkpointing,
-                 "train_scope": train_scope}
-        cfg.override({name: value for name, value in given.items() if value is not None})  # as train's flags
-        return plan_for(cfg, plan_device(assume))
-
-    plan = run_guarded(run)
+    given = {"effective_batch_size": effective_batch_size, "activation_checkpointing": grad_checkpointing,
+             "train_scope": train_scope and train_scope.value}
+    plan = run_guarded(command_plan, config, assume, given, tokenizer)
     typer.echo(json.dumps(plan.to_dict(), indent=1) if as_json else plan.describe())
 
 

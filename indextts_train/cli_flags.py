@@ -49,6 +49,11 @@ def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def choices_of(f: dataclasses.Field | str) -> type[Enum]:
+    """A `train:` field's choices as the Enum type Typer checks a flag with: a wrong value is refused naming
+    the flag (`hardware --train-scope` too, not only train's)."""
+    f = f if isinstance(f, dataclasses.Field) else {g.name: g for g in dataclasses.fields(TrainConfig)}[f]
+    return Enum(f.name, {choice: choice for choice in f.metadata["choices"]}, type=str)
 
 
 def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Parameter:
@@ -57,7 +62,7 @@ def _option(f: dataclasses.Field, tp: Any, *, from_config: bool) -> inspect.Para
     decls = (meta["flag"],) if meta.get("flag") else ()
     extra: dict[str, Any] = {"metavar": meta["metavar"]} if meta.get("metavar") else {}
     if meta.get("choices"):  # Typer shows and checks choices through an Enum type
-        tp = Enum(f.name, {choice: choice for choice in meta["choices"]}, type=str)
+        tp = choices_of(f)
     if from_config:  # None = not given: the config's train: section decides, else the field default
         info = typer.Option(*decls, help=f"{meta['help']} [default: train.{f.name} from --config, else "
                                          f"{_shown(field_default(f))}]", show_default=False, **extra)

@@ -111,6 +111,12 @@ class Tokenizer:
     family: Family | None
     size: int  # text tokens: pieces of a SentencePiece model, or ranks + specials of a .tiktoken file
 
+    def size_model(self, gpt: GPTConfig) -> None:
+        """The model's text rows are this tokenizer's pieces (no file: the config's stand), settled before the
+        hardware plan: the plan, the data's id checks and the weights then count the same rows. A config
+        written for the base vocabulary under an extended tokenizer undercounted the plan's parameters."""
+        gpt.number_text_tokens = self.size
+
     def growth_point(self, base_tokens: int) -> int | None:
         """VocabPlan.insert_at for a base of `base_tokens` text tokens (None: new rows are appended)."""
         return None if self.path is None else _growth_point(self.path, self.family, base_tokens)

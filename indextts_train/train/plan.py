@@ -2,20 +2,23 @@
 command and the web page all make, so that what they show is what the run picks.
 
 Every input of the plan is a `train:` setting (batch sizes, workers, mixed precision, activation
-checkpointing, train scope); only the device and the number of processes come from where it runs.
+checkpointing, train scope) or a `gpt:` size, the text rows as the run's tokenizer sets them
+(text/vocab.Tokenizer.size_model); only the device and the number of processes come from where it runs.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from indextts_train.config.scope_settings import scope_settings
-from indextts_train.config.settings import Config
+from indextts_train.config.settings import Config, load_config
 from indextts_train.distributed import DistInfo
+from indextts_train.text.vocab import read_tokenizer
 from indextts_train.train.device import DeviceInfo, detect_device
-from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan
+from indextts_train.train.hardware import HardwarePlan, apply_determinism, choose_plan, plan_device
 
 
 def plan_for(config: Config, device: DeviceInfo, world_size: int = 1) -> HardwarePlan:
@@ -25,6 +28,16 @@ def plan_for(config: Config, device: DeviceInfo, world_size: int = 1) -> Hardwar
                        grad_accumulation=train.grad_accumulation, num_workers=train.num_workers, amp=train.amp,
                        activation_checkpointing=train.activation_checkpointing, world_size=world_size,
                        scope=scope_settings(train))
+
+
+def command_plan(config: Path, assume: str | None, flags: dict, tokenizer: Path | None) -> HardwarePlan:
+    """The `hardware` command's plan: `config` under train's flags (`flags`, None: not given), its text rows
+    the tokenizer's, on this machine or the GPU `assume` names."""
+    cfg = load_config(config)
+    cfg.override({name: value for name, value in flags.items() if value is not None})  # as train's flags
+    cfg.gpt.stated_family = cfg.gpt.family  # the model planned (IndexTTS2 when the config states none): a
+    read_tokenizer(tokenizer, cfg.gpt, f"--config {config}").size_model(cfg.gpt)  # tokenizer of the other refused
+    return plan_for(cfg, plan_device(assume))
 
 
 def run_plan(config: Config, dist: DistInfo) -> tuple[HardwarePlan, torch.device]:

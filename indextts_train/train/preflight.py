@@ -7,9 +7,10 @@ first, each refusal one line: the output folder and an earlier run's checkpoints
 its keys settle the model family when the config states none, and a whole file's CRC pass comes
 only after the checks that cost a stat); a setting typed for the other family's model
 (config/unread_settings.py); the tokenizer's family against the model's, read once
-(text/vocab.read_tokenizer); the base checkpoint's keys and shapes against the config, judged when it
-was read; the first lines of every manifest (fields, files, text ids against the tokenizer's range,
-lengths against the config's limits: data/checkdata.py).
+(text/vocab.read_tokenizer), whose size is the model's text rows from here on (the plan counts them);
+the base checkpoint's keys and shapes against the config, judged when it was read; the first lines of
+every manifest (fields, files, text ids against the tokenizer's range, lengths against the config's
+limits: data/checkdata.py).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def check_inputs(options: RunSettings, config: Config) -> tuple[Tokenizer, BaseC
               else f"--base-checkpoint {options.base_checkpoint}")
     check_family_settings(config.train, options.named, config.gpt.stated_family, source)
     tokenizer = read_tokenizer(options.tokenizer, config.gpt, source)
+    tokenizer.size_model(config.gpt)  # before the plan, which counts the text rows
     if base is not None and base.problem is not None:
         raise base.problem
     check_manifest_sample([spec.path for spec in (*options.train_manifests, *options.val_manifests)], config.gpt,

@@ -98,7 +98,6 @@ def run_weights(resumed: Resumed | None, config: Config, tokenizer: Tokenizer, l
     start = _fresh_start(config, base, log) if resumed is None else _resumed_start(resumed, config, tokenizer.size)
     state, plan, growth = tokenizer.grow(start.state, start.saved, freeze_base=train.freeze_base_vocab,
                                          seed=start.seed)
-    config.gpt.number_text_tokens = tokenizer.size
     config.gpt.stated_family = config.gpt.family
     model = UnifiedVoiceGPT(config.gpt, dropout=train.dropout, activation_checkpointing=train.activation_checkpointing)
     carried = (init_carried(config.gpt, torch.Generator().manual_seed(start.seed)) if state is None

@@ -18,6 +18,7 @@ from pathlib import Path
 from indextts_train.config.settings import Config, TrainConfig, check_setting, load_config
 from indextts_train.config.unread_settings import VALIDATION_SETTINGS, batch_unread
 from indextts_train.errors import UserError
+from indextts_train.text.vocab import read_tokenizer
 from indextts_train.webui.roots import Roots
 from indextts_train.webui.runs import train_command
 from indextts_train.webui.trainflags import checked_value, flag_settings, other_flags
@@ -63,8 +64,12 @@ def defaults_for(config: str) -> dict[str, float | int]:
 
 def form_config(form: RunForm, roots: Roots) -> Config:
     """The config the form's run would use: the config file's train: section under the form's numbers,
-    mixed precision and other flags, each checked against its field's range, as the run checks them."""
+    mixed precision and other flags, each checked against its field's range, as the run checks them; its
+    text rows the tokenizer's, as the run settles them."""
     config = load_config(roots.inside(form.config, "Config"))
+    if form.tokenizer.strip():
+        tokenizer = read_tokenizer(roots.inside(form.tokenizer, "Tokenizer"), config.gpt, f"Config {form.config}")
+        tokenizer.size_model(config.gpt)
     values = {name: _number(name, value) for name, value in form.hparams.items() if value is not None}
     if form.amp != "auto":
         values["amp"] = form.amp == "on"
