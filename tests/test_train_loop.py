@@ -292,6 +292,6 @@ def test_the_window_mean_leaves_out_an_overflowed_gradient_norm() -> None:
 
     history = SimpleNamespace(pending=[torch.tensor([1.0, 1.0, 1.0, 0.5, 2.0]),
                                        torch.tensor([3.0, 3.0, 3.0, 0.5, float("inf")])])
-    optim = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]))
+    optim = SimpleNamespace(last_step_lr=lambda: 1e-3)
     values = window.window_values(history, SimpleNamespace(samples_total=8), optim, (0.0, 0))
     assert values["loss"] == 2.0 and values["grad_norm"] == 2.0

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from indextts_train.cli import app
+from indextts_train.train.hardware import HardwarePlan
 
 
 def start(tiny_data: dict, out: Path, *extra: str) -> list[str]:
@@ -33,6 +34,35 @@ def test_a_warmup_as_long_as_the_run_is_said_before_training(tiny_data, tmp_path
     assert "climbs only to 9.0e-06 of its 3.0e-03 peak" in said[0]  # 3e-3 x 3 / 1000
     assert "pass --warmup-steps 1 (a tenth of the run), or more steps with --epochs / --max-steps" in said[0]
     assert said[0].split("warning: ", 1)[1] in (tmp_path / "run" / "train.log").read_text()
+    last = next(line for line in reversed(lines) if " step 3/3 " in line)
+    assert " lr 9.00e-06 " in last  # the LR step 3 took: the warning's "climbs only to"
+
+
+def test_a_step_line_says_the_lr_its_step_took() -> None:
+    """The scheduler holds the next step's LR once a step is done; the line (and TensorBoard) of a step say the
+    one the optimizer used for it, through the warmup, the cosine and a changed peak on resume."""
+    import torch
+
+    from indextts_train.config.settings import TrainConfig
+    from indextts_train.train.optim import OptimizerSet
+
+    named = [("w", torch.nn.Parameter(torch.ones(2, 2)))]
+    plan = HardwarePlan(device="cpu", device_name="cpu", precision="fp32", amp_dtype=None, use_grad_scaler=False,
+                        tf32=False, micro_batch=2, grad_accumulation=1, effective_batch=2, world_size=1,
+                        num_workers=0, memory_share=1.0, estimated_bytes=0, budget_bytes=0)
+    train = TrainConfig(learning_rate=1e-2, warmup_steps=3)
+    optim = OptimizerSet.build(named, train, plan, 8)
+    taken = []
+    for step in range(8):
+        if step == 5:  # a resumed run with another peak: the groups' LR and the scheduler's base both change
+            optim.apply_changed_settings({"learning_rate": 1e-2}, TrainConfig(learning_rate=2e-2), 8)
+        taken.append(optim.optimizer.param_groups[0]["lr"])
+        named[0][1].grad = torch.ones(2, 2)
+        optim.optimizer.step()
+        optim.scheduler.step()
+        assert optim.last_step_lr() == taken[-1]
+    assert taken[:3] == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2], rel=1e-12)  # the first step: a third of the peak
+    assert taken[5] == pytest.approx(2e-2 * optim.clock.factor(5), rel=1e-12)
 
 
 @pytest.mark.slow

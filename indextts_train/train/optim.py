@@ -129,6 +129,13 @@ class OptimizerSet:
         if self.scaler.is_enabled() and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
 
+    def last_step_lr(self) -> float:
+        """The LR the last step took (its param groups' `lr` then): the scheduler already holds the next
+        step's, which a line or a TensorBoard point of that step would otherwise show (`step 4/4 ... lr`
+        a value no step of a 4-step run used)."""
+        scheduler = self.scheduler
+        return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](scheduler.last_epoch - 1)
+
     @staticmethod
     def has_optimizer(state: dict) -> bool:
         """Whether a saved set holds optimizer moments (a repair that could not match them stores None)."""

@@ -48,7 +48,7 @@ def window_values(history: History, progress: Progress, optim: OptimizerSet, clo
     history.pending = host_rows(history.pending)
     now, samples = time.perf_counter(), progress.samples_total
     values = dict(zip(METRICS, window_mean(history.pending), strict=True))
-    values["lr"] = optim.scheduler.get_last_lr()[0]
+    values["lr"] = optim.last_step_lr()
     values["samples_per_s"] = (samples - clock[1]) / max(now - clock[0], 1e-9)
     return values
 
