@@ -81,3 +81,19 @@ def test_repair_refuses_garbage_and_bare_weights(tmp_path: Path) -> None:
         repair_checkpoint(bare)
     assert sorted(names(tmp_path)) == ["garbage.pth", "gpt.pth"]
     assert garbage.read_bytes() == b"\x00" * 300
+
+
+def test_repair_names_why_a_community_optimizer_was_dropped(tmp_path: Path) -> None:
+    """A community file holds no parameter names, so its optimizer is kept only when names can be derived from the
+    weights; when they cannot, the note said the missing names ('expected a list of parameter names'), which every
+    community file lacks, and hid the real reason (here: one parameter more in the optimizer than the weights)."""
+    source = community_state()
+    source["optimizer"]["param_groups"][0]["params"].append(99)
+    path = tmp_path / "community.pth"
+    torch.save(source, path)
+    _, notes = repair_checkpoint(path, tmp_path / "repaired.pth")
+    dropped = [n for n in notes if n.startswith("optimizer, scheduler and scaler dropped together")]
+    weights = len(list(trained(0)[0].parameters()))
+    assert dropped == [f"optimizer, scheduler and scaler dropped together (the optimizer holds {weights + 1} "
+                       f"parameters but the weights have {weights}); the optimizer restarts fresh at the "
+                       "stored step"], notes

@@ -289,7 +289,10 @@ def _adapter_payload(checkpoint: Path, loaded: object) -> dict:
     rows = text_rows_trainable(bool(plan.new_ids), plan.freeze_base)
     settings = scope_settings(config.train)
     model = loaded["model"]
-    tensors = {k: model[k] for k in trained_keys(config.gpt) if is_trainable(k, settings, config.gpt.layers, rows)}
+    # IndexTTS-2.5's spk_emb_proj is a trainable tensor whose rows the run kept frozen without --train-speaker-proj
+    frozen = () if config.train.train_speaker_proj else ("spk_emb_proj.",)
+    tensors = {k: model[k] for k in trained_keys(config.gpt)
+               if is_trainable(k, settings, config.gpt.layers, rows) and not k.startswith(frozen)}
     stated = config.gpt.stated_family
     applies_to = {"family": None if stated is None else stated.key, "model_dim": config.gpt.model_dim,
                   "layers": config.gpt.layers, "text_rows": plan.rows, "base_text_rows": plan.base_tokens + 1,

@@ -118,7 +118,8 @@ def _repair_optimizer(state: dict, unknown: list[str], notes: list[str]) -> None
             if not problems:
                 notes.append("optimizer parameter names derived from the weights' order "
                              "(parameter count and every moment's shape match)")
-        problems = problems or ([why] if why else [])
+        elif why and not isinstance(candidate["optimizer_param_names"], list):
+            problems = [why]  # a file without names (community): why none could be derived is the reason
     # moments torch could not load (another shape, a learning rate of 'x'): dropped as a mismatch is
     problems = problems or [p for p in (optimizer_value_problem(candidate),) if p]
     if problems:

@@ -57,7 +57,8 @@ class Pairs:
     train: list[tuple[dict, dict]] = field(default_factory=list)  # (target, prompt) utterance lines
     val: list[tuple[dict, dict]] = field(default_factory=list)
     lone_speakers: list[str] = field(default_factory=list)  # one utterance: no pair possible
-    fewer_prompts: int = 0  # targets whose speaker has fewer other clips than --prompts-per-target asks
+    fewer_prompts: int = 0  # targets with fewer prompts than --prompts-per-target asks (none: in `unpaired` too)
+    unpaired: list[str] = field(default_factory=list)  # training targets whose speaker's other clips are all held out
 
 
 def check_val_speakers(speakers: Iterable[str], count: int) -> None:
@@ -109,6 +110,8 @@ def make_pairs(kept: list[dict], rule: SplitRule) -> Pairs:
         candidates = speaker_utts if val else [u for u in speaker_utts if not is_val(u)]
         chosen = _choose(target, candidates, rule.prompts_per_target, rule.seed)
         pairs.fewer_prompts += len(chosen) < rule.prompts_per_target
+        if not chosen:  # a training target of a speaker whose other clips all went to validation: in no pair
+            pairs.unpaired.append(target["id"])
         for prompt in chosen:
             (pairs.val if val else pairs.train).append((target, prompt))
     return pairs

@@ -266,7 +266,9 @@ def assemble(planned: Planned, folder: OutputFolder, options: PrepareOptions, mo
         folder.write_manifest(name, [paired_line(t, p, models.family) for t, p in chosen])
     report = _report(kept, rejected, tokens, pairs, options, models, hashes)
     folder.write_json(PREPARE_RECORD, report)
-    return report
+    # for the summary only (prepare.json stays as it was): kept clips that are in no pair although their speaker
+    # has other clips, all of them held out for validation
+    return report | {"unpaired_targets": len(pairs.unpaired)}
 
 
 def _versions() -> dict[str, str]:

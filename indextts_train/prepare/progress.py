@@ -113,7 +113,13 @@ def print_summary(report: dict, out: Path) -> None:
     fewer, asked = counts.get("targets_with_fewer_prompts"), report.get("settings", {}).get("prompts_per_target")
     if fewer:  # the speaker's other clips are all it can pair with: said, as the pair count alone hides it
         print(f"note: {fewer} target(s) have fewer than --prompts-per-target {asked} prompts: their speakers have "
-              "fewer other clips (a prompt is another clip of the target's speaker)")
+              "fewer other clips (a prompt is another clip of the target's speaker; a training target takes none "
+              "held out for validation)")
+    unpaired = report.get("unpaired_targets")
+    if unpaired:  # kept, yet in neither manifest: the pair count and the left-out speakers hid them
+        print(f"warning: {unpaired} kept clip(s) are in no pair, so they neither train nor validate: every other clip "
+              "of their speaker is held out for validation (training targets never take validation audio); add "
+              "clips of those speakers, or lower --val-fraction")
     if counts["kept"] and not counts["val_pairs"]:
         print(no_validation_warning(report))
     print(text_coverage(counts))
