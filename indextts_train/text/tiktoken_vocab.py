@@ -300,11 +300,11 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     raw = vocab.raw if vocab.raw.endswith(b"\n") else vocab.raw + b"\n"
     lines = b"".join(base64.b64encode(tok) + f" {vocab.n_ranks + i}\n".encode() for i, tok in enumerate(added))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    write_outputs([(Path(out), raw + lines)], force=force)  # the same bytes there (an earlier run's) stay
+    kept = write_outputs([(Path(out), raw + lines)], force=force)  # the same bytes there (an earlier run's) stay
     return {"base_ranks": vocab.n_ranks, "added": len(added), "new_ranks": vocab.n_ranks + len(added),
             "new_size": vocab.n_vocab + len(added), "base_size": vocab.n_vocab,
             "short_by": target_size - vocab.n_vocab - len(added),
-            "examples": [tok.decode("utf-8", "replace") for tok in added[:_SHOW]]}
+            "examples": [tok.decode("utf-8", "replace") for tok in added[:_SHOW]], "kept": bool(kept)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,9 +129,9 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
     extended = SpmModel(base_model.pieces + added, base_model.rest)
     load_processor(extended, str(out))  # refuse to write a file spm would not load
     vocab, kept = write_model(extended, out, force=force)
-    warnings += [f"{path} already held this tokenizer (an earlier run of this command); left as it was"
-                 for path in kept]
-    return {"base": str(base), "out": str(out), "vocab": str(vocab),
+    warnings += [f"{path} already held this tokenizer's pieces (an earlier run of this command); left as it was"
+                 for path in kept if path != Path(out)]  # the output's own line says it (`kept`)
+    return {"kept": Path(out) in kept, "base": str(base), "out": str(out), "vocab": str(vocab),
             "model_type": MODEL_TYPES.get(base_model.model_type, "unknown"),
             "base_size": base_size, "new_size": len(extended.pieces), "added": needed,
             "sample_new_pieces": [p.text for p in added[:_SHOW]], "normalizer": text_path.normalizer_name,
