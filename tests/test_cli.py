@@ -273,7 +273,7 @@ def test_repair_records_the_base_rows_it_was_told_or_assumed(tiny_data, files, t
     out = tmp_path / "repaired.pth"
     result = cli("repair", files["community"], "-o", out, "--base-vocab", 80, "--config", tiny_data["config"])
     assert result.exit_code == 0, result.output
-    assert "vocab plan (--base-vocab): the first 80 of 100 text rows are base rows, kept frozen" in result.stdout
+    assert "vocab plan (--base-vocab): the first 80 of 100 text tokens are base tokens, their rows" in result.stdout
     assert load_checkpoint(out)["vocab_plan"] == {"base_tokens": 80, "tokens": 100, "freeze_base": True,
                                                   "insert_at": None}
     run = tmp_path / "run"  # resumed from it, the first 80 rows do not move; the others train
@@ -294,7 +294,7 @@ def test_repair_records_the_base_rows_it_was_told_or_assumed(tiny_data, files, t
     torch.save({"model": grown, "step": 3, "epoch": 1}, big)
     result = cli("repair", big, "-o", tmp_path / "big_repaired.pth")
     assert result.exit_code == 0, result.output
-    assert "vocab plan (assumed): the first 12000 of 12100 text rows are base rows" in result.stdout
+    assert "vocab plan (assumed): the first 12000 of 12100 text tokens are base tokens" in result.stdout
     assert "pass --base-vocab N" in result.stdout
     plan = load_checkpoint(tmp_path / "big_repaired.pth")["vocab_plan"]
     assert plan == {"base_tokens": 12000, "tokens": 12100, "freeze_base": True, "insert_at": None}

@@ -232,15 +232,18 @@ def _repair_vocab_plan(state: dict, base_vocab: int | None, unknown: list[str], 
                      f"0..{insert_at - 1}) and its specials (rows {insert_at + tokens - base}..{tokens - 1}) are base "
                      f"rows, kept frozen when training resumes; the {tokens - base} ranks between them train")
     elif base < tokens:
-        notes.append(f"vocab plan ({how}): the first {base} of {tokens} text rows are base rows, kept frozen "
-                     f"when training resumes{'' if how == '--base-vocab' else ' (the community trainer froze them)'};"
-                     " pass --base-vocab N if the base vocabulary had another size")
+        froze = "" if how == "--base-vocab" else " (the community trainer froze them)"
+        notes.append(f"vocab plan ({how}): the first {base} of {tokens} text tokens are base tokens, their rows "
+                     f"kept frozen when training resumes{froze}; pass --base-vocab N if the base vocabulary had "
+                     "another size")
     elif ranks_then_specials:
-        notes.append(f"vocab plan ({how}): all {tokens} text rows train (no base vocabulary is assumed for "
-                     "IndexTTS-2.5); pass --base-vocab N, the base model's number_text_tokens, to freeze its rows")
+        notes.append(f"vocab plan ({how}): the rows of all {tokens} text tokens train (no base vocabulary is "
+                     "assumed for IndexTTS-2.5); pass --base-vocab N, the base model's number_text_tokens, to "
+                     "freeze its rows")
     else:
-        notes.append(f"vocab plan ({how}): all {tokens} text rows train (the community trainer freezes the first "
-                     f"{COMMUNITY_BASE_TOKENS} only in a larger vocabulary); pass --base-vocab N to freeze a base")
+        notes.append(f"vocab plan ({how}): the rows of all {tokens} text tokens train (the community trainer "
+                     f"freezes the first {COMMUNITY_BASE_TOKENS} only in a larger vocabulary); pass --base-vocab N to "
+                     "freeze a base")
 
 
 def _repaired_state(raw: dict, kind: str, config: dict | None, base_vocab: int | None) -> tuple[dict, list[str]]:
