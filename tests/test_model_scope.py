@@ -118,6 +118,12 @@ def test_full_trains_everything():
     model = _model()
     assert apply_scope(model, _settings("full"), text_rows_train=False, generator=None) is None
     assert all(p.requires_grad for p in model.parameters())
+    # What the run's line says full trains: the official keys besides the model's are the encoders, carried
+    trained = {key.split(".")[0] for key in trained_keys(model.cfg)}
+    untrained = {key.split(".")[0] for key in official_shapes(model.cfg)} - trained
+    assert untrained and all(name.endswith("_encoder") or name.startswith("emo") for name in untrained), untrained
+    said = "full (every tensor but the conditioning and emotion encoders, carried as they are)"
+    assert _settings("full").describe() == said
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -90,7 +90,7 @@ class ScopeSettings:
             spec = self.lora
             return (f"lora (rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, "
                     f"targets {','.join(spec.targets)}; heads, text rows)")
-        return "full (every tensor)"
+        return "full (every tensor but the conditioning and emotion encoders, carried as they are)"
 
 def scope_settings(train: Any) -> ScopeSettings:
     """The scope settings of a TrainConfig (its train_scope, partial_layers and lora_* fields)."""
