@@ -136,14 +136,27 @@ def judge(tracker: BestTracker, result: dict, step: int, *, baseline: dict | Non
 
 
 def restored_best(saved: dict | None, metric: str, step: int, *, resumed_from: Path | None, output_dir: Path,
-                  protected: frozenset[str], is_main: bool, say: Callable[[str], None]) -> BestTracker:
-    """The tracker from a checkpoint's history (`saved`; None: fresh). A kill between saving a new best
-    and publishing best.pth leaves the run resuming from that very file: rank 0 publishes it now."""
+                  protected: frozenset[str], is_main: bool, say: Callable[[str], None],
+                  new_branch: bool = False) -> BestTracker:
+    """The tracker from a checkpoint's history (`saved`; None: fresh). A run that resumes from its best
+    checkpoint has best.pth name it: rank 0 publishes it now. That is a kill between saving a new best and
+    publishing best.pth, or (`new_branch`) a rollback to it or a --resume of another folder's file."""
     tracker, best = BestTracker.from_state_dict(saved, metric), output_dir / BEST
     if is_main and resumed_from is not None and tracker.step == step and not same_file(best, resumed_from):
         publish(output_dir, resumed_from, BEST, protected)
-        say(f"{best} now names {resumed_from.name}, the best checkpoint (its publication was interrupted)")
+        say(_republished(best, resumed_from, output_dir, step, new_branch))
     return tracker
+
+
+def _republished(best: Path, resumed_from: Path, output_dir: Path, step: int, new_branch: bool) -> str:
+    """Why best.pth now names the checkpoint the run resumes from."""
+    if resumed_from.resolve().parent != output_dir.resolve():
+        return (f"{best} now holds the checkpoint this run resumes from, {resumed_from}: the best of its run up to "
+                f"step {step}")
+    if new_branch:
+        return (f"{best} now names {resumed_from.name}, the best checkpoint up to step {step}, where this new branch "
+                f"starts (best.pth named a file of the branch it leaves, or none)")
+    return f"{best} now names {resumed_from.name}, the best checkpoint (its publication was interrupted)"
 
 
 def take_heard(tracker: BestTracker, output_dir: Path, up_to: int, protected: frozenset[str],

@@ -72,9 +72,15 @@ class DivergenceGuard:
 
     def stop_message(self, last_good: Path | None, last_good_step: int) -> str:
         progress = self.progress
-        return diverged_message(f"stopped: the last {progress.bad_streak} steps ({progress.bad_streak_start}-"
-                                f"{progress.step}) all had a non-finite loss or gradient norm (the run diverged) "
-                                "and were not saved", last_good, last_good_step)
+        start = progress.bad_streak_start
+        # A stop or a new best inside the streak saves a checkpoint of it: the weights of the step before it,
+        # which no skipped step changed.
+        kept = (f"and changed no weight (the checkpoint of step {last_good_step}, taken among them, holds the "
+                f"weights of step {start - 1})" if last_good is not None and last_good_step >= start
+                else "and were not saved")
+        return diverged_message(f"stopped: the last {progress.bad_streak} steps ({start}-{progress.step}) all had a "
+                                f"non-finite loss or gradient norm (the run diverged) {kept}",
+                                last_good, last_good_step)
 
 
 def count_step(guard: DivergenceGuard, history: History, log: RunLogger, metrics: torch.Tensor,

@@ -181,14 +181,20 @@ class OptimizerSet:
         Untouched when nothing changed, so an ordinary resume stays bit-exact.
         """
         optimizer, scheduler = self.optimizer, self.scheduler
+        # Any setting of the schedule: the saved groups hold the old schedule's LR for the next step.
         if (saved.get("learning_rate") != train.learning_rate or saved.get("total_steps") != total_steps
-                or saved.get("effective_batch") != self.clock.effective_batch):
+                or saved.get("effective_batch") != self.clock.effective_batch
+                or saved.get("warmup_steps") != train.warmup_steps or saved.get("min_lr_ratio") != train.min_lr_ratio):
             scheduler.base_lrs = [train.learning_rate for _ in optimizer.param_groups]
             factor = scheduler.lr_lambdas[0](scheduler.last_epoch)  # the schedule of this run, at the saved step
             for group in optimizer.param_groups:
                 group["lr"] = train.learning_rate * factor
         if saved.get("weight_decay") != train.weight_decay:
             optimizer.param_groups[0]["weight_decay"] = train.weight_decay
+        # The loaded groups hold the old run's epsilon and betas too: the settings said changed take effect.
+        if saved.get("adam_eps") != train.adam_eps or list(saved.get("adam_betas") or []) != list(train.adam_betas):
+            for group in optimizer.param_groups:
+                group["eps"], group["betas"] = train.adam_eps, tuple(train.adam_betas)
 
     def _say_scaler(self, saved: dict | None, log: RunLogger) -> None:
         if self.scaler.is_enabled() and not saved:

@@ -22,6 +22,7 @@ from indextts_train.data.sampling import (
     ManifestSpec,
     SamplerSpec,
     describe_epoch,
+    epoch_length,
     legacy_spec,
     mix_change,
     sampler_spec,
@@ -142,8 +143,19 @@ def data_order(resumed: Resumed | None, manifests: list[ManifestSpec], index: Ma
         change = mix_change(spec, current)
         if change:
             log.warn(change)
-    log.info(describe_epoch(spec))
+    log.info(describe_epoch(spec) + _trained_share(spec, plan.effective_batch))
     return spec
+
+
+def _trained_share(spec: SamplerSpec, effective_batch: int) -> str:
+    """What an epoch of the order trains at this effective batch, when a resume at another batch than the order
+    was cut for leaves a tail short of a step (loop.end_of_epoch drops it); else nothing."""
+    samples = epoch_length(spec)
+    trained = samples // effective_batch * effective_batch
+    if trained in (samples, 0):  # 0: the schedule refuses an epoch under one batch (Schedule.steps_per_epoch)
+        return ""
+    return (f"; at an effective batch of {effective_batch}, {trained} of them train an epoch "
+            f"({trained // effective_batch} steps)")
 
 
 def _on_new_data(spec: SamplerSpec, current: SamplerSpec) -> SamplerSpec:

@@ -62,6 +62,7 @@ def start_state(data: RunData, resumed: Resumed | None, weights: Weights, growth
     if val is not None:
         state.best = restored_best(state.history.best, train.best_metric, state.progress.step,
                                    resumed_from=None if saved is None else saved.path, output_dir=options.output_dir,
-                                   protected=protected, is_main=dist.is_main, say=log.info)
+                                   protected=protected, is_main=dist.is_main, say=log.info,
+                                   new_branch=state.new_branch)
     return state, schedule, steps, None if saved is None else saved.rng
 

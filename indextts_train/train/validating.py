@@ -30,6 +30,9 @@ def baseline(run: RunSpec, state: RunState, log: RunLogger) -> bool:
     if val.limits and history.baseline is None:
         log.warn("this run recorded no validation of the base model (it started before that existed), so "
                  "--forgetting-limit cannot be checked")
+    other = other_validation_lines(run, state)
+    if other:
+        log.warn(other)
     if history.last_val is None or history.last_val["step"] != step:
         return True
     why = verdict(state.best, history.last_val, step, baseline=history.baseline, limits=val.limits,
@@ -38,6 +41,20 @@ def baseline(run: RunSpec, state: RunState, log: RunLogger) -> bool:
         log.info(f"nothing to do: the run in {run.output_dir} already ended ({why}); raise "
                  "--early-stop-patience or --forgetting-limit to continue it")
     return why is None
+
+
+def other_validation_lines(run: RunSpec, state: RunState) -> str | None:
+    """Why a resumed run's validations do not compare with the checkpoint's (its --val-manifest holds another
+    number of lines than the last validation it recorded), or None."""
+    recorded = state.history.last_val or state.history.baseline
+    then = (recorded.get("total") or {}).get("samples") if recorded else None
+    now = sum(len(lines) for lines in run.val.groups.values())
+    if then is None or then == now:
+        return None
+    best = state.best.describe() if state.best is not None and state.best.step is not None else "best.pth"
+    return (f"the validation data changed since the checkpoint ({then} lines then, {now} now): the losses from "
+            f"here on are of other lines, so their change vs base and the best so far ({best}) do not compare "
+            "with them; pass the --val-manifest of the checkpoint's run, or start a new --output-dir")
 
 
 def validation(run: RunSpec, state: RunState, log: RunLogger) -> tuple[bool, str | None]:

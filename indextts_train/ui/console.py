@@ -97,9 +97,12 @@ class RunLogger:
         self.info(f"stopped by signal after step {step}; rerun the same command with --resume auto to continue "
                   f"(exit {exit_code})", "stop", step=step, exit_code=exit_code)
 
-    def done(self, step: int, epochs: int, best: str, output_dir: Path, latest: str = "latest.pth") -> None:
+    def done(self, step: int, epochs: int, best: str, output_dir: Path, latest: str = "latest.pth",
+             partial: tuple[int, int] | None = None) -> None:
+        """`epochs`: the whole epochs trained; `partial`: (samples, of an epoch's) of the one under way, if any."""
         logs = f", TensorBoard logs in {self.log_dir}" if self.log_dir else ""
-        self.info(f"done: {step} steps, {epochs} epoch(s), {best}; checkpoints in {output_dir} ({latest}){logs}",
+        rest = f" and {partial[0]} of the next one's {partial[1]} samples" if partial else ""
+        self.info(f"done: {step} steps, {epochs} epoch(s){rest}, {best}; checkpoints in {output_dir} ({latest}){logs}",
                   "done", step=step, epochs=epochs)
 
     def start(self, step: int) -> None:
