@@ -62,12 +62,22 @@ class Page(PageServer):
         table = [_table_row(row) for row in rows]
         usable = [r for r in rows if r["status"] != records.REFUSED]
         choices = [("auto: newest checkpoint that verifies", "auto")]
-        choices += [(f"{shown(Path(r['file']).name)}: {r['status']}, step {r['step']}", r["file"]) for r in usable]
+        # Named as `checkpoints` names them, from the run folder: an abandoned branch's model_step40.pth is not the
+        # run's own model_step40.pth (both were offered as `model_step40.pth`, and Export chose the abandoned one).
+        choices += [(f"{shown(_in_run(r['file'], folder))}: {r['status']}, step {r['step']}", r["file"])
+                    for r in usable]
         exportable = [c for c in choices[1:] if "INCOMPLETE" not in c[0]]
         values = {value for _, value in choices}
-        export_default = export_choice if export_choice in values else (exportable[-1][1] if exportable else None)
+        own = [value for _, value in exportable if Path(value).parent == folder] or [v for _, v in exportable]
+        export_default = export_choice if export_choice in values else (own[-1] if own else None)
         return (plot, table, gr.update(choices=choices, value=resume_choice if resume_choice in values else "auto"),
                 gr.update(choices=exportable, value=export_default))
+
+
+def _in_run(file: str, folder: Path) -> str:
+    """A checkpoint's path from its run folder (abandoned/BRANCH/model_stepN.pth), as `checkpoints` lists it."""
+    path = Path(file)
+    return str(path.relative_to(folder)) if path.is_relative_to(folder) else path.name
 
 
 def _table_row(row: dict) -> list:

@@ -57,6 +57,17 @@ def invocation_events(launch: Launch | None, events: list[dict]) -> list[dict]:
     return part if isinstance(started, (int, float)) and started >= launch.started - 1 else []
 
 
+def superseded(launch: Launch | None, events: list[dict]) -> bool:
+    """Whether the page's own run ended and another process started in the folder after it (a resume typed in a
+    terminal): Watch showed our exit code beside that later run's step, checkpoint and notices."""
+    if launch is None or launch.process is None or launch.running():
+        return False
+    starts = [record.get("started") for record in events if record["kind"] == "start"]
+    starts = [started for started in starts if isinstance(started, (int, float))]
+    mine = next((i for i, started in enumerate(starts) if started >= launch.started - 1), None)
+    return mine is not None and mine < len(starts) - 1
+
+
 def eta_text(launch: Launch, step: int, total: int, now: float | None = None) -> str:
     """Remaining time from the pace seen since this page started watching the run."""
     now = time.time() if now is None else now
@@ -397,8 +408,14 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def recorded_command(output_dir: Path) -> str:
-    """The command line run.yaml recorded for the last start ('' when there is none, or it is a symlink)."""
+def recorded_command(output_dir: Path, events: list[dict] | None = None) -> str:
+    """The command line of the last start: its start event's (`events`), else the one run.yaml recorded ('' when
+    there is none, or it is a symlink). run.yaml is written once a start passed its checks: a start refused
+    before that (a resume with another --train-scope) showed the command of an earlier start beside its error."""
+    part = ev.last_start(events or [])
+    line = part[0].get("command_line") if part and part[0]["kind"] == "start" else None
+    if isinstance(line, str):
+        return shown(line)
     path = Path(output_dir) / RECORD_NAME
     record = None if path.is_symlink() else read_record(path)
     return shown(str(record.get("command_line", ""))) if record else ""  # a hand-made record's line breaks: escaped

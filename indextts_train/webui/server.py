@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from indextts_train.checkpoint.export import publishing_marker
-from indextts_train.config.family import family_of_tokenizer
+from indextts_train.config.family import SENTENCEPIECE, family_of_tokenizer
 from indextts_train.config.settings import load_config
 from indextts_train.errors import UserError
 from indextts_train.train.device import detect_device
@@ -98,10 +98,12 @@ class PageServer:
             tokenizer = self.roots.inside(run.tokenizer, "Tokenizer")
         except UserError as exc:
             return f"error: {exc}"
-        try:
-            base = [f"--base-vocab={load_config(self.roots.inside(run.config, 'Config')).gpt.number_text_tokens}"]
-        except UserError:
-            base = []
+        base = []
+        if family_of_tokenizer(tokenizer).tokenizer_kind == SENTENCEPIECE:  # check-tokenizer refuses it for .tiktoken
+            try:
+                base = [f"--base-vocab={load_config(self.roots.inside(run.config, 'Config')).gpt.number_text_tokens}"]
+            except UserError:
+                pass
         return self.run_cli(["check-tokenizer", *base, "--", str(tokenizer)])
 
     def hardware(self, *values) -> str:
@@ -144,9 +146,11 @@ class PageServer:
         except UserError as exc:
             return f"error: {exc}", "", "", "", ""
         launch = self.registry.find(folder)
+        events, recorded = self._records_of(folder, command=True)
+        if records.superseded(launch, events):
+            launch = None  # a run started after the page's own ended (in a terminal): its records tell, not our exit
         text = read_log(launch, folder, roots=self.roots)
         ours = launch is not None and bool(launch.argv)
-        events, recorded = self._records_of(folder, command=not ours)
         command = running_command(launch) if ours else recorded
         # A line without end: its end, not 256 KiB a second. Escaped as the notices are: the log holds what the run
         # printed of its data (a manifest's text), and a bidirectional control there reordered the box's lines.
@@ -176,7 +180,8 @@ class PageServer:
             if not self.roots.holds_open(fd):
                 return [], ""
             base = Path(f"/proc/self/fd/{fd}") if os.path.isdir(f"/proc/self/fd/{fd}") else folder
-            return read_events(base), records.recorded_command(base) if command else ""
+            events = read_events(base)
+            return events, records.recorded_command(base, events) if command else ""
         finally:
             os.close(fd)
 
