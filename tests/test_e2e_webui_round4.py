@@ -224,8 +224,8 @@ def test_stop_signals_a_run_in_the_pages_own_process_group_not_the_page(tmp_path
     try:
         assert process.stdout.readline() == b"ready\n"
         assert os.getpgid(process.pid) == os.getpgrp()
-        launch = RunRegistry().stop(run)
-        assert launch.pid == process.pid
+        whom = RunRegistry().stop(run)  # the page's message says whom: the PID, not the group it shares
+        assert whom == f"PID {process.pid} (it shares this page's process group, which is not signalled)"
         assert process.wait(timeout=30) != 0  # the run got SIGINT (KeyboardInterrupt)...
         time.sleep(0.2)
         assert got == []  # ...the page did not

@@ -109,3 +109,11 @@ def test_a_run_started_after_the_pages_own_ended_is_shown_as_itself(tmp_path, mo
     status, command, *_ = page.watch(str(folder))
     assert status.startswith("stopped") and "step 24/40" in status and "code 0" not in status, status
     assert command == "train-gpt --resume auto --max-steps 40"
+
+
+def test_a_run_killed_by_a_signal_is_said_so_not_as_a_negative_exit_code() -> None:
+    """Popen gives -9 for a run the OOM killer or `kill -9` ended; the page said `exited with code -9`."""
+    from indextts_train.webui.records import exit_text
+
+    assert exit_text(-9) == "killed by SIGKILL (a shell says exit 137)"
+    assert exit_text(130) == "exited with code 130" and exit_text(0) == "exited with code 0"

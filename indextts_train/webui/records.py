@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import signal
 import stat
 import threading
 import time
@@ -68,6 +69,17 @@ def superseded(launch: Launch | None, events: list[dict]) -> bool:
     return mine is not None and mine < len(starts) - 1
 
 
+def exit_text(code: int) -> str:
+    """How the page's run ended: its exit code, or the signal that killed it (Popen's code -9 is a shell's 137)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name} (a shell says exit {128 - code})"
+
+
 def eta_text(launch: Launch, step: int, total: int, now: float | None = None) -> str:
     """Remaining time from the pace seen since this page started watching the run."""
     now = time.time() if now is None else now
@@ -111,7 +123,7 @@ def status_line(launch: Launch | None, events: list[dict]) -> str:
             parts.append("starting")
     else:
         code = launch.exit_code
-        parts.append(f"exited with code {code}" if code is not None else f"ended (PID {launch.pid})")
+        parts.append(exit_text(code) if code is not None else f"ended (PID {launch.pid})")
         if step:
             parts.append(f"step {step[0]}/{step[1]}")
     saved = last_saved(events)

@@ -214,8 +214,9 @@ class RunRegistry:
         if not (output_dir / LOCK_NAME).is_symlink() and holder_pid(output_dir) == -1:
             raise UserError(f"a run is starting in {output_dir} (it holds {LOCK_NAME}); watch it, or stop it first")
 
-    def stop(self, output_dir: Path) -> Launch:
-        """SIGINT to the run's process group: it finishes the step, saves, and exits 130.
+    def stop(self, output_dir: Path) -> str:
+        """SIGINT to the run's process group: it finishes the step, saves, and exits 130. Returns whom it
+        signalled (the group, or the run's PID alone when the run shares the page's group).
 
         Only a child this server started, or a process whose own command line is a train run of this
         very output dir, owned by this user: the lock file's PID alone proves nothing (anyone who can
@@ -227,15 +228,17 @@ class RunRegistry:
         if launch.process is None and not is_train_run_of(launch.pid, launch.output_dir):
             raise UserError(f"{launch.output_dir / LOCK_NAME} names PID {launch.pid}, which is not a train-gpt run "
                             "of this output dir owned by you; it was not signalled")
+        whom = f"the process group of PID {launch.pid}"
         try:
             group = os.getpgid(launch.pid)
             if group == os.getpgrp():  # a run started beside the page, in its group (a script's `&`): not the page
+                whom = f"PID {launch.pid} (it shares this page's process group, which is not signalled)"
                 os.kill(launch.pid, signal.SIGINT)
             else:
                 os.killpg(group, signal.SIGINT)
         except ProcessLookupError:
             pass  # ended in between: its exit code says how
-        return launch
+        return whom
 
 
 class Claim:

@@ -131,10 +131,10 @@ class PageServer:
 
     def stop(self, output_dir: str) -> str:
         try:
-            launch = self.registry.stop(self.roots.inside(output_dir, "Output dir"))
+            whom = self.registry.stop(self.roots.inside(output_dir, "Output dir"))
         except UserError as exc:
             return f"error: {exc}"
-        return f"sent SIGINT to the process group of PID {launch.pid}: it finishes the step, saves, exits 130"
+        return f"sent SIGINT to {whom}: it finishes the step, saves, exits 130"
 
     # ---- watch ---------------------------------------------------------------------------------
 
