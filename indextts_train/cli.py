@@ -143,7 +143,7 @@ def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Our checkpoint, a community checkpoint or a gpt.pth.")],
     manifest: Annotated[list[str], typer.Option(metavar="PATH", help="Manifest JSONL; repeatable.")],
     config: Annotated[Path | None, typer.Option(help="Config whose gpt: section built the checkpoint (default: the one stored in it; for a bare gpt.pth the official config.yaml beside it, else configs/indextts2.yaml).")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, max=65_536, help="Examples per batch, in manifest order.")] = 8,
+    batch_size: Annotated[int, typer.Option(min=1, max=65_536, help="Examples per batch, in manifest order. The model takes no padding mask (as the official one): mel losses move slightly with it; the run's micro-batch gives its validation's numbers.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Losses of a checkpoint on a manifest (eval mode, token-weighted over the whole manifest)."""
