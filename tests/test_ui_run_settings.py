@@ -175,3 +175,15 @@ def test_a_model_folder_given_for_a_file_is_said_with_its_flag_and_nothing_else(
         resolve_settings(train_manifests=["t.jsonl"], output_dir=tmp_path / "run", config=models)
     settings = resolve_settings(train_manifests=["t.jsonl"], output_dir=tmp_path / "run", base_checkpoint=models)
     assert settings.config_note is None
+
+
+def test_a_bundled_config_named_as_the_docs_write_it_is_found_from_any_folder(tmp_path, monkeypatch) -> None:
+    """`train-gpt --config configs/tiny.yaml` outside the checkout: the check of the flag's file ran before the
+    config's reader, which finds the bundled one (`hardware` and `check-data` did), and refused it."""
+    monkeypatch.chdir(tmp_path)
+    settings = resolve_settings(train_manifests=[str(tmp_path / "train.jsonl")], output_dir=tmp_path / "run",
+                                config=Path("configs/tiny.yaml"))
+    assert settings.inputs.config == Path("configs/tiny.yaml") and settings.config.source == str(TINY)
+    with pytest.raises(UserError, match=r"--config configs/none\.yaml: config not found"):
+        resolve_settings(train_manifests=[str(tmp_path / "train.jsonl")], output_dir=tmp_path / "run",
+                         config=Path("configs/none.yaml"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indextts_train.config.settings import DEFAULT_CONFIG
+from indextts_train.config.settings import DEFAULT_CONFIG, config_path
 from indextts_train.errors import UserError
 from indextts_train.files.bounded import load_yaml
 
@@ -68,7 +68,7 @@ def config_choice(config: Path | None, base_checkpoint: Path | None) -> tuple[Pa
     """--config, else the official config.yaml beside --base-checkpoint, else ours; and the line that
     says which was taken when the user did not choose."""
     if config is not None:
-        return Path(config), None
+        return config_path(config), None
     beside, why_not = config_beside(base_checkpoint)
     if beside is not None:
         return beside, f"--config not given: using {beside}, the config.yaml of --base-checkpoint's model folder"

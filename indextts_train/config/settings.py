@@ -372,10 +372,17 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
 BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # this checkout's, not the working directory's
 
 
-def load_config(path: str | Path) -> Config:
+def config_path(path: str | Path) -> Path:
+    """`configs/NAME.yaml` as the docs write it, found from any folder: the bundled file when no such path is
+    here; any other path as given."""
     path = Path(path)
     if not path.exists() and path.parent == Path("configs") and (BUNDLED_CONFIGS / path.name).is_file():
-        path = BUNDLED_CONFIGS / path.name  # `configs/NAME.yaml` as the docs write it, found from any folder
+        return BUNDLED_CONFIGS / path.name
+    return path
+
+
+def load_config(path: str | Path) -> Config:
+    path = config_path(path)
     shipped = ", ".join(sorted(p.name for p in BUNDLED_CONFIGS.glob("*.yaml")))
     check_file(path, "config", missing=f"pass your model's config.yaml or one of the bundled configs in "
                                        f"{BUNDLED_CONFIGS} ({shipped})")
