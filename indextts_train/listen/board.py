@@ -27,11 +27,13 @@ class ListenBoard:
         clip = torch.from_numpy(mono[: MAX_AUDIO_SECONDS * rate]).clamp(-1, 1)[None]  # (1, N)
         self.writer.add_audio(f"listen/{record['line_id']}", clip, record["step"], rate)
 
-    def checkpoint(self, step: int, records: list[dict]) -> None:
+    def checkpoint(self, step: int, summary: dict | None) -> None:
+        """`summary`: the checkpoint file's means over all its scored lines (scores.Heard.summary), as
+        `checkpoints` and the page show them: not only the lines this listen heard (a rerun after a kill hears
+        the rest, and its mean alone stood at the step)."""
         for key in ("cer", "speaker_sim"):
-            values = [r[key] for r in records if r.get("ok") and isinstance(r.get(key), (int, float))]
-            if values:
-                self.writer.add_scalar(f"listen/{key}", sum(values) / len(values), step)
+            if summary is not None and summary.get(key) is not None:
+                self.writer.add_scalar(f"listen/{key}", summary[key], step)
         self.writer.flush()
 
     def close(self) -> None:

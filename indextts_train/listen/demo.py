@@ -56,6 +56,8 @@ def listen_to_demo(out_dir: Path, family: Family, python: Path | None, why_not: 
         write_tiny_asr(asr)
     page, failed = listen(ListenOptions(run_dir=out_dir / "run", checkpoints="best,latest", asr_model=str(asr),
                                 inference_python=python, model_dir=model_dir, device="cpu"))
-    failures = f"; {failed} line(s) failed, see {page.parent / 'synthesis.log'}" if failed else ""
+    # scores.jsonl holds every failed line's reason; synthesis.log only a synthesis failure's (not a scoring one)
+    failures = (f"; {failed} line(s) failed, why: {page.parent / 'scores.jsonl'} (a synthesis failure also in "
+                f"{page.parent / 'synthesis.log'})" if failed else "")
     print(f"listen to the demo's checkpoints: {page} (tiny random models: they speak noise){failures}")
     return 0

@@ -23,6 +23,7 @@ from indextts_train import __version__
 from indextts_train.checkpoint.scores import (
     LISTEN_DIR,
     RECORD_FORMAT,
+    Heard,
     append_record,
     check_scores_file,
     is_scored,
@@ -306,7 +307,8 @@ def _hear(options: ListenOptions, work: Plan, chosen: Chosen, lines: list[Line],
         board.line(record, result.out_wav)
         records.append(record)
         work.failed += not record["ok"]
-    board.checkpoint(chosen.step, records)
+    heard = Heard(read_records(scores_path(options.run_dir)))  # the file's every line: a rerun hears the rest
+    board.checkpoint(chosen.step, heard.summary(chosen.step, chosen.branch))
     say(_summary_line(chosen.step, records, synthesis_s, time.monotonic() - started - synthesis_s))
 
 

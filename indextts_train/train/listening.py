@@ -63,11 +63,18 @@ class Listener:
         self.lock = threading.Lock()
         self.child: subprocess.Popen | None = None
         self.pending: list[int] | None = None
+        self.asked: set[int] = set()  # every step named to hear(): the run's due checkpoints so far
+        self.last_written: int | None = None  # the step of the newest checkpoint this run wrote (wrote())
+
+    def wrote(self, step: int) -> None:
+        """This run saved the checkpoint of `step` (due or not): the last one is heard at the end (hand_over)."""
+        self.last_written = step
 
     def hear(self, steps: list[int]) -> None:
         """Hear these checkpoints now, or when the child in progress ends."""
         with self.lock:
             self.pending = steps
+            self.asked.update(steps)
             if self.child is None:
                 self._start()
 
@@ -108,9 +115,13 @@ class Listener:
     def hand_over(self) -> None:
         """The run is done: checkpoints waiting for the child in progress would never be heard (its watcher
         ends with this process), so that child is stopped (its group: the synthesis child too) and one child
-        hears every waiting step after the run. Nothing is lost by the stop: what it scored stays scored."""
+        hears every waiting step after the run. Nothing is lost by the stop: what it scored stays scored.
+        A run that stopped before its last step (early stop) saved its last checkpoint at a step that was not
+        due: it is heard too, as the last one always is."""
         with self.lock:
-            child = self.child
+            child, last = self.child, self.last_written
+            if last is not None and last not in self.asked:
+                self.pending = sorted({*(self.pending or ()), *self.asked, last})  # and what a stopped child hears
             if self.pending is None:
                 return
             if child is not None:

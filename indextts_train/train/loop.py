@@ -169,7 +169,8 @@ def open_services(started: Started) -> Services:
     run.output_dir.mkdir(parents=True, exist_ok=True)
     log = RunLogger(run.output_dir, run.total_steps, enabled=run.dist.is_main, tensorboard=run.options.tensorboard,
                     start_step=started.state.progress.step, text_log=started.log.text_log)
-    listener = Listener(run.output_dir, listen_flags(train), log.info, log.warn) if train.listen_every else None
+    listener = (Listener(run.output_dir, listen_flags(train), log.info, log.warn)
+                if train.listen_every and run.dist.is_main else None)  # rank 0 saves, and hears
     return Services(log, started.lock, BackgroundSaver() if train.async_save else None, listener)
 
 

@@ -151,6 +151,8 @@ def after_save(run: RunSpec, state: RunState, services: Services, step: int) -> 
     train, listener, log = run.config.train, services.listener, services.log
     if state.best is not None and (listener is None or listener.child is None):
         take_heard(state.best, run.output_dir, step, run.protected, log.info)
+    if listener is not None:
+        listener.wrote(step)  # a run that stops early still hears its last checkpoint (Listener.hand_over)
     if listener is None or not (step % (train.listen_every * train.save_interval) == 0 or step == run.total_steps):
         return
     steps = due_steps(run.output_dir, train.listen_every, train.save_interval, run.total_steps)
