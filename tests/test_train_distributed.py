@@ -166,3 +166,24 @@ def test_a_bad_sample_found_mid_run_ends_every_rank_with_its_line_and_one_save(t
     (step, path), = saved  # the same step on both ranks, saved once
     assert Path(path) == out / f"model_step{step}.pth" and Path(path).is_file(), lines
     assert "another process of this torchrun job stopped" not in output, output[-3000:]
+
+
+def test_an_early_stop_by_listen_scores_ends_every_process(tiny_data, configs, tmp_path) -> None:
+    """--best-metric listen/cer --early-stop-patience: only rank 0 reads the scores listen recorded, so only its
+    patience moved; it ended the run, rank 1 trained on alone, and the job failed (exit 1)."""
+    import json
+
+    from indextts_train.checkpoint.scores import RECORD_FORMAT
+
+    out = tmp_path / "run"
+    (out / "listen").mkdir(parents=True)
+    with (out / "listen" / "scores.jsonl").open("w") as scores:  # heard earlier: every checkpoint worse than step 2
+        for step in range(2, 13, 2):
+            scores.write(json.dumps({"format": RECORD_FORMAT, "step": step, "line_id": "a", "ok": True,
+                                     "cer": 0.1 * step, "speaker_sim": None}) + "\n")
+    args = command(tiny_data, configs["no_dropout"], out, nproc=2, max_steps=12)
+    printed = run([*args, "--val-manifest", str(tiny_data["val"]), "--val-interval", "2",
+                   "--best-metric", "listen/cer", "--early-stop-patience", "1"])
+    assert "early stop at step 6: 1 validation(s) without a better listen/cer; best.pth is step 2" in printed
+    assert "rank 0 ended the run" not in printed  # rank 0 says why; the others end with it, silently
+    assert final(out)["progress"]["step"] == 6

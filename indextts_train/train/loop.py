@@ -219,6 +219,10 @@ def loop(run: RunSpec, state: RunState, services: Services, signals: SignalFlag)
         crash_point("step_logged", progress.step)
         validating = run.val is not None and due(run, state, train.val_interval)
         new_best, ending = validation(run, state, log) if validating else (False, None)
+        if validating and run.dist.enabled:  # --best-metric listen/...: only rank 0 reads the scores, and so only
+            # its patience moves; every rank ends with it (the others went on alone, and the job failed)
+            agreed = any_rank(ending is not None, run.dist, run.device)  # every rank joins this collective
+            ending = ending or ("rank 0 ended the run" if agreed else None)
         stop = any_rank(signals.signum is not None, run.dist, run.device)
         save_when_due(run, state, services, stop, best=new_best, ending=ending is not None)
         if ending:  # early stop or forgetting limit: a planned end, exit 0
