@@ -338,7 +338,7 @@ def extend_tokenizer(
         summary = run_guarded(extend_tiktoken, base, corpus, target_size, output,
                               lambda text: text_path.present_body(text, language), force=force)
         short = f"; the corpus gave only {summary['added']} merges" if summary["short_by"] else ""
-        typer.echo(f"{_wrote(summary, output)} ({summary['base_ranks']} base ranks + {summary['added']} new = "
+        typer.echo(f"{summary['said']} ({summary['base_ranks']} base ranks + {summary['added']} new = "
                    f"{summary['new_ranks']} ranks, {summary['new_size']} tokens with the specials{short}; "
                    f"special ids move up by {summary['added']})")
         notes = text_path.notes()
@@ -350,14 +350,8 @@ def extend_tokenizer(
     if language is not None:
         fail("--language is for IndexTTS-2.5 .tiktoken files; IndexTTS2 upper-cases every language")
     summary = run_guarded(run_extend, base, corpus, target_size, output, normalizer=normalizer, force=force)
-    typer.echo(f"{_wrote(summary, output)} ({summary['base_size']} base + {summary['added']} new = "
-               f"{summary['new_size']} pieces)")
+    typer.echo(f"{summary['said']} ({summary['base_size']} base + {summary['added']} new = {summary['new_size']} pieces)")
     say_text_path(summary["normalizer"], summary["warnings"])
-
-
-def _wrote(summary: dict, output: Path) -> str:
-    """A rerun whose output already held the same bytes left it as it was: said so, not 'wrote'."""
-    return f"kept {output} (an earlier run of this command wrote the same bytes)" if summary["kept"] else f"wrote {output}"
 
 
 @app.command()
@@ -498,3 +492,6 @@ def train_gpt_main() -> None:
     single.command()(train)
     sys.exit(run_app(single))
 
+
+if __name__ == "__main__":  # `python -m indextts_train.cli ...` (torchrun -m takes it) ran nothing, exit 0: it is
+    __import__("runpy").run_module("indextts_train", run_name="__main__")  # `python -m indextts_train ...`

@@ -64,3 +64,17 @@ def test_an_interrupt_while_the_command_line_is_read_is_one_line(monkeypatch, ca
     monkeypatch.setattr(TyperGroup if where == "group" else TyperCommand, "parse_args", interrupted)
     assert cli.run_app(cli.app, ["checkpoints", "somewhere"]) == 130
     assert capsys.readouterr().err == "interrupted (Ctrl+C)\n"
+
+
+@pytest.mark.slow  # starts the interpreter
+def test_the_cli_module_run_as_a_program_runs_the_commands(tmp_path) -> None:
+    """`python -m indextts_train.cli ...` (the form torchrun's -m takes) imported the commands, ran none and
+    exited 0; it is `python -m indextts_train ...`: a command, or train-gpt's flags."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "indextts_train.cli", *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+
+    refused = run("hardware", "--train-scope=x")
+    assert refused.returncode == 2 and "--train-scope: 'x' is not one of" in refused.stderr
+    flags = run("--train-manifest", str(tmp_path / "none.jsonl"), "--output-dir", str(tmp_path / "run"))
+    assert flags.returncode == 2 and "none.jsonl" in flags.stderr, flags.stderr

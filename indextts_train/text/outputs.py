@@ -78,3 +78,9 @@ def _holds(path: Path, data: bytes) -> bool:
     if path.is_symlink() or not path.is_file() or path.stat().st_size != len(data):
         return False
     return path.read_bytes() == data
+
+
+def said(path: Path, kept: bool) -> str:
+    """What a command did with its output, for its summary line: a rerun whose output already held the same bytes
+    left it as it was (it said 'wrote')."""
+    return f"kept {path} (an earlier run of this command wrote the same bytes)" if kept else f"wrote {path}"

@@ -30,7 +30,7 @@ from indextts_train.errors import UserError
 from indextts_train.files.bounded import MAX_TOKENIZER_BYTES, read_checked
 from indextts_train.files.targets import check_new_file, same_path
 from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
-from indextts_train.text.outputs import check_tokenizer_output, write_outputs
+from indextts_train.text.outputs import check_tokenizer_output, said, write_outputs
 
 START_STOP_IDS = (0, 1)  # the GPT's start/stop text ids; 2.5 inference drops them from the text
 
@@ -304,7 +304,7 @@ def extend_tiktoken(base: Path, corpus: Sequence[Path], target_size: int, out: P
     return {"base_ranks": vocab.n_ranks, "added": len(added), "new_ranks": vocab.n_ranks + len(added),
             "new_size": vocab.n_vocab + len(added), "base_size": vocab.n_vocab,
             "short_by": target_size - vocab.n_vocab - len(added),
-            "examples": [tok.decode("utf-8", "replace") for tok in added[:_SHOW]], "kept": bool(kept)}
+            "examples": [tok.decode("utf-8", "replace") for tok in added[:_SHOW]], "said": said(out, bool(kept))}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from indextts_train.files.bounded import check_file
 from indextts_train.files.targets import same_path
 from indextts_train.text.corpus_lines import iter_text_lines, refuse_corpus_outputs, refuse_empty_sample
 from indextts_train.text.inference_text import TextPath, check_normalizer_choice
-from indextts_train.text.outputs import check_tokenizer_output, parse_pieces_list
+from indextts_train.text.outputs import check_tokenizer_output, parse_pieces_list, said
 from indextts_train.text.spm_model import (
     BPE,
     MODEL_TYPES,
@@ -130,8 +130,8 @@ def extend_tokenizer(base: Path, corpus: Sequence[Path], target_size: int, out: 
     load_processor(extended, str(out))  # refuse to write a file spm would not load
     vocab, kept = write_model(extended, out, force=force)
     warnings += [f"{path} already held this tokenizer's pieces (an earlier run of this command); left as it was"
-                 for path in kept if path != Path(out)]  # the output's own line says it (`kept`)
-    return {"kept": Path(out) in kept, "base": str(base), "out": str(out), "vocab": str(vocab),
+                 for path in kept if path != Path(out)]  # the output's own line says it (`said`)
+    return {"said": said(out, Path(out) in kept), "base": str(base), "out": str(out), "vocab": str(vocab),
             "model_type": MODEL_TYPES.get(base_model.model_type, "unknown"),
             "base_size": base_size, "new_size": len(extended.pieces), "added": needed,
             "sample_new_pieces": [p.text for p in added[:_SHOW]], "normalizer": text_path.normalizer_name,
