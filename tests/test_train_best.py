@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from indextts_train.checkpoint.files import load_checkpoint
 from indextts_train.cli import app
 from indextts_train.data.sampling import SamplerSpec, epoch_order
-from indextts_train.train.best import BestTracker
+from indextts_train.train.best import BestTracker, verdict
 from indextts_train.ui.text_log import unstamp
 
 pytestmark = pytest.mark.slow  # every test here trains a tiny run or starts the CLI: seconds each
@@ -235,3 +235,21 @@ def test_a_validation_that_diverged_is_never_best() -> None:
     assert (tracker.step, tracker.stale) == (None, 2) and "no validation qualified" in tracker.describe()
     assert tracker.update(3.5, 5) and not tracker.update(math.nan, 6)
     assert (tracker.step, tracker.value, tracker.stale) == (5, 3.5, 1)
+
+
+def test_a_listen_metric_is_said_as_heard_checkpoints_not_validations() -> None:
+    """--best-metric listen/...: the tracker counts heard checkpoints, and its scores arrive from listen after the
+    saves, so the end of a run may come before any (or the best) was heard: said so, with what ranks them all."""
+    tracker = BestTracker("listen/cer")
+    assert tracker.describe() == ("no checkpoint was heard before this point, so there is no best.pth; "
+                                  "`export --pick cer` ranks the checkpoints heard after it too")
+    tracker.update(0.3, 2)
+    tracker.update(0.4, 4)
+    assert tracker.describe().startswith("best.pth is step 2 (listen/cer 0.3000; the best heard so far: ")
+    ended = verdict(tracker, {}, 4, baseline=None, limits={}, patience=1)
+    assert ended.startswith("early stop at step 4: 1 heard checkpoint(s) without a better listen/cer; ")
+    loss = BestTracker("loss")
+    loss.update(1.0, 2)
+    loss.update(2.0, 4)
+    assert verdict(loss, {}, 4, baseline=None, limits={}, patience=1) == (
+        "early stop at step 4: 1 validation(s) without a better loss; best.pth is step 2 (loss 1.0000)")

@@ -184,6 +184,6 @@ def test_an_early_stop_by_listen_scores_ends_every_process(tiny_data, configs, t
     args = command(tiny_data, configs["no_dropout"], out, nproc=2, max_steps=12)
     printed = run([*args, "--val-manifest", str(tiny_data["val"]), "--val-interval", "2",
                    "--best-metric", "listen/cer", "--early-stop-patience", "1"])
-    assert "early stop at step 6: 1 validation(s) without a better listen/cer; best.pth is step 2" in printed
+    assert "early stop at step 6: 1 heard checkpoint(s) without a better listen/cer; best.pth is step 2" in printed
     assert "rank 0 ended the run" not in printed  # rank 0 says why; the others end with it, silently
     assert final(out)["progress"]["step"] == 6

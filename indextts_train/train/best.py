@@ -96,13 +96,17 @@ class BestTracker:
     def describe(self, published: bool = True) -> str:
         """The best so far, as the run's last line says it; `published` False: the folder's best.pth is not
         this run's (kept as it was), so the step's own file is named."""
+        later = f"`export --pick {self.metric.partition('/')[2]}` ranks the checkpoints heard after it too"
+        if self.step is None and self.metric in LISTEN_METRICS:  # scores arrive from listen, after saves
+            return f"no checkpoint was heard before this point, so there is no {BEST}; {later}"
         if self.step is None:
             return f"no validation qualified as best, so there is no {BEST}"
         shown = -self.value if self.metric == "listen/speaker_sim" else self.value  # kept negated: higher is better
         if not published:
             return (f"the best is step {self.step} ({self.metric} {shown:.4f}): model_step{self.step}.pth "
                     f"({BEST} there is not this run's)")
-        return f"{BEST} is step {self.step} ({self.metric} {shown:.4f})"
+        heard = f"; the best heard so far: {later}" if self.metric in LISTEN_METRICS else ""
+        return f"{BEST} is step {self.step} ({self.metric} {shown:.4f}{heard})"
 
 
 def breaches_of(result: dict, baseline: dict | None, limits: dict[str | None, float]) -> list[str]:
@@ -117,7 +121,8 @@ def verdict(tracker: BestTracker, result: dict, step: int, *, baseline: dict | N
         return (f"forgetting limit reached at step {step}: {'; '.join(breaches)}; the best checkpoint within "
                 f"the limit: {tracker.describe()}")
     if tracker.patience_spent(patience):
-        return (f"early stop at step {step}: {tracker.stale} validation(s) without a better {tracker.metric}; "
+        counted = "heard checkpoint(s)" if tracker.metric in LISTEN_METRICS else "validation(s)"
+        return (f"early stop at step {step}: {tracker.stale} {counted} without a better {tracker.metric}; "
                 f"{tracker.describe()}")
     return None
 
