@@ -79,6 +79,7 @@ class Plan:
     chosen: list[Chosen] = field(default_factory=list)  # the checkpoints to hear, heard or not
     failed: int = 0  # lines whose synthesis or scoring failed (recorded; a rerun tries them again)
     folders: dict[int, str] = field(default_factory=dict)  # step -> its WAVs' folder under RUN/listen (wav_folder)
+    records: list[dict] = field(default_factory=list)  # scores.jsonl as read, and what this listen appends to it
 
 
 def resolve_device(device: str) -> str:
@@ -193,7 +194,7 @@ def plan(options: ListenOptions) -> Plan:
     check_line_ids(run_dir, lines, records, options.lines)
     todo = _unheard(chosen, lines, records)
     work = Plan(lines, todo, model_dir, family, resolve_device(options.device), notes=notes, folders=folders,
-                chosen=chosen)
+                chosen=chosen, records=records)
     if todo and find_campplus(model_dir) is None:  # said up front: the records, the table and --pick lacked it
         work.notes.append(f"no CAMPPlus weights (campplus_cn_common.bin) in {model_dir / 'hf_cache'} nor the Hugging "
                           "Face cache: speaker similarity is not scored; put the file there to score it")
@@ -217,7 +218,8 @@ def listen(options: ListenOptions) -> tuple[Path, int]:
         say(f"note: {note}")
     lock = ListenLock(options.run_dir)
     if work.todo and lock.acquire(say):  # waited for another listen: what it heard meanwhile is not heard again
-        work.todo = _unheard(work.chosen, work.lines, read_records(scores_path(options.run_dir)))
+        work.records = read_records(scores_path(options.run_dir))
+        work.todo = _unheard(work.chosen, work.lines, work.records)
     board = None
     try:
         _remove_stale_folders(options.run_dir / LISTEN_DIR)
@@ -307,8 +309,8 @@ def _hear(options: ListenOptions, work: Plan, chosen: Chosen, lines: list[Line],
         board.line(record, result.out_wav)
         records.append(record)
         work.failed += not record["ok"]
-    heard = Heard(read_records(scores_path(options.run_dir)))  # the file's every line: a rerun hears the rest
-    board.checkpoint(chosen.step, heard.summary(chosen.step, chosen.branch))
+    work.records += records  # the file as it is now (this listen holds its lock): read once, not per checkpoint
+    board.checkpoint(chosen.step, Heard(work.records).summary(chosen.step, chosen.branch))  # every line heard
     say(_summary_line(chosen.step, records, synthesis_s, time.monotonic() - started - synthesis_s))
 
 
