@@ -250,9 +250,7 @@ def begin(run: RunSpec, state: RunState, services: Services, rng: list[dict] | N
     if run.val is not None and not baseline(run, state, log):
         log.close()
         return False
-    # The samples an epoch trains at this effective batch: a resume at another batch drops the order's tail
-    # short of a step (end_of_epoch), so it can be fewer than the order's epoch.
-    log.info(f"training {run.total_steps} steps: {run.steps_per_epoch * plan.effective_batch} samples an epoch, "
+    log.info(f"training {run.total_steps} steps: {run.epoch_samples} samples an epoch, "
              f"effective batch {plan.effective_batch} = {plan.micro_batch} x {plan.grad_accumulation} x "
              f"{plan.world_size}, starting at step {progress.step} (epoch {progress.epoch}, "
              f"sample {progress.samples_in_epoch})", "begin", step=progress.step, total=run.total_steps)
@@ -268,8 +266,7 @@ def due(run: RunSpec, state: RunState, interval: int) -> bool:
 
 def end_of_epoch(run: RunSpec, state: RunState) -> bool:
     """Whether the next step would run past the epoch (its tail short of a step is dropped)."""
-    batch = state.layout.effective_batch
-    return state.progress.samples_in_epoch + batch > run.steps_per_epoch * batch
+    return state.progress.samples_in_epoch + state.layout.effective_batch > run.epoch_samples
 
 
 def finish(run: RunSpec, state: RunState, services: Services, exit_code: int) -> None:
@@ -287,8 +284,8 @@ def finish(run: RunSpec, state: RunState, services: Services, exit_code: int) ->
         best = state.best.describe(BEST not in kept) if state.best is not None else "no best.pth (no --val-manifest)"
         newest = state.last_saved.name if state.last_saved is not None else "none saved"
         latest = LATEST if LATEST not in kept else f"{newest}; {LATEST} there is not this run's"
-        per_epoch = run.steps_per_epoch * state.layout.effective_batch  # what an epoch trains (begin says it)
-        whole = progress.samples_in_epoch >= per_epoch  # the epoch under way is complete
+        whole = progress.samples_in_epoch >= run.epoch_samples  # the epoch under way is complete
         log.done(progress.step, progress.epoch + whole, best, run.output_dir, latest,
-                 partial=None if whole or not progress.samples_in_epoch else (progress.samples_in_epoch, per_epoch))
+                 partial=None if whole or not progress.samples_in_epoch else (progress.samples_in_epoch,
+                                                                              run.epoch_samples))
     log.close()

@@ -35,8 +35,9 @@ def command_plan(config: Path, assume: str | None, flags: dict, tokenizer: Path 
     the tokenizer's, on this machine or the GPU `assume` names."""
     cfg = load_config(config)
     cfg.override({name: value for name, value in flags.items() if value is not None})  # as train's flags
-    cfg.gpt.stated_family = cfg.gpt.family  # the model planned (IndexTTS2 when the config states none): a
-    read_tokenizer(tokenizer, cfg.gpt, f"--config {config}").size_model(cfg.gpt)  # tokenizer of the other refused
+    # The model planned is the config's family (IndexTTS2 when it states none): a tokenizer of the other is refused.
+    cfg.gpt.stated_family = cfg.gpt.family
+    read_tokenizer(tokenizer, cfg.gpt, f"--config {config}").size_model(cfg.gpt)
     return plan_for(cfg, plan_device(assume))
 
 

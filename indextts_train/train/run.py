@@ -104,6 +104,12 @@ class RunSpec:
         return self.options.output_dir
 
     @property
+    def epoch_samples(self) -> int:
+        """The samples an epoch trains at the run's effective batch: the order's epoch without its tail short of
+        a step (fewer than the order holds after a resume at another batch)."""
+        return self.steps_per_epoch * self.plan.effective_batch
+
+    @property
     def autocast(self) -> Autocast:
         return autocast_for(self.plan, self.device)
 
